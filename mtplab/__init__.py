@@ -1,0 +1,18 @@
+"""mtplab: a workbench for spec-v2 speculative decoding with MTP drafts.
+
+    from mtplab import Engine, RunConfig
+"""
+__version__ = "0.1.0"
+
+__all__ = ["Engine", "RunConfig", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy so that `mtplab analyze` (profiling only) never imports torch.
+    if name == "Engine":
+        from .engine import Engine
+        return Engine
+    if name == "RunConfig":
+        from .config import RunConfig
+        return RunConfig
+    raise AttributeError(name)

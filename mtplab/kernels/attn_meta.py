@@ -1,0 +1,42 @@
+"""Attention metadata shared by every backend (a hot-path bundle: tensors + two static ints).
+
+Layout of one forward over B requests, T = sum(q_lens) query tokens (packed):
+
+    q[T, Hq, d]         tokens of request b are q[cu_q[b] : cu_q[b] + q_lens[b]]
+    table[R, W] int32   req_to_token (or a per-lane "virtual" table built by a draft);
+                        slot of KV entry j of lane b is table[rows[b], j]
+    kv_lens[B]          entries [0, kv_len) are visible candidates; the q tokens' own KV has
+                        already been written at entries [kv_len - q_len, kv_len)
+    positions[T]        absolute positions (RoPE and sliding-window checks)
+
+Visibility of entry j to query i (0-based within its lane), prefix = kv_len - q_len:
+    no tree_mask : j <= prefix + i                      (causal over a linear row)
+    tree_mask    : j < prefix  or  tree_mask[b, i, j - prefix]   (all lanes have q_len == Q)
+    window W > 0 : additionally positions[t] - j < W for linear entries (the prefix part only
+                   under a tree mask; tree nodes see their ancestors regardless)
+`max_q` / `max_kv` are static Python ints (upper bounds) so a CUDA graph can capture the
+forward; every lane must satisfy q_len <= max_q and kv_len <= max_kv.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class AttnMeta:
+    table: torch.Tensor          # [R, W] int32
+    rows: torch.Tensor           # [B] int64
+    kv_lens: torch.Tensor        # [B] int32/int64
+    q_lens: torch.Tensor         # [B] int32/int64
+    cu_q: torch.Tensor           # [B+1] int64, cu_q[0] == 0
+    positions: torch.Tensor      # [T] int64
+    max_q: int
+    max_kv: int
+    tree_mask: Optional[torch.Tensor] = None   # [B, Q, Q] bool
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.rows.shape[0])

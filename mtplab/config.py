@@ -1,0 +1,220 @@
+"""RunConfig: every knob of an mtplab run, validated at construction, plus the manifest.
+
+Construction resolves every 'auto' to what is in force on this machine (device, dtype,
+attention backend, CUDA graphs, context length, KV budget), so `asdict(cfg)` *is* the resolved
+configuration. Invalid values raise `ConfigError` with one sentence naming the fix.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+DRAFTS = ("none", "frozen_kv_mtp", "eagle")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("auto", "torch", "triton")
+
+# Knobs whose implementation lands in a later issue: setting them to a non-default value
+# raises "not available yet". Shrinks as features land.
+NOT_YET = {"draft": "none", "overlap": False, "fold_seed": False, "zero_bubble": False,
+           "simulate_accept_len": None, "profile": False, "event_timeline": False}
+
+
+class ConfigError(ValueError):
+    """An invalid RunConfig value; the message is one sentence with the fix."""
+
+
+@dataclass
+class RunConfig:
+    # model and draft
+    model: str = "random-tiny"
+    draft: str = "none"                      # none | frozen_kv_mtp | eagle
+    num_steps: int = 3                       # S: draft steps per iteration
+    topk: int = 1                            # K: branches per draft step
+    num_draft_tokens: Optional[int] = None   # D: tree nodes incl. root; None -> S+1 (K=1) / S*K+1
+    # memory and scheduling
+    page_size: int = 1                       # P: KV page size, a power of two
+    max_running_requests: int = 32
+    max_total_tokens: Optional[int] = None   # KV budget in token slots; None -> fits every row
+    context_len: Optional[int] = None        # None -> the model's max_position_embeddings
+    # scheduling ablations
+    overlap: bool = False
+    fold_seed: bool = False
+    cuda_graphs: Optional[bool] = None       # None -> True on CUDA, False on CPU
+    cuda_graph_max_bs: int = 32
+    zero_bubble: bool = False
+    attention_backend: str = "auto"          # auto | torch | triton
+    simulate_accept_len: Optional[float] = None
+    # device and numerics
+    device: str = "auto"                     # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"                      # auto (bf16 on CUDA, fp32 on CPU) | float32 | ...
+    seed: int = 0
+    # profiling and debugging
+    profile: bool = False                    # torch.profiler session with Kineto traces
+    event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
+    trace_dir: str = "traces"
+    debug_invariants: bool = False           # run the busy invariant check every iteration
+
+    def __post_init__(self):
+        self._validate_static()
+        self._resolve()
+
+    # -- validation --------------------------------------------------------------------
+    def _validate_static(self):
+        if self.draft not in DRAFTS:
+            raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
+        for name in ("num_steps", "topk", "page_size", "max_running_requests",
+                     "cuda_graph_max_bs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
+        P = self.page_size
+        if P & (P - 1):
+            raise ConfigError(f"page_size={P} is not a power of two; use 1, 2, 4, 8, 16, ...")
+        D = self.num_draft_tokens
+        if D is not None:
+            if self.topk > D:
+                raise ConfigError(f"topk={self.topk} is larger than num_draft_tokens={D}; "
+                                  "num_draft_tokens must be at least topk.")
+            if self.topk == 1 and D != self.num_steps + 1:
+                raise ConfigError(f"with topk=1 the draft is a chain of num_steps+1 tokens, so "
+                                  f"num_draft_tokens must be {self.num_steps + 1}, got {D}.")
+            if D > self.num_steps * self.topk + 1:
+                raise ConfigError(f"num_draft_tokens={D} exceeds the {self.num_steps * self.topk + 1}"
+                                  " nodes the draft can propose (num_steps*topk+1).")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
+        if self.attention_backend not in BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is unknown; "
+                              f"use one of {BACKENDS}.")
+        if self.fold_seed and self.draft != "frozen_kv_mtp":
+            raise ConfigError("fold_seed folds the Frozen-KV MTP seed step into the draft graph;"
+                              " it needs draft='frozen_kv_mtp'.")
+        if self.context_len is not None and self.context_len < 2:
+            raise ConfigError(f"context_len must be at least 2, got {self.context_len}.")
+        for name, default in NOT_YET.items():
+            if getattr(self, name) != default:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not available yet in this "
+                                  f"version of mtplab; leave it at {default!r}.")
+
+    def _resolve(self):
+        from .device import resolve_device
+        from .models.zoo import model_config
+
+        try:
+            dev = resolve_device(self.device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.device = str(dev.torch_device)
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if dev.is_cuda else "float32"
+        if self.attention_backend == "auto":
+            self.attention_backend = "triton" if dev.is_cuda else "torch"
+        if self.attention_backend == "triton" and not dev.is_cuda \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError("attention_backend='triton' on CPU needs the Triton interpreter: "
+                              "set TRITON_INTERPRET=1 before starting Python, or use 'torch'.")
+        if self.cuda_graphs is None:
+            self.cuda_graphs = dev.is_cuda
+        if self.cuda_graphs and not dev.is_cuda:
+            raise ConfigError("cuda_graphs=True needs a CUDA device; set cuda_graphs=False on CPU.")
+        if self.num_draft_tokens is None:
+            self.num_draft_tokens = (self.num_steps + 1 if self.topk == 1
+                                     else self.num_steps * self.topk + 1)
+        try:
+            mcfg = model_config(self.model)
+        except (ValueError, OSError) as e:
+            raise ConfigError(str(e)) from None
+        if self.context_len is None:
+            self.context_len = mcfg.max_position_embeddings
+        if self.context_len > mcfg.max_position_embeddings:
+            raise ConfigError(f"context_len={self.context_len} exceeds the model's "
+                              f"max_position_embeddings={mcfg.max_position_embeddings}.")
+        W = self.row_width
+        if self.max_total_tokens is None:
+            self.max_total_tokens = self.max_running_requests * W
+        if self.max_total_tokens < W:
+            raise ConfigError(f"max_total_tokens={self.max_total_tokens} cannot hold even one "
+                              f"request at context_len={self.context_len} (a row needs {W} "
+                              "slots); raise max_total_tokens or lower context_len.")
+
+    # -- derived sizes (DESIGN "KV memory") -------------------------------------------
+    @property
+    def speculative(self) -> bool:
+        return self.draft != "none"
+
+    @property
+    def alloc_len_per_decode(self) -> int:
+        from .mem.sizing import alloc_len_per_decode
+        return alloc_len_per_decode(speculative=self.speculative, num_steps=self.num_steps,
+                                    topk=self.topk, num_draft_tokens=self.num_draft_tokens,
+                                    page_size=self.page_size,
+                                    draft_owns_kv=self.draft == "eagle")
+
+    @property
+    def reserve_per_decode(self) -> int:
+        from .mem.sizing import reserve_per_decode
+        return reserve_per_decode(self.alloc_len_per_decode, self.page_size)
+
+    @property
+    def row_width(self) -> int:
+        from .mem.sizing import row_width
+        return row_width(self.context_len or 0, self.alloc_len_per_decode,
+                         self.num_draft_tokens or 1, self.page_size)
+
+    @property
+    def torch_dtype(self):
+        import torch
+        return getattr(torch, self.dtype)
+
+    # -- manifest ----------------------------------------------------------------------
+    def manifest(self) -> dict:
+        """The resolved settings in force plus versions, device and git commit."""
+        import torch
+
+        from . import __version__
+        from .device import resolve_device
+
+        versions = {"mtplab": __version__, "torch": torch.__version__,
+                    "python": platform.python_version()}
+        try:
+            import triton
+            versions["triton"] = triton.__version__
+        except ImportError:
+            versions["triton"] = None
+        return {
+            "config": asdict(self),
+            "derived": {"alloc_len_per_decode": self.alloc_len_per_decode,
+                        "reserve_per_decode": self.reserve_per_decode,
+                        "row_width": self.row_width},
+            "versions": versions,
+            "device_name": resolve_device(self.device).name,
+            "git_commit": git_commit(),
+            "host": platform.node(),
+            "argv": sys.argv,
+            "created_unix": time.time(),
+        }
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def git_commit() -> Optional[str]:
+    """HEAD of the checkout mtplab runs from (None outside a git checkout)."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")

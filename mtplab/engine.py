@@ -1,0 +1,145 @@
+"""Engine: the public entry point. Builds the model, KV memory, worker and scheduler from a
+RunConfig and serves `generate` calls.
+
+    eng = Engine(RunConfig(model="random-tiny", page_size=16))
+    out = eng.generate(["def f(x):"], max_new_tokens=32)   # list[list[int]]
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from .config import ConfigError, RunConfig
+from .device import resolve_device
+from .kernels.attention_ref import paged_attention_ref
+from .mem.allocator import PagedAllocator
+from .mem.invariants import check_kv_invariants
+from .mem.kv_cache import KVCache
+from .mem.kv_manager import KVManager
+from .mem.req_pool import ReqToTokenPool
+from .models.weights import save_model
+from .models.zoo import build_target
+from .sched.request import Req, SamplingParams
+from .sched.scheduler import Scheduler
+from .spec.target_worker import TargetWorker
+
+Prompt = Union[str, Sequence[int]]
+
+
+def attention_fn(backend: str):
+    if backend == "triton":
+        from .kernels.triton_attention import paged_attention_triton
+        return paged_attention_triton
+    return paged_attention_ref
+
+
+class Engine:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        dev = self.device.torch_device
+        model, self.tokenizer = build_target(cfg.model, cfg.seed)
+        self.model = model.to(dev, cfg.torch_dtype)
+        mc = self.model.config
+        P = cfg.page_size
+        num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
+        self.allocator = PagedAllocator(num_slots, P)
+        self.pool = ReqToTokenPool(cfg.max_running_requests, cfg.row_width, dev)
+        self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
+                                         mc.head_dim, cfg.torch_dtype, dev)
+        self.kv = KVManager(self.allocator, self.pool)
+        self.worker = TargetWorker(self.model, self.kv_cache, self.pool.table,
+                                   attention_fn(cfg.attention_backend), cfg.cuda_graphs,
+                                   min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+        self.scheduler = self._new_scheduler()
+        self._next_rid = 0
+        self._last_stats: dict = {}
+
+    def _new_scheduler(self) -> Scheduler:
+        hook = self.check_invariants if self.cfg.debug_invariants else None
+        return Scheduler(self.worker, self.kv, max_running=self.cfg.max_running_requests,
+                         reserve_per_decode=self.cfg.reserve_per_decode, on_iteration=hook)
+
+    # -- requests ------------------------------------------------------------------------
+    def _make_request(self, prompt: Prompt, max_new_tokens: int, sampling: SamplingParams,
+                      stop_ids: frozenset) -> Req:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("a prompt must hold at least one token.")
+        V = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= V:
+            raise ValueError(f"prompt token ids must lie in [0, {V}); got {min(ids)}..{max(ids)}.")
+        if len(ids) + max_new_tokens > self.cfg.context_len:
+            raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} "
+                             f"exceeds context_len={self.cfg.context_len}; shorten the prompt, "
+                             "lower max_new_tokens or raise context_len.")
+        rid = self._next_rid
+        self._next_rid += 1
+        return Req(rid, ids, max_new_tokens, sampling, stop_ids)
+
+    def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 32, *,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: Optional[int] = None,
+                 stop_ids: Optional[Sequence[int]] = None, ignore_eos: bool = False,
+                 progress: bool = False) -> list[list[int]]:
+        """Generate for every prompt (token-id lists or strings); returns output ids in order.
+        Greedy when temperature == 0. Each request i samples with seed `seed + i` (default:
+        the config seed). Stops at EOS (unless ignore_eos), at `stop_ids`, or at the limit."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        if isinstance(prompts, str):
+            raise ValueError("generate takes a list of prompts; wrap a single string in [ ].")
+        stops = set(stop_ids or ())
+        eos = self.tokenizer.eos_token_id
+        if not ignore_eos and eos is not None:
+            stops.add(eos)
+        base = self.cfg.seed if seed is None else seed
+        reqs = [self._make_request(p, max_new_tokens, SamplingParams(temperature, top_p, base + i),
+                                   frozenset(stops)) for i, p in enumerate(prompts)]
+        sched = self.scheduler = self._new_scheduler()
+        for r in reqs:
+            sched.add(r)
+        bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
+        t0 = time.perf_counter()
+        while not sched.idle:
+            sched.step()
+            bar.update(len(sched.finished) - bar.n)
+        self.device.synchronize()
+        wall = time.perf_counter() - t0
+        bar.close()
+        self._last_stats = self._collect_stats(reqs, sched, wall)
+        return [r.output_ids for r in reqs]
+
+    def _collect_stats(self, reqs: list[Req], sched: Scheduler, wall: float) -> dict:
+        s = sched.stats
+        tokens = sum(len(r.output_ids) for r in reqs)
+        steps = sorted(s.step_times_s)
+        return {
+            "requests": len(reqs), "tokens": tokens, "wall_s": wall,
+            "tok_per_s": tokens / wall if wall > 0 else 0.0,
+            "steps": s.prefill_steps + s.decode_steps, "prefill_steps": s.prefill_steps,
+            "decode_steps": s.decode_steps, "retractions": s.retractions,
+            "decode_tok_per_s": s.decode_tokens / s.decode_time_s if s.decode_time_s else 0.0,
+            "step_time_p50_ms": 1e3 * steps[len(steps) // 2] if steps else 0.0,
+            "finish_reasons": {k: sum(r.finished_reason == k for r in reqs)
+                               for k in ("stop", "length", "abort")},
+        }
+
+    def stats(self) -> dict:
+        """Figures of the last `generate` (tokens, steps, tok_per_s, ...)."""
+        return dict(self._last_stats)
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError naming the leak; silent when clean."""
+        check_kv_invariants(self.allocator, self.pool, self.scheduler.live_kv(),
+                            check_table=not self.device.is_cuda)
+
+    def save_target(self, directory: Union[str, Path]) -> None:
+        """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
+        save_model(self.model, directory)
+
+
+__all__ = ["Engine", "RunConfig", "ConfigError"]

@@ -1,0 +1,181 @@
+"""The synchronous ("overlap off") scheduler loop with continuous batching.
+
+    step():  schedule  -> admit waiting requests whose KV fits (prefill has priority)
+             launch    -> prefill batch, or one decode over every running request
+             process   -> .tolist() the tokens, commit KV lengths, append outputs,
+                          finish (stop / length), release KV
+Launch and result processing are separate methods so the overlap loop can run
+process(k-1) after launch(k). kv_committed_len advances only in `_process_*`.
+KV pressure: a decode that cannot get its reserve retracts the most recently admitted
+request (KV freed, request back at the head of the queue, re-prefilled later with
+prompt + output); nothing is ever lost.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..mem.kv_manager import KVManager
+from ..spec.target_worker import PrefillInputs, SamplingTensors, TargetWorker
+from .request import Req
+
+
+@dataclass
+class StepStats:
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    retractions: int = 0
+    decode_tokens: int = 0
+    decode_time_s: float = 0.0
+    step_times_s: list = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, worker: TargetWorker, kv: KVManager, *, max_running: int,
+                 reserve_per_decode: int, max_prefill_tokens: int = 8192,
+                 on_iteration: Optional[Callable[[], None]] = None):
+        self.worker = worker
+        self.kv = kv
+        self.max_running = max_running
+        self.reserve = reserve_per_decode
+        self.max_prefill_tokens = max_prefill_tokens
+        self.on_iteration = on_iteration
+        self.device = worker.device
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.finished: list[Req] = []
+        self.stats = StepStats()
+
+    # -- queue ---------------------------------------------------------------------------
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: int) -> None:
+        for q in (self.waiting, self.running):
+            for r in list(q):
+                if r.rid == rid:
+                    r.finished_reason = "abort"
+                    q.remove(r)
+                    self._release([r])
+                    self.finished.append(r)
+
+    def live_kv(self) -> dict:
+        return {r.rid: r.kv for r in self.running if r.kv is not None}
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # -- loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.idle:
+            self.step()
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        new = self._admit()
+        if new:
+            self._process_prefill(new, self._launch_prefill(new))
+            self.stats.prefill_steps += 1
+        elif self.running:
+            batch = self._schedule_decode()
+            self._process_decode(batch, self._launch_decode(batch))
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(batch)
+            self.stats.decode_time_s += time.perf_counter() - t0
+        self.stats.step_times_s.append(time.perf_counter() - t0)
+        if self.on_iteration:
+            self.on_iteration()
+
+    # -- schedule ------------------------------------------------------------------------
+    def _admit(self) -> list[Req]:
+        new, tokens = [], 0
+        while self.waiting and len(self.running) + len(new) < self.max_running:
+            req = self.waiting[0]
+            n = len(req.fill_ids())
+            if new and tokens + n > self.max_prefill_tokens:
+                break
+            kv = self.kv.admit(n + self.reserve, rid=req.rid)
+            if kv is None:
+                break
+            req.kv = kv
+            new.append(self.waiting.popleft())
+            tokens += n
+        return new
+
+    def _schedule_decode(self) -> list[Req]:
+        """Every running request gets room for its next decode, retracting if needed."""
+        while True:
+            items = [(r.kv, r.kv.kv_committed_len + self.reserve) for r in self.running]
+            if self.kv.extend_many(items, rids=[r.rid for r in self.running]):
+                return list(self.running)
+            victim = self.running.pop()            # most recently admitted
+            self._release([victim])
+            victim.num_retractions += 1
+            self.stats.retractions += 1
+            self.waiting.appendleft(victim)
+
+    # -- launch --------------------------------------------------------------------------
+    def _sampling(self, reqs: list[Req], counters: list[int]) -> SamplingTensors:
+        dev = self.device
+        return SamplingTensors(
+            temperature=torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32,
+                                     device=dev),
+            top_p=torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev),
+            seeds=torch.tensor([r.sampling.seed for r in reqs], dtype=torch.long, device=dev),
+            counters=torch.tensor(counters, dtype=torch.long, device=dev))
+
+    def _launch_prefill(self, reqs: list[Req]) -> torch.Tensor:
+        dev = self.device
+        fills = [r.fill_ids() for r in reqs]
+        lens = [len(f) for f in fills]
+        ids = torch.tensor([t for f in fills for t in f], dtype=torch.long, device=dev)
+        q_lens = torch.tensor(lens, dtype=torch.long, device=dev)
+        cu = torch.zeros(len(reqs) + 1, dtype=torch.long, device=dev)
+        cu[1:] = torch.cumsum(q_lens, 0)
+        pos = torch.cat([torch.arange(n, device=dev) for n in lens])
+        x = PrefillInputs(ids, torch.tensor([r.kv.row for r in reqs], device=dev), q_lens, cu,
+                          pos, max(lens), self._sampling(reqs, lens))
+        return self.worker.prefill(x)
+
+    def _launch_decode(self, reqs: list[Req]) -> torch.Tensor:
+        dev = self.device
+        kv_lens = [r.kv.kv_committed_len + 1 for r in reqs]
+        return self.worker.decode(
+            torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long, device=dev),
+            torch.tensor([r.kv.row for r in reqs], dtype=torch.long, device=dev),
+            torch.tensor(kv_lens, dtype=torch.long, device=dev),
+            self._sampling(reqs, kv_lens), max_kv=max(kv_lens))
+
+    # -- process results -----------------------------------------------------------------
+    def _process_prefill(self, reqs: list[Req], next_tokens: torch.Tensor) -> None:
+        toks = next_tokens.tolist()
+        for r, t in zip(reqs, toks):
+            r.kv.kv_committed_len = len(r.fill_ids())
+            r.append_tokens([t])
+        self.running.extend(reqs)
+        self._finish_done()
+
+    def _process_decode(self, reqs: list[Req], next_tokens: torch.Tensor) -> None:
+        toks = next_tokens.tolist()
+        for r, t in zip(reqs, toks):
+            r.kv.kv_committed_len += 1
+            r.append_tokens([t])
+        self._finish_done()
+
+    def _finish_done(self) -> None:
+        done = [r for r in self.running if r.finished]
+        if done:
+            self.running = [r for r in self.running if not r.finished]
+            self._release(done)
+            self.finished.extend(done)
+
+    def _release(self, reqs: list[Req]) -> None:
+        kvs = [r.kv for r in reqs if r.kv is not None]
+        self.kv.release(kvs)
+        for r in reqs:
+            r.kv = None

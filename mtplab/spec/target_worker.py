@@ -1,0 +1,108 @@
+"""Target worker: the target model's forwards over paged KV (prefill eager, decode eager or
+graph replay) and token sampling. The speculative worker adds a draft worker beside it.
+
+All decode inputs are device tensors and everything else is derived on the device:
+    positions = kv_lens - 1 ; out_loc = req_to_token[rows, positions]
+so the captured decode graph needs no host-side lengths (only the static bound W).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..graphs.runner import GraphRunner, default_buckets
+from ..kernels.attn_meta import AttnMeta
+from ..kernels.sampling import sample
+from ..mem.kv_cache import KVCache
+from ..models.llama import AttnFn, LlamaForCausalLM
+
+
+@dataclass
+class SamplingTensors:
+    """Per-lane sampling parameters (device tensors, [B] each)."""
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor
+    counters: torch.Tensor      # index of the token being sampled (= tokens before it)
+
+
+@dataclass
+class PrefillInputs:
+    input_ids: torch.Tensor     # [T] packed prompts (prompt + earlier output on re-prefill)
+    rows: torch.Tensor          # [B]
+    q_lens: torch.Tensor        # [B] tokens fed per request (= kv_lens: no cached prefix)
+    cu_q: torch.Tensor          # [B+1]
+    positions: torch.Tensor     # [T]
+    max_q: int
+    sampling: SamplingTensors
+
+
+class TargetWorker:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCache, table: torch.Tensor,
+                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int):
+        self.model = model
+        self.kv = kv
+        self.table = table
+        self.attn_fn = attn_fn
+        self.width = table.shape[1]
+        self.device = table.device
+        self.decode_graph: GraphRunner | None = None
+        if cuda_graphs:
+            self.decode_graph = self._capture_decode(graph_max_bs)
+
+    @torch.no_grad()
+    def prefill(self, x: PrefillInputs) -> torch.Tensor:
+        """Forward every fed token, sample the next token of each request -> [B] int64."""
+        B = x.rows.shape[0]
+        row_of_tok = torch.repeat_interleave(x.rows, x.q_lens, output_size=x.input_ids.shape[0])
+        out_loc = self.table[row_of_tok, x.positions].long()
+        meta = AttnMeta(self.table, x.rows, x.q_lens, x.q_lens, x.cu_q, x.positions,
+                        max_q=x.max_q, max_kv=x.max_q)
+        _, logits = self.model(x.input_ids, x.positions, self.kv.k, self.kv.v, out_loc, meta,
+                               self.attn_fn, logits_idx=x.cu_q[1:] - 1)
+        s = x.sampling
+        assert logits.shape[0] == B
+        return sample(logits, s.temperature, s.top_p, s.seeds, s.counters)
+
+    def _decode_fn(self, max_kv: int):
+        def fn(input_ids, rows, kv_lens, temperature, top_p, seeds, counters):
+            B = rows.shape[0]
+            positions = (kv_lens - 1).long()
+            out_loc = self.table[rows, positions].long()
+            ones = torch.ones_like(kv_lens)
+            cu_q = torch.arange(B + 1, device=rows.device)
+            meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv)
+            _, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc, meta,
+                                   self.attn_fn)
+            return sample(logits, temperature, top_p, seeds, counters)
+        return fn
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
+               sampling: SamplingTensors, max_kv: int) -> torch.Tensor:
+        """One token per lane. kv_lens = committed + 1 (the fed token's KV is written at entry
+        kv_len - 1). `max_kv` bounds kv_lens for eager attention; graphs use the row width."""
+        args = dict(input_ids=input_ids, rows=rows, kv_lens=kv_lens,
+                    temperature=sampling.temperature, top_p=sampling.top_p,
+                    seeds=sampling.seeds, counters=sampling.counters)
+        if self.decode_graph is not None and rows.shape[0] <= self.decode_graph.max_bs:
+            return self.decode_graph.run(args)
+        return self._decode_fn(max_kv)(**args)
+
+    def _capture_decode(self, max_bs: int) -> GraphRunner:
+        dev, L = self.device, max_bs
+        static = dict(
+            input_ids=torch.zeros(L, dtype=torch.long, device=dev),
+            rows=torch.zeros(L, dtype=torch.long, device=dev),
+            kv_lens=torch.zeros(L, dtype=torch.long, device=dev),
+            temperature=torch.zeros(L, dtype=torch.float32, device=dev),
+            top_p=torch.zeros(L, dtype=torch.float32, device=dev),
+            seeds=torch.zeros(L, dtype=torch.long, device=dev),
+            counters=torch.zeros(L, dtype=torch.long, device=dev))
+        # Padding lane: row 0, one KV entry -> writes and reads slot 0 of the padding page.
+        pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0, counters=0)
+        runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width)), static, pad,
+                             default_buckets(max_bs))
+        runner.capture()
+        return runner

@@ -1,0 +1,28 @@
+"""The CLI end to end (subprocess, like a user)."""
+import subprocess
+import sys
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mtplab.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_prints_results_table():
+    r = run("run", "--model", "random-tiny", "--page-size", "16", "--prompts", "4",
+            "--max-new-tokens", "8", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "tok_per_s" in r.stdout and "decode_steps" in r.stdout
+    assert "page_size=16" in r.stdout
+
+
+def test_demo_runs_on_cpu():
+    r = run("demo", "--device", "cpu", "--max-new-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert "mtplab demo on cpu" in r.stdout
+
+
+def test_bad_flag_value_is_one_clear_error():
+    r = run("run", "--page-size", "3", "--device", "cpu")
+    assert r.returncode == 2
+    assert "not a power of two" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,82 @@
+"""Triton paged attention vs the torch reference on CUDA (compiled kernels, no interpreter),
+at serving-like shapes, plus CUDA-graph capture/replay of the call."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mtplab.kernels.triton_attention import paged_attention_triton
+# tests/ is on sys.path (rootdir conftest, pytest's default prepend import mode)
+from test_triton_attention import check, make_case
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+def lens(bs: int, max_q: int, seed: int) -> tuple[list[int], list[int]]:
+    """bs lanes: q_len in [1, max_q], kv_len in [q_len, 2000] (prefix 0 .. 2000 - q_len)."""
+    rng = random.Random(seed)
+    q_lens = [rng.randint(1, max_q) for _ in range(bs)]
+    return q_lens, kv_lens_for(q_lens, seed)
+
+
+def kv_lens_for(q_lens: list[int], seed: int) -> list[int]:
+    rng = random.Random(seed + 1000)
+    return [ql + rng.randint(0, 2000 - ql) for ql in q_lens]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,Hq,Hkv", [(64, 8, 2), (128, 4, 4), (128, 32, 8)])
+@pytest.mark.parametrize("window", [0, 256])
+def test_decode(dtype, d, Hq, Hkv, window):
+    _, kv_lens = lens(32, 1, seed=d + Hq)
+    check(make_case([1] * 32, kv_lens, Hq=Hq, Hkv=Hkv, d=d, page=16, dtype=dtype,
+                    device="cuda"), window, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,Hq,Hkv", [(64, 8, 2), (128, 4, 4), (128, 12, 4)])
+@pytest.mark.parametrize("window", [0, 256])
+def test_extend(dtype, d, Hq, Hkv, window):
+    q_lens, kv_lens = lens(32, 100, seed=d + Hq + 1)
+    check(make_case(q_lens, kv_lens, Hq=Hq, Hkv=Hkv, d=d, page=16, dtype=dtype,
+                    max_q=128, device="cuda"), window, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("Q,window", [(8, 0), (16, 64)])
+def test_tree(dtype, Q, window):
+    _, kv_lens = lens(32, 1, seed=Q)
+    kv_lens = [max(k, Q) for k in kv_lens]
+    check(make_case([Q] * 32, kv_lens, Hq=8, Hkv=2, d=128, page=16, tree=True, dtype=dtype,
+                    device="cuda"), window, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("max_q", [1, 8])      # decode kernel, extend kernel
+def test_cuda_graph_replay_matches_eager(max_q):
+    q_lens, kv_lens = lens(32, max_q, seed=7)
+    q, k, v, meta = make_case(q_lens, kv_lens, Hq=8, Hkv=2, d=128, page=16,
+                              dtype=torch.bfloat16, max_q=max_q, max_kv=2000, device="cuda")
+    scale = 128 ** -0.5
+    paged_attention_triton(q, k, v, meta, scale, 256)          # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention_triton(q, k, v, meta, scale, 256)
+
+    # New contents in every captured input (same q_lens, hence same T and cu_q).
+    new = make_case(q_lens, kv_lens_for(q_lens, seed=8), Hq=8, Hkv=2, d=128, page=16,
+                    dtype=torch.bfloat16, max_q=max_q, max_kv=2000, device="cuda", seed=1)
+    for dst, src in zip((q, k, v), new[:3]):
+        dst.copy_(src)
+    for f in ("table", "rows", "kv_lens", "positions"):
+        getattr(meta, f).copy_(getattr(new[3], f))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = paged_attention_triton(q, k, v, meta, scale, 256)
+    assert torch.equal(out, eager)
+    check((q, k, v, meta), 256, atol=TOL[torch.bfloat16])

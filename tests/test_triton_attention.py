@@ -1,0 +1,158 @@
+"""Triton paged attention vs the torch reference on CPU (TRITON_INTERPRET=1, see conftest.py).
+
+Shapes are tiny: the interpreter runs every program in Python. On a CUDA machine the same cases
+run compiled on the GPU (the interpreter is off there, and Triton cannot read CPU tensors).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtplab.kernels.attention_ref import paged_attention_ref
+from mtplab.kernels.attn_meta import AttnMeta
+from mtplab.kernels.triton_attention import paged_attention_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_tree_mask(Q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tree of Q nodes (node 0 is the root, parents precede children).
+    Returns (mask [Q,Q]: node i sees its ancestors and itself, depth [Q])."""
+    mask = torch.zeros(Q, Q, dtype=torch.bool)
+    depth = torch.zeros(Q, dtype=torch.long)
+    mask[0, 0] = True
+    for i in range(1, Q):
+        p = int(torch.randint(0, i, (1,), generator=gen))
+        mask[i] = mask[p]
+        mask[i, i] = True
+        depth[i] = depth[p] + 1
+    return mask, depth
+
+
+def make_case(q_lens, kv_lens, *, Hq=4, Hkv=1, d=32, page=4, tree=False, dtype=torch.float32,
+              max_q=None, max_kv=None, device=DEVICE, seed=0):
+    """Random q / paged KV cache / AttnMeta. Pages come from a random permutation, and lanes map
+    to shuffled rows of the table, so every indirection is exercised."""
+    gen = torch.Generator().manual_seed(seed)
+    B = len(q_lens)
+    max_q = max_q or max(max(q_lens), 1)
+    max_kv = max_kv or max(kv_lens)
+    pages_per_row = -(-max_kv // page)
+    R = B + 2                                                   # spare rows: rows[b] != b
+    perm = torch.randperm(R * pages_per_row, generator=gen).view(R, pages_per_row)
+    j = torch.arange(pages_per_row * page)
+    table = (perm[:, j // page] * page + j % page).to(torch.int32)
+    rows = torch.randperm(R, generator=gen)[:B]
+    N = R * pages_per_row * page
+    T = sum(q_lens)
+    q = torch.randn(T, Hq, d, generator=gen)
+    k_cache = torch.randn(N, Hkv, d, generator=gen)
+    v_cache = torch.randn(N, Hkv, d, generator=gen)
+    q_lens_t = torch.tensor(q_lens)
+    kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32)
+    cu_q = torch.zeros(B + 1, dtype=torch.long)
+    cu_q[1:] = q_lens_t.cumsum(0)
+    prefix = kv_lens_t.long() - q_lens_t
+    tree_mask = None
+    if tree:
+        assert all(ql == max_q for ql in q_lens), "tree lanes all have q_len == max_q"
+        masks, depths = zip(*(random_tree_mask(max_q, gen) for _ in range(B)))
+        tree_mask = torch.stack(masks)
+        positions = torch.cat([prefix[b] + depths[b] for b in range(B)])
+    else:
+        positions = torch.cat([prefix[b] + torch.arange(q_lens[b]) for b in range(B)])
+    meta = AttnMeta(table=table, rows=rows, kv_lens=kv_lens_t, q_lens=q_lens_t, cu_q=cu_q,
+                    positions=positions, max_q=max_q, max_kv=max_kv, tree_mask=tree_mask)
+    moved = {f: getattr(meta, f).to(device) for f in
+             ("table", "rows", "kv_lens", "q_lens", "cu_q", "positions")}
+    meta = AttnMeta(**moved, max_q=max_q, max_kv=max_kv,
+                    tree_mask=None if tree_mask is None else tree_mask.to(device))
+    return (q.to(device, dtype), k_cache.to(device, dtype), v_cache.to(device, dtype), meta)
+
+
+def check(case, window=0, atol=1e-4):
+    q, k, v, meta = case
+    scale = q.shape[-1] ** -0.5
+    out = paged_attention_triton(q, k, v, meta, scale, window)
+    ref = paged_attention_ref(q, k, v, meta, scale, window)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+
+
+# ---- decode (max_q == 1) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kv_lens,page,Hq,Hkv,d,window", [
+    ([37], 1, 4, 1, 32, 0),
+    ([37], 16, 2, 2, 64, 0),
+    ([5, 70, 23], 4, 4, 1, 32, 0),
+    ([5, 70, 23], 16, 4, 1, 32, 9),      # window < kv_len on two lanes
+    ([1, 130, 64], 1, 2, 2, 128, 0),
+    ([1, 130, 64], 4, 8, 2, 32, 40),
+    ([9, 33], 4, 6, 2, 32, 0),           # GQA group of 3 (not a power of two)
+])
+def test_decode(kv_lens, page, Hq, Hkv, d, window):
+    check(make_case([1] * len(kv_lens), kv_lens, Hq=Hq, Hkv=Hkv, d=d, page=page), window)
+
+
+def test_decode_strided_q_and_padded_max_kv():
+    q, k, v, meta = make_case([1, 1], [20, 45], Hq=4, Hkv=2, max_kv=100)
+    wide = torch.randn(q.shape[0], 6, q.shape[2], device=q.device)
+    wide[:, 1:5] = q
+    check((wide[:, 1:5], k, v, meta))                 # q strided over heads
+
+
+def test_decode_zero_q_lane_writes_nothing():
+    # lane 1 has no query: its cu_q points at lane 2's token, which it must not overwrite
+    check(make_case([1, 0, 1], [12, 30, 7]))
+
+
+# ---- extend / prefill ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_lens,kv_lens,Hq,Hkv,d,page,window", [
+    ([5], [5], 2, 2, 32, 4, 0),                              # prefix == 0
+    ([1, 5, 17], [30, 25, 17], 4, 1, 32, 4, 0),              # mixed q_lens, prefix 29 / 20 / 0
+    ([1, 5, 17], [30, 25, 60], 2, 2, 64, 16, 0),
+    ([1, 5, 17], [30, 25, 60], 4, 1, 32, 1, 7),              # window < kv_len
+    ([17, 3], [90, 40], 2, 1, 128, 4, 20),
+    ([70, 2], [100, 2], 1, 1, 32, 4, 0),                     # several query tiles
+    ([5, 17], [20, 40], 6, 2, 32, 4, 9),                     # GQA group of 3, padded tile rows
+])
+def test_extend(q_lens, kv_lens, Hq, Hkv, d, page, window):
+    check(make_case(q_lens, kv_lens, Hq=Hq, Hkv=Hkv, d=d, page=page), window)
+
+
+def test_extend_padded_max_q_and_empty_lane():
+    # static max_q above every q_len (padded rows and a fully padded tile), one lane with q_len 0
+    check(make_case([3, 0, 6], [10, 4, 33], Hq=2, Hkv=1, max_q=20, max_kv=64))
+
+
+# ---- tree mask -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("Q,kv_lens,window,seed", [
+    (4, [4, 19], 0, 1),
+    (8, [40, 8, 23], 0, 2),
+    (8, [40, 8, 23], 10, 3),     # window hides old prefix entries, never tree nodes
+    (6, [50], 3, 4),             # window smaller than the tree depth
+])
+def test_tree(Q, kv_lens, window, seed):
+    check(make_case([Q] * len(kv_lens), kv_lens, Hq=4, Hkv=2, tree=True, seed=seed), window)
+
+
+def test_tree_single_node_uses_extend():
+    check(make_case([1, 1], [9, 1], tree=True))
+
+
+# ---- low precision and errors --------------------------------------------------------------
+
+# fp16 only: the triton 3.9 interpreter's tl.dot multiplies the raw bits of bf16 operands;
+# bf16 is covered by tests/gpu/test_triton_attention_gpu.py.
+@pytest.mark.parametrize("dtype", [torch.float16])
+def test_half_precision(dtype):
+    check(make_case([1, 1], [30, 50], Hq=4, Hkv=2, dtype=dtype), atol=2e-2)
+    check(make_case([4, 9], [30, 50], Hq=4, Hkv=2, dtype=dtype), window=12, atol=2e-2)
+
+
+def test_bad_head_dim_raises():
+    q, k, v, meta = make_case([1], [4], d=32)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_attention_triton(q[..., :24], k[..., :24], v[..., :24], meta, 1.0)

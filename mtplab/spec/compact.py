@@ -1,0 +1,65 @@
+"""Accept compaction (topk > 1): bring the accepted path to the front of the verify window.
+
+Verify writes node i of request b at row entry seq_len + i (the window [seq_len, seq_len+D)).
+After accept, path node accept_index[b, k] must sit at entry seq_len + k for k < accept_lens,
+so that KV, hidden states and predictions read as a chain from then on:
+
+    window  entry:  seq_len+0  +1  +2  +3  ...  +D-1      accept_index[b] = [0, 2, 3, -1]
+            node :      0       1   2   3  ...   D-1       -> moves  2 -> 1, 3 -> 2
+    lane k (of S+1):  src = window[accept_index[k]], dst = window[k], valid = k < accept_lens
+
+Lanes are static [B, S+1]. Invalid lanes copy the root slot onto itself (window[0], which no
+valid lane writes or reads except lane 0's identity copy), so the move is one index op per
+KV tensor with no masking. accept_index is increasing, so a valid lane may read an entry that a
+lower lane writes: apply as gather-then-scatter (`kv[:, dst] = kv[:, src]`), never in place.
+
+The window's slots are taken once, at verify time (`window_slots`), and reused here: under
+overlap a finished request's row may be reassigned before its in-flight compaction runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .verify import AcceptResult
+
+
+@dataclass
+class AcceptMoves:
+    src_slots: torch.Tensor  # [B, S+1] int64 KV slot to read
+    dst_slots: torch.Tensor  # [B, S+1] int64 KV slot to write
+    valid: torch.Tensor      # [B, S+1] bool, k < accept_lens (lane 0 always, an identity)
+    row_index: torch.Tensor  # [B, S+1] int64 into [B*D]-flattened per-node outputs (hidden,
+                             #   logits, predict): out[b, k] = x[row_index[b, k]]; root if invalid
+
+
+def window_slots(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+                 num_draft_tokens: int) -> torch.Tensor:
+    """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1]."""
+    entries = seq_lens.long()[:, None] + torch.arange(num_draft_tokens, device=rows.device)
+    return req_to_token[rows.long()[:, None], entries].long()
+
+
+def accept_moves(window: torch.Tensor, accept: AcceptResult) -> AcceptMoves:
+    """window [B, D] (window_slots) + accept result -> the compaction moves [B, S+1]."""
+    B, D = window.shape
+    L = accept.accept_index.shape[1]
+    valid = accept.accept_index >= 0
+    node = torch.where(valid, accept.accept_index, 0)
+    root = window[:, :1].expand(B, L)
+    front = window[:, :min(L, D)]
+    if L > D:   # D < S+1 (topk > 1): a path has at most D nodes, lanes >= D are never valid
+        front = torch.cat([front, root[:, : L - D]], dim=1)
+    src = torch.where(valid, window.gather(1, node), root)
+    dst = torch.where(valid, front, root)
+    row_index = torch.arange(B, device=window.device)[:, None] * D + node
+    return AcceptMoves(src_slots=src, dst_slots=dst, valid=valid, row_index=row_index)
+
+
+def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMoves) -> None:
+    """k/v [num_layers, num_slots, ...] in place, every layer at once (gather, then scatter)."""
+    src = moves.src_slots.reshape(-1)
+    dst = moves.dst_slots.reshape(-1)
+    for cache in (k_cache, v_cache):
+        cache[:, dst] = cache[:, src]

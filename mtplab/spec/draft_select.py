@@ -1,0 +1,117 @@
+"""EAGLE-style draft token selection: per-step top-k with cumulative scores, then the best
+D-1 nodes over all steps (DESIGN "One decode iteration": draft -> tree).
+
+Shapes: B requests, K topk, S num_steps, D num_draft_tokens (tree nodes incl. the root), V vocab.
+Scores are cumulative log-probabilities (sums of log-softmax values, so they never increase
+along a path). Every draft-side candidate gets a *candidate index* c, step-major:
+
+    step 0    root logp [B,V] --branch_topk--> [B,K]          candidates c in [0, K)
+              score = logp, parent = -1 (the root)
+              all K candidates are the K branches of step 0
+    step s>0  branch logp [B,K,V] --branch_topk--> [B,K,K]   candidates c in [off_s, off_s + K*K)
+              score[b, j*K + i] = branch_score[b,j] + logp[b,j,i]     off_s = K + (s-1)*K*K
+              parent[b, j*K + i] = candidate index of branch j
+              top K of the K*K (stable sort) --> the branches of step s
+    organize  S steps -> scores [B, C], C = K + (S-1)*K*K
+              stable sort by score (desc)  --> best D-1 candidates (ties: lower c first)
+              sort them by c (asc)          --> tree nodes 1..D-1 (node 0 = root)
+              tokens [B, D-1], parents [B, D-1] (tree indices, root = 0)
+
+Invariant (why organize can map parents by search): a child's score is its parent's score plus
+a log-prob <= 0, so score(child) <= score(parent), and c(parent) < c(child). With the stable
+descending sort the parent therefore ranks before the child: whenever a node is among the best
+D-1, so is its parent. Sorting the selection by c keeps the tree topological
+(parent index < child index). topk == 1 is the chain: one candidate per step, D = S+1.
+
+No host synchronisation and static shapes throughout (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class DraftBranches:
+    """The K live branches after a step: the inputs of the next draft step."""
+    tokens: torch.Tensor   # [B, K] int64: token of each branch (next draft input)
+    scores: torch.Tensor   # [B, K] float32: cumulative log-prob of each branch
+    cand: torch.Tensor     # [B, K] int64: candidate index of each branch
+    lane: torch.Tensor     # [B, K] int64: previous-step branch each descends from (hidden gather)
+
+
+@dataclass
+class StepCandidates:
+    """Every candidate proposed in one step (C = K at step 0, K*K after)."""
+    tokens: torch.Tensor   # [B, C] int64
+    scores: torch.Tensor   # [B, C] float32, cumulative
+    parents: torch.Tensor  # [B, C] int64: candidate index of the parent, -1 = root
+
+
+@dataclass
+class DraftSelection:
+    """The best D-1 draft nodes, in tree order (node i here is tree node i+1)."""
+    tokens: torch.Tensor   # [B, D-1] int64
+    parents: torch.Tensor  # [B, D-1] int64: tree index of the parent (root = 0), < own index
+    num_steps: int         # S: the deepest node has depth <= S
+
+
+def num_candidates(num_steps: int, topk: int) -> int:
+    """C = K + (S-1)*K*K: candidates recorded over S steps."""
+    return topk + (num_steps - 1) * topk * topk
+
+
+def branch_topk(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] -> (log-probs [..., K] float32, tokens [..., K] int64), best first."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    vals, idx = torch.topk(logp, topk, dim=-1, sorted=True)
+    return vals, idx
+
+
+def select_root(logp: torch.Tensor, tokens: torch.Tensor) -> tuple[DraftBranches, StepCandidates]:
+    """Step 0: the root's top-k (logp, tokens) [B, K] become the K branches."""
+    B, K = tokens.shape
+    cand = torch.arange(K, device=tokens.device).repeat(B, 1)
+    scores = logp.float()
+    branches = DraftBranches(tokens=tokens.long(), scores=scores, cand=cand,
+                             lane=torch.zeros_like(cand))
+    step = StepCandidates(tokens=tokens.long(), scores=scores,
+                          parents=torch.full_like(cand, -1))
+    return branches, step
+
+
+def select_step(branches: DraftBranches, logp: torch.Tensor, tokens: torch.Tensor,
+                step: int) -> tuple[DraftBranches, StepCandidates]:
+    """Step s >= 1: each branch's top-k children (logp, tokens) [B, K, K] -> K*K candidates;
+    the best K (stable: ties to the lower candidate index) are the next branches."""
+    assert step >= 1, "step 0 is select_root"
+    B, K = branches.tokens.shape
+    offset = num_candidates(step, K)              # first candidate index of this step
+    scores = (branches.scores[:, :, None] + logp.float()).reshape(B, K * K)
+    toks = tokens.long().reshape(B, K * K)
+    parents = branches.cand[:, :, None].expand(B, K, K).reshape(B, K * K)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :K]
+    nxt = DraftBranches(tokens=toks.gather(1, order), scores=scores.gather(1, order),
+                        cand=order + offset, lane=torch.div(order, K, rounding_mode="floor"))
+    return nxt, StepCandidates(tokens=toks, scores=scores, parents=parents)
+
+
+def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
+    """The best D-1 candidates over all steps (see the module sketch), in tree order."""
+    n = num_draft_tokens - 1
+    scores = torch.cat([s.scores for s in steps], dim=1)       # [B, C]
+    tokens = torch.cat([s.tokens for s in steps], dim=1)
+    parents = torch.cat([s.parents for s in steps], dim=1)
+    if not 0 <= n <= scores.shape[1]:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} needs {n} draft nodes but "
+                         f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
+    best = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :n]
+    sel = torch.sort(best, dim=-1).values                      # [B, n] candidate indices, asc
+    par_c = parents.gather(1, sel)
+    # The parent is selected (module invariant), so its position in `sel` is its node - 1.
+    pos = torch.searchsorted(sel.contiguous(), par_c.clamp(min=0).contiguous())
+    tree_parents = torch.where(par_c < 0, torch.zeros_like(pos), pos + 1)
+    return DraftSelection(tokens=tokens.gather(1, sel), parents=tree_parents,
+                          num_steps=len(steps))

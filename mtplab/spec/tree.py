@@ -1,0 +1,70 @@
+"""The verify tree: D nodes per request, node 0 = root (the previous bonus token).
+
+    node        0      1 .. D-1   (organize order: topological, parents[b, i] < i)
+    tokens    bonus    drafts                         [B, D]
+    parents    -1      tree index of the parent       [B, D]
+    depth       0      depth(parent) + 1              [B, D]
+    positions  seq_len + depth                        [B, D]
+    mask[b, i, j]  = j == i or j is an ancestor of i  [B, D, D]  (the verify tree mask)
+    retrieve_next_token[b, i]   = first child of i (lowest index), -1 none
+    retrieve_next_sibling[b, i] = next sibling of i (next higher index, same parent), -1 none
+Children are ordered by node index, i.e. by selection order.
+
+Static shapes, no host synchronisation (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .draft_select import DraftSelection
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor                 # [B, D] int64, node 0 = bonus
+    parents: torch.Tensor                # [B, D] int64, -1 for the root
+    depth: torch.Tensor                  # [B, D] int64, root 0, <= num_steps
+    positions: torch.Tensor              # [B, D] int64 = seq_lens + depth
+    mask: torch.Tensor                   # [B, D, D] bool
+    retrieve_next_token: torch.Tensor    # [B, D] int64
+    retrieve_next_sibling: torch.Tensor  # [B, D] int64
+    num_steps: int                       # S: accepted paths have at most S+1 nodes
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def _first_true(m: torch.Tensor) -> torch.Tensor:
+    """m [B, D, D] bool -> [B, D] lowest j with m[b, i, j], -1 where none."""
+    D = m.shape[-1]
+    j = torch.arange(D, device=m.device)
+    first = torch.where(m, j, D).amin(dim=-1)
+    return torch.where(first == D, -1, first)
+
+
+def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+    B = bonus.shape[0]
+    dev = bonus.device
+    tokens = torch.cat([bonus.long()[:, None], sel.tokens.long()], dim=1)
+    parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev),
+                         sel.parents.long()], dim=1)
+    D = tokens.shape[1]
+    idx = torch.arange(D, device=dev)
+    # Ancestor-or-self closure by repeated squaring: after t rounds it covers chains of
+    # length 2**t, and no chain is longer than D-1.
+    reach = (parents[:, :, None] == idx) | torch.eye(D, dtype=torch.bool, device=dev)
+    span = 1
+    while span < D - 1:
+        reach = reach | (torch.bmm(reach.float(), reach.float()) > 0)
+        span *= 2
+    depth = reach.sum(dim=-1) - 1
+    is_child = parents[:, None, :] == idx[None, :, None]            # [b, i, j]: j child of i
+    is_next_sib = (parents[:, None, :] == parents[:, :, None]) & (idx[None, None, :] > idx[:, None])
+    return DraftTree(tokens=tokens, parents=parents, depth=depth,
+                     positions=seq_lens.long()[:, None] + depth, mask=reach,
+                     retrieve_next_token=_first_true(is_child),
+                     retrieve_next_sibling=_first_true(is_next_sib),
+                     num_steps=sel.num_steps)

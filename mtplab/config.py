@@ -21,8 +21,7 @@ BACKENDS = ("auto", "torch", "triton")
 
 # Knobs whose implementation lands in a later issue: setting them to a non-default value
 # raises "not available yet". Shrinks as features land.
-NOT_YET = {"draft": "none", "overlap": False, "fold_seed": False, "zero_bubble": False,
-           "simulate_accept_len": None, "profile": False, "event_timeline": False}
+NOT_YET = {"overlap": False, "zero_bubble": False, "profile": False, "event_timeline": False}
 
 
 class ConfigError(ValueError):
@@ -49,7 +48,8 @@ class RunConfig:
     cuda_graph_max_bs: int = 32
     zero_bubble: bool = False
     attention_backend: str = "auto"          # auto | torch | triton
-    simulate_accept_len: Optional[float] = None
+    simulate_accept_len: Optional[float] = None      # mean tokens per verify (bonus incl.)
+    simulate_accept_rates: Optional[tuple] = None    # or per-position acceptance [S]
     # device and numerics
     device: str = "auto"                     # auto | cpu | cuda | cuda:N
     dtype: str = "auto"                      # auto (bf16 on CUDA, fp32 on CPU) | float32 | ...
@@ -95,6 +95,22 @@ class RunConfig:
         if self.fold_seed and self.draft != "frozen_kv_mtp":
             raise ConfigError("fold_seed folds the Frozen-KV MTP seed step into the draft graph;"
                               " it needs draft='frozen_kv_mtp'.")
+        sim = self.simulate_accept_len is not None or self.simulate_accept_rates is not None
+        if sim and not self.speculative:
+            raise ConfigError("simulated acceptance needs a draft; set draft='frozen_kv_mtp' or "
+                              "'eagle'.")
+        if self.simulate_accept_len is not None and self.simulate_accept_rates is not None:
+            raise ConfigError("give simulate_accept_len or simulate_accept_rates, not both.")
+        if self.simulate_accept_len is not None and \
+                not 1.0 <= self.simulate_accept_len <= self.num_steps + 1:
+            raise ConfigError(f"simulate_accept_len={self.simulate_accept_len} must lie in "
+                              f"[1, num_steps+1={self.num_steps + 1}] (tokens per verify).")
+        if self.simulate_accept_rates is not None:
+            self.simulate_accept_rates = tuple(float(r) for r in self.simulate_accept_rates)
+            if len(self.simulate_accept_rates) != self.num_steps or \
+                    not all(0 <= r <= 1 for r in self.simulate_accept_rates):
+                raise ConfigError(f"simulate_accept_rates needs num_steps={self.num_steps} "
+                                  "probabilities in [0, 1].")
         if self.context_len is not None and self.context_len < 2:
             raise ConfigError(f"context_len must be at least 2, got {self.context_len}.")
         for name, default in NOT_YET.items():
@@ -147,6 +163,15 @@ class RunConfig:
     @property
     def speculative(self) -> bool:
         return self.draft != "none"
+
+    @property
+    def simulated(self) -> bool:
+        return self.simulate_accept_len is not None or self.simulate_accept_rates is not None
+
+    @property
+    def tokens_per_decode(self) -> int:
+        """KV entries one decode iteration may touch past seq_len (verify window / extend)."""
+        return max(self.num_draft_tokens, self.num_steps + 1) if self.speculative else 1
 
     @property
     def alloc_len_per_decode(self) -> int:

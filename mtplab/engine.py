@@ -22,9 +22,13 @@ from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.weights import save_model
-from .models.zoo import build_target
+from .models.zoo import build_drafts, build_target
 from .sched.request import Req, SamplingParams
 from .sched.scheduler import Scheduler
+from .spec.eagle_draft import EagleDraftWorker
+from .spec.frozen_draft import FrozenDraftWorker
+from .spec.relay import RelayBuffers
+from .spec.spec_worker import SpecParams, SpecWorker
 from .spec.target_worker import TargetWorker
 
 Prompt = Union[str, Sequence[int]]
@@ -52,17 +56,43 @@ class Engine:
         self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
                                          mc.head_dim, cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
-        self.worker = TargetWorker(self.model, self.kv_cache, self.pool.table,
-                                   attention_fn(cfg.attention_backend), cfg.cuda_graphs,
-                                   min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+        attn = attention_fn(cfg.attention_backend)
+        self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
+                                          cfg.cuda_graphs and not cfg.speculative,
+                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+        self.worker = self.target_worker
+        self.draft_model = None
+        if cfg.speculative:
+            self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
 
+    def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
+        cfg, dev, mc = self.cfg, self.device.torch_device, self.model.config
+        assistant, eagle = build_drafts(self.model, cfg.seed)
+        if cfg.draft == "frozen_kv_mtp":
+            self.draft_model = assistant.to(dev, cfg.torch_dtype)
+            draft = FrozenDraftWorker(self.draft_model, self.kv_cache, self.pool.table, attn,
+                                      cfg.num_steps, cfg.topk)
+        else:
+            self.draft_model = eagle.to(dev, cfg.torch_dtype)
+            self.draft_kv = KVCache.allocate(1, num_slots, mc.num_key_value_heads, mc.head_dim,
+                                             cfg.torch_dtype, dev)
+            draft = EagleDraftWorker(self.draft_model, self.draft_kv, self.pool.table, attn,
+                                     cfg.num_steps, cfg.topk, cfg.page_size)
+        relay = RelayBuffers(cfg.max_running_requests, mc.hidden_size, cfg.topk,
+                             cfg.torch_dtype, dev, with_topk=cfg.draft == "eagle")
+        params = SpecParams(cfg.draft, cfg.num_steps, cfg.topk, cfg.num_draft_tokens,
+                            cfg.fold_seed, cfg.simulate_accept_len, cfg.simulate_accept_rates)
+        return SpecWorker(self.target_worker, draft, relay, params, cfg.cuda_graphs,
+                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+
     def _new_scheduler(self) -> Scheduler:
         hook = self.check_invariants if self.cfg.debug_invariants else None
         return Scheduler(self.worker, self.kv, max_running=self.cfg.max_running_requests,
-                         reserve_per_decode=self.cfg.reserve_per_decode, on_iteration=hook)
+                         reserve_per_decode=self.cfg.reserve_per_decode,
+                         tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook)
 
     # -- requests ------------------------------------------------------------------------
     def _make_request(self, prompt: Prompt, max_new_tokens: int, sampling: SamplingParams,
@@ -117,7 +147,21 @@ class Engine:
         s = sched.stats
         tokens = sum(len(r.output_ids) for r in reqs)
         steps = sorted(s.step_times_s)
+        acc = s.accept_lens
+        S = self.cfg.num_steps
+        spec = {}
+        if self.cfg.speculative and acc:
+            spec = {
+                # tokens committed per verify, bonus included
+                "accept_len": sum(acc) / len(acc),
+                "accept_rate_per_pos": [sum(a > k for a in acc) / len(acc)
+                                        for k in range(1, S + 1)],
+                "accept_len_hist": {n: acc.count(n) for n in range(1, S + 2)},
+                "verify_steps": s.decode_steps, "draft_steps": s.decode_steps * S,
+                "simulated": self.cfg.simulated,
+            }
         return {
+            **spec,
             "requests": len(reqs), "tokens": tokens, "wall_s": wall,
             "tok_per_s": tokens / wall if wall > 0 else 0.0,
             "steps": s.prefill_steps + s.decode_steps, "prefill_steps": s.prefill_steps,
@@ -134,6 +178,7 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Raise InvariantError naming the leak; silent when clean."""
+        self.scheduler.check_identity()
         check_kv_invariants(self.allocator, self.pool, self.scheduler.live_kv(),
                             check_table=not self.device.is_cuda)
 

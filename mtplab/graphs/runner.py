@@ -4,6 +4,7 @@
     run(inputs, bs): copy inputs -> static[:bs], fill static[bs:bucket] with pad values
                      (padding lanes point at req_to_token row 0 -> the padding page),
                      replay the smallest bucket >= bs, return a copy of out[:bs]
+                     (out: a tensor or a tuple of tensors, batch-major)
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 """
@@ -26,7 +27,7 @@ class GraphRunner:
         self.static = static_inputs
         self.pad = pad_values
         self.buckets = sorted(buckets)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple] = {}
         for k, v in self.static.items():
             v.fill_(pad_values[k])
 
@@ -56,7 +57,7 @@ class GraphRunner:
                 return b
         raise ValueError(f"batch size {bs} exceeds the largest captured bucket {self.max_bs}.")
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def run(self, inputs: dict[str, torch.Tensor]):
         bs = next(iter(inputs.values())).shape[0]
         b = self.bucket(bs)
         for k, v in inputs.items():
@@ -65,4 +66,6 @@ class GraphRunner:
                 self.static[k][bs:b].fill_(self.pad[k])
         g, out = self.graphs[b]
         g.replay()
-        return out[:bs].clone()
+        if isinstance(out, torch.Tensor):
+            return out[:bs].clone()
+        return tuple(o[:bs].clone() for o in out)

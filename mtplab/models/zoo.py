@@ -3,6 +3,7 @@ init) or loaded from a local Hugging Face Llama-format directory.
 
     random-tiny      4-layer, hidden 128, GQA 4:2, vocab 320, full attention (loads in HF)
     random-tiny-swa  same width, layers sliding/sliding/full/sliding with window 16
+    random-medium    8-layer, hidden 1024, GQA 16:4, vocab 32000 (timing at a larger width)
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from .drafts import AssistantConfig, EagleDraft, FrozenKVAssistant, last_layer_of_type
 from .llama import LlamaForCausalLM
 from .llama_config import FULL, SLIDING, LlamaConfig
 from .tokenizer import ByteTokenizer
@@ -39,6 +41,12 @@ PRESETS: dict[str, Preset] = {
         "random-tiny-swa",
         lambda: _tiny(layer_types=[SLIDING, SLIDING, FULL, SLIDING], sliding_window=16),
         "4 layers, hidden 128, sliding window 16 on layers 0, 1, 3"),
+    "random-medium": Preset(
+        "random-medium",
+        lambda: _tiny(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                      head_dim=64, max_position_embeddings=4096, rope_theta=500000.0),
+        "8 layers, hidden 1024, GQA 16:4, vocab 32000"),
 }
 
 
@@ -85,3 +93,21 @@ def build_target(name: str, seed: int = 0) -> tuple[LlamaForCausalLM, ByteTokeni
         from .weights import load_model
         model = load_model(name)
     return model.eval(), ByteTokenizer(vocab_size=cfg.vocab_size)
+
+
+def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
+    """One assistant layer per attention type the target has, each reading the target's last
+    layer of that type (full attention last, as in Gemma's assistant)."""
+    types = [t for t in (SLIDING, FULL) if t in tcfg.layer_types]
+    return AssistantConfig(hidden_size=tcfg.hidden_size, intermediate_size=2 * tcfg.hidden_size,
+                           num_layers=len(types),
+                           kv_layers=[last_layer_of_type(tcfg, t) for t in types])
+
+
+def build_drafts(target: LlamaForCausalLM, seed: int = 0):
+    """(Frozen-KV assistant, EAGLE draft) for any target, random init from the config seed."""
+    assistant = FrozenKVAssistant(assistant_config(target.config), target)
+    init_random(assistant, seed + 1)
+    eagle = EagleDraft(target)
+    init_random(eagle, seed + 2)
+    return assistant.eval(), eagle.eval()

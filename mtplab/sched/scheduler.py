@@ -19,8 +19,9 @@ from typing import Callable, Optional
 
 import torch
 
+from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
-from ..spec.target_worker import PrefillInputs, SamplingTensors, TargetWorker
+from ..spec.target_worker import DecodeInputs, DecodeOut, PrefillInputs, SamplingTensors
 from .request import Req
 
 
@@ -32,16 +33,19 @@ class StepStats:
     decode_tokens: int = 0
     decode_time_s: float = 0.0
     step_times_s: list = field(default_factory=list)
+    accept_lens: list = field(default_factory=list)   # per request per decode step
 
 
 class Scheduler:
-    def __init__(self, worker: TargetWorker, kv: KVManager, *, max_running: int,
-                 reserve_per_decode: int, max_prefill_tokens: int = 8192,
+    def __init__(self, worker, kv: KVManager, *, max_running: int,
+                 reserve_per_decode: int, tokens_per_decode: int = 1,
+                 max_prefill_tokens: int = 8192,
                  on_iteration: Optional[Callable[[], None]] = None):
         self.worker = worker
         self.kv = kv
         self.max_running = max_running
         self.reserve = reserve_per_decode
+        self.tokens_per_decode = tokens_per_decode      # KV entries one decode writes (1 or D)
         self.max_prefill_tokens = max_prefill_tokens
         self.on_iteration = on_iteration
         self.device = worker.device
@@ -62,6 +66,15 @@ class Scheduler:
                     q.remove(r)
                     self._release([r])
                     self.finished.append(r)
+
+    def check_identity(self) -> None:
+        """Live-request identity: len(prompt) + len(output) == kv_committed_len + 1."""
+        bad = [(r.rid, len(r.prompt_ids) + len(r.output_ids), r.kv.kv_committed_len + 1)
+               for r in self.running
+               if len(r.prompt_ids) + len(r.output_ids) != r.kv.kv_committed_len + 1]
+        if bad:
+            raise InvariantError("live-request identity len(prompt)+len(output) == "
+                                 f"kv_committed_len+1 violated for (rid, lhs, rhs) {bad[:4]}.")
 
     def live_kv(self) -> dict:
         return {r.rid: r.kv for r in self.running if r.kv is not None}
@@ -85,7 +98,7 @@ class Scheduler:
             batch = self._schedule_decode()
             self._process_decode(batch, self._launch_decode(batch))
             self.stats.decode_steps += 1
-            self.stats.decode_tokens += len(batch)
+            self.stats.decode_tokens += sum(self.stats.accept_lens[-len(batch):])
             self.stats.decode_time_s += time.perf_counter() - t0
         self.stats.step_times_s.append(time.perf_counter() - t0)
         if self.on_iteration:
@@ -142,14 +155,16 @@ class Scheduler:
                           pos, max(lens), self._sampling(reqs, lens))
         return self.worker.prefill(x)
 
-    def _launch_decode(self, reqs: list[Req]) -> torch.Tensor:
+    def _launch_decode(self, reqs: list[Req]) -> DecodeOut:
         dev = self.device
-        kv_lens = [r.kv.kv_committed_len + 1 for r in reqs]
-        return self.worker.decode(
-            torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long, device=dev),
-            torch.tensor([r.kv.row for r in reqs], dtype=torch.long, device=dev),
-            torch.tensor(kv_lens, dtype=torch.long, device=dev),
-            self._sampling(reqs, kv_lens), max_kv=max(kv_lens))
+        seq_lens = [r.kv.kv_committed_len for r in reqs]
+        return self.worker.decode(DecodeInputs(
+            rows=torch.tensor([r.kv.row for r in reqs], dtype=torch.long, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
+            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long, device=dev),
+            sampling=self._sampling(reqs, [n + 1 for n in seq_lens]),
+            max_kv=max(seq_lens) + self.tokens_per_decode,
+            all_greedy=all(r.sampling.temperature == 0 for r in reqs)))
 
     # -- process results -----------------------------------------------------------------
     def _process_prefill(self, reqs: list[Req], next_tokens: torch.Tensor) -> None:
@@ -160,11 +175,13 @@ class Scheduler:
         self.running.extend(reqs)
         self._finish_done()
 
-    def _process_decode(self, reqs: list[Req], next_tokens: torch.Tensor) -> None:
-        toks = next_tokens.tolist()
-        for r, t in zip(reqs, toks):
-            r.kv.kv_committed_len += 1
-            r.append_tokens([t])
+    def _process_decode(self, reqs: list[Req], out: DecodeOut) -> None:
+        toks, lens = out.tokens.tolist(), out.accept_lens.tolist()
+        self.stats.accept_lens.extend(lens)
+        for r, t, n in zip(reqs, toks, lens):
+            r.append_tokens(t[:n])
+            if not r.finished:             # the one place kv_committed_len advances
+                r.kv.kv_committed_len += n
         self._finish_done()
 
     def _finish_done(self) -> None:

@@ -28,6 +28,24 @@ class SamplingTensors:
 
 
 @dataclass
+class DecodeInputs:
+    """One decode iteration over B running requests (device tensors unless noted)."""
+    rows: torch.Tensor          # [B] req_to_token rows
+    seq_lens: torch.Tensor      # [B] kv_committed_len (the last output token has no KV yet)
+    input_ids: torch.Tensor     # [B] last output token (target-only; spec reads the relay)
+    sampling: SamplingTensors
+    max_kv: int                 # host bound: max(seq_lens) + tokens this step (eager attention)
+    all_greedy: bool            # host flag: every lane has temperature 0
+
+
+@dataclass
+class DecodeOut:
+    """What result processing reads back: up to n new tokens per request."""
+    tokens: torch.Tensor        # [B, n] int64 (n = 1 target-only, S+1 speculative)
+    accept_lens: torch.Tensor   # [B] int64, tokens committed this step (bonus included)
+
+
+@dataclass
 class PrefillInputs:
     input_ids: torch.Tensor     # [T] packed prompts (prompt + earlier output on re-prefill)
     rows: torch.Tensor          # [B]
@@ -54,16 +72,21 @@ class TargetWorker:
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
         """Forward every fed token, sample the next token of each request -> [B] int64."""
+        return self.prefill_with_hidden(x)[0]
+
+    @torch.no_grad()
+    def prefill_with_hidden(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (next tokens [B], hidden [T, H] of every fed token, pre final norm)."""
         B = x.rows.shape[0]
         row_of_tok = torch.repeat_interleave(x.rows, x.q_lens, output_size=x.input_ids.shape[0])
         out_loc = self.table[row_of_tok, x.positions].long()
         meta = AttnMeta(self.table, x.rows, x.q_lens, x.q_lens, x.cu_q, x.positions,
                         max_q=x.max_q, max_kv=x.max_q)
-        _, logits = self.model(x.input_ids, x.positions, self.kv.k, self.kv.v, out_loc, meta,
-                               self.attn_fn, logits_idx=x.cu_q[1:] - 1)
+        hidden, logits = self.model(x.input_ids, x.positions, self.kv.k, self.kv.v, out_loc,
+                                    meta, self.attn_fn, logits_idx=x.cu_q[1:] - 1)
         s = x.sampling
         assert logits.shape[0] == B
-        return sample(logits, s.temperature, s.top_p, s.seeds, s.counters)
+        return sample(logits, s.temperature, s.top_p, s.seeds, s.counters), hidden
 
     def _decode_fn(self, max_kv: int):
         def fn(input_ids, rows, kv_lens, temperature, top_p, seeds, counters):
@@ -79,16 +102,32 @@ class TargetWorker:
         return fn
 
     @torch.no_grad()
-    def decode(self, input_ids: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-               sampling: SamplingTensors, max_kv: int) -> torch.Tensor:
-        """One token per lane. kv_lens = committed + 1 (the fed token's KV is written at entry
-        kv_len - 1). `max_kv` bounds kv_lens for eager attention; graphs use the row width."""
-        args = dict(input_ids=input_ids, rows=rows, kv_lens=kv_lens,
-                    temperature=sampling.temperature, top_p=sampling.top_p,
-                    seeds=sampling.seeds, counters=sampling.counters)
-        if self.decode_graph is not None and rows.shape[0] <= self.decode_graph.max_bs:
-            return self.decode_graph.run(args)
-        return self._decode_fn(max_kv)(**args)
+    def decode(self, x: DecodeInputs) -> DecodeOut:
+        """One token per lane: the fed token's KV is written at entry seq_len."""
+        s = x.sampling
+        args = dict(input_ids=x.input_ids, rows=x.rows, kv_lens=x.seq_lens + 1,
+                    temperature=s.temperature, top_p=s.top_p, seeds=s.seeds, counters=s.counters)
+        if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
+            tok = self.decode_graph.run(args)
+        else:
+            tok = self._decode_fn(x.max_kv)(**args)
+        return DecodeOut(tok[:, None], torch.ones_like(tok))
+
+    @torch.no_grad()
+    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+               seq_lens: torch.Tensor, tree_mask: torch.Tensor, max_kv: int):
+        """Target forward over B*D tree nodes; node j's KV is written at entry seq_len + j.
+        tokens/positions [B, D], tree_mask [B, D, D] -> (logits [B, D, V], hidden [B, D, H])."""
+        B, D = tokens.shape
+        entries = seq_lens.long()[:, None] + torch.arange(D, device=rows.device)
+        out_loc = self.table[rows.long()[:, None], entries].long().reshape(-1)
+        q_lens = torch.full_like(seq_lens, D)
+        cu_q = torch.arange(B + 1, device=rows.device) * D
+        meta = AttnMeta(self.table, rows, seq_lens + D, q_lens, cu_q, positions.reshape(-1),
+                        max_q=D, max_kv=max_kv, tree_mask=tree_mask)
+        hidden, logits = self.model(tokens.reshape(-1), positions.reshape(-1), self.kv.k,
+                                    self.kv.v, out_loc, meta, self.attn_fn)
+        return logits.view(B, D, -1), hidden.view(B, D, -1)
 
     def _capture_decode(self, max_bs: int) -> GraphRunner:
         dev, L = self.device, max_bs

@@ -1,0 +1,129 @@
+"""Draft models that ride on a target: the Frozen-KV MTP assistant and the EAGLE-style draft.
+
+Frozen-KV MTP assistant (owns no KV):
+    x   = pre_projection( embed(token) * sqrt(H) ⊕ hidden )          [2H -> Ha]
+    x   = layers(x) where layer i's attention has only a q projection and reads the target's
+          cached K/V of `kv_layer[i]` (the target's last layer of the same type) over the
+          committed prefix [0, seq_len), at the constant position seq_len - 1
+    h'  = post_projection(x)                                          [Ha -> H]  (recurrent)
+    logits = target.lm_head(norm(h'))                                 (shared LM head)
+
+EAGLE draft (owns a one-layer KV pool sharing slot ids with the target):
+    x = fc( embed(token) ⊕ hidden ) ; x = decoder_layer(x) (writes its own KV) ; h' = x
+    logits = target.lm_head(norm(h'))
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..kernels.attn_meta import AttnMeta
+from .llama import MLP, AttnFn, DecoderLayer, KVView, LlamaForCausalLM, RMSNorm, Rope
+from .llama_config import LlamaConfig
+
+
+@dataclass
+class AssistantConfig:
+    hidden_size: int            # Ha
+    intermediate_size: int
+    num_layers: int
+    kv_layers: list             # target layer each assistant layer reads (same attention type)
+
+
+class FrozenAttention(nn.Module):
+    """Attention with a q projection only: K/V come from the target's cache, read-only."""
+
+    def __init__(self, Ha: int, tcfg: LlamaConfig):
+        super().__init__()
+        self.nq, self.d = tcfg.num_attention_heads, tcfg.head_dim
+        self.q_proj = nn.Linear(Ha, self.nq * self.d, bias=False)
+        self.o_proj = nn.Linear(self.nq * self.d, Ha, bias=False)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x, positions, rope: Rope, kv: KVView, meta, window, attn_fn):
+        T = x.shape[0]
+        q = rope(self.q_proj(x).view(T, self.nq, self.d), positions)
+        o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
+        return self.o_proj(o.reshape(T, self.nq * self.d))
+
+
+class FrozenLayer(nn.Module):
+    def __init__(self, Ha: int, I: int, tcfg: LlamaConfig):
+        super().__init__()
+        self.self_attn = FrozenAttention(Ha, tcfg)
+        self.mlp = MLP(Ha, I)
+        self.input_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
+
+    def forward(self, x, positions, rope, kv, meta, window, attn_fn):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta, window, attn_fn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def last_layer_of_type(tcfg: LlamaConfig, layer_type: str) -> int:
+    idx = [i for i, t in enumerate(tcfg.layer_types) if t == layer_type]
+    if not idx:
+        raise ValueError(f"the target has no {layer_type} layer for the assistant to read.")
+    return idx[-1]
+
+
+class FrozenKVAssistant(nn.Module):
+    def __init__(self, acfg: AssistantConfig, target: LlamaForCausalLM):
+        super().__init__()
+        tcfg = target.config
+        H, Ha = tcfg.hidden_size, acfg.hidden_size
+        self.acfg, self.tcfg = acfg, tcfg
+        self.pre_projection = nn.Linear(2 * H, Ha, bias=False)
+        self.layers = nn.ModuleList(FrozenLayer(Ha, acfg.intermediate_size, tcfg)
+                                    for _ in range(acfg.num_layers))
+        self.post_projection = nn.Linear(Ha, H, bias=False)
+        self.norm = RMSNorm(H, tcfg.rms_norm_eps)
+        # Shared with the target (not registered as this module's parameters).
+        self._target = [target]
+        self.embed_scale = math.sqrt(H)
+
+    @property
+    def target(self) -> LlamaForCausalLM:
+        return self._target[0]
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                kv_k: torch.Tensor, kv_v: torch.Tensor, meta: AttnMeta, attn_fn: AttnFn):
+        """tokens [T], hidden [T, H], positions [T] (= seq_len - 1), target caches [L, N, ...].
+        Returns (next hidden [T, H], logits [T, V] float32). Writes no KV."""
+        t = self.target
+        e = t.model.embed_tokens(tokens) * self.embed_scale
+        x = self.pre_projection(torch.cat([e, hidden.to(e.dtype)], -1))
+        for layer, li in zip(self.layers, self.acfg.kv_layers):
+            x = layer(x, positions, t.rope, KVView(kv_k[li], kv_v[li], None), meta,
+                      self.tcfg.window_of(li), attn_fn)
+        h = self.post_projection(x)
+        return h, t.lm_head(self.norm(h)).float()
+
+
+class EagleDraft(nn.Module):
+    def __init__(self, target: LlamaForCausalLM):
+        super().__init__()
+        tcfg = target.config
+        H = tcfg.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layer = DecoderLayer(tcfg)
+        self.norm = RMSNorm(H, tcfg.rms_norm_eps)
+        self.window = tcfg.window_of(tcfg.num_hidden_layers - 1)
+        self._target = [target]
+
+    @property
+    def target(self) -> LlamaForCausalLM:
+        return self._target[0]
+
+    def forward(self, tokens, hidden, positions, kv_k, kv_v, out_loc, meta, attn_fn,
+                logits_idx=None):
+        """Like a one-layer target forward; kv_k/kv_v are the draft pool [1, N, Hkv, d]."""
+        t = self.target
+        x = self.fc(torch.cat([t.model.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], -1))
+        x = self.layer(x, positions, t.rope, KVView(kv_k[0], kv_v[0], out_loc), meta,
+                       self.window, attn_fn)
+        h = x if logits_idx is None else x[logits_idx]
+        return x, t.lm_head(self.norm(h)).float()

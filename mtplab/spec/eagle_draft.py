@@ -1,0 +1,101 @@
+"""EAGLE-style draft worker: a one-layer draft with its own KV pool (same slot ids as the target).
+
+    step 0    the K candidates stashed by the last draft extend (no forward)
+    step s    B*K lanes at position seq_len+s-1; lane (b,t) writes draft KV at its branch's
+    (1..S-1)  entry s-1 (mem/holey.py layout) and attends to a virtual row: prefix + its
+              branch's drafts (holes filled by the prefix-tail copy when P > 1 and K > 1)
+    extend    after verify, a fixed-width forward over the S+1 window rows
+              (token = committed token at pos+1, hidden = target hidden at pos), rewriting the
+              draft KV of the window; the row at accept_len-1 gives the next step-0 top-k.
+Lanes attend to the drafts of their own lane index, as SGLang does; a branch's ancestors may
+sit in another lane. That affects draft quality only, never the verified output.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.attn_meta import AttnMeta
+from ..mem.holey import branch_table, draft_slots, duplicate_prefix_tail
+from ..mem.kv_cache import KVCache
+from ..models.drafts import EagleDraft
+from ..models.llama import AttnFn
+from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from .relay import DraftInputs
+
+
+class EagleDraftWorker:
+    owns_kv = True
+
+    def __init__(self, draft: EagleDraft, kv: KVCache, table: torch.Tensor, attn_fn: AttnFn,
+                 num_steps: int, topk: int, page_size: int):
+        self.model = draft
+        self.kv = kv                 # the draft's own pool [1, N, Hkv, d]
+        self.table = table
+        self.attn_fn = attn_fn
+        self.S, self.K, self.P = num_steps, topk, page_size
+
+    def _run_extend(self, tokens, hidden, positions, rows, q_lens, cu_q, max_q, max_kv,
+                    select_idx) -> DraftInputs:
+        row_of_tok = torch.repeat_interleave(rows, q_lens, output_size=tokens.shape[0])
+        out_loc = self.table[row_of_tok, positions].long()
+        kv_lens = positions[cu_q[1:] - 1] + 1
+        meta = AttnMeta(self.table, rows, kv_lens, q_lens, cu_q, positions, max_q, max_kv)
+        h, logits = self.model(tokens, hidden, positions, self.kv.k, self.kv.v, out_loc, meta,
+                               self.attn_fn, logits_idx=select_idx)
+        logp, idx = branch_topk(logits, self.K)
+        return DraftInputs(None, h[select_idx], logp, idx)
+
+    def after_prefill(self, bonus, hidden_last, *, fed_ids, hidden_all, rows, q_lens, cu_q,
+                      positions, max_q, **_) -> DraftInputs:
+        """Draft extend over the fed tokens shifted left by one (the tail is the bonus)."""
+        ends = cu_q[1:] - 1
+        shifted = torch.roll(fed_ids, -1)
+        shifted[ends] = bonus
+        out = self._run_extend(shifted, hidden_all, positions, rows, q_lens, cu_q, max_q, max_q,
+                               ends)
+        out.bonus = bonus
+        return out
+
+    def steps(self, hidden, topk_logp, topk_index, rows, seq_lens, max_kv) -> list[StepCandidates]:
+        """Step 0 from the stashed top-k, then S-1 draft forwards writing draft KV."""
+        B, K, S, P = rows.shape[0], self.K, self.S, self.P
+        branches, cand = select_root(topk_logp, topk_index)
+        out = [cand]
+        if S == 1:
+            return out
+        if P > 1 and K > 1:
+            duplicate_prefix_tail(self.kv.k, self.kv.v, self.table, rows, seq_lens, S, K, P)
+        vtable = branch_table(self.table, rows, seq_lens, S, K, P, max_kv)
+        slots = draft_slots(self.table, rows, seq_lens, S, K, P)           # [B, K, S]
+        lanes = torch.arange(B * K, device=rows.device)
+        ones = torch.ones(B * K, dtype=torch.long, device=rows.device)
+        cu = torch.arange(B * K + 1, device=rows.device)
+        seq_k = seq_lens.long().repeat_interleave(K)
+        h = hidden[:, None, :].expand(B, K, hidden.shape[-1])
+        for s in range(1, S):
+            hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
+            pos = seq_k + s - 1
+            meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv)
+            hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1), pos,
+                                    self.kv.k, self.kv.v, slots[:, :, s - 1].reshape(-1), meta,
+                                    self.attn_fn)
+            logp, toks = branch_topk(logits.view(B, K, -1), K)
+            branches, cand = select_step(branches, logp, toks, s)
+            out.append(cand)
+            h = hs.view(B, K, -1)
+        return out
+
+    def draft_extend(self, rows, seq_lens, tokens, hidden_path, accept_lens, max_kv):
+        """Draft extend over the window: S+1 rows per request, fixed width (graph friendly).
+        tokens [B,E] (committed tokens, -1 padded), hidden_path [B,E,H], accept_lens [B]
+        -> (hidden [B,H], logp [B,K], index [B,K]) at row accept_len-1."""
+        B, E = tokens.shape
+        dev = rows.device
+        positions = (seq_lens.long()[:, None] + torch.arange(E, device=dev)).reshape(-1)
+        q_lens = torch.full_like(seq_lens, E)
+        cu = torch.arange(B + 1, device=dev) * E
+        select = torch.arange(B, device=dev) * E + accept_lens - 1
+        toks = tokens.clamp(min=0).reshape(-1)          # rows >= accept_len: never read
+        out = self._run_extend(toks, hidden_path.reshape(B * E, -1),
+                               positions, rows, q_lens, cu, E, max_kv, select)
+        return out.hidden, out.topk_logp, out.topk_index

@@ -1,0 +1,64 @@
+"""Frozen-KV MTP draft worker: S assistant forwards per iteration, no KV of its own.
+
+    seed    (bonus [B], target hidden [B,H]) at position seq_len-1 over target KV [0, seq_len)
+            -> logp [B,V] -> top-k: step-0 branches, hidden h0 [B,H]
+    step s  B*K lanes, each a plain decode over the same committed prefix at the same position
+    (s=1..S-1) token = branch token, hidden = output hidden of the branch's parent lane
+After verify there is no draft-extend forward: the next seed is (bonus, verify hidden at the
+last accepted node), selected from the verify outputs by the spec worker.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.attn_meta import AttnMeta
+from ..models.drafts import FrozenKVAssistant
+from ..models.llama import AttnFn
+from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from .relay import DraftInputs
+
+
+class FrozenDraftWorker:
+    owns_kv = False
+
+    def __init__(self, assistant: FrozenKVAssistant, kv, table: torch.Tensor, attn_fn: AttnFn,
+                 num_steps: int, topk: int):
+        self.model = assistant
+        self.kv = kv                 # the target's KV cache, read only
+        self.table = table
+        self.attn_fn = attn_fn
+        self.S, self.K = num_steps, topk
+
+    def _forward(self, tokens, hidden, rows, seq_lens, max_kv):
+        n = rows.shape[0]
+        positions = (seq_lens - 1).clamp(min=0).long()
+        meta = AttnMeta(self.table, rows, seq_lens, torch.ones_like(seq_lens),
+                        torch.arange(n + 1, device=rows.device), positions, 1, max_kv)
+        return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
+
+    def seed(self, bonus, hidden, rows, seq_lens, max_kv):
+        """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K])."""
+        h0, logits = self._forward(bonus, hidden, rows, seq_lens, max_kv)
+        return (h0, *branch_topk(logits, self.K))
+
+    def steps(self, h0, topk_logp, topk_index, rows, seq_lens, max_kv) -> list[StepCandidates]:
+        """Step 0 from the seed's top-k, then the S-1 recurrent forwards."""
+        B, K = rows.shape[0], self.K
+        branches, cand = select_root(topk_logp, topk_index)
+        out = [cand]
+        h = h0[:, None, :].expand(B, K, h0.shape[-1])
+        rows_k = rows.repeat_interleave(K)
+        seq_k = seq_lens.repeat_interleave(K)
+        for s in range(1, self.S):
+            hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
+            hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
+                                       rows_k, seq_k, max_kv)
+            logp, toks = branch_topk(logits.view(B, K, -1), K)
+            branches, cand = select_step(branches, logp, toks, s)
+            out.append(cand)
+            h = hs.view(B, K, -1)
+        return out
+
+    def after_prefill(self, bonus, hidden_last, **_) -> DraftInputs:
+        """The first seed: the sampled token and the last prompt position's hidden."""
+        return DraftInputs(bonus, hidden_last)

@@ -1,0 +1,192 @@
+"""The speculative (spec v2) worker: a target worker plus a draft worker.
+
+One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has no KV yet):
+
+    resolve   relay[rows] -> bonus [B], hidden [B,H] (+ eagle's step-0 top-k)
+    draft     frozen: seed forward (draft.seed) + S-1 forwards (draft.step)
+              eagle : S-1 forwards from the stashed top-k
+    tree      organize the best D-1 candidates, root = bonus -> tokens/positions/mask [B,D,..]
+    verify    target forward over B*D nodes, KV at entries seq_len + node
+    accept    greedy walk / target-only sampling / simulated -> accept_lens, tokens [B,S+1]
+    commit    topk>1: move the accepted path's KV to the front of the window
+    next      frozen: seed = (bonus, verify hidden at the last accepted node), no forward
+              eagle : draft extend over the S+1 window rows -> next step-0 top-k
+    stash     relay[rows] <- next inputs
+The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
+
+CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment:
+    draft graph   frozen fold_seed=True : seed + steps + tree in one replay
+                  frozen fold_seed=False: seed eager (its own launches), then steps + tree
+                  eagle                 : steps + tree
+    verify graph  the target over B*D tree nodes
+    extend graph  eagle's draft extend
+Accept/commit run eagerly between the replays (as in SGLang).
+"""
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..graphs.runner import GraphRunner, default_buckets
+from ..kernels.sampling import counter_uniform
+from .compact import accept_moves, apply_kv_moves, window_slots
+from .draft_select import organize
+from .relay import DraftInputs, RelayBuffers
+from .target_worker import DecodeInputs, DecodeOut, PrefillInputs, TargetWorker
+from .tree import DraftTree, build_tree
+from .verify import simulate_accept, verify_greedy, verify_sample
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    draft: str                  # frozen_kv_mtp | eagle
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    fold_seed: bool = False
+    simulate_accept_len: Optional[float] = None
+    simulate_accept_rates: Optional[Sequence[float]] = None
+
+    @property
+    def frozen(self) -> bool:
+        return self.draft == "frozen_kv_mtp"
+
+
+class SpecWorker:
+    def __init__(self, target: TargetWorker, draft, relay: RelayBuffers, params: SpecParams,
+                 cuda_graphs: bool = False, graph_max_bs: int = 32):
+        self.target = target
+        self.draft_worker = draft
+        self.relay = relay
+        self.p = params
+        self.table = target.table
+        self.graphs: dict[str, GraphRunner] = {}
+        if cuda_graphs:
+            self._capture(graph_max_bs)
+
+    @property
+    def device(self):
+        return self.target.device
+
+    # -- segments (pure tensor functions; eager with a host max_kv, or captured with W) ---
+    def _draft_fn(self, max_kv: int):
+        dw, p = self.draft_worker, self.p
+
+        def tree_of(steps, bonus, seq_lens):
+            return astuple(build_tree(organize(steps, p.num_draft_tokens), bonus, seq_lens))[:-1]
+
+        if p.frozen and p.fold_seed:
+            def fn(rows, seq_lens, bonus, hidden):
+                h0, lp, ix = dw.seed(bonus, hidden, rows, seq_lens, max_kv)
+                return tree_of(dw.steps(h0, lp, ix, rows, seq_lens, max_kv), bonus, seq_lens)
+        else:
+            def fn(rows, seq_lens, bonus, hidden, topk_logp, topk_index):
+                steps = dw.steps(hidden, topk_logp, topk_index, rows, seq_lens, max_kv)
+                return tree_of(steps, bonus, seq_lens)
+        return fn
+
+    def _verify_fn(self, max_kv: int):
+        def fn(rows, seq_lens, tokens, positions, mask):
+            return self.target.verify(tokens, positions, rows, seq_lens, mask, max_kv)
+        return fn
+
+    def _extend_fn(self, max_kv: int):
+        def fn(rows, seq_lens, tokens, hidden_path, accept_lens):
+            return self.draft_worker.draft_extend(rows, seq_lens, tokens, hidden_path,
+                                                  accept_lens, max_kv)
+        return fn
+
+    def _run(self, name: str, make_fn, args: dict, max_kv: int):
+        g = self.graphs.get(name)
+        if g is not None and args["rows"].shape[0] <= g.max_bs:
+            return g.run(args)
+        return make_fn(max_kv)(**args)
+
+    # -- prefill / decode ------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, x: PrefillInputs) -> torch.Tensor:
+        bonus, hidden = self.target.prefill_with_hidden(x)
+        ends = x.cu_q[1:] - 1
+        nxt = self.draft_worker.after_prefill(
+            bonus, hidden[ends], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
+            q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
+        self.relay.stash(x.rows, nxt)
+        return bonus
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs):
+        p, s = self.p, x.sampling
+        if p.simulate_accept_len is not None or p.simulate_accept_rates is not None:
+            u = counter_uniform(s.seeds, s.counters, p.num_steps + 1)
+            return simulate_accept(tree, logits.argmax(-1), u,
+                                   mean_accept_len=p.simulate_accept_len,
+                                   accept_rates=p.simulate_accept_rates)
+        if x.all_greedy:
+            return verify_greedy(tree, logits.argmax(-1))
+        u = counter_uniform(s.seeds + 0x5BD1E995, s.counters, p.num_steps + 1)
+        return verify_sample(tree, logits, s.temperature, s.top_p, u)
+
+    @torch.no_grad()
+    def decode(self, x: DecodeInputs) -> DecodeOut:
+        p, dw = self.p, self.draft_worker
+        B, D = x.rows.shape[0], p.num_draft_tokens
+        rows, seq = x.rows, x.seq_lens
+        inp = self.relay.gather(rows)
+        args = dict(rows=rows, seq_lens=seq, bonus=inp.bonus, hidden=inp.hidden)
+        if p.frozen and not p.fold_seed:
+            h0, lp, ix = dw.seed(inp.bonus, inp.hidden, rows, seq, x.max_kv)
+            args.update(hidden=h0, topk_logp=lp, topk_index=ix)
+        elif not p.frozen:
+            args.update(topk_logp=inp.topk_logp, topk_index=inp.topk_index)
+        tree = DraftTree(*self._run("draft", self._draft_fn, args, x.max_kv),
+                         num_steps=p.num_steps)
+        window = window_slots(self.table, rows, seq, D)
+        logits, hidden = self._run("verify", self._verify_fn,
+                                   dict(rows=rows, seq_lens=seq, tokens=tree.tokens,
+                                        positions=tree.positions, mask=tree.mask), x.max_kv)
+        acc = self._accept(tree, logits, x)
+        moves = accept_moves(window, acc)
+        if p.topk > 1:
+            apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
+        hidden_path = hidden.reshape(B * D, -1)[moves.row_index]               # [B, S+1, H]
+        if p.frozen:
+            last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
+            nxt = DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0])
+        else:
+            h, lp, ix = self._run("extend", self._extend_fn,
+                                  dict(rows=rows, seq_lens=seq, tokens=acc.tokens,
+                                       hidden_path=hidden_path, accept_lens=acc.accept_lens),
+                                  x.max_kv)
+            nxt = DraftInputs(acc.bonus, h, lp, ix)
+        self.relay.stash(rows, nxt)
+        return DecodeOut(acc.tokens, acc.accept_lens)
+
+    # -- CUDA graphs -------------------------------------------------------------------------
+    def _capture(self, max_bs: int) -> None:
+        p, dev = self.p, self.device
+        W = self.table.shape[1]
+        L, K, D, E = max_bs, p.topk, p.num_draft_tokens, p.num_steps + 1
+        H = self.relay.hidden.shape[1]
+        hdt = self.relay.hidden.dtype
+        z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
+        common = dict(rows=z(L), seq_lens=z(L))
+        pad = dict(rows=0, seq_lens=1, bonus=0, hidden=0, topk_logp=0, topk_index=0, tokens=0,
+                   positions=0, mask=1, hidden_path=0, accept_lens=1)
+        buckets = default_buckets(max_bs)
+
+        def runner(name, fn, static):
+            r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets)
+            r.capture()
+            self.graphs[name] = r
+
+        draft_in = dict(common, bonus=z(L), hidden=z(L, H, dt=hdt))
+        if not (p.frozen and p.fold_seed):
+            draft_in.update(topk_logp=z(L, K, dt=torch.float32), topk_index=z(L, K))
+        runner("draft", self._draft_fn(W), draft_in)
+        runner("verify", self._verify_fn(W),
+               dict(common, tokens=z(L, D), positions=z(L, D), mask=z(L, D, D, dt=torch.bool)))
+        if not p.frozen:
+            runner("extend", self._extend_fn(W),
+                   dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),
+                        accept_lens=z(L)))

@@ -1,0 +1,137 @@
+"""Spec worker details: frozen KV untouched by drafting, constant draft positions, sampling,
+simulated acceptance, stats, and the known-bad fixtures (each seed bug re-introduced on
+purpose must fail loudly)."""
+import pytest
+import torch
+
+from mtplab import Engine, RunConfig
+from mtplab.mem import sizing
+from mtplab.mem.allocator import AllocatorError
+from mtplab.mem.invariants import InvariantError
+from mtplab.mem.kv_manager import RowOverflowError
+from mtplab.sched import scheduler as sched_mod
+from mtplab.sched.request import SamplingParams
+from tests.helpers import make_agreeable, random_prompts
+
+PROMPTS = random_prompts(4, [3, 20, 50, 9], 320, seed=2)
+
+
+def test_frozen_draft_leaves_target_kv_bit_identical_at_constant_positions():
+    eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", topk=2, num_steps=3,
+                           num_draft_tokens=5, page_size=4))
+    eng.generate(PROMPTS[:1], max_new_tokens=4, ignore_eos=True)   # warm
+    # Prefill the prompts so the relay holds seeds, then draft once by hand.
+    eng.scheduler = eng._new_scheduler()
+    reqs = [eng._make_request(p, 8, SamplingParams(), frozenset()) for p in PROMPTS]
+    for r in reqs:
+        eng.scheduler.add(r)
+    eng.scheduler.step()                                             # prefill
+    positions = []
+    orig = eng.draft_model.forward
+
+    def spy(tokens, hidden, pos, *a, **k):
+        positions.append(pos.clone())
+        return orig(tokens, hidden, pos, *a, **k)
+
+    eng.draft_model.forward = spy
+    k0, v0 = eng.kv_cache.k.clone(), eng.kv_cache.v.clone()
+    rows = torch.tensor([r.kv.row for r in reqs])
+    seq = torch.tensor([r.kv.kv_committed_len for r in reqs])
+    w = eng.worker
+    inp = w.relay.gather(rows)
+    dw, max_kv = w.draft_worker, int(seq.max()) + 8
+    steps = dw.steps(*dw.seed(inp.bonus, inp.hidden, rows, seq, max_kv), rows, seq, max_kv)
+    assert len(steps) == 3
+    assert torch.equal(eng.kv_cache.k, k0) and torch.equal(eng.kv_cache.v, v0)
+    assert len(positions) == 3                       # seed + S-1 steps
+    for p in positions:
+        assert torch.equal(p, (seq - 1).repeat_interleave(p.numel() // len(seq)))
+
+
+@pytest.mark.parametrize("draft", ["frozen_kv_mtp", "eagle"])
+def test_sampling_spec_runs_and_is_reproducible(draft):
+    cfg = RunConfig(model="random-tiny", draft=draft, topk=2, num_steps=2, num_draft_tokens=4,
+                    page_size=4)
+    a = Engine(cfg).generate(PROMPTS, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=1,
+                             ignore_eos=True)
+    eng = Engine(cfg)
+    b = eng.generate(PROMPTS, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=1,
+                     ignore_eos=True)
+    assert a == b and all(len(o) == 12 for o in a)
+    eng.check_invariants()
+
+
+@pytest.mark.parametrize("mean", [1.0, 2.5, 4.0])
+def test_simulated_acceptance_hits_its_mean(mean):
+    eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", num_steps=3,
+                           simulate_accept_len=mean, page_size=16))
+    eng.generate(random_prompts(8, [5, 30], 320), max_new_tokens=120, ignore_eos=True)
+    st = eng.stats()
+    assert st["simulated"] is True
+    assert abs(st["accept_len"] - mean) < 0.15, st["accept_len"]
+    assert eng.cfg.manifest()["config"]["simulate_accept_len"] == mean
+    eng.check_invariants()
+
+
+def test_stats_report_acceptance():
+    eng = Engine(RunConfig(model="random-tiny", draft="eagle", num_steps=3))
+    make_agreeable(eng)
+    eng.generate(PROMPTS, max_new_tokens=20, ignore_eos=True)
+    st = eng.stats()
+    assert st["accept_len"] >= 2.0 and st["simulated"] is False
+    rates = st["accept_rate_per_pos"]
+    assert len(rates) == 3 and all(1 >= x >= y >= 0 for x, y in zip(rates, rates[1:]))
+    assert abs(st["accept_len"] - (1 + sum(rates))) < 1e-9
+    assert sum(st["accept_len_hist"].values()) == len(eng.scheduler.stats.accept_lens)
+    assert st["verify_steps"] == st["decode_steps"]
+
+
+# -- known-bad fixtures: re-introduce each seed bug, the checks must catch it --------------
+
+def _run(cfg, max_new=24):
+    eng = Engine(cfg)
+    make_agreeable(eng)
+    eng.generate(PROMPTS, max_new_tokens=max_new, ignore_eos=True)
+    eng.check_invariants()
+
+
+def test_bug_commit_twice_is_caught(monkeypatch):
+    orig = sched_mod.Scheduler._process_decode
+
+    def twice(self, reqs, out):
+        orig(self, reqs, out)
+        for r, n in zip(reqs, out.accept_lens.tolist()):
+            if not r.finished:
+                r.kv.kv_committed_len += n           # seed 001: committed advanced twice
+    monkeypatch.setattr(sched_mod.Scheduler, "_process_decode", twice)
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", debug_invariants=True)
+    with pytest.raises((InvariantError, RowOverflowError)):
+        _run(cfg)
+
+
+def test_bug_freeing_rejected_slots_is_caught(monkeypatch):
+    orig = sched_mod.Scheduler._process_decode
+
+    def free_tail(self, reqs, out):
+        orig(self, reqs, out)
+        for r in self.running:                       # seed 000: free the rejected tail now
+            P = r.kv.page_size
+            keep = -(-r.kv.kv_committed_len // P)
+            if len(r.kv.pages) > keep:
+                self.kv.allocator.free_pages_list(r.kv.pages[keep:])   # ... but keep owning it
+    monkeypatch.setattr(sched_mod.Scheduler, "_process_decode", free_tail)
+    cfg = RunConfig(model="random-tiny", draft="eagle", page_size=4, debug_invariants=True)
+    with pytest.raises((InvariantError, AllocatorError)):
+        _run(cfg)
+
+
+def test_bug_row_one_page_too_narrow_is_caught(monkeypatch):
+    real = sizing.row_width
+    monkeypatch.setattr(sizing, "row_width",
+                        lambda c, a, d, p: real(c, a, d, p) - 2 * p)   # seed 003
+    cfg = RunConfig(model="random-tiny", draft="eagle", topk=4, num_steps=3,
+                    num_draft_tokens=8, page_size=16, context_len=128)
+    eng = Engine(cfg)
+    with pytest.raises(RowOverflowError, match="rows are"):
+        # a request running up to context_len needs the full width
+        eng.generate([[5] * 60], max_new_tokens=128 - 60, ignore_eos=True)

@@ -1,0 +1,222 @@
+"""Bubble plots (matplotlib, Agg backend): the per-step timeline, bubble fraction per config, histograms.
+
+`plot_timeline` draws one lane per host thread that launched GPU work (its stage spans coloured
+with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour) and one lane
+per GPU stream (stage-named `gpu_user_annotation` spans as a coloured band, kernels / memcpy /
+memset as dark boxes), and marks every device bubble with a red hatched band across the GPU
+lanes. Lanes are the y tick labels (`host <tid>`, `stream <id>`), top to bottom. The x axis is
+µs from the start of the first step drawn. Every function returns the Figure and, given `path`,
+saves it atomically as PNG / SVG / PDF by extension.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence, Union
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from .atomic import atomic_path  # noqa: E402
+from .bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, Analysis, analyze, stage_of  # noqa: E402
+from .stages import STAGE_COLORS  # noqa: E402
+from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa: E402
+
+PathLike = Union[str, "os.PathLike[str]"]
+GAP_COLOR = "#d62728"
+ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
+CAUSE_COLORS = {"sync": "#d62728", "host_prep": "#7f7f7f", "launch": "#ff9896", "other": "#1f77b4"}
+
+
+def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
+    """Save `fig` atomically; the format follows the extension (.png, .svg, .pdf)."""
+    p = Path(path)
+    fmt = p.suffix.lstrip(".").lower()
+    if fmt not in ("png", "svg", "pdf"):
+        raise ValueError(f"cannot save a plot as {p.name!r}: use a .png, .svg or .pdf file name")
+    with atomic_path(p) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    return p
+
+
+def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None, *,
+                  steps: tuple[int, int] | None = None, path: PathLike | None = None,
+                  width: float = 14.0) -> Figure:
+    """The bubble timeline of steps `steps=(a, b)` (inclusive step numbers; default: all).
+
+    `result` is `analyze(trace)` (computed when not given). Raises ValueError when the trace has
+    no GPU activity or the step range selects nothing.
+    """
+    tr = trace if isinstance(trace, Trace) else load_trace(trace)
+    res = result if result is not None else analyze(tr)
+    device = res.summary.get("device")
+    if device is None:
+        raise ValueError("the trace has no GPU activity (CPU-only profile): there is no bubble "
+                         "timeline to draw")
+    st = res.steps
+    if steps is not None:
+        a, b = steps
+        st = st[(st["step"] >= a) & (st["step"] <= b)]
+    if st.empty:
+        raise ValueError(f"no analysed step in range {steps} (steps available: "
+                         f"{res.steps['step'].min()}..{res.steps['step'].max()})")
+    t0 = float(st["start_us"].iloc[0])
+    t1 = float((st["start_us"] + st["dur_us"]).iloc[-1])
+    t1 = t1 if t1 > t0 else t0 + 1.0
+    in_win = (tr.ts < t1) & (tr.end > t0)
+    act = tr.cat_mask(*GPU_ACTIVITY_CATS) & (tr.device == device)
+    streams = sorted(np.unique(tr.stream[act]).tolist())
+    hosts = _launch_threads(tr, act)
+    lanes = [f"host {tid}" for _, tid in hosts] + [f"stream {s}" for s in streams]
+    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.6 * len(lanes)))
+    eps = (t1 - t0) / (width * 400)  # about a quarter pixel: closer boxes are drawn as one
+    y = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}  # first lane on top
+    seen: set[str] = set()
+    ua, rt = tr.cat_mask("user_annotation"), tr.cat_mask(*RUNTIME_CATS, "cpu_op")
+    syncs = tr.name_mask(lambda n: n in SYNC_CALLS or n in SYNC_OPS)
+    for pid, tid in hosts:
+        lane_y = y[f"host {tid}"]
+        on = in_win & (tr.pid == pid) & (tr.tid == tid)
+        _spans(ax, tr, on & ua, t0, lane_y + 0.05, eps, seen)
+        steps_sel = np.flatnonzero(on & ua & tr.name_mask(lambda n: n.startswith("step[")
+                                                          or n.startswith("ProfilerStep#")))
+        ax.broken_barh(_boxes(tr.ts[steps_sel] - t0, tr.dur[steps_sel], 0.0), (lane_y - 0.45, 0.9),
+                       facecolors="none", edgecolors="black", linewidth=0.6)
+        sync_sel = np.flatnonzero(on & rt & syncs)
+        if sync_sel.size:
+            ax.broken_barh(_boxes(tr.ts[sync_sel] - t0, tr.dur[sync_sel], eps), (lane_y - 0.4, 0.4),
+                           facecolors=STAGE_COLORS["sync"])
+            seen.add("sync")
+    gua = tr.cat_mask("gpu_user_annotation") & (tr.device == device) & in_win
+    for s in streams:
+        lane_y = y[f"stream {s}"]
+        _spans(ax, tr, gua & (tr.stream == s), t0, lane_y + 0.05, eps, seen)
+        for cat, color in ACTIVITY_COLORS.items():
+            sel = np.flatnonzero(in_win & act & (tr.stream == s) & tr.cat_mask(cat))
+            if sel.size:
+                ax.broken_barh(_boxes(tr.ts[sel] - t0, np.maximum(tr.dur[sel], eps), eps),
+                               (lane_y - 0.4, 0.4), facecolors=color)
+                seen.add(cat)
+    gaps = res.device_gaps
+    gaps = gaps[(gaps["end_us"] > t0) & (gaps["start_us"] < t1)]
+    if streams and len(gaps):
+        lo, hi = y[f"stream {streams[-1]}"] - 0.5, y[f"stream {streams[0]}"] + 0.5
+        ax.broken_barh(_boxes(gaps["start_us"].to_numpy() - t0, gaps["gap_us"].to_numpy(), eps),
+                       (lo, hi - lo),
+                       facecolors=GAP_COLOR, alpha=0.18, hatch="///", edgecolors=GAP_COLOR,
+                       zorder=0.5)  # under the activity boxes
+    every = max(1, -(-len(st) // 25))  # at most 25 step marks
+    for row in st.iloc[::every].itertuples():
+        ax.axvline(row.start_us - t0, color="black", linestyle=":", linewidth=0.6)
+        ax.text(row.start_us - t0, len(lanes) - 0.45, f" {row.step}", fontsize=7, va="bottom")
+    ax.set_yticks([y[lane] for lane in lanes], lanes)
+    ax.set_ylim(-0.6, len(lanes) - 0.2)
+    ax.set_xlim(0, t1 - t0)
+    ax.set_xlabel(f"µs from the start of step {int(st['step'].iloc[0])}")
+    frac = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
+    ax.set_title(f"{Path(tr.path).name}: steps {int(st['step'].iloc[0])}–{int(st['step'].iloc[-1])}"
+                 f", bubble {frac:.1%} of device wall time (red hatched)", fontsize=9)
+    handles = [Patch(color=STAGE_COLORS[s], label=s) for s in STAGE_COLORS if s in seen]
+    handles += [Patch(color=c, label=k) for k, c in ACTIVITY_COLORS.items() if k in seen]
+    handles.append(Patch(facecolor=GAP_COLOR, alpha=0.3, hatch="///", label="bubble"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def _launch_threads(tr: Trace, act: np.ndarray) -> list[tuple[int, int]]:
+    """(pid, tid) of host threads whose launch calls produced the activity in `act`, by tid."""
+    corr = np.unique(tr.correlation[act & (tr.correlation >= 0)])
+    rt = tr.cat_mask(*RUNTIME_CATS) & np.isin(tr.correlation, corr)
+    pairs = {(int(p), int(t)) for p, t in zip(tr.pid[rt], tr.tid[rt])}
+    return sorted(pairs, key=lambda pt: (pt[1], pt[0]))
+
+
+def _boxes(start: np.ndarray, dur: np.ndarray, eps: float) -> list[tuple[float, float]]:
+    """(x, width) boxes, merging boxes closer than `eps` (sub-pixel detail is not drawable)."""
+    if start.size == 0:
+        return []
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], start[o] + dur[o]
+    run = np.maximum.accumulate(e)
+    new = np.ones(s.size, bool)
+    new[1:] = s[1:] > run[:-1] + eps
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return list(zip(s[first].tolist(), (run[last] - s[first]).tolist()))
+
+
+def _spans(ax, tr: Trace, mask: np.ndarray, t0: float, bottom: float, eps: float,
+           seen: set[str]) -> None:
+    """Draw stage-named spans of `mask` in the band [bottom, bottom + 0.4], innermost on top."""
+    idx = np.flatnonzero(mask)
+    stage_by_code = np.array([stage_of(n) for n in tr.names], dtype=object)
+    stages = stage_by_code[tr.name[idx]]
+    by_stage: dict[str, np.ndarray] = {}
+    for stage in set(stages.tolist()) - {None}:
+        by_stage[stage] = idx[stages == stage]
+        seen.add(stage)
+    # stages whose typical span is longer are drawn first, so nested (shorter) ones end up on top
+    for stage in sorted(by_stage, key=lambda st: -float(np.median(tr.dur[by_stage[st]]))):
+        sel = by_stage[stage]
+        ax.broken_barh(_boxes(tr.ts[sel] - t0, tr.dur[sel], eps), (bottom, 0.4),
+                       facecolors=STAGE_COLORS[stage], alpha=0.9)
+
+
+def plot_bubble_fraction(df: pd.DataFrame, by: Union[str, Sequence[str]] = "config", *,
+                         value: str = "bubble_frac", path: PathLike | None = None) -> Figure:
+    """Bar chart of the mean of `value` per configuration (`by` columns), with ±1 std error bars.
+
+    `df` is typically per-step rows (the `steps` table of several runs, concatenated with a
+    configuration column) or one row per run.
+    """
+    cols = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in cols + [value] if c not in df.columns]
+    if missing:
+        raise ValueError(f"plot_bubble_fraction: columns {missing} are not in the table "
+                         f"(columns: {list(df.columns)})")
+    g = df.groupby(cols, sort=False)[value].agg(["mean", "std", "count"])
+    labels = [", ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in g.index]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(g) + 2), 3.5))
+    ax.bar(labels, g["mean"], yerr=g["std"].fillna(0.0), color="#1f77b4", capsize=3)
+    ax.set_ylabel(value)
+    ax.set_xlabel(", ".join(cols))
+    ax.set_title(f"{value} by {', '.join(cols)} (mean ± std)", fontsize=9)
+    ax.tick_params(axis="x", labelrotation=30)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_step_times(steps: pd.DataFrame, *, bins: int = 50, path: PathLike | None = None) -> Figure:
+    """Histogram of step wall times (`dur_us`)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(steps["dur_us"].to_numpy(), bins=bins, color="#1f77b4")
+    ax.set_xlabel("step wall time dur_us (µs)")
+    ax.set_ylabel("steps")
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | None = None) -> Figure:
+    """Histogram of device bubble lengths (`gap_us`), stacked by cause."""
+    if "scope" in gaps.columns:
+        gaps = gaps[gaps["scope"] == "device"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    data = [gaps["gap_us"][gaps["cause"] == c].to_numpy() for c in CAUSES]
+    ax.hist(data, bins=bins, stacked=True, label=list(CAUSES),
+            color=[CAUSE_COLORS[c] for c in CAUSES])
+    ax.set_xlabel("bubble length gap_us (µs)")
+    ax.set_ylabel("bubbles")
+    ax.legend(fontsize=7)
+    if path is not None:
+        save_figure(fig, path)
+    return fig

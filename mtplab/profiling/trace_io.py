@@ -1,0 +1,272 @@
+"""Load Kineto (torch.profiler) Chrome traces into columnar numpy arrays.
+
+Understands traces from mtplab, SGLang, vLLM and plain PyTorch programs: they are all Kineto
+Chrome traces (`.json` or `.json.gz`, gzip detected from the content). Only complete events
+(`ph: "X"`) are kept, minus Kineto's whole-session `cat: "Trace"` span. Timestamps and durations
+stay float64 microseconds exactly as written (never rounded). Category and name strings are
+interned: `trace.cat[i]` indexes `trace.cats`, `trace.name[i]` indexes `trace.names`.
+
+Integer columns use -1 for "absent": `stream` and `device` are filled for GPU-lane events
+(`args.stream` / `args.device`, else the lane's `tid` / `pid`), `correlation` from
+`args.correlation` (links a launch call to its kernels; every kernel replayed by one
+`cudaGraphLaunch` shares that call's correlation), `external_id` from `args["External id"]`.
+
+Two readers: `load_trace` parses the whole document with orjson (fast; memory about 10x the
+JSON size); with `streaming=True` (automatic above `STREAM_ABOVE_BYTES` on disk) it iterates
+`traceEvents` items with ijson (C backend when available) and never holds the whole document.
+Every way a file can be unreadable raises `TraceError` with one sentence saying what is wrong
+and what to do.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Union
+
+import numpy as np
+import orjson
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+GPU_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+GPU_LANE_CATS = GPU_ACTIVITY_CATS + ("gpu_user_annotation", "cuda_sync")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+# Older Kineto spellings, normalised to the current ones.
+_CAT_ALIASES = {"memcpy": "gpu_memcpy", "memset": "gpu_memset", "runtime": "cuda_runtime",
+                "driver": "cuda_driver", "operator": "cpu_op"}
+STREAM_ABOVE_BYTES = 1 << 30          # plain JSON larger than this is streamed by default
+STREAM_ABOVE_GZ_BYTES = 128 << 20      # gzip files larger than this are streamed by default
+_GZIP_MAGIC = b"\x1f\x8b"
+_TRAILING_INT = re.compile(r"(-?\d+)\s*$")
+
+
+class TraceError(ValueError):
+    """A trace file cannot be used; the message is one sentence: what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Columnar complete events of one trace (one row per `ph: "X"` event, in file order)."""
+
+    path: str
+    ts: np.ndarray            # float64 µs
+    dur: np.ndarray           # float64 µs (missing → 0)
+    cat: np.ndarray           # int32 codes into `cats`
+    name: np.ndarray          # int32 codes into `names`
+    pid: np.ndarray           # int64
+    tid: np.ndarray           # int64
+    stream: np.ndarray        # int64, -1 off the GPU lanes
+    device: np.ndarray        # int64, -1 off the GPU lanes
+    correlation: np.ndarray   # int64, -1 when absent
+    external_id: np.ndarray   # int64, -1 when absent
+    cats: tuple[str, ...]
+    names: tuple[str, ...]
+    metadata: dict[str, Any] = field(default_factory=dict)  # top-level keys except traceEvents
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+    @property
+    def end(self) -> np.ndarray:
+        """ts + dur, float64 µs."""
+        return self.ts + self.dur
+
+    def cat_mask(self, *cats: str) -> np.ndarray:
+        """Boolean mask of events whose category is one of `cats`."""
+        codes = [i for i, c in enumerate(self.cats) if c in cats]
+        return np.isin(self.cat, codes)
+
+    def name_mask(self, predicate) -> np.ndarray:
+        """Boolean mask of events whose name satisfies `predicate(name) -> bool`."""
+        codes = [i for i, n in enumerate(self.names) if predicate(n)]
+        return np.isin(self.name, codes)
+
+    def name_of(self, i: int) -> str:
+        return self.names[int(self.name[i])]
+
+    def cat_of(self, i: int) -> str:
+        return self.cats[int(self.cat[i])]
+
+
+def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
+    """Load a Kineto trace (`.json` / `.json.gz`) into a `Trace`.
+
+    `streaming=None` streams files above `STREAM_ABOVE_BYTES` (`STREAM_ABOVE_GZ_BYTES` for gzip);
+    the streaming reader leaves `metadata` empty. Raises `TraceError` on any unusable file.
+    """
+    p = _check_file(path)
+    gz = _is_gzip(p)
+    if streaming is None:
+        streaming = p.stat().st_size > (STREAM_ABOVE_GZ_BYTES if gz else STREAM_ABOVE_BYTES)
+    if streaming:
+        return _build(p, iter_events(p), {})
+    doc = _parse_whole(p, gz)
+    if isinstance(doc, dict):
+        events = doc.get("traceEvents")
+        if not isinstance(events, list):
+            raise TraceError(f"{p} is JSON but not a Kineto/Chrome trace (no 'traceEvents' list); "
+                             "pass a file written by torch.profiler's export_chrome_trace.")
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    elif isinstance(doc, list):  # Chrome "JSON Array Format"
+        events, meta = doc, {}
+    else:
+        raise TraceError(f"{p} is JSON but not a Kineto/Chrome trace (top level is "
+                         f"{type(doc).__name__}); pass a file written by torch.profiler.")
+    return _build(p, events, meta)
+
+
+def iter_events(path: PathLike) -> Iterator[dict]:
+    """Yield the items of `traceEvents` one at a time without loading the whole document.
+
+    Uses ijson (its C backend `yajl2_c` when installed); without ijson it falls back to parsing
+    the whole file with orjson. Raises `TraceError` on corrupt or truncated input.
+    """
+    p = _check_file(path)
+    gz = _is_gzip(p)
+    try:
+        import ijson
+    except ImportError:
+        doc = _parse_whole(p, gz)
+        events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+        yield from events if isinstance(events, list) else ()
+        return
+    opener = gzip.open if gz else open
+    try:
+        with opener(p, "rb") as f:
+            yield from ijson.items(f, "traceEvents.item", use_float=True)
+    except (ijson.JSONError, ijson.IncompleteJSONError) as e:
+        raise TraceError(f"{p} is not valid JSON (corrupt or truncated: {_short(e)}); "
+                         "re-export the trace from the profiler.") from None
+    except (EOFError, OSError, zlib.error) as e:
+        raise TraceError(f"{p} is not a readable gzip stream (corrupt or truncated: {_short(e)}); "
+                         "re-export the trace from the profiler.") from None
+
+
+# --------------------------------------------------------------------------- internals
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return s[:120]
+
+
+def _check_file(path: PathLike) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p} does not exist; pass the path of a .json or .json.gz trace.")
+    if not p.is_file():
+        raise TraceError(f"{p} is not a file; pass the path of a .json or .json.gz trace.")
+    if p.stat().st_size == 0:
+        raise TraceError(f"{p} is empty (0 bytes); the profiler did not finish writing it, "
+                         "re-export the trace.")
+    return p
+
+
+def _is_gzip(p: Path) -> bool:
+    with open(p, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def _parse_whole(p: Path, gz: bool) -> Any:
+    raw = p.read_bytes()
+    if gz:
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise TraceError(f"{p} is not a readable gzip file (corrupt or truncated: {_short(e)}); "
+                             "re-export the trace from the profiler.") from None
+        if not raw:
+            raise TraceError(f"{p} decompresses to nothing; re-export the trace.")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        pos = e.pos
+    try:  # the stdlib also accepts NaN / Infinity, which some exporters write
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise TraceError(f"{p} is not valid JSON (corrupt or truncated near byte {pos}); "
+                         "re-export the trace from the profiler.") from None
+
+
+def _as_int(v: Any) -> int:
+    """Kineto ids are ints; old traces spell lanes like "stream 7"; anything else is -1."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        m = _TRAILING_INT.search(v)
+        if m:
+            return int(m.group(1))
+    return -1
+
+
+def _as_float(v: Any, what: str, idx: int, p: Path) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    raise TraceError(f"{p} event #{idx} has a non-numeric {what} ({v!r}); the file is not a "
+                     "well-formed Kineto trace, re-export it.")
+
+
+def _build(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
+    # array.array columns: 8 bytes per value, so streaming a huge trace stays compact
+    ts, dur = array("d"), array("d")
+    cat, name = array("i"), array("i")
+    pid, tid, stream, device, corr, ext = (array("q") for _ in range(6))
+    cat_codes: dict[str, int] = {}
+    name_codes: dict[str, int] = {}
+    gpu_lane = set(GPU_LANE_CATS)
+    n_seen = 0
+    for idx, e in enumerate(events):
+        n_seen += 1
+        if not isinstance(e, dict):
+            raise TraceError(f"{p} traceEvents item #{idx} is not an object; the file is not a "
+                             "Kineto trace, pass one written by torch.profiler.")
+        if e.get("ph") != "X":
+            continue
+        c = str(e.get("cat", "")).lower()
+        c = _CAT_ALIASES.get(c, c)
+        if c == "trace":
+            continue
+        args = e.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        ts.append(_as_float(e.get("ts"), "ts", idx, p))
+        d = e.get("dur", 0.0)
+        dur.append(max(_as_float(d, "dur", idx, p), 0.0) if d is not None else 0.0)
+        cat.append(cat_codes.setdefault(c, len(cat_codes)))
+        n = e.get("name", "")
+        name.append(name_codes.setdefault(n if isinstance(n, str) else str(n), len(name_codes)))
+        pid.append(_as_int(e.get("pid")))
+        tid.append(_as_int(e.get("tid")))
+        if c in gpu_lane:
+            s = args.get("stream")
+            stream.append(_as_int(s) if s is not None else tid[-1])
+            dv = args.get("device")
+            device.append(_as_int(dv) if dv is not None else pid[-1])
+        else:
+            stream.append(-1)
+            device.append(-1)
+        corr.append(_as_int(args.get("correlation", -1)))
+        ext.append(_as_int(args.get("External id", -1)))
+    if not ts:
+        what = "no traceEvents at all" if n_seen == 0 else f"{n_seen} traceEvents but no timed ('X') events"
+        raise TraceError(f"{p} holds {what}; with a profiler schedule, export the trace from "
+                         "on_trace_ready (exporting after the `with` block gives an empty trace).")
+    col = np.frombuffer  # zero-copy views of the array.array columns
+    return Trace(
+        path=str(p), ts=col(ts, np.float64), dur=col(dur, np.float64), cat=col(cat, np.int32),
+        name=col(name, np.int32), pid=col(pid, np.int64), tid=col(tid, np.int64),
+        stream=col(stream, np.int64), device=col(device, np.int64),
+        correlation=col(corr, np.int64), external_id=col(ext, np.int64),
+        cats=tuple(cat_codes), names=tuple(name_codes), metadata=meta)

@@ -1,0 +1,120 @@
+"""Trace loading: columns, exact timestamps, gzip, streaming, and one clear error per bad file."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import orjson
+import pytest
+
+from mtplab.profiling.trace_io import TraceError, iter_events, load_trace
+from test_bubbles import planted
+
+
+@pytest.fixture(scope="module")
+def synth_files(tmp_path_factory):
+    s, _ = planted()
+    d = tmp_path_factory.mktemp("io")
+    return s, s.write(d / "a.pt.trace.json"), s.write(d / "a.pt.trace.json.gz", gz=True)
+
+
+def _x_events(s):
+    return [e for e in s.events if e["ph"] == "X" and e["cat"] != "Trace"]
+
+
+def test_columns_exact_and_interned(synth_files):
+    s, plain, _ = synth_files
+    tr = load_trace(plain)
+    xs = _x_events(s)
+    assert len(tr) == len(xs)
+    assert tr.ts.dtype == np.float64 and tr.dur.dtype == np.float64
+    assert tr.ts.tolist() == [e["ts"] for e in xs]  # exact, ns fractions kept
+    assert tr.dur.tolist() == [e["dur"] for e in xs]
+    assert [tr.name_of(i) for i in range(len(tr))] == [e["name"] for e in xs]
+    assert set(tr.cats) == {e["cat"] for e in xs}
+    assert len(tr.names) < len(xs)  # interned
+    k = tr.cat_mask("kernel")
+    assert (tr.stream[k] >= 0).all() and (tr.device[k] == 0).all()
+    assert (tr.stream[tr.cat_mask("cuda_runtime")] == -1).all()
+    # the two graph-replayed kernels share their cudaGraphLaunch's correlation
+    g = np.flatnonzero(tr.name_mask(lambda n: n.startswith("graph_k")))
+    launch = np.flatnonzero(tr.name_mask(lambda n: n == "cudaGraphLaunch"))
+    assert len(set(tr.correlation[g])) == 1 and tr.correlation[g][0] == tr.correlation[launch][0]
+    assert tr.metadata["distributedInfo"]["rank"] == 0
+
+
+def test_gzip_and_streaming_agree(synth_files):
+    _, plain, gz = synth_files
+    a = load_trace(plain)
+    for other in (load_trace(gz), load_trace(gz, streaming=True), load_trace(plain, streaming=True)):
+        for col in ("ts", "dur", "pid", "tid", "stream", "device", "correlation"):
+            assert np.array_equal(getattr(a, col), getattr(other, col)), col
+        assert [a.name_of(i) for i in range(len(a))] == [other.name_of(i) for i in range(len(a))]
+    assert sum(1 for _ in iter_events(gz)) == len(orjson.loads(plain.read_bytes())["traceEvents"])
+
+
+def test_old_kineto_spellings(tmp_path):
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 10, "dur": 5,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1,
+         "dur": 2, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH", "pid": 0, "tid": "stream 9", "ts": 20,
+         "dur": 1},
+    ]}
+    p = tmp_path / "old.json"
+    p.write_bytes(orjson.dumps(doc))
+    tr = load_trace(p)
+    assert set(tr.cats) == {"kernel", "cuda_runtime", "gpu_memcpy"}
+    assert tr.stream.tolist() == [7, -1, 9] and tr.device.tolist() == [0, -1, 0]
+
+
+BAD = {
+    "empty": b"",
+    "truncated_json": b'{"traceEvents": [{"ph": "X", "ts": 1',
+    "not_json": b"\x89PNG\r\n\x1a\n not a trace",
+    "no_trace_events": b'{"schemaVersion": 1, "events": []}',
+    "no_timed_events": b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}',
+    "item_not_object": b'{"traceEvents": [1, 2, 3]}',
+    "bad_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}',
+    "scalar": b"42",
+}
+
+
+@pytest.mark.parametrize("kind,streaming", [(k, st) for k in sorted(BAD) for st in (False, True)
+                                             if not (st and k == "scalar")])  # streaming: items only
+def test_bad_files_raise_one_clear_trace_error(tmp_path, kind, streaming):
+    p = tmp_path / f"{kind}.json"
+    p.write_bytes(BAD[kind])
+    with pytest.raises(TraceError) as ei:
+        load_trace(p, streaming=streaming)
+    msg = str(ei.value)
+    assert str(p) in msg and "\n" not in msg and msg.endswith(".")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_bad_gzip(tmp_path, synth_files, streaming):
+    _, _, gz = synth_files
+    data = gz.read_bytes()
+    cases = {"truncated.json.gz": data[: len(data) // 2],
+             "corrupt.json.gz": data[:10] + bytes(200) + data[210:],
+             "hollow.json.gz": gzip.compress(b"")}
+    for name, raw in cases.items():
+        p = tmp_path / name
+        p.write_bytes(raw)
+        with pytest.raises(TraceError, match="re-export|export"):
+            load_trace(p, streaming=streaming)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceError, match="does not exist"):
+        load_trace(tmp_path / "nope.json")
+    with pytest.raises(TraceError, match="not a file"):
+        load_trace(tmp_path)
+
+
+def test_nan_literals_accepted(tmp_path):
+    p = tmp_path / "nan.json"
+    p.write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1,'
+                  b' "ts": 1.5, "dur": 2, "args": {"x": NaN}}]}')
+    assert load_trace(p).ts.tolist() == [1.5]

@@ -68,17 +68,41 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    """A profiled run of the default model pair on whatever device is present; writes the
+    trace, the bubble tables and a timeline plot under traces/demo-<timestamp>/."""
+    import time
+
     from .config import RunConfig
     from .engine import Engine
-    cfg = RunConfig(device=args.device)
+    from .profiling.bubbles import analyze, write_analysis
+    from .profiling.plots import plot_event_timeline, plot_timeline
+
+    cfg = RunConfig(model=args.model, draft=args.draft, device=args.device, profile=True,
+                    event_timeline=True, trace_dir=args.trace_dir,
+                    run_name=time.strftime("demo-%Y%m%d-%H%M%S"),
+                    profile_wait=2, profile_warmup=2, profile_active=10)
     eng = Engine(cfg)
     outs = eng.generate(DEMO_PROMPTS, max_new_tokens=args.max_new_tokens, ignore_eos=True)
     eng.check_invariants()
-    print(f"mtplab demo on {cfg.device} ({cfg.dtype}), model {cfg.model}, "
+    files = eng.finish()
+    print(f"mtplab demo on {cfg.device} ({cfg.dtype}), model {cfg.model}, draft {cfg.draft}, "
           f"attention {cfg.attention_backend}, cuda_graphs={cfg.cuda_graphs}")
     for p, o in zip(DEMO_PROMPTS, outs):
-        print(f"--- prompt {p!r}\n{eng.tokenizer.decode(o)!r}")
+        print(f"--- {p!r}\n{p}{eng.tokenizer.decode(o)}")
     _print_table([(k, v) for k, v in eng.stats().items() if not isinstance(v, (dict, list))])
+    res = analyze(files["trace0"], skip_steps=1)
+    write_analysis(res, eng.run_dir)
+    png = eng.run_dir / "timeline.png"
+    if res.summary.get("device") is not None:
+        plot_timeline(files["trace0"], res, path=png)
+    else:       # CPU: no GPU lanes in the trace; draw the event timeline's host spans
+        tl = eng.timeline_frame()
+        last = int(tl["step"].max())
+        plot_event_timeline(tl, steps=(max(0, last - 5), last), path=png)
+    s = res.summary
+    print(f"bubble summary (profiled steps): steps={s['n_steps']} wall_us={s['wall_us']:.0f} "
+          f"busy_us={s['busy_us']:.0f} bubble_frac={s['bubble_frac']}")
+    print(f"wrote {eng.run_dir}/: {', '.join(sorted(p.name for p in eng.run_dir.iterdir()))}")
     return 0
 
 
@@ -94,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
     d.add_argument("--device", default="auto")
+    d.add_argument("--model", default="random-tiny")
+    d.add_argument("--draft", default="frozen_kv_mtp")
+    d.add_argument("--trace-dir", default="traces")
     d.add_argument("--max-new-tokens", type=int, default=48)
     sub.add_parser("analyze", help="bubble analysis of a Kineto trace", add_help=False)
     sub.add_parser("plot", help="bubble timeline plot of a Kineto trace", add_help=False)

@@ -21,7 +21,7 @@ BACKENDS = ("auto", "torch", "triton")
 
 # Knobs whose implementation lands in a later issue: setting them to a non-default value
 # raises "not available yet". Shrinks as features land.
-NOT_YET = {"overlap": False, "zero_bubble": False, "profile": False, "event_timeline": False}
+NOT_YET = {"overlap": False, "zero_bubble": False}
 
 
 class ConfigError(ValueError):
@@ -56,8 +56,12 @@ class RunConfig:
     seed: int = 0
     # profiling and debugging
     profile: bool = False                    # torch.profiler session with Kineto traces
+    profile_wait: int = 2                    # profiler schedule, in engine steps
+    profile_warmup: int = 2
+    profile_active: int = 8
     event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
     trace_dir: str = "traces"
+    run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
     debug_invariants: bool = False           # run the busy invariant check every iteration
 
     def __post_init__(self):
@@ -69,7 +73,7 @@ class RunConfig:
         if self.draft not in DRAFTS:
             raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
         for name in ("num_steps", "topk", "page_size", "max_running_requests",
-                     "cuda_graph_max_bs"):
+                     "cuda_graph_max_bs", "profile_active"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
@@ -87,6 +91,8 @@ class RunConfig:
             if D > self.num_steps * self.topk + 1:
                 raise ConfigError(f"num_draft_tokens={D} exceeds the {self.num_steps * self.topk + 1}"
                                   " nodes the draft can propose (num_steps*topk+1).")
+        if self.profile_wait < 0 or self.profile_warmup < 0:
+            raise ConfigError("profile_wait and profile_warmup must be >= 0 steps.")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
         if self.attention_backend not in BACKENDS:

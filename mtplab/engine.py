@@ -6,6 +6,7 @@ RunConfig and serves `generate` calls.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -22,6 +23,10 @@ from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.weights import save_model
+from .profiling.atomic import atomic_path, atomic_write_text
+from .profiling.session import ProfilerSession
+from .profiling.spans import Spans
+from .profiling.timeline import EventTimeline
 from .models.zoo import build_drafts, build_target
 from .sched.request import Req, SamplingParams
 from .sched.scheduler import Scheduler
@@ -57,9 +62,11 @@ class Engine:
                                          mc.head_dim, cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
         attn = attention_fn(cfg.attention_backend)
+        self._start_profiling()              # before graph capture (CUPTI must see it)
         self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
                                           cfg.cuda_graphs and not cfg.speculative,
-                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
+                                          self.spans)
         self.worker = self.target_worker
         self.draft_model = None
         if cfg.speculative:
@@ -74,13 +81,13 @@ class Engine:
         if cfg.draft == "frozen_kv_mtp":
             self.draft_model = assistant.to(dev, cfg.torch_dtype)
             draft = FrozenDraftWorker(self.draft_model, self.kv_cache, self.pool.table, attn,
-                                      cfg.num_steps, cfg.topk)
+                                      cfg.num_steps, cfg.topk, self.spans)
         else:
             self.draft_model = eagle.to(dev, cfg.torch_dtype)
             self.draft_kv = KVCache.allocate(1, num_slots, mc.num_key_value_heads, mc.head_dim,
                                              cfg.torch_dtype, dev)
             draft = EagleDraftWorker(self.draft_model, self.draft_kv, self.pool.table, attn,
-                                     cfg.num_steps, cfg.topk, cfg.page_size)
+                                     cfg.num_steps, cfg.topk, cfg.page_size, self.spans)
         relay = RelayBuffers(cfg.max_running_requests, mc.hidden_size, cfg.topk,
                              cfg.torch_dtype, dev, with_topk=cfg.draft == "eagle")
         params = SpecParams(cfg.draft, cfg.num_steps, cfg.topk, cfg.num_draft_tokens,
@@ -88,9 +95,48 @@ class Engine:
         return SpecWorker(self.target_worker, draft, relay, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
 
+    # -- profiling -----------------------------------------------------------------------
+    def _start_profiling(self) -> None:
+        cfg = self.cfg
+        self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
+            f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
+        self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
+        self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline)
+        self.profiler = None
+        if cfg.profile:
+            self.profiler = ProfilerSession(self.run_dir, wait=cfg.profile_wait,
+                                            warmup=cfg.profile_warmup, active=cfg.profile_active,
+                                            cuda=self.device.is_cuda)
+            self.profiler.start()
+
+    def finish(self) -> dict:
+        """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
+        timeline.parquet (atomically). Returns {name: path} of what was written."""
+        written = {}
+        if self.profiler is not None:
+            self.profiler.stop()
+            written.update({f"trace{i}": p for i, p in enumerate(self.profiler.traces)})
+        if self.timeline is not None:
+            with atomic_path(self.run_dir / "timeline.parquet") as tmp:
+                self.timeline.to_frame().to_parquet(tmp)
+            written["timeline"] = self.run_dir / "timeline.parquet"
+        if written:
+            written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
+                                                    json.dumps(self.cfg.manifest(), indent=2))
+        return written
+
+    def timeline_frame(self):
+        """The event timeline so far (pandas DataFrame; see profiling/timeline.py)."""
+        if self.timeline is None:
+            raise RuntimeError("the event timeline is off; construct with event_timeline=True.")
+        return self.timeline.to_frame()
+
     def _new_scheduler(self) -> Scheduler:
         hook = self.check_invariants if self.cfg.debug_invariants else None
-        return Scheduler(self.worker, self.kv, max_running=self.cfg.max_running_requests,
+        return Scheduler(self.worker, self.kv, self.device,
+                         max_running=self.cfg.max_running_requests,
+                         spans=self.spans,
+                         on_step=self.profiler.step if self.profiler else None,
                          reserve_per_decode=self.cfg.reserve_per_decode,
                          tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook)
 

@@ -220,3 +220,48 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
     if path is not None:
         save_figure(fig, path)
     return fig
+
+
+def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = None,
+                        clock: str = "auto", path: PathLike | None = None,
+                        width: float = 14.0) -> Figure:
+    """Lanes from an mtplab event timeline (timeline.parquet; no profiler needed): one lane per
+    `stream` label (`host`, `forward`, ...), stage spans coloured with `STAGE_COLORS`, step
+    spans outlined. `clock`: `gpu` (CUDA event times), `host` (perf_counter) or `auto` (gpu
+    when the timeline has GPU times, else host — a CPU run). Lanes are the y tick labels."""
+    if df.empty:
+        raise ValueError("the event timeline is empty: nothing to draw")
+    if clock == "auto":
+        clock = "gpu" if df["gpu_start_us"].notna().any() else "host"
+    if steps is not None:
+        df = df[(df["step"] >= steps[0]) & (df["step"] <= steps[1])]
+        if df.empty:
+            raise ValueError(f"steps {steps[0]}:{steps[1]} select nothing in the timeline")
+    s0, s1 = (df[f"{clock}_start_us"], df[f"{clock}_end_us"])
+    is_step = df["stage"].str.startswith("step[")
+    # GPU times exist only for device-side lanes; host-lane spans use the host clock.
+    if clock == "gpu":
+        s0 = s0.where(df["stream"] != "host", np.nan)
+    t0 = float(np.nanmin(s0))
+    lanes = sorted(df["stream"].unique(), key=lambda s: (s != "host", s))
+    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.7 * len(lanes)))
+    for y, lane in enumerate(lanes):
+        sel = (df["stream"] == lane) & s0.notna()
+        for stage in df.loc[sel & ~is_step, "stage"].unique():
+            m = sel & ~is_step & (df["stage"] == stage)
+            boxes = list(zip(s0[m] - t0, s1[m] - s0[m]))
+            ax.broken_barh(boxes, (y - 0.35, 0.7), color=STAGE_COLORS.get(stage, "#cccccc"))
+        m = sel & is_step
+        ax.broken_barh(list(zip(s0[m] - t0, s1[m] - s0[m])), (y - 0.45, 0.9),
+                       facecolor="none", edgecolor="black", linewidth=0.6)
+    ax.set_yticks(range(len(lanes)), labels=list(lanes))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"µs ({clock} clock)")
+    shown = [s for s in STAGE_COLORS if s in set(df.loc[~is_step, "stage"])]
+    ax.legend(handles=[Patch(color=STAGE_COLORS[s], label=s) for s in shown],
+              loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=min(len(shown), 9),
+              fontsize=7)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    return fig

@@ -9,7 +9,8 @@ import re
 
 # Host-side stages (run on the scheduler thread).
 HOST_STAGES = ("schedule", "prepare", "process_result", "sync", "launch")
-# Device-side stages, in the order they run inside one spec-v2 decode iteration.
+# Device-side stages, in the order they run inside one spec-v2 decode iteration. A target-only
+# decode's forward is `verify` of a one-node tree (SGLang's trivial verify input for S == 0).
 DEVICE_STAGES = (
     "resolve", "draft.seed", "draft.step", "draft", "tree", "verify", "accept", "commit",
     "publish", "draft_extend", "stash", "d2h", "prefill",

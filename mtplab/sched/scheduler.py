@@ -19,8 +19,11 @@ from typing import Callable, Optional
 
 import torch
 
+from ..device import Device
 from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
+from ..profiling.spans import NO_SPANS, Spans
+from ..profiling.stages import step_name
 from ..spec.target_worker import DecodeInputs, DecodeOut, PrefillInputs, SamplingTensors
 from .request import Req
 
@@ -37,10 +40,13 @@ class StepStats:
 
 
 class Scheduler:
-    def __init__(self, worker, kv: KVManager, *, max_running: int,
+    def __init__(self, worker, kv: KVManager, device: Device, *, max_running: int,
                  reserve_per_decode: int, tokens_per_decode: int = 1,
                  max_prefill_tokens: int = 8192,
-                 on_iteration: Optional[Callable[[], None]] = None):
+                 on_iteration: Optional[Callable[[], None]] = None, spans: Spans = NO_SPANS,
+                 on_step: Optional[Callable[[], None]] = None):
+        self.spans = spans
+        self.on_step = on_step          # e.g. the profiler's step()
         self.worker = worker
         self.kv = kv
         self.max_running = max_running
@@ -48,7 +54,8 @@ class Scheduler:
         self.tokens_per_decode = tokens_per_decode      # KV entries one decode writes (1 or D)
         self.max_prefill_tokens = max_prefill_tokens
         self.on_iteration = on_iteration
-        self.device = worker.device
+        self.dev = device
+        self.device = device.torch_device
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.finished: list[Req] = []
@@ -89,20 +96,29 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
+        """One iteration: schedule, then a prefill or a decode step, results processed."""
         t0 = time.perf_counter()
-        new = self._admit()
+        sp = self.spans
+        if sp.timeline is not None:
+            sp.timeline.next_step()
+        with sp.stage("schedule", "host"):
+            new = self._admit()
+            batch = self._schedule_decode() if not new and self.running else []
         if new:
-            self._process_prefill(new, self._launch_prefill(new))
+            with sp.stage(step_name("prefill", len(new)), "host"):
+                self._process_prefill(new, self._launch_prefill(new))
             self.stats.prefill_steps += 1
-        elif self.running:
-            batch = self._schedule_decode()
-            self._process_decode(batch, self._launch_decode(batch))
+        elif batch:
+            with sp.stage(step_name("decode", len(batch)), "host"):
+                self._process_decode(batch, self._launch_decode(batch))
             self.stats.decode_steps += 1
             self.stats.decode_tokens += sum(self.stats.accept_lens[-len(batch):])
             self.stats.decode_time_s += time.perf_counter() - t0
         self.stats.step_times_s.append(time.perf_counter() - t0)
         if self.on_iteration:
             self.on_iteration()
+        if self.on_step:
+            self.on_step()
 
     # -- schedule ------------------------------------------------------------------------
     def _admit(self) -> list[Req]:
@@ -143,6 +159,11 @@ class Scheduler:
             counters=torch.tensor(counters, dtype=torch.long, device=dev))
 
     def _launch_prefill(self, reqs: list[Req]) -> torch.Tensor:
+        with self.spans.stage("prepare", "host"):
+            x = self._prefill_inputs(reqs)
+        return self.worker.prefill(x)
+
+    def _prefill_inputs(self, reqs: list[Req]) -> PrefillInputs:
         dev = self.device
         fills = [r.fill_ids() for r in reqs]
         lens = [len(f) for f in fills]
@@ -151,38 +172,54 @@ class Scheduler:
         cu = torch.zeros(len(reqs) + 1, dtype=torch.long, device=dev)
         cu[1:] = torch.cumsum(q_lens, 0)
         pos = torch.cat([torch.arange(n, device=dev) for n in lens])
-        x = PrefillInputs(ids, torch.tensor([r.kv.row for r in reqs], device=dev), q_lens, cu,
-                          pos, max(lens), self._sampling(reqs, lens))
-        return self.worker.prefill(x)
+        return PrefillInputs(ids, torch.tensor([r.kv.row for r in reqs], device=dev), q_lens, cu,
+                             pos, max(lens), self._sampling(reqs, lens))
 
     def _launch_decode(self, reqs: list[Req]) -> DecodeOut:
+        with self.spans.stage("prepare", "host"):
+            x = self._decode_inputs(reqs)
+        return self.worker.decode(x)
+
+    def _decode_inputs(self, reqs: list[Req]) -> DecodeInputs:
         dev = self.device
         seq_lens = [r.kv.kv_committed_len for r in reqs]
-        return self.worker.decode(DecodeInputs(
+        return DecodeInputs(
             rows=torch.tensor([r.kv.row for r in reqs], dtype=torch.long, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long, device=dev),
             sampling=self._sampling(reqs, [n + 1 for n in seq_lens]),
             max_kv=max(seq_lens) + self.tokens_per_decode,
-            all_greedy=all(r.sampling.temperature == 0 for r in reqs)))
+            all_greedy=all(r.sampling.temperature == 0 for r in reqs))
 
     # -- process results -----------------------------------------------------------------
+    def _to_host(self, *tensors: torch.Tensor) -> list:
+        """d2h of the results (async into pinned memory on CUDA), then one host sync."""
+        with self.spans.stage("d2h"):
+            host = [t.to("cpu", non_blocking=True) for t in tensors]
+            done = self.dev.new_event()
+            done.record()
+        with self.spans.stage("sync", "host"):
+            done.synchronize()
+        return [h.tolist() for h in host]
+
     def _process_prefill(self, reqs: list[Req], next_tokens: torch.Tensor) -> None:
-        toks = next_tokens.tolist()
-        for r, t in zip(reqs, toks):
-            r.kv.kv_committed_len = len(r.fill_ids())
-            r.append_tokens([t])
-        self.running.extend(reqs)
-        self._finish_done()
+        (toks,) = self._to_host(next_tokens)
+        with self.spans.stage("process_result", "host"):
+            for r, t in zip(reqs, toks):
+                r.kv.kv_committed_len = len(r.fill_ids())
+                r.append_tokens([t])
+            self.running.extend(reqs)
+            self._finish_done()
 
     def _process_decode(self, reqs: list[Req], out: DecodeOut) -> None:
-        toks, lens = out.tokens.tolist(), out.accept_lens.tolist()
-        self.stats.accept_lens.extend(lens)
-        for r, t, n in zip(reqs, toks, lens):
-            r.append_tokens(t[:n])
-            if not r.finished:             # the one place kv_committed_len advances
-                r.kv.kv_committed_len += n
-        self._finish_done()
+        toks, lens = self._to_host(out.tokens, out.accept_lens)
+        with self.spans.stage("process_result", "host"):
+            self.stats.accept_lens.extend(lens)
+            for r, t, n in zip(reqs, toks, lens):
+                r.append_tokens(t[:n])
+                if not r.finished:             # the one place kv_committed_len advances
+                    r.kv.kv_committed_len += n
+            self._finish_done()
 
     def _finish_done(self) -> None:
         done = [r for r in self.running if r.finished]

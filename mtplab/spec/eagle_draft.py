@@ -20,6 +20,7 @@ from ..mem.kv_cache import KVCache
 from ..models.drafts import EagleDraft
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from ..profiling.spans import NO_SPANS, Spans
 from .relay import DraftInputs
 
 
@@ -27,7 +28,8 @@ class EagleDraftWorker:
     owns_kv = True
 
     def __init__(self, draft: EagleDraft, kv: KVCache, table: torch.Tensor, attn_fn: AttnFn,
-                 num_steps: int, topk: int, page_size: int):
+                 num_steps: int, topk: int, page_size: int, spans: Spans = NO_SPANS):
+        self.spans = spans
         self.model = draft
         self.kv = kv                 # the draft's own pool [1, N, Hkv, d]
         self.table = table
@@ -48,6 +50,11 @@ class EagleDraftWorker:
     def after_prefill(self, bonus, hidden_last, *, fed_ids, hidden_all, rows, q_lens, cu_q,
                       positions, max_q, **_) -> DraftInputs:
         """Draft extend over the fed tokens shifted left by one (the tail is the bonus)."""
+        with self.spans.stage("draft_extend"):
+            return self._prefill_extend(bonus, fed_ids, hidden_all, rows, q_lens, cu_q,
+                                        positions, max_q)
+
+    def _prefill_extend(self, bonus, fed_ids, hidden_all, rows, q_lens, cu_q, positions, max_q):
         ends = cu_q[1:] - 1
         shifted = torch.roll(fed_ids, -1)
         shifted[ends] = bonus
@@ -73,12 +80,13 @@ class EagleDraftWorker:
         seq_k = seq_lens.long().repeat_interleave(K)
         h = hidden[:, None, :].expand(B, K, hidden.shape[-1])
         for s in range(1, S):
-            hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
-            pos = seq_k + s - 1
-            meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv)
-            hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1), pos,
-                                    self.kv.k, self.kv.v, slots[:, :, s - 1].reshape(-1), meta,
-                                    self.attn_fn)
+            with self.spans.stage("draft.step"):
+                hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
+                pos = seq_k + s - 1
+                meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv)
+                hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
+                                        pos, self.kv.k, self.kv.v,
+                                        slots[:, :, s - 1].reshape(-1), meta, self.attn_fn)
             logp, toks = branch_topk(logits.view(B, K, -1), K)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)

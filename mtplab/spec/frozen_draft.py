@@ -15,6 +15,7 @@ from ..kernels.attn_meta import AttnMeta
 from ..models.drafts import FrozenKVAssistant
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from ..profiling.spans import NO_SPANS, Spans
 from .relay import DraftInputs
 
 
@@ -22,7 +23,8 @@ class FrozenDraftWorker:
     owns_kv = False
 
     def __init__(self, assistant: FrozenKVAssistant, kv, table: torch.Tensor, attn_fn: AttnFn,
-                 num_steps: int, topk: int):
+                 num_steps: int, topk: int, spans: Spans = NO_SPANS):
+        self.spans = spans
         self.model = assistant
         self.kv = kv                 # the target's KV cache, read only
         self.table = table
@@ -38,7 +40,8 @@ class FrozenDraftWorker:
 
     def seed(self, bonus, hidden, rows, seq_lens, max_kv):
         """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K])."""
-        h0, logits = self._forward(bonus, hidden, rows, seq_lens, max_kv)
+        with self.spans.stage("draft.seed"):
+            h0, logits = self._forward(bonus, hidden, rows, seq_lens, max_kv)
         return (h0, *branch_topk(logits, self.K))
 
     def steps(self, h0, topk_logp, topk_index, rows, seq_lens, max_kv) -> list[StepCandidates]:
@@ -50,9 +53,10 @@ class FrozenDraftWorker:
         rows_k = rows.repeat_interleave(K)
         seq_k = seq_lens.repeat_interleave(K)
         for s in range(1, self.S):
-            hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
-            hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
-                                       rows_k, seq_k, max_kv)
+            with self.spans.stage("draft.step"):
+                hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
+                hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
+                                           rows_k, seq_k, max_kv)
             logp, toks = branch_topk(logits.view(B, K, -1), K)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)

@@ -14,17 +14,19 @@ One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has
     stash     relay[rows] <- next inputs
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
 
-CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment:
-    draft graph   frozen fold_seed=True : seed + steps + tree in one replay
-                  frozen fold_seed=False: seed eager (its own launches), then steps + tree
-                  eagle                 : steps + tree
+CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment, each replay
+wrapped in its stage span:
+    draft graph   frozen fold_seed=True : seed + S-1 steps in one replay
+                  frozen fold_seed=False: seed eager (draft.seed, its own launches), then steps
+                  eagle                 : S-1 steps
+    tree graph    organize + build_tree
     verify graph  the target over B*D tree nodes
-    extend graph  eagle's draft extend
+    draft_extend graph  eagle's draft extend
 Accept/commit run eagerly between the replays (as in SGLang).
 """
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -32,7 +34,7 @@ import torch
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import counter_uniform
 from .compact import accept_moves, apply_kv_moves, window_slots
-from .draft_select import organize
+from .draft_select import StepCandidates, num_candidates, organize
 from .relay import DraftInputs, RelayBuffers
 from .target_worker import DecodeInputs, DecodeOut, PrefillInputs, TargetWorker
 from .tree import DraftTree, build_tree
@@ -57,6 +59,7 @@ class SpecParams:
 class SpecWorker:
     def __init__(self, target: TargetWorker, draft, relay: RelayBuffers, params: SpecParams,
                  cuda_graphs: bool = False, graph_max_bs: int = 32):
+        self.spans = target.spans
         self.target = target
         self.draft_worker = draft
         self.relay = relay
@@ -72,19 +75,29 @@ class SpecWorker:
 
     # -- segments (pure tensor functions; eager with a host max_kv, or captured with W) ---
     def _draft_fn(self, max_kv: int):
+        """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]."""
         dw, p = self.draft_worker, self.p
 
-        def tree_of(steps, bonus, seq_lens):
-            return astuple(build_tree(organize(steps, p.num_draft_tokens), bonus, seq_lens))[:-1]
+        def cat(steps):
+            return (torch.cat([c.scores for c in steps], 1), torch.cat([c.tokens for c in steps], 1),
+                    torch.cat([c.parents for c in steps], 1))
 
         if p.frozen and p.fold_seed:
             def fn(rows, seq_lens, bonus, hidden):
                 h0, lp, ix = dw.seed(bonus, hidden, rows, seq_lens, max_kv)
-                return tree_of(dw.steps(h0, lp, ix, rows, seq_lens, max_kv), bonus, seq_lens)
+                return cat(dw.steps(h0, lp, ix, rows, seq_lens, max_kv))
         else:
             def fn(rows, seq_lens, bonus, hidden, topk_logp, topk_index):
-                steps = dw.steps(hidden, topk_logp, topk_index, rows, seq_lens, max_kv)
-                return tree_of(steps, bonus, seq_lens)
+                return cat(dw.steps(hidden, topk_logp, topk_index, rows, seq_lens, max_kv))
+        return fn
+
+    def _tree_fn(self, max_kv: int):
+        p = self.p
+
+        def fn(rows, seq_lens, bonus, scores, tokens, parents):
+            steps = [StepCandidates(tokens, scores, parents)]
+            sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
+            return astuple(build_tree(sel, bonus, seq_lens))[:-1]
         return fn
 
     def _verify_fn(self, max_kv: int):
@@ -99,10 +112,12 @@ class SpecWorker:
         return fn
 
     def _run(self, name: str, make_fn, args: dict, max_kv: int):
-        g = self.graphs.get(name)
-        if g is not None and args["rows"].shape[0] <= g.max_bs:
-            return g.run(args)
-        return make_fn(max_kv)(**args)
+        """One segment as its stage span: a graph replay when captured, else eager."""
+        with self.spans.stage(name):
+            g = self.graphs.get(name)
+            if g is not None and args["rows"].shape[0] <= g.max_bs:
+                return g.run(args)
+            return make_fn(max_kv)(**args)
 
     # -- prefill / decode ------------------------------------------------------------------
     @torch.no_grad()
@@ -112,7 +127,8 @@ class SpecWorker:
         nxt = self.draft_worker.after_prefill(
             bonus, hidden[ends], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
             q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
-        self.relay.stash(x.rows, nxt)
+        with self.spans.stage("stash"):
+            self.relay.stash(x.rows, nxt)
         return bonus
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs):
@@ -129,37 +145,44 @@ class SpecWorker:
 
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
-        p, dw = self.p, self.draft_worker
+        p, dw, sp = self.p, self.draft_worker, self.spans
         B, D = x.rows.shape[0], p.num_draft_tokens
         rows, seq = x.rows, x.seq_lens
-        inp = self.relay.gather(rows)
+        with sp.stage("resolve"):
+            inp = self.relay.gather(rows)
         args = dict(rows=rows, seq_lens=seq, bonus=inp.bonus, hidden=inp.hidden)
         if p.frozen and not p.fold_seed:
             h0, lp, ix = dw.seed(inp.bonus, inp.hidden, rows, seq, x.max_kv)
             args.update(hidden=h0, topk_logp=lp, topk_index=ix)
         elif not p.frozen:
             args.update(topk_logp=inp.topk_logp, topk_index=inp.topk_index)
-        tree = DraftTree(*self._run("draft", self._draft_fn, args, x.max_kv),
+        scores, toks, parents = self._run("draft", self._draft_fn, args, x.max_kv)
+        tree = DraftTree(*self._run("tree", self._tree_fn,
+                                    dict(rows=rows, seq_lens=seq, bonus=inp.bonus, scores=scores,
+                                         tokens=toks, parents=parents), x.max_kv),
                          num_steps=p.num_steps)
         window = window_slots(self.table, rows, seq, D)
         logits, hidden = self._run("verify", self._verify_fn,
                                    dict(rows=rows, seq_lens=seq, tokens=tree.tokens,
                                         positions=tree.positions, mask=tree.mask), x.max_kv)
-        acc = self._accept(tree, logits, x)
-        moves = accept_moves(window, acc)
-        if p.topk > 1:
-            apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
-        hidden_path = hidden.reshape(B * D, -1)[moves.row_index]               # [B, S+1, H]
-        if p.frozen:
-            last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
-            nxt = DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0])
+        with sp.stage("accept"):
+            acc = self._accept(tree, logits, x)
+        with sp.stage("commit"):
+            moves = accept_moves(window, acc)
+            if p.topk > 1:
+                apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
+            hidden_path = hidden.reshape(B * D, -1)[moves.row_index]           # [B, S+1, H]
+        if p.frozen:     # the next seed is selected from the verify outputs: no forward
+            with sp.stage("stash"):
+                last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
+                self.relay.stash(rows, DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0]))
         else:
-            h, lp, ix = self._run("extend", self._extend_fn,
+            h, lp, ix = self._run("draft_extend", self._extend_fn,
                                   dict(rows=rows, seq_lens=seq, tokens=acc.tokens,
                                        hidden_path=hidden_path, accept_lens=acc.accept_lens),
                                   x.max_kv)
-            nxt = DraftInputs(acc.bonus, h, lp, ix)
-        self.relay.stash(rows, nxt)
+            with sp.stage("stash"):
+                self.relay.stash(rows, DraftInputs(acc.bonus, h, lp, ix))
         return DecodeOut(acc.tokens, acc.accept_lens)
 
     # -- CUDA graphs -------------------------------------------------------------------------
@@ -172,21 +195,27 @@ class SpecWorker:
         z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
         common = dict(rows=z(L), seq_lens=z(L))
         pad = dict(rows=0, seq_lens=1, bonus=0, hidden=0, topk_logp=0, topk_index=0, tokens=0,
-                   positions=0, mask=1, hidden_path=0, accept_lens=1)
+                   positions=0, mask=1, hidden_path=0, accept_lens=1, scores=0,
+                   parents=-1)
         buckets = default_buckets(max_bs)
 
         def runner(name, fn, static):
             r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets)
-            r.capture()
+            with self.spans.paused():
+                r.capture()
             self.graphs[name] = r
 
         draft_in = dict(common, bonus=z(L), hidden=z(L, H, dt=hdt))
         if not (p.frozen and p.fold_seed):
             draft_in.update(topk_logp=z(L, K, dt=torch.float32), topk_index=z(L, K))
         runner("draft", self._draft_fn(W), draft_in)
+        C = num_candidates(p.num_steps, K)
+        runner("tree", self._tree_fn(W),
+               dict(common, bonus=z(L), scores=z(L, C, dt=torch.float32), tokens=z(L, C),
+                    parents=z(L, C)))
         runner("verify", self._verify_fn(W),
                dict(common, tokens=z(L, D), positions=z(L, D), mask=z(L, D, D, dt=torch.bool)))
         if not p.frozen:
-            runner("extend", self._extend_fn(W),
+            runner("draft_extend", self._extend_fn(W),
                    dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),
                         accept_lens=z(L)))

@@ -16,6 +16,7 @@ from ..kernels.attn_meta import AttnMeta
 from ..kernels.sampling import sample
 from ..mem.kv_cache import KVCache
 from ..models.llama import AttnFn, LlamaForCausalLM
+from ..profiling.spans import NO_SPANS, Spans
 
 
 @dataclass
@@ -58,7 +59,8 @@ class PrefillInputs:
 
 class TargetWorker:
     def __init__(self, model: LlamaForCausalLM, kv: KVCache, table: torch.Tensor,
-                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int):
+                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, spans: Spans = NO_SPANS):
+        self.spans = spans
         self.model = model
         self.kv = kv
         self.table = table
@@ -77,6 +79,10 @@ class TargetWorker:
     @torch.no_grad()
     def prefill_with_hidden(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (next tokens [B], hidden [T, H] of every fed token, pre final norm)."""
+        with self.spans.stage("prefill"):
+            return self._prefill(x)
+
+    def _prefill(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
         B = x.rows.shape[0]
         row_of_tok = torch.repeat_interleave(x.rows, x.q_lens, output_size=x.input_ids.shape[0])
         out_loc = self.table[row_of_tok, x.positions].long()
@@ -107,10 +113,11 @@ class TargetWorker:
         s = x.sampling
         args = dict(input_ids=x.input_ids, rows=x.rows, kv_lens=x.seq_lens + 1,
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds, counters=s.counters)
-        if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
-            tok = self.decode_graph.run(args)
-        else:
-            tok = self._decode_fn(x.max_kv)(**args)
+        with self.spans.stage("verify"):          # the target forward of a one-node tree
+            if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
+                tok = self.decode_graph.run(args)
+            else:
+                tok = self._decode_fn(x.max_kv)(**args)
         return DecodeOut(tok[:, None], torch.ones_like(tok))
 
     @torch.no_grad()
@@ -143,5 +150,6 @@ class TargetWorker:
         pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0, counters=0)
         runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width)), static, pad,
                              default_buckets(max_bs))
-        runner.capture()
+        with self.spans.paused():
+            runner.capture()
         return runner

@@ -1,0 +1,68 @@
+"""Profiler session: torch.profiler with a wait/warmup/active schedule, one `step()` per engine
+step, traces written atomically under the run folder with the name the TensorBoard plugin
+reads:  <run_dir>/<worker>.<time_ns>.pt.trace.json.gz
+
+Start it before CUDA graph capture (so CUPTI sees the captured kernels when they replay).
+`on_step(step_index)` hooks let a notebook run a callback per step.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .atomic import atomic_write_bytes
+
+
+class ProfilerSession:
+    def __init__(self, run_dir: Path, *, wait: int, warmup: int, active: int, cuda: bool,
+                 worker: Optional[str] = None):
+        self.run_dir = Path(run_dir)
+        self.worker = worker or f"{socket.gethostname()}_{os.getpid()}"
+        self.traces: list[Path] = []
+        self.hooks: list[Callable[[int], None]] = []
+        self.steps = 0
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=acts,
+            schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=self._write)
+        self._open = False
+
+    def start(self) -> None:
+        self.prof.__enter__()
+        self._open = True
+
+    def step(self) -> None:
+        if not self._open:
+            return
+        self.prof.step()
+        for h in self.hooks:
+            h(self.steps)
+        self.steps += 1
+
+    def stop(self) -> None:
+        if self._open:
+            self._open = False
+            self.prof.__exit__(None, None, None)
+
+    def _write(self, prof) -> None:
+        """on_trace_ready: export JSON to a temp file, gzip it into place atomically."""
+        path = self.run_dir / f"{self.worker}.{time.time_ns()}.pt.trace.json.gz"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".json", dir=self.run_dir)
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            atomic_write_bytes(path, gzip.compress(Path(tmp).read_bytes(), compresslevel=6))
+        finally:
+            os.unlink(tmp)
+        self.traces.append(path)

@@ -18,4 +18,5 @@ status=0
 python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 [ "${1:-}" = quick ] && exit $status
 python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" 2>&1 | tee "$OUT/bench_decode.log" || status=1
+python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" 2>&1 | tee "$OUT/bench_spec.log" || status=1
 exit $status

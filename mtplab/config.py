@@ -19,10 +19,6 @@ DRAFTS = ("none", "frozen_kv_mtp", "eagle")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 
-# Knobs whose implementation lands in a later issue: setting them to a non-default value
-# raises "not available yet". Shrinks as features land.
-NOT_YET = {"overlap": False, "zero_bubble": False}
-
 
 class ConfigError(ValueError):
     """An invalid RunConfig value; the message is one sentence with the fix."""
@@ -46,7 +42,10 @@ class RunConfig:
     fold_seed: bool = False
     cuda_graphs: Optional[bool] = None       # None -> True on CUDA, False on CPU
     cuda_graph_max_bs: int = 32
-    zero_bubble: bool = False
+    zero_bubble: bool = False                # all three sub-knobs below on
+    zb_async_d2h: Optional[bool] = None      # results -> pinned async copies (None -> True)
+    zb_device_seq_lens: Optional[bool] = None  # no host read of seq_lens (None -> zero_bubble)
+    zb_draft_preexec: Optional[bool] = None  # draft k+1 right after commit k (None -> zero_bubble)
     attention_backend: str = "auto"          # auto | torch | triton
     simulate_accept_len: Optional[float] = None      # mean tokens per verify (bonus incl.)
     simulate_accept_rates: Optional[tuple] = None    # or per-position acceptance [S]
@@ -63,6 +62,8 @@ class RunConfig:
     trace_dir: str = "traces"
     run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
     debug_invariants: bool = False           # run the busy invariant check every iteration
+    debug_future_map: bool = False           # poison consumed future-map rows (consume-once)
+    debug_syncs: bool = False                # list host syncs per step (CUDA sync debug mode)
 
     def __post_init__(self):
         self._validate_static()
@@ -119,10 +120,6 @@ class RunConfig:
                                   "probabilities in [0, 1].")
         if self.context_len is not None and self.context_len < 2:
             raise ConfigError(f"context_len must be at least 2, got {self.context_len}.")
-        for name, default in NOT_YET.items():
-            if getattr(self, name) != default:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is not available yet in this "
-                                  f"version of mtplab; leave it at {default!r}.")
 
     def _resolve(self):
         from .device import resolve_device
@@ -141,6 +138,7 @@ class RunConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1":
             raise ConfigError("attention_backend='triton' on CPU needs the Triton interpreter: "
                               "set TRITON_INTERPRET=1 before starting Python, or use 'torch'.")
+        self._resolve_zero_bubble()
         if self.cuda_graphs is None:
             self.cuda_graphs = dev.is_cuda
         if self.cuda_graphs and not dev.is_cuda:
@@ -164,6 +162,26 @@ class RunConfig:
             raise ConfigError(f"max_total_tokens={self.max_total_tokens} cannot hold even one "
                               f"request at context_len={self.context_len} (a row needs {W} "
                               "slots); raise max_total_tokens or lower context_len.")
+
+    def _resolve_zero_bubble(self):
+        """zero_bubble turns every sub-knob on; None sub-knobs follow it (async D2H of the
+        results is on by default: it is what the overlap loop is built on, as in SGLang)."""
+        subs = ("zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec")
+        if self.zero_bubble:
+            off = [n for n in subs if getattr(self, n) is False]
+            if off:
+                raise ConfigError(f"zero_bubble=True turns on {', '.join(subs)}; {off} set to "
+                                  "False contradicts it (use zero_bubble=False and pick sub-knobs).")
+        if self.zb_draft_preexec and not self.speculative and not self.zero_bubble:
+            raise ConfigError("zb_draft_preexec pre-executes the draft; it needs a draft "
+                              "(draft='frozen_kv_mtp' or 'eagle').")
+        if self.zb_async_d2h is None:
+            self.zb_async_d2h = True
+        for n in subs[1:]:
+            if getattr(self, n) is None:
+                setattr(self, n, self.zero_bubble)
+        if not self.speculative:
+            self.zb_draft_preexec = False
 
     # -- derived sizes (DESIGN "KV memory") -------------------------------------------
     @property

@@ -29,10 +29,11 @@ from .profiling.spans import Spans
 from .profiling.timeline import EventTimeline
 from .models.zoo import build_drafts, build_target
 from .sched.request import Req, SamplingParams
-from .sched.scheduler import Scheduler
+from .sched.future_map import FutureMap
+from .sched.scheduler import LoopOptions, Scheduler
+from .spec.draft_select import num_candidates
 from .spec.eagle_draft import EagleDraftWorker
 from .spec.frozen_draft import FrozenDraftWorker
-from .spec.relay import RelayBuffers
 from .spec.spec_worker import SpecParams, SpecWorker
 from .spec.target_worker import TargetWorker
 
@@ -63,10 +64,15 @@ class Engine:
         self.kv = KVManager(self.allocator, self.pool)
         attn = attention_fn(cfg.attention_backend)
         self._start_profiling()              # before graph capture (CUPTI must see it)
+        self.future_map = FutureMap(
+            cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
+            cfg.torch_dtype, self.device, with_topk=cfg.draft == "eagle",
+            num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
+            poison=cfg.debug_future_map)
         self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
                                           cfg.cuda_graphs and not cfg.speculative,
                                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
-                                          self.spans)
+                                          self.future_map, self.spans)
         self.worker = self.target_worker
         self.draft_model = None
         if cfg.speculative:
@@ -88,11 +94,10 @@ class Engine:
                                              cfg.torch_dtype, dev)
             draft = EagleDraftWorker(self.draft_model, self.draft_kv, self.pool.table, attn,
                                      cfg.num_steps, cfg.topk, cfg.page_size, self.spans)
-        relay = RelayBuffers(cfg.max_running_requests, mc.hidden_size, cfg.topk,
-                             cfg.torch_dtype, dev, with_topk=cfg.draft == "eagle")
         params = SpecParams(cfg.draft, cfg.num_steps, cfg.topk, cfg.num_draft_tokens,
-                            cfg.fold_seed, cfg.simulate_accept_len, cfg.simulate_accept_rates)
-        return SpecWorker(self.target_worker, draft, relay, params, cfg.cuda_graphs,
+                            cfg.fold_seed, cfg.zb_draft_preexec, cfg.simulate_accept_len,
+                            cfg.simulate_accept_rates)
+        return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
 
     # -- profiling -----------------------------------------------------------------------
@@ -138,7 +143,13 @@ class Engine:
                          spans=self.spans,
                          on_step=self.profiler.step if self.profiler else None,
                          reserve_per_decode=self.cfg.reserve_per_decode,
-                         tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook)
+                         alloc_len_per_decode=self.cfg.alloc_len_per_decode,
+                         tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook,
+                         loop=LoopOptions(overlap=self.cfg.overlap,
+                                          async_d2h=self.cfg.zb_async_d2h,
+                                          device_seq_lens=self.cfg.zb_device_seq_lens,
+                                          draft_preexec=self.cfg.zb_draft_preexec,
+                                          debug_syncs=self.cfg.debug_syncs))
 
     # -- requests ------------------------------------------------------------------------
     def _make_request(self, prompt: Prompt, max_new_tokens: int, sampling: SamplingParams,
@@ -214,6 +225,10 @@ class Engine:
             "decode_steps": s.decode_steps, "retractions": s.retractions,
             "decode_tok_per_s": s.decode_tokens / s.decode_time_s if s.decode_time_s else 0.0,
             "step_time_p50_ms": 1e3 * steps[len(steps) // 2] if steps else 0.0,
+            "decode_step_p50_ms": _pct_ms(s.decode_step_times_s, 50),
+            "decode_step_p90_ms": _pct_ms(s.decode_step_times_s, 90),
+            "overshoot_rows": s.overshoot_rows, "predrafted_steps": s.predrafted_steps,
+            "host_syncs": dict(s.host_syncs),
             "finish_reasons": {k: sum(r.finished_reason == k for r in reqs)
                                for k in ("stop", "length", "abort")},
         }
@@ -231,6 +246,13 @@ class Engine:
     def save_target(self, directory: Union[str, Path]) -> None:
         """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
         save_model(self.model, directory)
+
+
+def _pct_ms(xs: list, q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return 1e3 * xs[min(len(xs) - 1, int(len(xs) * q / 100))]
 
 
 __all__ = ["Engine", "RunConfig", "ConfigError"]

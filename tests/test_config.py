@@ -14,7 +14,10 @@ BAD = [
     (dict(attention_backend="flash"), "attention_backend='flash' is unknown"),
     (dict(context_len=100_000), "exceeds the model's max_position_embeddings"),
     (dict(max_total_tokens=10, context_len=64), "cannot hold even one request"),
-    (dict(overlap=True), "not available yet"),
+    (dict(zero_bubble=True, zb_async_d2h=False), "contradicts it"),
+    (dict(zb_draft_preexec=True), "needs a draft"),
+    (dict(fold_seed=True, draft="eagle"), "needs draft='frozen_kv_mtp'"),
+    (dict(draft="eagle", simulate_accept_len=9.0), "must lie in"),
 ]
 
 

@@ -96,30 +96,30 @@ def _run(cfg, max_new=24):
 
 
 def test_bug_commit_twice_is_caught(monkeypatch):
-    orig = sched_mod.Scheduler._process_decode
+    orig = sched_mod.Scheduler._commit_decode
 
-    def twice(self, reqs, out):
-        orig(self, reqs, out)
-        for r, n in zip(reqs, out.accept_lens.tolist()):
+    def twice(self, reqs, toks, lens):
+        orig(self, reqs, toks, lens)
+        for r, n in zip(reqs, lens):
             if not r.finished:
                 r.kv.kv_committed_len += n           # seed 001: committed advanced twice
-    monkeypatch.setattr(sched_mod.Scheduler, "_process_decode", twice)
+    monkeypatch.setattr(sched_mod.Scheduler, "_commit_decode", twice)
     cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", debug_invariants=True)
     with pytest.raises((InvariantError, RowOverflowError)):
         _run(cfg)
 
 
 def test_bug_freeing_rejected_slots_is_caught(monkeypatch):
-    orig = sched_mod.Scheduler._process_decode
+    orig = sched_mod.Scheduler._commit_decode
 
-    def free_tail(self, reqs, out):
-        orig(self, reqs, out)
+    def free_tail(self, reqs, toks, lens):
+        orig(self, reqs, toks, lens)
         for r in self.running:                       # seed 000: free the rejected tail now
             P = r.kv.page_size
             keep = -(-r.kv.kv_committed_len // P)
             if len(r.kv.pages) > keep:
                 self.kv.allocator.free_pages_list(r.kv.pages[keep:])   # ... but keep owning it
-    monkeypatch.setattr(sched_mod.Scheduler, "_process_decode", free_tail)
+    monkeypatch.setattr(sched_mod.Scheduler, "_commit_decode", free_tail)
     cfg = RunConfig(model="random-tiny", draft="eagle", page_size=4, debug_invariants=True)
     with pytest.raises((InvariantError, AllocatorError)):
         _run(cfg)

@@ -35,6 +35,8 @@ class Req:
     kv: Optional[ReqKV] = None
     finished_reason: Optional[str] = None     # "stop" | "length" | "abort"
     num_retractions: int = 0
+    prefill_len: int = 0          # tokens fed by the last (re-)prefill: the host's length bound
+    predrafted: bool = False      # the next round's draft already ran (zb_draft_preexec)
 
     @property
     def finished(self) -> bool:

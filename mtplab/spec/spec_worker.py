@@ -2,16 +2,19 @@
 
 One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has no KV yet):
 
-    resolve   relay[rows] -> bonus [B], hidden [B,H] (+ eagle's step-0 top-k)
+    resolve   future map[rows] -> seq_lens [B], bonus [B], hidden [B,H] (+ eagle's top-k)
     draft     frozen: seed forward (draft.seed) + S-1 forwards (draft.step)
               eagle : S-1 forwards from the stashed top-k
     tree      organize the best D-1 candidates, root = bonus -> tokens/positions/mask [B,D,..]
     verify    target forward over B*D nodes, KV at entries seq_len + node
     accept    greedy walk / target-only sampling / simulated -> accept_lens, tokens [B,S+1]
     commit    topk>1: move the accepted path's KV to the front of the window
+    publish   future map seq_lens[rows] <- seq_lens + accept_lens (+ publish_ready event)
     next      frozen: seed = (bonus, verify hidden at the last accepted node), no forward
               eagle : draft extend over the S+1 window rows -> next step-0 top-k
-    stash     relay[rows] <- next inputs
+    stash     future map[rows] <- next inputs
+    (draft)   zb_draft_preexec: the next round's draft runs now and its candidates are
+              stashed; the next iteration starts at `tree`
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
 
 CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment, each replay
@@ -35,7 +38,7 @@ from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import counter_uniform
 from .compact import accept_moves, apply_kv_moves, window_slots
 from .draft_select import StepCandidates, num_candidates, organize
-from .relay import DraftInputs, RelayBuffers
+from .relay import DraftInputs
 from .target_worker import DecodeInputs, DecodeOut, PrefillInputs, TargetWorker
 from .tree import DraftTree, build_tree
 from .verify import simulate_accept, verify_greedy, verify_sample
@@ -48,6 +51,7 @@ class SpecParams:
     topk: int
     num_draft_tokens: int
     fold_seed: bool = False
+    draft_preexec: bool = False
     simulate_accept_len: Optional[float] = None
     simulate_accept_rates: Optional[Sequence[float]] = None
 
@@ -57,7 +61,7 @@ class SpecParams:
 
 
 class SpecWorker:
-    def __init__(self, target: TargetWorker, draft, relay: RelayBuffers, params: SpecParams,
+    def __init__(self, target: TargetWorker, draft, relay, params: SpecParams,
                  cuda_graphs: bool = False, graph_max_bs: int = 32):
         self.spans = target.spans
         self.target = target
@@ -124,6 +128,8 @@ class SpecWorker:
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
         bonus, hidden = self.target.prefill_with_hidden(x)
         ends = x.cu_q[1:] - 1
+        with self.spans.stage("publish"):
+            self.relay.publish(x.rows, x.q_lens)
         nxt = self.draft_worker.after_prefill(
             bonus, hidden[ends], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
             q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
@@ -131,8 +137,8 @@ class SpecWorker:
             self.relay.stash(x.rows, nxt)
         return bonus
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs):
-        p, s = self.p, x.sampling
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs, seq):
+        p, s = self.p, replace(x.sampling, counters=seq + 1)
         if p.simulate_accept_len is not None or p.simulate_accept_rates is not None:
             u = counter_uniform(s.seeds, s.counters, p.num_steps + 1)
             return simulate_accept(tree, logits.argmax(-1), u,
@@ -143,20 +149,30 @@ class SpecWorker:
         u = counter_uniform(s.seeds + 0x5BD1E995, s.counters, p.num_steps + 1)
         return verify_sample(tree, logits, s.temperature, s.top_p, u)
 
-    @torch.no_grad()
-    def decode(self, x: DecodeInputs) -> DecodeOut:
-        p, dw, sp = self.p, self.draft_worker, self.spans
-        B, D = x.rows.shape[0], p.num_draft_tokens
-        rows, seq = x.rows, x.seq_lens
-        with sp.stage("resolve"):
-            inp = self.relay.gather(rows)
+    def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
+        """The draft segment (frozen: seed + steps; eagle: steps) -> candidates [B, C] x3."""
+        p, dw = self.p, self.draft_worker
         args = dict(rows=rows, seq_lens=seq, bonus=inp.bonus, hidden=inp.hidden)
         if p.frozen and not p.fold_seed:
-            h0, lp, ix = dw.seed(inp.bonus, inp.hidden, rows, seq, x.max_kv)
+            h0, lp, ix = dw.seed(inp.bonus, inp.hidden, rows, seq, max_kv)
             args.update(hidden=h0, topk_logp=lp, topk_index=ix)
         elif not p.frozen:
             args.update(topk_logp=inp.topk_logp, topk_index=inp.topk_index)
-        scores, toks, parents = self._run("draft", self._draft_fn, args, x.max_kv)
+        return self._run("draft", self._draft_fn, args, max_kv)
+
+    @torch.no_grad()
+    def decode(self, x: DecodeInputs) -> DecodeOut:
+        p, sp = self.p, self.spans
+        B, D = x.rows.shape[0], p.num_draft_tokens
+        rows = x.rows
+        with sp.stage("resolve"):
+            seq = self.relay.resolve_seq_lens(rows)
+            inp = self.relay.gather(rows)
+            if x.predrafted:
+                cands = self.relay.gather_predraft(rows)
+        if not x.predrafted:
+            cands = self._draft(rows, seq, inp, x.max_kv)
+        scores, toks, parents = cands
         tree = DraftTree(*self._run("tree", self._tree_fn,
                                     dict(rows=rows, seq_lens=seq, bonus=inp.bonus, scores=scores,
                                          tokens=toks, parents=parents), x.max_kv),
@@ -166,23 +182,31 @@ class SpecWorker:
                                    dict(rows=rows, seq_lens=seq, tokens=tree.tokens,
                                         positions=tree.positions, mask=tree.mask), x.max_kv)
         with sp.stage("accept"):
-            acc = self._accept(tree, logits, x)
+            acc = self._accept(tree, logits, x, seq)
         with sp.stage("commit"):
             moves = accept_moves(window, acc)
             if p.topk > 1:
                 apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
             hidden_path = hidden.reshape(B * D, -1)[moves.row_index]           # [B, S+1, H]
+            new_seq = seq + acc.accept_lens
+        with sp.stage("publish"):
+            self.relay.publish(rows, new_seq)
         if p.frozen:     # the next seed is selected from the verify outputs: no forward
-            with sp.stage("stash"):
-                last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
-                self.relay.stash(rows, DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0]))
+            last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
+            nxt = DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0])
         else:
             h, lp, ix = self._run("draft_extend", self._extend_fn,
                                   dict(rows=rows, seq_lens=seq, tokens=acc.tokens,
                                        hidden_path=hidden_path, accept_lens=acc.accept_lens),
                                   x.max_kv)
+            nxt = DraftInputs(acc.bonus, h, lp, ix)
+        with sp.stage("stash"):
+            self.relay.stash(rows, nxt)
+        if p.draft_preexec:     # the next round's draft, before the host sees this result
+            bound = min(self.table.shape[1], x.max_kv + p.num_steps + 1)
+            cands = self._draft(rows, new_seq, nxt, bound)
             with sp.stage("stash"):
-                self.relay.stash(rows, DraftInputs(acc.bonus, h, lp, ix))
+                self.relay.stash_predraft(rows, *cands)
         return DecodeOut(acc.tokens, acc.accept_lens)
 
     # -- CUDA graphs -------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 graph replay) and token sampling. The speculative worker adds a draft worker beside it.
 
 All decode inputs are device tensors and everything else is derived on the device:
+    seq_lens, input token  <- the future map (resolve; published/stashed by the last forward)
     positions = kv_lens - 1 ; out_loc = req_to_token[rows, positions]
 so the captured decode graph needs no host-side lengths (only the static bound W).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -17,6 +19,7 @@ from ..kernels.sampling import sample
 from ..mem.kv_cache import KVCache
 from ..models.llama import AttnFn, LlamaForCausalLM
 from ..profiling.spans import NO_SPANS, Spans
+from .relay import DraftInputs
 
 
 @dataclass
@@ -25,18 +28,19 @@ class SamplingTensors:
     temperature: torch.Tensor
     top_p: torch.Tensor
     seeds: torch.Tensor
-    counters: torch.Tensor      # index of the token being sampled (= tokens before it)
+    counters: Optional[torch.Tensor] = None   # index of the token being sampled (= tokens
+                                              # before it); decode derives it from seq_lens
 
 
 @dataclass
 class DecodeInputs:
-    """One decode iteration over B running requests (device tensors unless noted)."""
-    rows: torch.Tensor          # [B] req_to_token rows
-    seq_lens: torch.Tensor      # [B] kv_committed_len (the last output token has no KV yet)
-    input_ids: torch.Tensor     # [B] last output token (target-only; spec reads the relay)
-    sampling: SamplingTensors
-    max_kv: int                 # host bound: max(seq_lens) + tokens this step (eager attention)
+    """One decode iteration over B running requests. seq_lens and the input token are not
+    here: the worker resolves them from the future map on the device."""
+    rows: torch.Tensor          # [B] req_to_token rows (device)
+    sampling: SamplingTensors   # counters None: derived from the resolved seq_lens
+    max_kv: int                 # host bound on seq_len + tokens this step (eager attention)
     all_greedy: bool            # host flag: every lane has temperature 0
+    predrafted: bool = False    # host flag: every row's draft was pre-executed last round
 
 
 @dataclass
@@ -59,8 +63,10 @@ class PrefillInputs:
 
 class TargetWorker:
     def __init__(self, model: LlamaForCausalLM, kv: KVCache, table: torch.Tensor,
-                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, spans: Spans = NO_SPANS):
+                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, relay,
+                 spans: Spans = NO_SPANS):
         self.spans = spans
+        self.relay = relay            # the future map: publish / resolve / stash / gather
         self.model = model
         self.kv = kv
         self.table = table
@@ -73,8 +79,14 @@ class TargetWorker:
 
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
-        """Forward every fed token, sample the next token of each request -> [B] int64."""
-        return self.prefill_with_hidden(x)[0]
+        """Forward every fed token, sample the next token of each request -> [B] int64;
+        publish the new lengths and stash the token as the next input."""
+        tok = self.prefill_with_hidden(x)[0]
+        with self.spans.stage("publish"):
+            self.relay.publish(x.rows, x.q_lens)
+        with self.spans.stage("stash"):
+            self.relay.stash(x.rows, DraftInputs(tok))
+        return tok
 
     @torch.no_grad()
     def prefill_with_hidden(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,14 +122,21 @@ class TargetWorker:
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
         """One token per lane: the fed token's KV is written at entry seq_len."""
+        with self.spans.stage("resolve"):
+            seq = self.relay.resolve_seq_lens(x.rows)
+            inp = self.relay.gather(x.rows)
         s = x.sampling
-        args = dict(input_ids=x.input_ids, rows=x.rows, kv_lens=x.seq_lens + 1,
-                    temperature=s.temperature, top_p=s.top_p, seeds=s.seeds, counters=s.counters)
+        args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=seq + 1,
+                    temperature=s.temperature, top_p=s.top_p, seeds=s.seeds, counters=seq + 1)
         with self.spans.stage("verify"):          # the target forward of a one-node tree
             if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
                 tok = self.decode_graph.run(args)
             else:
                 tok = self._decode_fn(x.max_kv)(**args)
+        with self.spans.stage("publish"):
+            self.relay.publish(x.rows, seq + 1)
+        with self.spans.stage("stash"):
+            self.relay.stash(x.rows, DraftInputs(tok))
         return DecodeOut(tok[:, None], torch.ones_like(tok))
 
     @torch.no_grad()

@@ -1,0 +1,98 @@
+"""Future map: next-iteration inputs passed on the device, one row per req_to_token row, so
+the host never waits for iteration k before launching k+1 (SGLang's FutureMap, keyed by row).
+
+    seq_lens   [R+1]     kv_committed_len after the last forward      (publish)
+    bonus      [R+1]     next input token (the verify bonus / sampled token)   (stash)
+    hidden     [R+1, H]  frozen: seed hidden; eagle: draft hidden            (stash)
+    topk_logp/topk_index [R+1, K]   eagle step-0 candidates                  (stash)
+    pre_*      [R+1, C]  draft candidates pre-executed for the next round (zb_draft_preexec)
+Row 0 mirrors the padding row of graph-padded lanes.
+
+    publish(rows, new_seq_lens)  forward stream, between verify/commit and seed/draft extend;
+                                 records `publish_ready`
+    resolve_seq_lens(rows)       the current stream waits on `publish_ready` (an event wait,
+                                 no host block), then gathers
+    stash(rows, x) / gather(rows)  next draft inputs (stream order suffices)
+Filtering or merging batches moves only row indices; no data moves. A row freed at k and
+reused by a new request while k's overshoot step is in flight is safe: the new owner's
+publish/stash come later in forward-stream order and win.
+
+Debug mode (`poison=True`): buffers start at -1 and every resolve/gather checks that it reads
+a fresh publish (>= 0) and writes -1 back (consume-once); a stale read raises.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..spec.relay import DraftInputs
+
+
+class FutureMapError(RuntimeError):
+    pass
+
+
+class FutureMap:
+    def __init__(self, num_rows: int, hidden_size: int, topk: int, dtype: torch.dtype,
+                 device, *, with_topk: bool, num_candidates: int = 0, poison: bool = False):
+        R = num_rows + 1
+        dev = device.torch_device
+        fill = -1 if poison else 0
+        self.poison = poison
+        self.seq_lens = torch.full((R,), fill, dtype=torch.long, device=dev)
+        self.bonus = torch.full((R,), fill, dtype=torch.long, device=dev)
+        self.hidden = torch.zeros(R, hidden_size, dtype=dtype, device=dev)
+        self.topk_logp = torch.zeros(R, topk, device=dev) if with_topk else None
+        self.topk_index = torch.zeros(R, topk, dtype=torch.long, device=dev) if with_topk else None
+        C = num_candidates
+        self.pre_scores = torch.zeros(R, C, device=dev)
+        self.pre_tokens = torch.zeros(R, C, dtype=torch.long, device=dev)
+        self.pre_parents = torch.zeros(R, C, dtype=torch.long, device=dev)
+        self.publish_ready = device.new_event()
+
+    # -- lengths ---------------------------------------------------------------------------
+    def publish(self, rows: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        self.seq_lens[rows] = new_seq_lens.long()
+        self.publish_ready.record()
+
+    def resolve_seq_lens(self, rows: torch.Tensor, stream=None) -> torch.Tensor:
+        if stream is not None:
+            stream.wait_event(self.publish_ready)
+        s = self.seq_lens[rows]
+        if self.poison:
+            self._consume(self.seq_lens, rows, s, "seq_lens")
+        return s
+
+    # -- draft inputs -----------------------------------------------------------------------
+    def stash(self, rows: torch.Tensor, x: DraftInputs) -> None:
+        self.bonus[rows] = x.bonus.long()
+        if x.hidden is not None and self.hidden.shape[1]:
+            self.hidden[rows] = x.hidden.to(self.hidden.dtype)
+        if self.topk_logp is not None and x.topk_logp is not None:
+            self.topk_logp[rows] = x.topk_logp.float()
+            self.topk_index[rows] = x.topk_index.long()
+
+    def gather(self, rows: torch.Tensor) -> DraftInputs:
+        bonus = self.bonus[rows]
+        if self.poison:
+            self._consume(self.bonus, rows, bonus, "bonus")
+        if self.topk_logp is None:
+            return DraftInputs(bonus, self.hidden[rows])
+        return DraftInputs(bonus, self.hidden[rows], self.topk_logp[rows], self.topk_index[rows])
+
+    def stash_predraft(self, rows, scores, tokens, parents) -> None:
+        self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows] = scores, tokens, parents
+
+    def gather_predraft(self, rows):
+        return self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows]
+
+    def _consume(self, buf: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor,
+                 name: str) -> None:
+        """Debug: every value read must come from a fresh publish/stash; then poison it."""
+        real = rows > 0                       # row 0: graph padding, never published
+        if bool(((vals < 0) & real).any()):   # a host sync: debug mode only
+            stale = rows[(vals < 0) & real].tolist()
+            raise FutureMapError(f"resolve of {name} for rows {stale} without a fresh publish "
+                                 "(consume-once violated).")
+        buf[rows[real]] = -1

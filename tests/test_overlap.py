@@ -1,0 +1,186 @@
+"""Overlap scheduler: identical tokens with overlap off / on / on + zero_bubble, a randomized
+request stream with arrivals, EOS and limits inside accepted runs, aborts and KV pressure,
+the future map's consume-once debug mode, and forward isolation."""
+import random
+
+import pytest
+import torch
+
+from mtplab import Engine, RunConfig
+from mtplab.device import resolve_device
+from mtplab.sched.future_map import FutureMap, FutureMapError
+from mtplab.sched.request import SamplingParams
+from mtplab.spec.relay import DraftInputs
+from tests.helpers import assert_live_identity, make_agreeable, random_prompts
+
+PROMPTS = random_prompts(6, [1, 7, 30, 90], 320, seed=21)
+MAX_NEW = [19, 6, 25, 11, 2, 14]
+
+LOOPS = {"off": dict(overlap=False), "on": dict(overlap=True),
+         "on+zb": dict(overlap=True, zero_bubble=True)}
+
+
+def run(cfg_kw, loop, arrivals=None, stop_ids=frozenset()):
+    eng = Engine(RunConfig(model="random-tiny", max_running_requests=3, debug_invariants=True,
+                           debug_future_map=True, **cfg_kw, **LOOPS[loop]))
+    make_agreeable(eng)
+    reqs = [eng._make_request(p, m, SamplingParams(), stop_ids) for p, m in zip(PROMPTS, MAX_NEW)]
+    sched = eng.scheduler
+    for r in reqs[:3]:
+        sched.add(r)
+    step = 0
+    while not sched.idle or step < 4:
+        if step == 3:                 # arrivals while others decode
+            for r in reqs[3:]:
+                sched.add(r)
+        sched.step()
+        eng.check_invariants()
+        step += 1
+    eng.check_invariants()
+    assert eng.allocator.free_pages == eng.allocator.total_pages
+    return [r.output_ids for r in reqs], sched.stats
+
+
+SPEC_GRID = [dict(draft="none", page_size=1), dict(draft="none", page_size=16)] + [
+    dict(draft=d, page_size=P, topk=K, num_steps=3, num_draft_tokens=4 if K == 1 else 8,
+         fold_seed=f)
+    for d in ("frozen_kv_mtp", "eagle") for P in (1, 16) for K in (1, 4)
+    for f in ((False, True) if d == "frozen_kv_mtp" else (False,))]
+
+
+@pytest.mark.parametrize("cfg", SPEC_GRID, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_identical_tokens_overlap_off_on_zero_bubble(cfg):
+    outs = {loop: run(cfg, loop)[0] for loop in LOOPS}
+    assert outs["on"] == outs["off"]
+    assert outs["on+zb"] == outs["off"]
+
+
+def test_zero_bubble_predrafts_the_next_round():
+    _, st = run(dict(draft="frozen_kv_mtp", num_steps=3), "on+zb")
+    _, st_on = run(dict(draft="frozen_kv_mtp", num_steps=3), "on")
+    assert st.predrafted_steps > 0 and st_on.predrafted_steps == 0
+
+
+@pytest.mark.parametrize("draft", ["none", "eagle"])
+def test_length_finish_is_not_scheduled_again(draft):
+    """max_new_tokens known to be reached by the step in flight: no overshoot step."""
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, overlap=True,
+                           simulate_accept_len=1.0 if draft != "none" else None))
+    out = eng.generate([[5, 6, 7]], max_new_tokens=4, ignore_eos=True)
+    st = eng.scheduler.stats
+    assert len(out[0]) == 4 and st.decode_steps == 3 and st.overshoot_rows == 0
+    eng.check_invariants()
+
+
+def random_stream(loop: str, seed: int, draft: str, sim):
+    """Hundreds of requests, seeded: arrivals during decode, varied lengths, EOS inside
+    accepted runs, length limits inside accepted runs, aborts, KV pressure."""
+    rng = random.Random(seed)
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, num_steps=3, page_size=4,
+                           simulate_accept_len=sim, context_len=160, max_running_requests=8,
+                           max_total_tokens=3 * 168, debug_invariants=True,
+                           debug_future_map=True, **LOOPS[loop]))
+    make_agreeable(eng)
+    sched = eng.scheduler
+    reqs = []
+    for i in range(200):
+        plen = rng.choice([1, 3, 12, 40, 60])
+        prompt = [rng.randrange(3, 320) for _ in range(plen)]
+        stop = frozenset({rng.randrange(3, 320) for _ in range(12)})     # EOS-like stops
+        reqs.append(eng._make_request(prompt, rng.choice([1, 2, 5, 17, 40, 90]), SamplingParams(),
+                                      stop))
+    arrivals = {i: rng.randrange(0, 150) for i in range(len(reqs))}
+    aborts = {reqs[i].rid: arrivals[i] + 2 for i in rng.sample(range(len(reqs)), 10)}
+    step = 0
+    while step < 2000:
+        for i, t in arrivals.items():
+            if t == step:
+                sched.add(reqs[i])
+        for rid, t in aborts.items():
+            if t == step:
+                sched.abort(rid)
+        if sched.idle and step > max(arrivals.values()):
+            break
+        sched.step()
+        assert_live_identity_lagging(eng)
+        step += 1
+    eng.check_invariants()
+    assert eng.allocator.free_pages == eng.allocator.total_pages
+    assert all(r.finished for r in reqs), "a request was lost"
+    return reqs, sched.stats
+
+
+def assert_live_identity_lagging(eng):
+    inflight = set(map(id, eng.scheduler.pending.reqs)) if eng.scheduler.pending else set()
+    for r in eng.scheduler.running:
+        if id(r) not in inflight:
+            assert len(r.prompt_ids) + len(r.output_ids) == r.kv.kv_committed_len + 1
+
+
+@pytest.mark.parametrize("draft,sim", [("none", None), ("frozen_kv_mtp", None),
+                                       ("eagle", None), ("frozen_kv_mtp", 1.0),
+                                       ("eagle", 4.0)])
+def test_random_request_stream_equals_synchronous_loop(draft, sim):
+    sync_reqs, sst = random_stream("off", 7, draft, sim)
+    ovl_reqs, ost = random_stream("on+zb", 7, draft, sim)
+    assert sst.retractions > 0 or ost.retractions > 0, "no KV pressure exercised"
+    assert sst.overshoot_rows == 0 and ost.overshoot_rows > 0, "no overshoot step exercised"
+    for a, b in zip(sync_reqs, ovl_reqs):
+        if sim is not None and (a.num_retractions or b.num_retractions):
+            # Simulated acceptance commits draft tokens (as SGLang's does); a re-prefill after
+            # a retraction feeds target tokens instead, so the two histories legitimately
+            # diverge when only one loop retracted the request. Greedy verify has no such
+            # freedom: there every request must match.
+            continue
+        if a.finished_reason == "abort" or b.finished_reason == "abort":
+            n = min(len(a.output_ids), len(b.output_ids))
+            assert a.output_ids[:n] == b.output_ids[:n]
+        else:
+            assert a.output_ids == b.output_ids and a.finished_reason == b.finished_reason
+    reasons = {r.finished_reason for r in ovl_reqs}
+    assert {"stop", "length", "abort"} <= reasons
+
+
+def test_future_map_poison_catches_a_stale_resolve():
+    fm = FutureMap(4, 8, 2, torch.float32, resolve_device("cpu"), with_topk=False, poison=True)
+    rows = torch.tensor([1, 3])
+    with pytest.raises(FutureMapError, match="without a fresh publish"):
+        fm.resolve_seq_lens(rows)
+    fm.publish(rows, torch.tensor([5, 9]))
+    assert fm.resolve_seq_lens(rows).tolist() == [5, 9]
+    with pytest.raises(FutureMapError, match="consume-once"):
+        fm.resolve_seq_lens(rows)                  # read twice without a new publish
+    fm.stash(rows, DraftInputs(torch.tensor([7, 8]), torch.ones(2, 8)))
+    assert fm.gather(rows).bonus.tolist() == [7, 8]
+    # row 0 (graph padding) is never poisoned
+    assert fm.resolve_seq_lens(torch.tensor([0])).tolist() == [-1]
+
+
+def test_future_map_filter_and_merge_move_only_indices():
+    fm = FutureMap(6, 4, 2, torch.float32, resolve_device("cpu"), with_topk=True)
+    ptrs = [t.data_ptr() for t in (fm.seq_lens, fm.bonus, fm.hidden)]
+    fm.publish(torch.tensor([1, 2, 3, 4]), torch.tensor([10, 20, 30, 40]))
+    fm.stash(torch.tensor([1, 2, 3, 4]), DraftInputs(torch.tensor([1, 2, 3, 4]),
+                                                     torch.arange(16.).view(4, 4),
+                                                     torch.zeros(4, 2), torch.zeros(4, 2)))
+    merged = torch.tensor([4, 1])                  # a filtered + reordered batch: indices only
+    assert fm.resolve_seq_lens(merged).tolist() == [40, 10]
+    assert fm.gather(merged).hidden[0].tolist() == [12., 13., 14., 15.]
+    assert ptrs == [t.data_ptr() for t in (fm.seq_lens, fm.bonus, fm.hidden)]
+
+
+def test_forward_isolation_inputs_unchanged_by_the_worker():
+    eng = Engine(RunConfig(model="random-tiny", draft="eagle", topk=2, num_draft_tokens=5))
+    eng.generate([[5, 6, 7]], max_new_tokens=2, ignore_eos=True)
+    sched = eng.scheduler
+    r = eng._make_request([5, 6, 7, 8], 6, SamplingParams(), frozenset())
+    sched.add(r)
+    sched.step()                                   # prefill
+    x = sched._decode_inputs([r])
+    snap = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(x).items()}
+    eng.worker.decode(x)
+    for k, v in vars(x).items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, snap[k]), k
+        elif k != "sampling":
+            assert v == snap[k], k

@@ -50,7 +50,9 @@ def cmd_run(args) -> int:
     import random
 
     from .engine import Engine
+    from .models.memory import estimate_memory
     cfg = _config_from_args(args)
+    print(estimate_memory(cfg).describe())          # before anything is allocated
     eng = Engine(cfg)
     rng = random.Random(cfg.seed)
     V = eng.model.config.vocab_size
@@ -118,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
     d.add_argument("--device", default="auto")
-    d.add_argument("--model", default="random-tiny")
+    d.add_argument("--model", default="tiny-code")
     d.add_argument("--draft", default="frozen_kv_mtp")
     d.add_argument("--trace-dir", default="traces")
     d.add_argument("--max-new-tokens", type=int, default=48)

@@ -28,6 +28,7 @@ class ConfigError(ValueError):
 class RunConfig:
     # model and draft
     model: str = "random-tiny"
+    layers: Optional[int] = None             # depth of a shape preset (-> "<preset>@<layers>")
     draft: str = "none"                      # none | frozen_kv_mtp | eagle
     num_steps: int = 3                       # S: draft steps per iteration
     topk: int = 1                            # K: branches per draft step
@@ -123,7 +124,7 @@ class RunConfig:
 
     def _resolve(self):
         from .device import resolve_device
-        from .models.zoo import model_config
+        from .models.zoo import model_config, with_layers
 
         try:
             dev = resolve_device(self.device)
@@ -147,6 +148,8 @@ class RunConfig:
             self.num_draft_tokens = (self.num_steps + 1 if self.topk == 1
                                      else self.num_steps * self.topk + 1)
         try:
+            if self.layers is not None:
+                self.model = with_layers(self.model, self.layers)
             mcfg = model_config(self.model)
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None

@@ -7,6 +7,7 @@ RunConfig and serves `generate` calls.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -22,6 +23,7 @@ from .mem.invariants import check_kv_invariants
 from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
+from .models.memory import check_memory
 from .models.weights import save_model
 from .profiling.atomic import atomic_path, atomic_write_text
 from .profiling.session import ProfilerSession
@@ -38,6 +40,7 @@ from .spec.spec_worker import SpecParams, SpecWorker
 from .spec.target_worker import TargetWorker
 
 Prompt = Union[str, Sequence[int]]
+logger = logging.getLogger("mtplab")
 
 
 def attention_fn(backend: str):
@@ -51,6 +54,7 @@ class Engine:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
         model, self.tokenizer = build_target(cfg.model, cfg.seed)
         self.model = model.to(dev, cfg.torch_dtype)

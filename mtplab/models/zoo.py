@@ -4,15 +4,33 @@ init) or loaded from a local Hugging Face Llama-format directory.
     random-tiny      4-layer, hidden 128, GQA 4:2, vocab 320, full attention (loads in HF)
     random-tiny-swa  same width, layers sliding/sliding/full/sliding with window 16
     random-medium    8-layer, hidden 1024, GQA 16:4, vocab 32000 (timing at a larger width)
+
+Shape presets (seeded random init, for timing with simulated acceptance; depth selectable as
+`<preset>@<layers>`, see `with_layers`; every layer uses one head_dim and one KV-head count):
+    gemma4-26b-a4b-like  hidden 2816, 16 q / 8 kv heads, head_dim 256, window 1024, 5:1
+                         sliding:full, dense SwiGLU FFN 7744 = the active MoE width (shared 2112
+                         + top-8 x 704), vocab 262144 tied; default 6 of 30 layers
+    gemma4-31b-like      hidden 5376, 32 q / 16 kv heads, head_dim 256, window 1024, 5:1
+                         sliding:full, FFN 21504, vocab 262144 tied; default 6 of 60 layers
+    llama3-8b-like       hidden 4096, 32 q / 8 kv heads, head_dim 128, FFN 14336, full vocab
+                         128256, rope theta 5e5; default 4 of 32 layers
+    (Gemma's full-attention layers really use head_dim 512 and fewer KV heads, GeGLU, QK-norm
+    and extra norms; these stacks keep only the shapes that drive time and memory.)
+
+Trained preset (weights shipped in the package, mtplab/zoo/<name>/):
+    tiny-code            byte-level 6-layer hidden-256 Llama trained on the CPython stdlib, with
+                         its trained Frozen-KV assistant and EAGLE draft (see its manifest.json)
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors.torch import load_file
 
 from .drafts import AssistantConfig, EagleDraft, FrozenKVAssistant, last_layer_of_type
 from .llama import LlamaForCausalLM
@@ -35,6 +53,83 @@ class Preset:
     description: str
 
 
+def _gemma_types(n: int) -> list:
+    """Gemma's 5:1 pattern (every 6th layer full); the last layer is always full attention."""
+    return [FULL if i % 6 == 5 or i == n - 1 else SLIDING for i in range(n)]
+
+
+@dataclass(frozen=True)
+class ShapePreset:
+    """A realistic stack at a chosen depth (random init). `full_layers` is the real depth."""
+    name: str
+    shape: dict
+    default_layers: int
+    full_layers: int
+    gemma_pattern: bool
+    description: str
+
+    def config(self, layers: int | None = None) -> LlamaConfig:
+        n = layers or self.default_layers
+        if not 1 <= n <= self.full_layers:
+            raise ValueError(f"{self.name} has 1..{self.full_layers} layers; got {n}.")
+        extra = dict(layer_types=_gemma_types(n), sliding_window=1024) \
+            if self.gemma_pattern else {}
+        return LlamaConfig(num_hidden_layers=n, **self.shape, **extra)
+
+
+SHAPES: dict[str, ShapePreset] = {s.name: s for s in (
+    ShapePreset("gemma4-26b-a4b-like",
+                dict(vocab_size=262144, hidden_size=2816, intermediate_size=7744,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+                     max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),
+                6, 30, True, "Gemma-4 26B-A4B shapes, MoE FFN replaced by its active width"),
+    ShapePreset("gemma4-31b-like",
+                dict(vocab_size=262144, hidden_size=5376, intermediate_size=21504,
+                     num_attention_heads=32, num_key_value_heads=16, head_dim=256,
+                     max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),
+                6, 60, True, "Gemma-4 31B dense shapes"),
+    ShapePreset("llama3-8b-like",
+                dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=8192, rope_theta=500000.0),
+                4, 32, False, "Llama-3 8B shapes"),
+)}
+
+# Trained presets: name -> directory with target/, assistant/, eagle/ (train.py's output).
+ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+TRAINED = {"tiny-code": ZOO_DIR / "tiny-code"}
+
+
+def with_layers(name: str, layers: int) -> str:
+    """The model name of shape preset `name` at depth `layers` ("llama3-8b-like@8")."""
+    base = name.split("@")[0]
+    if base not in SHAPES:
+        raise ValueError(f"layers can be chosen for the shape presets {sorted(SHAPES)} only; "
+                         f"{name!r} has a fixed depth.")
+    SHAPES[base].config(layers)                       # validates the depth
+    return f"{base}@{layers}"
+
+
+def _shape_of(name: str) -> tuple[ShapePreset, int | None] | None:
+    base, _, depth = name.partition("@")
+    if base not in SHAPES:
+        return None
+    if depth and not depth.isdigit():
+        raise ValueError(f"model {name!r}: the depth after '@' must be a layer count, "
+                         f"e.g. {base}@8.")
+    return SHAPES[base], int(depth) if depth else None
+
+
+def _trained_dir(name: str) -> Path | None:
+    d = TRAINED.get(name)
+    if d is None:
+        return None
+    if not (d / "target" / "config.json").is_file():
+        raise ValueError(f"model {name!r}: its shipped weights are missing from {d} "
+                         f"(train them with python -m mtplab.models.train --out {d}).")
+    return d
+
+
 PRESETS: dict[str, Preset] = {
     "random-tiny": Preset("random-tiny", _tiny, "4 layers, hidden 128, full attention"),
     "random-tiny-swa": Preset(
@@ -55,13 +150,19 @@ def is_model_dir(name: str) -> bool:
 
 
 def known_models() -> list[str]:
-    return sorted(PRESETS)
+    return sorted([*PRESETS, *SHAPES, *TRAINED])
 
 
 def model_config(name: str) -> LlamaConfig:
     """Config of a preset or of a local HF directory; one clear error for anything else."""
     if name in PRESETS:
         return PRESETS[name].make_config()
+    shape = _shape_of(name)
+    if shape is not None:
+        return shape[0].config(shape[1])
+    trained = _trained_dir(name)
+    if trained is not None:
+        return LlamaConfig.load(trained / "target")
     if is_model_dir(name):
         return LlamaConfig.load(name)
     raise ValueError(f"unknown model {name!r}: use one of {known_models()} or a directory "
@@ -86,12 +187,15 @@ def init_random(model: torch.nn.Module, seed: int) -> None:
 def build_target(name: str, seed: int = 0) -> tuple[LlamaForCausalLM, ByteTokenizer]:
     """The target model (CPU, float32) and its tokenizer."""
     cfg = model_config(name)
-    if name in PRESETS:
+    if name in PRESETS or _shape_of(name) is not None:
         model = LlamaForCausalLM(cfg)
         init_random(model, seed)
     else:
         from .weights import load_model
-        model = load_model(name)
+        trained = _trained_dir(name)
+        model = load_model(trained / "target" if trained is not None else name)
+        # build_drafts finds the shipped drafts through this mark (kept by .to()).
+        model.trained_dir = trained
     return model.eval(), ByteTokenizer(vocab_size=cfg.vocab_size)
 
 
@@ -105,9 +209,22 @@ def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
 
 
 def build_drafts(target: LlamaForCausalLM, seed: int = 0):
-    """(Frozen-KV assistant, EAGLE draft) for any target, random init from the config seed."""
-    assistant = FrozenKVAssistant(assistant_config(target.config), target)
-    init_random(assistant, seed + 1)
+    """(Frozen-KV assistant, EAGLE draft) for any target, CPU float32: the shipped trained
+    weights when the target was built from a trained preset (its `trained_dir` mark), else
+    random init from the config seed."""
+    trained = getattr(target, "trained_dir", None)
+    if trained is None:
+        assistant = FrozenKVAssistant(assistant_config(target.config), target)
+        init_random(assistant, seed + 1)
+        eagle = EagleDraft(target)
+        init_random(eagle, seed + 2)
+        return assistant.eval(), eagle.eval()
+    acfg = json.loads((trained / "assistant" / "config.json").read_text())
+    assistant = FrozenKVAssistant(AssistantConfig(
+        **{k: acfg[k] for k in ("hidden_size", "intermediate_size", "num_layers", "kv_layers")}),
+        target)
     eagle = EagleDraft(target)
-    init_random(eagle, seed + 2)
+    for module, sub in ((assistant, "assistant"), (eagle, "eagle")):
+        sd = load_file(str(trained / sub / "model.safetensors"))
+        module.load_state_dict({k: v.float() for k, v in sd.items()})
     return assistant.eval(), eagle.eval()

@@ -1,0 +1,132 @@
+"""Memory estimate of an engine before anything is allocated, and one clear refusal.
+
+    weights   target (+ the chosen draft) parameters x bytes of the run dtype
+    kv        target pool L x slots x Hkv x d x 2 (K and V) x dtype bytes, slots =
+              (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for EAGLE)
+    workspace max(256 MiB, 10% of weights + kv): activations, logits, graphs, allocator slack
+    host      the builder makes every model in float32 on the host first, then moves it
+On CUDA the device must hold weights + kv + workspace and the host the float32 build; on the
+CPU the host holds both (the float32 build is the model itself when dtype is float32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..config import ConfigError
+from .llama_config import LlamaConfig
+
+GiB = 1 << 30
+WORKSPACE_MIN = 256 << 20
+
+
+class InsufficientMemoryError(ConfigError):
+    """The estimate does not fit the free memory; the message names the sizes and the fix."""
+
+
+def target_params(c: LlamaConfig) -> int:
+    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layer = H * q * 2 + H * kv * 2 + 3 * H * c.intermediate_size + 2 * H
+    embed = c.vocab_size * H * (1 if c.tie_word_embeddings else 2)
+    return embed + c.num_hidden_layers * layer + H
+
+
+def draft_params(c: LlamaConfig, draft: str) -> int:
+    """Parameters a draft owns (the embedding and LM head are the target's)."""
+    from .zoo import assistant_config
+    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    if draft == "frozen_kv_mtp":
+        a = assistant_config(c)
+        Ha = a.hidden_size
+        layer = Ha * q * 2 + 3 * Ha * a.intermediate_size + 2 * Ha
+        return 2 * H * Ha + a.num_layers * layer + Ha * H + H
+    if draft == "eagle":
+        return 2 * H * H + H * q * 2 + H * kv * 2 + 3 * H * c.intermediate_size + 3 * H
+    return 0
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    model: str
+    device: str
+    weights_bytes: int
+    kv_bytes: int
+    kv_slots: int
+    workspace_bytes: int
+    host_build_bytes: int
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+    def describe(self) -> str:
+        return (f"memory estimate for {self.model} on {self.device}: "
+                f"{self.device_bytes / GiB:.2f} GiB = weights {self.weights_bytes / GiB:.2f} "
+                f"+ KV {self.kv_bytes / GiB:.2f} ({self.kv_slots} slots) + workspace "
+                f"{self.workspace_bytes / GiB:.2f}; host build (float32) "
+                f"{self.host_build_bytes / GiB:.2f} GiB")
+
+
+def estimate_memory(cfg) -> MemoryEstimate:
+    """`cfg` is a resolved RunConfig (model, draft, dtype, device, page_size, max_total_tokens)."""
+    from .zoo import model_config
+    mc = model_config(cfg.model)
+    nbytes = torch.empty(0, dtype=getattr(torch, cfg.dtype)).element_size()
+    params = target_params(mc) + draft_params(mc, cfg.draft)
+    P = cfg.page_size
+    slots = (cfg.max_total_tokens // P + 1) * P
+    layers = mc.num_hidden_layers + (1 if cfg.draft == "eagle" else 0)
+    kv = layers * slots * mc.num_key_value_heads * mc.head_dim * 2 * nbytes
+    weights = params * nbytes
+    return MemoryEstimate(cfg.model, cfg.device, weights, kv,
+                          slots, max(WORKSPACE_MIN, (weights + kv) // 10), params * 4)
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical total."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_free_bytes(device: str) -> int:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    return host_available_bytes()
+
+
+def check_memory(cfg, free_bytes: Optional[int] = None, host_free_bytes: Optional[int] = None,
+                 log: Callable[[str], None] = print) -> MemoryEstimate:
+    """Print the estimate; raise InsufficientMemoryError when it cannot fit. Free sizes default
+    to what the device and host report now."""
+    est = estimate_memory(cfg)
+    log(est.describe())
+    on_cuda = torch.device(cfg.device).type == "cuda"
+    free = device_free_bytes(cfg.device) if free_bytes is None else free_bytes
+    need = est.device_bytes
+    if not on_cuda and cfg.dtype != "float32":
+        need += est.host_build_bytes
+    fix = ("lower max_total_tokens / max_running_requests / context_len, or choose fewer layers "
+           "(--layers N)")
+    if need > free:
+        raise InsufficientMemoryError(
+            f"{cfg.model} (draft {cfg.draft}) needs about {need / GiB:.2f} GiB on {cfg.device} "
+            f"(weights {est.weights_bytes / GiB:.2f} + KV {est.kv_bytes / GiB:.2f} + workspace "
+            f"{est.workspace_bytes / GiB:.2f}) but only {free / GiB:.2f} GiB is free; {fix}.")
+    if on_cuda:
+        host = host_available_bytes() if host_free_bytes is None else host_free_bytes
+        if est.host_build_bytes > host:
+            raise InsufficientMemoryError(
+                f"{cfg.model} is built in float32 on the host first and needs about "
+                f"{est.host_build_bytes / GiB:.2f} GiB of host memory, but only "
+                f"{host / GiB:.2f} GiB is available; {fix}.")
+    return est

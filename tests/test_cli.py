@@ -16,10 +16,15 @@ def test_run_prints_results_table():
     assert "page_size=16" in r.stdout
 
 
-def test_demo_runs_on_cpu():
-    r = run("demo", "--device", "cpu", "--max-new-tokens", "8")
+def test_demo_runs_on_cpu_and_writes_the_run_folder(tmp_path):
+    r = run("demo", "--device", "cpu", "--max-new-tokens", "8", "--trace-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "mtplab demo on cpu" in r.stdout
+    assert "mtplab demo on cpu" in r.stdout and "model tiny-code" in r.stdout
+    (run_dir,) = tmp_path.iterdir()
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"manifest.json", "steps.parquet", "gaps.parquet", "timeline.png",
+            "timeline.parquet"} <= names
+    assert any(n.endswith(".pt.trace.json.gz") for n in names)
 
 
 def test_bad_flag_value_is_one_clear_error():

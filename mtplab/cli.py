@@ -1,4 +1,4 @@
-"""mtplab command line: run | demo | analyze | plot.
+"""mtplab command line: run | demo | bench | analyze | plot | sweep.
 
 `analyze` and `plot` never import torch (they work on any Kineto trace, fast start-up);
 `run` exposes every RunConfig field as a --flag (fields are the knobs of DESIGN.md).
@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--draft", default="frozen_kv_mtp")
     d.add_argument("--trace-dir", default="traces")
     d.add_argument("--max-new-tokens", type=int, default=48)
+    sub.add_parser("bench", help="the standard arms side by side (ratio table)", add_help=False)
     sub.add_parser("analyze", help="bubble analysis of a Kineto trace", add_help=False)
     sub.add_parser("plot", help="bubble timeline plot of a Kineto trace", add_help=False)
     return p
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # analyze/plot: dispatch before building the config flags (which import torch).
+    if argv and argv[0] == "bench":
+        from .bench import main_bench
+        return main_bench(argv[1:])
     if argv and argv[0] in ("analyze", "plot"):
         from .profiling import analyze_cli
         fn = analyze_cli.main_analyze if argv[0] == "analyze" else analyze_cli.main_plot

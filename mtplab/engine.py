@@ -210,6 +210,11 @@ class Engine:
         steps = sorted(s.step_times_s)
         acc = s.accept_lens
         S = self.cfg.num_steps
+        # TPOT: per request (last - first token arrival) / (tokens - 1); ITL: gaps between a
+        # request's consecutive arrivals (a speculative step delivers several tokens at once).
+        tpot = [(r.arrivals[-1][0] - r.arrivals[0][0]) / (len(r.output_ids) - 1)
+                for r in reqs if len(r.output_ids) > 1 and r.arrivals]
+        itl = [b[0] - a[0] for r in reqs for a, b in zip(r.arrivals, r.arrivals[1:])]
         spec = {}
         if self.cfg.speculative and acc:
             spec = {
@@ -229,6 +234,8 @@ class Engine:
             "decode_steps": s.decode_steps, "retractions": s.retractions,
             "decode_tok_per_s": s.decode_tokens / s.decode_time_s if s.decode_time_s else 0.0,
             "step_time_p50_ms": 1e3 * steps[len(steps) // 2] if steps else 0.0,
+            "tpot_p50_ms": _pct_ms(tpot, 50), "tpot_p90_ms": _pct_ms(tpot, 90),
+            "itl_p50_ms": _pct_ms(itl, 50), "itl_p99_ms": _pct_ms(itl, 99),
             "decode_step_p50_ms": _pct_ms(s.decode_step_times_s, 50),
             "decode_step_p90_ms": _pct_ms(s.decode_step_times_s, 90),
             "overshoot_rows": s.overshoot_rows, "predrafted_steps": s.predrafted_steps,

@@ -5,6 +5,7 @@ kv_committed_len + 1 -- every token but the last output has its KV written.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -37,6 +38,7 @@ class Req:
     num_retractions: int = 0
     prefill_len: int = 0          # tokens fed by the last (re-)prefill: the host's length bound
     predrafted: bool = False      # the next round's draft already ran (zb_draft_preexec)
+    arrivals: list = field(default_factory=list)   # (perf_counter s, tokens) per processed step
 
     @property
     def finished(self) -> bool:
@@ -50,6 +52,7 @@ class Req:
         """Append accepted tokens up to a stop or the length limit; returns how many were
         kept. Sets finished_reason. Called exactly once per step per request."""
         kept = 0
+        n0 = len(self.output_ids)
         for t in tokens:
             self.output_ids.append(t)
             kept += 1
@@ -59,4 +62,5 @@ class Req:
             if len(self.output_ids) >= self.max_new_tokens:
                 self.finished_reason = "length"
                 break
+        self.arrivals.append((time.perf_counter(), len(self.output_ids) - n0))
         return kept

@@ -1,0 +1,283 @@
+"""`mtplab bench`: the standard arms, one process per arm, interleaved, as a ratio table.
+
+    groups (each a list of arms compared side by side; ratios against the group's first arm)
+      drafts     target-only vs frozen_kv_mtp vs eagle         tiny-code, greedy, bs 1/8/32
+      overlap    overlap off vs on vs on+zero_bubble           tiny-code, target-only and frozen
+      fold_seed  fold_seed off vs on (CUDA graphs)             tiny-code, frozen, bs 1/32
+      page_topk  page_size 1/16/64 x topk 1/4                  tiny-code, frozen, bs 8
+      shape      a shape preset, simulated acceptance 2.0/3.0  frozen vs target-only, bs 1/8
+Each arm process: warm-up generate, a timed generate with the event timeline on (tok/s,
+TPOT, step time, accept length, host syncs), then a short profiled generate analysed for the
+device bubble fraction and its causes (steady state: the first profiled steps skipped).
+Repeats run the arms of a group in interleaved order (A B C A B C ...); every figure is
+reported as min/median/max over repeats.
+
+Bubble-free bound of an arm: its decode step time with zero device bubbles = the device busy
+time per step (union of kernels/memcpy in the profiled steps); achieved = bound / step time.
+Memory floor: weight bytes read per decode step (target once for verify + the draft S times)
+/ measured HBM bandwidth (a large device copy), per token = per step / accept length.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape")
+BEST = dict(overlap=True, zero_bubble=True)          # the engine's fastest loop
+
+
+@dataclass
+class Arm:
+    group: str
+    name: str
+    bs: int
+    cfg: dict
+    new_tokens: int = 128
+    prompt_len: int = 256                              # bytes of held-out stdlib code
+
+    def key(self) -> str:
+        return f"{self.group}/{self.name}/bs{self.bs}"
+
+
+def arms(smoke: bool, groups: tuple = GROUPS) -> list[Arm]:
+    bss = [1] if smoke else [1, 8, 32]
+    model = "tiny-code"
+    out = []
+    if "drafts" in groups:
+        for bs in bss:
+            out += [Arm("drafts", "target-only", bs, dict(model=model, **BEST)),
+                    Arm("drafts", "frozen_kv_mtp", bs, dict(model=model, draft="frozen_kv_mtp",
+                                                             fold_seed=True, **BEST)),
+                    Arm("drafts", "eagle", bs, dict(model=model, draft="eagle", **BEST))]
+    if "overlap" in groups:
+        for draft in ("none", "frozen_kv_mtp"):
+            d = dict(model=model, draft=draft) | (dict(fold_seed=True) if draft != "none" else {})
+            for bs in bss:
+                out += [Arm("overlap", f"{draft} off", bs, dict(d, overlap=False)),
+                        Arm("overlap", f"{draft} on", bs, dict(d, overlap=True)),
+                        Arm("overlap", f"{draft} on+zb", bs, dict(d, **BEST))]
+    if "fold_seed" in groups:
+        for bs in (bss[0], bss[-1]):
+            for fold in (False, True):
+                out.append(Arm("fold_seed", f"fold_seed={fold}", bs,
+                               dict(model=model, draft="frozen_kv_mtp", fold_seed=fold, **BEST)))
+    if "page_topk" in groups:
+        bs = bss[min(1, len(bss) - 1)]
+        for P in (1, 16, 64):
+            for K in (1, 4):
+                out.append(Arm("page_topk", f"P={P} K={K}", bs,
+                               dict(model=model, draft="frozen_kv_mtp", fold_seed=True,
+                                    page_size=P, topk=K, num_draft_tokens=None if K == 1 else 8,
+                                    **BEST)))
+    if "shape" in groups:
+        shape = dict(model="random-tiny") if smoke else dict(model="llama3-8b-like", layers=4)
+        for bs in bss[:2]:
+            out.append(Arm("shape", "target-only", bs, dict(shape, **BEST), prompt_len=64))
+            for acc in (2.0, 3.0):
+                out.append(Arm("shape", f"frozen acc={acc}", bs,
+                               dict(shape, draft="frozen_kv_mtp", fold_seed=True,
+                                    simulate_accept_len=acc, **BEST), prompt_len=64))
+    return out
+
+
+# -- one arm, in its own process -------------------------------------------------------------
+def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
+    import torch
+
+    from .config import RunConfig
+    from .engine import Engine
+    from .models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+    from .profiling.bubbles import analyze
+
+    new = 6 if smoke else arm.new_tokens
+    ctx = 1024
+    with tempfile.TemporaryDirectory() as d:
+        cfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
+                        event_timeline=True, trace_dir=d, run_name="timed", **arm.cfg)
+        eng = Engine(cfg)
+        V = eng.model.config.vocab_size
+        if cfg.model == "tiny-code":
+            root = stdlib_root()
+            held = [f for f in list_files(root) if is_heldout(f)]
+            texts = code_snippets(root, held, len(held), arm.prompt_len)
+            prompts = [eng.tokenizer.encode(texts[i % len(texts)]) for i in range(arm.bs)]
+        else:
+            g = torch.Generator().manual_seed(arm.bs)
+            prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
+        eng.generate(prompts, max_new_tokens=min(16, new), ignore_eos=True)     # warm-up
+        eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
+        eng.check_invariants()
+        st = eng.stats()
+        tl = eng.timeline_frame()
+        res = dict(key=arm.key(), group=arm.group, name=arm.name, bs=arm.bs,
+                   manifest=cfg.manifest(), **{k: st.get(k) for k in (
+                       "tok_per_s", "decode_tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
+                       "step_time_p50_ms", "decode_step_p50_ms", "accept_len",
+                       "host_syncs")})
+        res["accept_len"] = res["accept_len"] or 1.0
+        dev = tl[(tl["stream"] != "host") & ~tl["stage"].str.startswith("step[")]
+        if dev["gpu_start_us"].notna().any():
+            per = (dev["gpu_end_us"] - dev["gpu_start_us"]).groupby(dev["step"]).sum()
+            res["stage_sum_us_per_step"] = float(per.iloc[len(per) // 4:].median())
+        # profiled run: bubbles
+        pcfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
+                         profile=True, profile_wait=2, profile_warmup=2,
+                         profile_active=3 if smoke else 12, trace_dir=d, run_name="prof",
+                         **arm.cfg)
+        peng = Engine(pcfg)
+        peng.generate(prompts, max_new_tokens=min(16, new), ignore_eos=True)
+        peng.generate(prompts, max_new_tokens=new, ignore_eos=True)
+        files = peng.finish()
+        if "trace0" in files:
+            a = analyze(files["trace0"], skip_steps=1 if not smoke else 0)
+            s = a.summary
+            res.update(bubble_frac=s.get("bubble_frac"), n_profiled_steps=s.get("n_steps"))
+            steps = a.steps
+            dec = steps[steps["name"].str.startswith("step[decode")] if len(steps) else steps
+            if len(dec):
+                res["busy_us_per_step"] = float(dec["busy_us"].median())
+                res["step_us_profiled"] = float(dec["dur_us"].median())
+                for c in ("sync", "host_prep", "launch", "other"):
+                    col = f"bubble_{c}_us"
+                    if col in dec:
+                        res[f"bubble_{c}_frac"] = float(dec[col].sum() / dec["dur_us"].sum())
+        res["weight_bytes_per_step"] = weight_bytes(eng)
+    return res
+
+
+def weight_bytes(eng) -> int:
+    n = sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    if eng.draft_model is not None:
+        d = sum(p.numel() * p.element_size() for p in eng.draft_model.parameters())
+        n += d * eng.cfg.num_steps
+    return n
+
+
+def hbm_bandwidth() -> Optional[float]:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write), None without CUDA."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 4 * 10 / (time.perf_counter() - t)
+
+
+# -- driver ------------------------------------------------------------------------------------
+def spawn(arm: Arm, device: str, smoke: bool, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "mtplab.bench", "--_arm", json.dumps(arm.__dict__),
+           "--device", device] + (["--smoke"] if smoke else [])
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(key=arm.key(), error=f"timed out after {timeout:.0f} s")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return dict(key=arm.key(), error=(p.stderr.strip().splitlines() or ["no output"])[-1])
+    return json.loads(lines[-1])
+
+
+def spread(xs: list) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    return f"{min(xs):.4g} / {statistics.median(xs):.4g} / {max(xs):.4g}"
+
+
+def med(rows: list, k: str) -> Optional[float]:
+    xs = [r[k] for r in rows if r.get(k) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
+    out = []
+    for g in dict.fromkeys(a.group for a in all_arms):
+        g_arms = [a for a in all_arms if a.group == g]
+        out += [f"### {g}", "", "| arm | bs | tok/s (min/med/max) | vs first | TPOT p50 / p90 ms | "
+                "step ms | accept len | bubble % (sync/host_prep/launch/other) | "
+                "bound ms | achieved | mem floor ms/tok |", "|---" * 11 + "|"]
+        base = {}
+        for a in g_arms:
+            rows = [r for r in results.get(a.key(), []) if "error" not in r]
+            if not rows:
+                errs = [r.get("error") for r in results.get(a.key(), [])]
+                out.append(f"| {a.name} | {a.bs} | failed: {errs[:1]} |" + " |" * 8)
+                continue
+            tps = med(rows, "decode_tok_per_s")
+            base.setdefault(a.bs, tps)
+            bub = med(rows, "bubble_frac")
+            bub = None if bub is None or bub != bub else bub            # NaN: no device lanes
+            causes = "/".join(f"{100 * (med(rows, f'bubble_{c}_frac') or 0):.1f}"
+                              for c in ("sync", "host_prep", "launch", "other"))
+            busy = med(rows, "busy_us_per_step") or None                # 0: CPU run
+            step = med(rows, "step_us_profiled")
+            acc = med(rows, "accept_len") or 1.0
+            floor = (med(rows, "weight_bytes_per_step") / bw * 1e3 / acc) if bw else None
+            out.append(
+                f"| {a.name} | {a.bs} | {spread([r['decode_tok_per_s'] for r in rows])} | "
+                f"{tps / base[a.bs]:.2f}x | {med(rows, 'tpot_p50_ms'):.2f} / "
+                f"{med(rows, 'tpot_p90_ms'):.2f} | {med(rows, 'decode_step_p50_ms'):.2f} | "
+                f"{acc:.2f} | {'-' if bub is None else f'{100 * bub:.1f}'} ({causes}) | "
+                f"{'-' if busy is None else f'{busy / 1e3:.3f}'} | "
+                f"{'-' if not busy or not step else f'{busy / step:.0%}'} | "
+                f"{'-' if floor is None else f'{floor:.4f}'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main_bench(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="mtplab bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")
+    ap.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS)
+    ap.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out", default=None, help="write the markdown table (and .json) here")
+    ap.add_argument("--_arm", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a._arm:                                      # child process: one arm
+        print(json.dumps(run_arm(Arm(**json.loads(a._arm)), a.device, a.smoke), default=str))
+        return 0
+    reps = a.repeats or (1 if a.smoke else 3)
+    todo = arms(a.smoke, tuple(a.groups))
+    results: dict = {}
+    from tqdm.auto import tqdm
+    bar = tqdm(total=reps * len(todo), desc="bench arms")
+    for g in dict.fromkeys(x.group for x in todo):
+        for _ in range(reps):                        # interleaved: A B C, A B C, ...
+            for arm in (x for x in todo if x.group == g):
+                results.setdefault(arm.key(), []).append(spawn(arm, a.device, a.smoke, a.timeout))
+                bar.update(1)
+    bar.close()
+    bw = hbm_bandwidth() if a.device != "cpu" else None
+    header = (f"mtplab bench {'--smoke ' if a.smoke else ''}on {a.device}; "
+              f"{time.strftime('%Y-%m-%d')}; repeats {reps}; HBM copy bandwidth "
+              f"{'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}")
+    text = header + "\n\n" + table(results, todo, bw)
+    print(text)
+    if a.out:
+        from .profiling.atomic import atomic_write_text
+        atomic_write_text(a.out, text + "\n")
+        atomic_write_text(os.path.splitext(a.out)[0] + ".json",
+                          json.dumps(results, indent=1, default=str))
+    failed = [k for k, rs in results.items() if all("error" in r for r in rs)]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_bench())

@@ -6,9 +6,10 @@
       fold_seed  fold_seed off vs on (CUDA graphs)             tiny-code, frozen, bs 1/32
       page_topk  page_size 1/16/64 x topk 1/4                  tiny-code, frozen, bs 8
       shape      a shape preset, simulated acceptance 2.0/3.0  frozen vs target-only, bs 1/8
-Each arm process: warm-up generate, a timed generate with the event timeline on (tok/s,
-TPOT, step time, accept length, host syncs), then a short profiled generate analysed for the
-device bubble fraction and its causes (steady state: the first profiled steps skipped).
+Each arm process (one engine): warm-up generate, a timed generate with the event timeline on
+(tok/s, TPOT, step time, accept length; the profiler is attached but still in its `wait`
+phase), then profiled generates analysed for the device bubble fraction and its causes
+(steady state: the first profiled step skipped).
 Repeats run the arms of a group in interleaved order (A B C A B C ...); every figure is
 reported as min/median/max over repeats.
 
@@ -100,8 +101,14 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
     new = 6 if smoke else arm.new_tokens
     ctx = 1024
     with tempfile.TemporaryDirectory() as d:
+        # One engine: the profiler is started before graph capture but stays in its `wait`
+        # phase (not collecting) through the warm-up and the timed run; the last generate is
+        # the profiled one.
+        steps_timed = 2 * new + 8
         cfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
-                        event_timeline=True, trace_dir=d, run_name="timed", **arm.cfg)
+                        event_timeline=True, profile=True, profile_wait=steps_timed,
+                        profile_warmup=2, profile_active=3 if smoke else 12, trace_dir=d,
+                        run_name="arm", **arm.cfg)
         eng = Engine(cfg)
         V = eng.model.config.vocab_size
         if cfg.model == "tiny-code":
@@ -112,8 +119,8 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         else:
             g = torch.Generator().manual_seed(arm.bs)
             prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
-        eng.generate(prompts, max_new_tokens=min(16, new), ignore_eos=True)     # warm-up
-        eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
+        eng.generate(prompts, max_new_tokens=min(8, new), ignore_eos=True)       # warm-up
+        eng.generate(prompts, max_new_tokens=new, ignore_eos=True)               # timed
         eng.check_invariants()
         st = eng.stats()
         tl = eng.timeline_frame()
@@ -127,15 +134,9 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         if dev["gpu_start_us"].notna().any():
             per = (dev["gpu_end_us"] - dev["gpu_start_us"]).groupby(dev["step"]).sum()
             res["stage_sum_us_per_step"] = float(per.iloc[len(per) // 4:].median())
-        # profiled run: bubbles
-        pcfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
-                         profile=True, profile_wait=2, profile_warmup=2,
-                         profile_active=3 if smoke else 12, trace_dir=d, run_name="prof",
-                         **arm.cfg)
-        peng = Engine(pcfg)
-        peng.generate(prompts, max_new_tokens=min(16, new), ignore_eos=True)
-        peng.generate(prompts, max_new_tokens=new, ignore_eos=True)
-        files = peng.finish()
+        while eng.profiler.steps < steps_timed + 2 + (3 if smoke else 12) + 1:
+            eng.generate(prompts, max_new_tokens=new, ignore_eos=True)           # profiled
+        files = eng.finish()
         if "trace0" in files:
             a = analyze(files["trace0"], skip_steps=1 if not smoke else 0)
             s = a.summary

@@ -48,3 +48,14 @@ def test_every_stage_in_the_gpu_event_timeline():
                   "stash", "d2h", "prefill"):
         rows = dev[dev["stage"] == stage]
         assert len(rows) and (rows["gpu_end_us"] >= rows["gpu_start_us"]).all(), stage
+
+
+@pytest.mark.parametrize("draft", ["none", "frozen_kv_mtp", "eagle"])
+def test_overlap_on_off_same_tokens_bf16(draft):
+    kw = dict(dtype="bfloat16", draft=draft, page_size=16)
+    if draft == "frozen_kv_mtp":
+        kw["fold_seed"] = True
+    _, off = gen(overlap=False, **kw)
+    _, on = gen(overlap=True, **kw)
+    _, zb = gen(overlap=True, zero_bubble=True, debug_future_map=True, **kw)
+    assert on == off and zb == off

@@ -48,8 +48,8 @@ class Arm:
         return f"{self.group}/{self.name}/bs{self.bs}"
 
 
-def arms(smoke: bool, groups: tuple = GROUPS) -> list[Arm]:
-    bss = [1] if smoke else [1, 8, 32]
+def arms(smoke: bool, groups: tuple = GROUPS, bss: Optional[list] = None) -> list[Arm]:
+    bss = bss or ([1] if smoke else [1, 8, 32])
     model = "tiny-code"
     out = []
     if "drafts" in groups:
@@ -66,7 +66,7 @@ def arms(smoke: bool, groups: tuple = GROUPS) -> list[Arm]:
                         Arm("overlap", f"{draft} on", bs, dict(d, overlap=True)),
                         Arm("overlap", f"{draft} on+zb", bs, dict(d, **BEST))]
     if "fold_seed" in groups:
-        for bs in (bss[0], bss[-1]):
+        for bs in sorted({bss[0], bss[-1]}):
             for fold in (False, True):
                 out.append(Arm("fold_seed", f"fold_seed={fold}", bs,
                                dict(model=model, draft="frozen_kv_mtp", fold_seed=fold, **BEST)))
@@ -246,6 +246,7 @@ def main_bench(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")
     ap.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS)
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
+    ap.add_argument("--bs", nargs="+", type=int, default=None, help="batch sizes (1 8 32)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default=None, help="write the markdown table (and .json) here")
@@ -255,7 +256,7 @@ def main_bench(argv=None) -> int:
         print(json.dumps(run_arm(Arm(**json.loads(a._arm)), a.device, a.smoke), default=str))
         return 0
     reps = a.repeats or (1 if a.smoke else 3)
-    todo = arms(a.smoke, tuple(a.groups))
+    todo = arms(a.smoke, tuple(a.groups), a.bs)
     results: dict = {}
     from tqdm.auto import tqdm
     bar = tqdm(total=reps * len(todo), desc="bench arms")

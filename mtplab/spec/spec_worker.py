@@ -24,8 +24,10 @@ wrapped in its stage span:
                   eagle                 : S-1 steps
     tree graph    organize + build_tree
     verify graph  the target over B*D tree nodes
+    accept graph  greedy or simulated accept (sampled batches: eager tree sampling)
+    commit graph  KV compaction, path hidden rows, new lengths
     draft_extend graph  eagle's draft extend
-Accept/commit run eagerly between the replays (as in SGLang).
+Resolve, publish and stash run eagerly between the replays (small gathers/scatters).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from .draft_select import StepCandidates, num_candidates, organize
 from .relay import DraftInputs
 from .target_worker import DecodeInputs, DecodeOut, PrefillInputs, TargetWorker
 from .tree import DraftTree, build_tree
-from .verify import simulate_accept, verify_greedy, verify_sample
+from .verify import AcceptResult, simulate_accept, verify_greedy, verify_sample
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,51 @@ class SpecWorker:
             self.relay.stash(x.rows, nxt)
         return bonus
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs, seq):
-        p, s = self.p, replace(x.sampling, counters=seq + 1)
-        if p.simulate_accept_len is not None or p.simulate_accept_rates is not None:
-            u = counter_uniform(s.seeds, s.counters, p.num_steps + 1)
-            return simulate_accept(tree, logits.argmax(-1), u,
-                                   mean_accept_len=p.simulate_accept_len,
-                                   accept_rates=p.simulate_accept_rates)
-        if x.all_greedy:
-            return verify_greedy(tree, logits.argmax(-1))
-        u = counter_uniform(s.seeds + 0x5BD1E995, s.counters, p.num_steps + 1)
-        return verify_sample(tree, logits, s.temperature, s.top_p, u)
+    def _accept_fn(self, max_kv: int):
+        """Greedy or simulated accept (the engine's static mode): graph friendly."""
+        p = self.p
+
+        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds):
+            tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
+            argmax = logits.argmax(-1)
+            if p.simulate_accept_len is None and p.simulate_accept_rates is None:
+                acc = verify_greedy(tree, argmax)
+            else:
+                u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
+                acc = simulate_accept(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
+                                      accept_rates=p.simulate_accept_rates)
+            return astuple(acc)
+        return fn
+
+    def _commit_fn(self, max_kv: int):
+        """topk>1: move the accepted path's KV to the front of the window; gather the path's
+        hidden rows; new lengths (and, frozen, the next seed's hidden)."""
+        p = self.p
+        D = p.num_draft_tokens
+
+        def fn(rows, seq_lens, accept_index, accept_lens, hidden):
+            B = rows.shape[0]
+            window = window_slots(self.table, rows, seq_lens, D)
+            acc = AcceptResult(accept_index, accept_lens, None, None)
+            moves = accept_moves(window, acc)
+            if p.topk > 1:
+                apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
+            hidden_path = hidden.reshape(B * D, -1)[moves.row_index]            # [B, S+1, H]
+            last = (accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
+            return seq_lens + accept_lens, hidden_path, hidden_path.gather(1, last)[:, 0]
+        return fn
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs,
+                seq: torch.Tensor) -> AcceptResult:
+        p, s = self.p, x.sampling
+        simulated = p.simulate_accept_len is not None or p.simulate_accept_rates is not None
+        if x.all_greedy or simulated:
+            return AcceptResult(*self._run("accept", self._accept_fn, dict(
+                rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
+                next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
+        with self.spans.stage("accept"):   # target-only tree sampling (eager)
+            u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
+            return verify_sample(tree, logits, s.temperature, s.top_p, u)
 
     def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
         """The draft segment (frozen: seed + steps; eagle: steps) -> candidates [B, C] x3."""
@@ -163,7 +199,6 @@ class SpecWorker:
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
         p, sp = self.p, self.spans
-        B, D = x.rows.shape[0], p.num_draft_tokens
         rows = x.rows
         with sp.stage("resolve"):
             seq = self.relay.resolve_seq_lens(rows)
@@ -177,23 +212,17 @@ class SpecWorker:
                                     dict(rows=rows, seq_lens=seq, bonus=inp.bonus, scores=scores,
                                          tokens=toks, parents=parents), x.max_kv),
                          num_steps=p.num_steps)
-        window = window_slots(self.table, rows, seq, D)
         logits, hidden = self._run("verify", self._verify_fn,
                                    dict(rows=rows, seq_lens=seq, tokens=tree.tokens,
                                         positions=tree.positions, mask=tree.mask), x.max_kv)
-        with sp.stage("accept"):
-            acc = self._accept(tree, logits, x, seq)
-        with sp.stage("commit"):
-            moves = accept_moves(window, acc)
-            if p.topk > 1:
-                apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
-            hidden_path = hidden.reshape(B * D, -1)[moves.row_index]           # [B, S+1, H]
-            new_seq = seq + acc.accept_lens
+        acc = self._accept(tree, logits, x, seq)
+        new_seq, hidden_path, hidden_last = self._run(
+            "commit", self._commit_fn, dict(rows=rows, seq_lens=seq, accept_index=acc.accept_index,
+                                            accept_lens=acc.accept_lens, hidden=hidden), x.max_kv)
         with sp.stage("publish"):
             self.relay.publish(rows, new_seq)
         if p.frozen:     # the next seed is selected from the verify outputs: no forward
-            last = (acc.accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
-            nxt = DraftInputs(acc.bonus, hidden_path.gather(1, last)[:, 0])
+            nxt = DraftInputs(acc.bonus, hidden_last)
         else:
             h, lp, ix = self._run("draft_extend", self._extend_fn,
                                   dict(rows=rows, seq_lens=seq, tokens=acc.tokens,
@@ -220,7 +249,7 @@ class SpecWorker:
         common = dict(rows=z(L), seq_lens=z(L))
         pad = dict(rows=0, seq_lens=1, bonus=0, hidden=0, topk_logp=0, topk_index=0, tokens=0,
                    positions=0, mask=1, hidden_path=0, accept_lens=1, scores=0,
-                   parents=-1)
+                   parents=-1, logits=0, seeds=0, accept_index=0, next_token=-1)
         buckets = default_buckets(max_bs)
 
         def runner(name, fn, static):
@@ -239,6 +268,12 @@ class SpecWorker:
                     parents=z(L, C)))
         runner("verify", self._verify_fn(W),
                dict(common, tokens=z(L, D), positions=z(L, D), mask=z(L, D, D, dt=torch.bool)))
+        V = self.target.model.config.vocab_size
+        runner("accept", self._accept_fn(W),
+               dict(common, tokens=z(L, D), parents=z(L, D), next_token=z(L, D),
+                    logits=z(L, D, V, dt=torch.float32), seeds=z(L)))
+        runner("commit", self._commit_fn(W),
+               dict(common, accept_index=z(L, E), accept_lens=z(L), hidden=z(L, D, H, dt=hdt)))
         if not p.frozen:
             runner("draft_extend", self._extend_fn(W),
                    dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),

@@ -7,7 +7,8 @@ the median of `--repeats` runs of each arm:
     mtplab          load_trace(path) + analyze(trace)      (orjson reader)
     mtplab stream   load_trace(path, streaming=True) + analyze   (ijson reader; --streaming)
     HTA             TraceAnalysis(trace_dir=...) + get_idle_time_breakdown(visualize=False)
-    orjson only     orjson.loads(path.read_bytes())        (the parse floor, for reference)
+    orjson only     orjson.loads(path.read_bytes()), with the cyclic GC paused (the parse floor,
+                    as load_trace runs it) and with it on (as plain code runs it)
 
 Both analysers report per-stream idle time with HTA's categories (host_wait / kernel_wait /
 other). The second table compares the idle totals for the same streams: mtplab (exact float µs),
@@ -16,9 +17,14 @@ HTA (which rounds ts up and ends down, so every gap grows by up to 2 µs).
 
 HTA is built with `include_last_profiler_step=True` so that it keeps the kernels of the last
 ProfilerStep and both tools see the same kernels; its parse and its analysis are both timed.
+HTA tags every event with its ProfilerStep by a loop over all ProfilerStep spans (cost
+events x spans): with one span per engine step (`--profiler-step-every 1`, what mtplab's
+ProfilerSession writes) that dominates; `--profiler-step-every 100` shows HTA's linear cost,
+the conservative comparison. (HTA 0.6.1 with pandas 3 also fails outright when the correlation
+ids fit int16 but the row count does not; the synthetic correlations start at 150000.)
 
-    python -m benchmarks.bench_analyzer                       # ~60 MB synthetic trace
-    python -m benchmarks.bench_analyzer --steps 400 --repeats 3 --out docs/bench_analyzer.md
+    python -m benchmarks.bench_analyzer --profiler-step-every 100 --streaming   # 81 MB trace
+    python -m benchmarks.bench_analyzer --steps 400 --repeats 3 --out /tmp/bench_analyzer.md
     python -m benchmarks.bench_analyzer --trace run/rank0.pt.trace.json
 """
 from __future__ import annotations
@@ -56,22 +62,22 @@ _GEMM = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_1
 _KERNELS = (
     _GEMM,
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-    "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)",
-    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-    "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
-    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
-    "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4> >(at::native::ReduceOp<c10::BFloat16, "
-    "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4>)",
-    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
-    "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(c10::BFloat16)#1}, "
-    "at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, "
-    "unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >",
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+     "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
+     "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4> >(at::native::ReduceOp<c10::BFloat16, "
+     "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4>)"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(c10::BFloat16)#1}, "
+     "at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, "
+     "unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >"),
     "_fwd_kernel_tree_attention_0d1d2d3d4d5d6d7d8d9d10d11d12d13d14d15",
     "triton_poi_fused_add_mul_rsqrt_pow_mean_0",
-    "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<"
-    "at::native::index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, "
-    "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>>",
+    ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<"
+     "at::native::index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, "
+     "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>>"),
 )
 _OPS = (("aten::linear", "aten::addmm"), ("aten::add", None), ("aten::softmax", "aten::_softmax"),
         ("aten::argmax", None), ("aten::copy_", None), ("aten::index", None),
@@ -81,10 +87,11 @@ _SHAPES = ([[8, 256], [256, 256], [256]], [[8, 256], [8, 256], []], [[8, 4, 3200
 
 
 class TraceBuilder:
-    """A seeded Kineto trace of a decode loop: ~200 events and ~35 KB per step."""
+    """A seeded Kineto trace of a spec-decode loop: ~180 events, ~54 KB of JSON per engine step."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, profiler_step_every: int = 1):
         self.rng = random.Random(seed)
+        self.every = profiler_step_every
         self.ev: list[dict] = [
             {"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": "python3"}},
             {"ph": "M", "name": "process_name", "pid": DEV, "tid": 0, "args": {"name": "python3"}},
@@ -250,13 +257,16 @@ class TraceBuilder:
         if k % 4 == 0:  # the pin-memory thread copies logits now and then
             self.cpu_op("aten::pin_memory", x0 + 10.0, 30.0, tid=PIN_TID)
         self.span(f"step[{kind} bs={bs}]", x0 + 1.0, xq - x0)
-        self.span(f"ProfilerStep#{k}", x0, xq - x0 + 2.0)
         return xq + 3.0
 
     def build(self, steps: int) -> dict:
         x = 50.0
         for k in range(steps):
+            if k % self.every == 0:
+                x_group = x
             x = self.step(k, x)
+            if k % self.every == self.every - 1 or k == steps - 1:  # torch.profiler's step span
+                self.span(f"ProfilerStep#{k // self.every}", x_group - 1.0, x - x_group)
         self.ev.insert(0, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
                            "tid": "PyTorch Profiler", "ts": self._t(0.0), "dur": round(x + 1000.0, 3),
                            "args": {"Op count": 0}})
@@ -270,8 +280,8 @@ class TraceBuilder:
                 "traceEvents": self.ev}
 
 
-def write_trace(folder: Path, steps: int, seed: int) -> Path:
-    doc = TraceBuilder(seed).build(steps)
+def write_trace(folder: Path, steps: int, seed: int, profiler_step_every: int = 1) -> Path:
+    doc = TraceBuilder(seed, profiler_step_every).build(steps)
     path = folder / "rank0.pt.trace.json"
     path.write_bytes(orjson.dumps(doc))  # one line, like orjson writers; Kineto writes one event a line
     return path
@@ -292,6 +302,15 @@ def run_hta(folder: Path):
 
 def run_orjson(path: Path):
     return orjson.loads(path.read_bytes())
+
+
+def run_orjson_gc_paused(path: Path):
+    gc.disable()
+    try:
+        doc = orjson.loads(path.read_bytes())
+        del doc  # freed inside the pause, as load_trace does
+    finally:
+        gc.enable()
 
 
 def exact_hta_definition(path: Path) -> dict[int, float]:
@@ -317,15 +336,19 @@ def main(argv=None) -> int:
                     help="time this trace (.json; needs distributedInfo.rank for HTA) instead of "
                          "the synthetic one")
     ap.add_argument("--steps", type=int, default=1500,
-                    help="engine steps in the synthetic trace (~200 events, ~37 KB each)")
+                    help="engine steps in the synthetic trace (~180 events, ~54 KB each; 1500 -> 81 MB)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profiler-step-every", type=int, default=1, metavar="K",
+                    help="one ProfilerStep#N span per K engine steps (default 1: one per step, as "
+                         "mtplab's ProfilerSession writes; HTA's iteration tagging costs "
+                         "O(events x ProfilerSteps), so K=100 shows its linear cost)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per arm (median reported)")
     ap.add_argument("--streaming", action="store_true", help="also time mtplab's ijson reader")
     ap.add_argument("--no-hta", action="store_true", help="time mtplab only")
     ap.add_argument("--out", default=None, help="also write the markdown tables here (atomically)")
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        ap.error("--repeats must be >= 1")
+    if a.repeats < 1 or a.profiler_step_every < 1:
+        ap.error("--repeats and --profiler-step-every must be >= 1")
     _quiet_hta()
     tmp = Path(tempfile.mkdtemp(prefix="bench_analyzer_"))
     try:
@@ -336,8 +359,10 @@ def main(argv=None) -> int:
             what = f"`{src}`"
         else:
             t0 = time.perf_counter()
-            path = write_trace(tmp, a.steps, a.seed)
-            what = f"synthetic (seed {a.seed}, {a.steps} steps)"
+            path = write_trace(tmp, a.steps, a.seed, a.profiler_step_every)
+            n_ps = -(-a.steps // a.profiler_step_every)
+            what = (f"synthetic (seed {a.seed}, {a.steps} engine steps, {n_ps} ProfilerStep#N "
+                    f"spans)")
             print(f"built {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         size_mb = path.stat().st_size / 1e6
         doc = run_orjson(path)
@@ -350,11 +375,15 @@ def main(argv=None) -> int:
             arms["mtplab (streaming ijson reader)"] = lambda: run_mtplab(path, streaming=True)
         if not a.no_hta:
             arms["HTA TraceAnalysis + get_idle_time_breakdown"] = lambda: run_hta(tmp)
-        arms["orjson.loads only (parse floor)"] = lambda: run_orjson(path)
+        arms["orjson.loads only, GC paused (parse floor)"] = lambda: run_orjson_gc_paused(path)
+        arms["orjson.loads only, GC on"] = lambda: run_orjson(path)
         times: dict[str, list[float]] = {k: [] for k in arms}
         results = {}
         for k, fn in arms.items():  # warm-up: imports, page cache
-            results[k] = fn()
+            out = fn()
+            if not k.startswith("orjson"):  # keep no parsed document alive (the GC would scan it)
+                results[k] = out
+            del out
         for r in range(a.repeats):
             for k, fn in arms.items():
                 gc.collect()
@@ -362,16 +391,16 @@ def main(argv=None) -> int:
                 fn()
                 times[k].append(time.perf_counter() - t0)
             print(f"round {r + 1}/{a.repeats}: " + ", ".join(
-                f"{k.split(' ')[0]} {v[-1]:.2f}s" for k, v in times.items()), file=sys.stderr)
+                f"{v[-1]:.2f}s" for v in times.values()) + f"  ({', '.join(times)})", file=sys.stderr)
         med = {k: statistics.median(v) for k, v in times.items()}
         mt = med["mtplab (orjson reader)"]
 
         when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         cpu = _cpu_name()
-        lines = [f"Trace analyser speed — {when}; {cpu}, {os.cpu_count()} CPU cores; Python "
-                 f"{platform.python_version()}, numpy {np.__version__}; trace {what}: "
-                 f"{size_mb:.1f} MB JSON, {n_events:,} events ({n_x:,} complete 'X'); median of "
-                 f"{a.repeats} interleaved runs.", "",
+        lines = [(f"Trace analyser speed — {when}; {cpu}, {os.cpu_count()} CPU cores; Python "
+                  f"{platform.python_version()}, numpy {np.__version__}; trace {what}: "
+                  f"{size_mb:.1f} MB JSON, {n_events:,} events ({n_x:,} complete 'X'); median of "
+                  f"{a.repeats} interleaved runs."), "",
                  "| arm | median s | runs (s) | vs mtplab |", "|---|---|---|---|"]
         for k, v in times.items():
             lines.append(f"| {k} | {med[k]:.2f} | {' '.join(f'{t:.2f}' for t in v)} | "
@@ -397,10 +426,10 @@ def _idle_table(res, hta_df, exact: dict[int, float]) -> list[str]:
     hta = hta_df.groupby("stream")["idle_time"].sum()
     hta_cat = hta_df.pivot_table(index="stream", columns="idle_category", values="idle_time",
                                  aggfunc="sum").fillna(0.0)
-    out = ["Per-stream idle time, µs (mtplab exact float µs; 'exact HTA def.' = sum of `ts - "
-           "previous end` over the same activities without rounding; HTA rounds ts up, end down):",
-           "", "| stream | mtplab idle | exact HTA def. | HTA idle | HTA bias | mtplab host/kernel/other "
-           "| HTA host/kernel/other |", "|---|---|---|---|---|---|---|"]
+    out = [("Per-stream idle time, µs (mtplab exact float µs; 'exact HTA def.' = sum of `ts - "
+            "previous end` over the same activities without rounding; HTA rounds ts up, end down):"),
+           "", ("| stream | mtplab idle | exact HTA def. | HTA idle | HTA bias | "
+                "mtplab host/kernel/other | HTA host/kernel/other |"), "|---|---|---|---|---|---|---|"]
     tot = [0.0, 0.0, 0.0]
     for sid in sorted(set(st.index.tolist()) | {int(s) for s in hta.index}):
         m = float(st.loc[sid, "idle_us"]) if sid in st.index else float("nan")

@@ -80,6 +80,15 @@ class Device:
         if self.is_cuda:
             torch.cuda.synchronize(self.torch_device)
 
+    def h2d(self, data, dtype) -> torch.Tensor:
+        """A host list as a device tensor without a host sync: staged in pinned memory and
+        copied non-blocking on the current stream (`torch.tensor(x, device="cuda")` would be
+        a synchronous copy that waits for the stream's queued work)."""
+        t = torch.tensor(data, dtype=dtype)
+        if not self.is_cuda:
+            return t
+        return t.pin_memory().to(self.torch_device, non_blocking=True)
+
     def empty_pinned(self, shape, dtype) -> torch.Tensor:
         """Host buffer for async D2H copies (pinned on CUDA, plain on CPU)."""
         return torch.empty(shape, dtype=dtype, pin_memory=self.is_cuda)

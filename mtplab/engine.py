@@ -110,7 +110,8 @@ class Engine:
         self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
             f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
         self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
-        self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline)
+        self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
+                           annotate=cfg.profile)
         self.profiler = None
         if cfg.profile:
             self.profiler = ProfilerSession(self.run_dir, wait=cfg.profile_wait,

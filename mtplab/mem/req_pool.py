@@ -45,8 +45,9 @@ class ReqToTokenPool:
             r.extend([row] * n)
             c.extend(range(start, start + n))
             v.extend(int(x) for x in s)
-        dev = self.table.device
-        idx_r = torch.tensor(r, dtype=torch.long).to(dev, non_blocking=True)
-        idx_c = torch.tensor(c, dtype=torch.long).to(dev, non_blocking=True)
-        vals = torch.tensor(v, dtype=torch.int32).to(dev, non_blocking=True)
-        self.table.index_put_((idx_r, idx_c), vals)
+        # one pinned staging buffer, one non-blocking H2D copy (no host sync)
+        host = torch.tensor([r, c, v], dtype=torch.long)
+        if self.table.is_cuda:
+            host = host.pin_memory()
+        dev = host.to(self.table.device, non_blocking=True)
+        self.table.index_put_((dev[0], dev[1]), dev[2].to(torch.int32))

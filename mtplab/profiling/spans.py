@@ -2,10 +2,10 @@
 
     with spans.stage("verify"):          # a name from stages.py
         ...
-emits (1) an NVTX range (Nsight Systems), (2) `torch.profiler.record_function` (Kineto shows
-it on the host and mirrors it on the GPU lane of each stream it launched work on as
-`gpu_user_annotation`), (3) a CUDA event pair on the current stream plus host perf_counter
-times, into the EventTimeline (when one is attached). Disabled spans return one shared
+emits (1) an NVTX range (Nsight Systems) and (2) `torch.profiler.record_function` (Kineto
+shows it on the host and mirrors it on the GPU lane of each stream it launched work on as
+`gpu_user_annotation`) when profiling, and (3) a CUDA event pair on the current stream plus
+host perf_counter times into the EventTimeline (when one is attached). Disabled spans return one shared
 nullcontext: no allocation, no call into torch.
 
 Inside a CUDA graph nothing of this runs (a replay is one host call): the graph replay itself
@@ -31,11 +31,15 @@ def _check(name: str) -> None:
 
 
 class Spans:
-    def __init__(self, enabled: bool = False, timeline=None, nvtx: bool = True,
+    """`annotate`: emit NVTX + record_function (for a profiler / Nsight); off for a
+    timeline-only run, whose spans then cost two pooled event records and two clock reads."""
+
+    def __init__(self, enabled: bool = False, timeline=None, annotate: bool = True,
                  stream_name: str = "forward"):
         self.enabled = enabled
         self.timeline = timeline
-        self.nvtx = nvtx and torch.cuda.is_available()
+        self.annotate = annotate
+        self.nvtx = annotate and torch.cuda.is_available()
         self.stream_name = stream_name
 
     @contextlib.contextmanager
@@ -58,8 +62,9 @@ class Spans:
         _check(name)
         if self.nvtx:
             torch.cuda.nvtx.range_push(name)
-        rec = torch.profiler.record_function(name)
-        rec.__enter__()
+        rec = torch.profiler.record_function(name) if self.annotate else None
+        if rec is not None:
+            rec.__enter__()
         tl = self.timeline
         mark = tl.begin(name, stream) if tl is not None else None
         try:
@@ -67,7 +72,8 @@ class Spans:
         finally:
             if mark is not None:
                 tl.end(mark)
-            rec.__exit__(None, None, None)
+            if rec is not None:
+                rec.__exit__(None, None, None)
             if self.nvtx:
                 torch.cuda.nvtx.range_pop()
 

@@ -44,13 +44,16 @@ class EventTimeline:
         self.step = -1
         self._pending: list[_Mark] = []
         self.rows: list[tuple] = []
+        self._pool: list = []                 # completed events, reused (no re-creation)
         self._t_ref = time.perf_counter()
         self._ref = self._event()
         if self._ref is not None:
             self._ref.record()
 
     def _event(self):
-        return torch.cuda.Event(enable_timing=True) if self.cuda else None
+        if not self.cuda:
+            return None
+        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
 
     def next_step(self) -> int:
         self.step += 1
@@ -83,6 +86,7 @@ class EventTimeline:
             if m.ev0 is not None:
                 g0 = self._ref.elapsed_time(m.ev0) * 1e3
                 g1 = self._ref.elapsed_time(m.ev1) * 1e3
+                self._pool += (m.ev0, m.ev1)
             self.rows.append((m.step, m.stage, m.stream, (m.t0 - self._t_ref) * 1e6,
                               (m.t1 - self._t_ref) * 1e6, g0, g1))
         self._pending = keep

@@ -240,14 +240,12 @@ class Scheduler:
 
     # -- launch --------------------------------------------------------------------------
     def _sampling(self, reqs: list[Req], counters: Optional[list[int]]) -> SamplingTensors:
-        dev = self.device
+        h2d = self.dev.h2d
         return SamplingTensors(
-            temperature=torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32,
-                                     device=dev),
-            top_p=torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev),
-            seeds=torch.tensor([r.sampling.seed for r in reqs], dtype=torch.long, device=dev),
-            counters=None if counters is None else torch.tensor(counters, dtype=torch.long,
-                                                                 device=dev))
+            temperature=h2d([r.sampling.temperature for r in reqs], torch.float32),
+            top_p=h2d([r.sampling.top_p for r in reqs], torch.float32),
+            seeds=h2d([r.sampling.seed for r in reqs], torch.long),
+            counters=None if counters is None else h2d(counters, torch.long))
 
     def _launch(self, kind: str, reqs: list[Req]) -> Pending:
         sp = self.spans
@@ -268,19 +266,20 @@ class Scheduler:
         return self._start_copy(kind, reqs, results)
 
     def _prefill_inputs(self, reqs: list[Req]) -> PrefillInputs:
-        dev = self.device
+        h2d = self.dev.h2d
         fills = [r.fill_ids() for r in reqs]
         lens = [len(f) for f in fills]
-        ids = torch.tensor([t for f in fills for t in f], dtype=torch.long, device=dev)
-        q_lens = torch.tensor(lens, dtype=torch.long, device=dev)
-        cu = torch.zeros(len(reqs) + 1, dtype=torch.long, device=dev)
-        cu[1:] = torch.cumsum(q_lens, 0)
-        pos = torch.cat([torch.arange(n, device=dev) for n in lens])
-        return PrefillInputs(ids, torch.tensor([r.kv.row for r in reqs], device=dev), q_lens, cu,
-                             pos, max(lens), self._sampling(reqs, lens))
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        return PrefillInputs(h2d([t for f in fills for t in f], torch.long),
+                             h2d([r.kv.row for r in reqs], torch.long), h2d(lens, torch.long),
+                             h2d(cu, torch.long), h2d([i for n in lens for i in range(n)],
+                                                      torch.long),
+                             max(lens), self._sampling(reqs, lens))
 
     def _decode_inputs(self, reqs: list[Req]) -> DecodeInputs:
-        rows = torch.tensor([r.kv.row for r in reqs], dtype=torch.long, device=self.device)
+        rows = self.dev.h2d([r.kv.row for r in reqs], torch.long)
         if self.opt.overlap and not self.opt.device_seq_lens:
             # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
             # the previous verify's publish -- the publish-point host sync.

@@ -125,17 +125,25 @@ def small_trace(d: Path, out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--only", nargs="+", default=None,
+                    choices=["stages", "overhead", "syncs", "timelines", "trace"])
     a = ap.parse_args(argv)
+    want = set(a.only or ["stages", "overhead", "syncs", "timelines", "trace"])
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list = []
     with tempfile.TemporaryDirectory() as d:
-        trace = stage_check(Path(d), rows)
-        plot_timeline(trace, analyze(trace), path=out / "timeline_frozen_zb.png")
-        overhead(rows)
-        syncs(rows)
-        timelines(Path(d), out, rows)
-        small_trace(Path(d), out)
+        if "stages" in want:
+            trace = stage_check(Path(d), rows)
+            plot_timeline(trace, analyze(trace), path=out / "timeline_frozen_zb.png")
+        if "overhead" in want:
+            overhead(rows)
+        if "syncs" in want:
+            syncs(rows)
+        if "timelines" in want:
+            timelines(Path(d), out, rows)
+        if "trace" in want:
+            small_trace(Path(d), out)
     text = "\n".join(rows)
     print(text)
     (out / "bench_profile.md").write_text(text + "\n")

@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace-dir", default="traces")
     d.add_argument("--max-new-tokens", type=int, default=48)
     sub.add_parser("bench", help="the standard arms side by side (ratio table)", add_help=False)
+    sub.add_parser("sweep", help="grids of runs, one process per cell", add_help=False)
     sub.add_parser("analyze", help="bubble analysis of a Kineto trace", add_help=False)
     sub.add_parser("plot", help="bubble timeline plot of a Kineto trace", add_help=False)
     return p
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # analyze/plot: dispatch before building the config flags (which import torch).
+    if argv and argv[0] == "sweep":
+        from .sweep import main_sweep
+        return main_sweep(argv[1:])
     if argv and argv[0] == "bench":
         from .bench import main_bench
         return main_bench(argv[1:])

@@ -1,0 +1,63 @@
+"""Sweeps: grids of runs, one process per cell, one results table.
+
+    mtplab sweep examples/grids/overlap_bs.yaml            # built-in measurement per cell
+    mtplab sweep --notebook notebooks/00_quickstart.ipynb GRID.yaml   # papermill per cell
+
+    from mtplab.sweep import load_grid, run_sweep
+    df = run_sweep(load_grid("grid.yaml").cells(), "traces/sweeps/x")
+
+Grid files and cell ids: `grid.py`. Process isolation, resume and output layout: `runner.py`.
+What one cell measures: `measure.py`; ITL/TPOT and bubble definitions: `metrics.py`.
+
+Results table (`results.parquet`, one row per cell; `results.jsonl` holds the same records,
+one line per finished or dropped cell, the last one per `cell_id` wins). Units are in the
+column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
+
+  identity    cell_id, status (ok | failed | dropped), error ('' when ok: the dropped reason
+              or the failure's `Type: message`), cell_wall_s (the cell process, start to end),
+              settings_json (the cell's settings as written in the grid file, JSON)
+  config      cfg.<field> for every RunConfig field, resolved (as written for dropped cells);
+              a sweep cell defaults max_running_requests = batch_size and event_timeline = True
+  KV          kv_alloc_per_decode_tokens, kv_reserved_per_req_tokens (reserve per decode step
+              per request = cfg.reserve_per_decode), kv_row_width_tokens (req_to_token row)
+  workload    batch_size, num_requests, prompt_len_tokens, output_len_tokens,
+              warmup_output_len_tokens, temperature, fail (see grid.Workload)
+  notebook    param.<key> (grid keys that are neither), nb.<key> (scalars of answer.json)
+  throughput  requests, tokens, wall_s, tok_per_s, decode_tok_per_s, steps, decode_steps,
+              prefill_steps, retractions (of the measured generate; warm-up excluded)
+  latency     step_time_p50_ms (all steps), decode_step_time_p50_ms (decode step wall time),
+              itl_p50_ms, itl_p99_ms, tpot_p50_ms, tpot_p90_ms, from Engine.stats(): ITL =
+              time between consecutive token deliveries to one request (a speculative step
+              delivers its accepted tokens at once, so one sample per request per step);
+              TPOT = per request (last delivery - first delivery) / (tokens - 1)
+  acceptance  accept_len (tokens committed per verify, bonus included; NaN without a draft),
+              accept_rate_pos<i> (i = 1..num_steps), accept_simulated
+  stages      stage_<stage>_ms (median per decode step), sync_spans_per_step,
+              listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
+              flagged in decode steps, with debug_syncs=True; NaN / null otherwise)
+  bubbles     bubble_frac, bubble_sync_frac, bubble_host_prep_frac, bubble_launch_frac,
+              bubble_other_frac, bubble_steps, launches_per_step, draft_launches_per_step,
+              draft_ops_per_step, host_syncs_per_step (from the Kineto trace when profile=True;
+              bubble_* NaN on CPU, where the trace has no GPU lanes)
+  environment device_name, git_commit, mtplab_version, torch_version
+  paths       run_dir, trace_path, timeline_path, manifest_path, log_path, notebook_path,
+              timeline_first_step, trace_skip_steps (first measured step of the timeline;
+              warm-up steps skipped in the trace)
+"""
+from .cli import main_sweep
+from .grid import Cell, Grid, Workload, grid_from_dict, load_grid, make_cell
+from .runner import RESULTS_JSONL, RESULTS_PARQUET, collect, run_sweep
+
+__all__ = [
+           "RESULTS_JSONL",
+           "RESULTS_PARQUET",
+           "Cell",
+           "Grid",
+           "Workload",
+           "collect",
+           "grid_from_dict",
+           "load_grid",
+           "main_sweep",
+           "make_cell",
+           "run_sweep",
+]

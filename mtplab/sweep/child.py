@@ -1,0 +1,72 @@
+"""The process that runs one cell:  python -m mtplab.sweep.child SPEC.json
+
+SPEC.json (written by the runner): {"cell_id", "config" (resolved RunConfig fields),
+"workload", "params", "settings", "notebook" (path or null), "notebook_out", "cell_dir",
+"kernel_name"}. The child writes `result.json` beside the spec: {"status": "ok", ...metric
+columns} or {"status": "failed", "error": "Type: message"}, and exits 0 / 1. Anything that
+kills the process before that (OOM, a signal, a timeout) is reported by the runner.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ..profiling.atomic import atomic_write_text
+
+
+def run_notebook(spec: dict[str, Any]) -> dict[str, Any]:
+    """Execute the cell's notebook with papermill; the cell's settings, `out_dir` and `cell_id`
+    are injected as parameters. Scalars of `<out_dir>/answer.json` become `nb.<key>` columns."""
+    import papermill
+
+    out_dir = Path(spec["cell_dir"]) / "out"
+    params = {**spec["settings"], "out_dir": str(out_dir), "cell_id": spec["cell_id"]}
+    papermill.execute_notebook(spec["notebook"], spec["notebook_out"], parameters=params,
+                               kernel_name=spec["kernel_name"], progress_bar=False,
+                               cwd=str(Path(spec["notebook"]).resolve().parent))
+    row: dict[str, Any] = {"notebook_path": spec["notebook_out"]}
+    answer = out_dir / "answer.json"
+    if answer.is_file():
+        for k, v in json.loads(answer.read_text()).items():
+            if v is None or isinstance(v, (bool, int, float, str)):
+                row[f"nb.{k}"] = v
+    return row
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("notebook"):
+        return run_notebook(spec)
+    from ..config import RunConfig
+    from .grid import Workload
+    from .measure import measure
+    return measure(RunConfig(**spec["config"]), Workload(**spec["workload"]))
+
+
+def main(argv: list[str]) -> int:
+    spec_path = Path(argv[0])
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = {"status": "ok", **run(spec)}
+        code = 0
+    except Exception as e:        # noqa: BLE001 -- any failure of the cell is its result
+        traceback.print_exc()
+        result = {"status": "failed", "error": _one_line(e)}
+        code = 1
+    atomic_write_text(spec_path.with_name("result.json"), json.dumps(result, default=str))
+    return code
+
+
+def _one_line(e: BaseException) -> str:
+    """`Type: message` on one line; for a failed notebook the error raised inside it."""
+    if hasattr(e, "ename") and hasattr(e, "evalue"):      # papermill.PapermillExecutionError
+        name, msg = f"notebook cell {e.exec_count}: {e.ename}", str(e.evalue)
+    else:
+        name, msg = type(e).__name__, str(e)
+    return f"{name}: {' '.join(msg.split())}"[:2000]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""`mtplab sweep GRID.yaml [--notebook NB.ipynb] [--out DIR] ...`"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+from .grid import load_grid
+from .runner import RESULTS_JSONL, RESULTS_PARQUET, read_records, run_sweep
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mtplab sweep",
+        description="Run a grid of configurations, one process per cell; results go to "
+                    "<out>/results.jsonl and <out>/results.parquet (see examples/grids/).")
+    p.add_argument("grid", help="grid file (YAML: base, arms, grid, exclude, out, timeout_s)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: the grid's `out`, else traces/sweeps/<grid name>)")
+    p.add_argument("--notebook", default=None,
+                   help="run this notebook per cell with papermill instead of the built-in "
+                        "measurement; executed copies go to <out>/notebooks/<cell_id>.ipynb")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a base setting (YAML value), e.g. --set device=cuda; repeatable")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="per-cell limit in seconds (default: the grid's timeout_s, else 600)")
+    p.add_argument("--kernel", default=None,
+                   help="Jupyter kernel for --notebook (default: one for this interpreter)")
+    p.add_argument("--no-retry-failed", dest="retry_failed", action="store_false",
+                   help="on a re-run, skip failed cells too (default: run them again)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the cells (id, run/skip/dropped, settings) and exit")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def main_sweep(argv: list[str] | None = None) -> int:
+    """Entry point of `mtplab sweep`. Exit 0 when every cell of the grid is ok or dropped
+    (run now or done before), 1 when one is failed, 2 on a bad grid file or argument."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        grid = load_grid(args.grid, _overrides(args.overrides))
+    except ConfigError as e:
+        print(f"mtplab sweep: error: {e}", file=sys.stderr)
+        return 2
+    if args.notebook and not Path(args.notebook).is_file():
+        print(f"mtplab sweep: error: notebook {args.notebook} not found.", file=sys.stderr)
+        return 2
+    out = Path(args.out or grid.out or Path("traces") / "sweeps" / Path(args.grid).stem)
+    cells = grid.cells(notebook=args.notebook)
+    done = {r["cell_id"]: r["status"] for r in read_records(out / RESULTS_JSONL)}
+    if args.dry_run:
+        for c in cells:
+            state = "dropped: " + c.dropped if c.dropped else (
+                "done" if done.get(c.cell_id) == "ok" else "run")
+            print(f"{c.cell_id}  {state}  {c.settings}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(args.grid, out / "grid.yaml")
+    df = run_sweep(cells, out, notebook=args.notebook,
+                   timeout_s=args.timeout_s or grid.timeout_s, kernel_name=args.kernel,
+                   retry_failed=args.retry_failed, progress=args.progress)
+    ids = {c.cell_id for c in cells}
+    mine = df[df["cell_id"].isin(ids)] if len(df) else df
+    counts = mine["status"].value_counts().to_dict() if len(mine) else {}
+    print(f"mtplab sweep: {len(cells)} cells: " +
+          ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "failed", "dropped")) +
+          f"; table {out / RESULTS_PARQUET}")
+    for r in mine[mine["status"] != "ok"].itertuples() if len(mine) else []:
+        print(f"  {r.cell_id} {r.status}: {r.error}")
+    return 1 if counts.get("failed") else 0

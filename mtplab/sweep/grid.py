@@ -1,0 +1,209 @@
+"""Grid files and cells: what a sweep runs.
+
+A grid file (YAML) names settings; each setting is a `RunConfig` field, a `Workload` field, or
+(notebook sweeps only) a notebook parameter:
+
+    out: traces/sweeps/overlap      # output folder (`mtplab sweep --out` wins)
+    timeout_s: 600                  # per-cell limit, seconds
+    base:                           # shared by every cell
+      model: random-tiny
+      draft: frozen_kv_mtp
+      simulate_accept_len: 2.5
+    arms:                           # optional list of setting groups, crossed with the grid
+      - {overlap: false}
+      - {overlap: true}
+    grid:                           # axes: the cartesian product, in file order
+      batch_size: [1, 4, 16]
+    exclude:                        # optional: a cell matching every key of an entry is dropped
+      - {batch_size: 16, overlap: false}
+
+A cell's settings are `base` ⊕ one grid point ⊕ one arm (later wins; cells that resolve to
+the same id are run once). Validity: the RunConfig
+is constructed here, in the parent; a `ConfigError` (or a workload that does not fit the
+config) makes the cell *dropped*, with the one-sentence reason recorded. `batch_size` is the
+concurrency: the default `max_running_requests` of the cell (an explicit value wins).
+
+The cell id is a 12-hex-digit SHA-1 of the resolved settings (`asdict(RunConfig)` after
+defaults and 'auto' are resolved, minus the output location, plus the workload and notebook
+parameters), so the same cell gets the same id on every re-run and done cells are skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError, RunConfig
+
+GRID_KEYS = ("out", "timeout_s", "base", "arms", "grid", "exclude")
+# Resolved RunConfig fields that say where a cell writes, not what it runs: not hashed.
+LOCATION_FIELDS = ("trace_dir", "run_name")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a cell feeds the engine. Field names are also the results-table column names.
+
+    batch_size              concurrency: requests in flight (default max_running_requests)
+    num_requests            requests in the measured generate (None -> batch_size); all are
+                            queued at once, the scheduler keeps batch_size running
+    prompt_len_tokens       tokens per prompt (random ids, seeded by the config seed)
+    output_len_tokens       new tokens per request (ignore_eos: every request runs to the limit)
+    warmup_output_len_tokens  new tokens of the warm-up generate before the measured one
+                            (batch_size requests; 0 = none); warm-up steps are in no figure
+    temperature             0 = greedy
+    fail                    test hook: the cell's process raises before building the engine
+    """
+
+    batch_size: int = 4
+    num_requests: int | None = None
+    prompt_len_tokens: int = 32
+    output_len_tokens: int = 32
+    warmup_output_len_tokens: int = 4
+    temperature: float = 0.0
+    fail: bool = False
+
+    def __post_init__(self):
+        for name in ("batch_size", "prompt_len_tokens", "output_len_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
+        if self.num_requests is not None and (not isinstance(self.num_requests, int)
+                                              or self.num_requests < 1):
+            raise ConfigError(f"num_requests must be a positive integer or null, "
+                              f"got {self.num_requests!r}.")
+        if not isinstance(self.warmup_output_len_tokens, int) or self.warmup_output_len_tokens < 0:
+            raise ConfigError("warmup_output_len_tokens must be an integer >= 0, "
+                              f"got {self.warmup_output_len_tokens!r}.")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}.")
+
+    @property
+    def requests(self) -> int:
+        return self.num_requests or self.batch_size
+
+    def check_fits(self, cfg: RunConfig) -> None:
+        """Raise ConfigError when a request of this workload cannot run under `cfg`."""
+        need = self.prompt_len_tokens + max(self.output_len_tokens, self.warmup_output_len_tokens)
+        if need > cfg.context_len:
+            raise ConfigError(f"prompt_len_tokens + output_len_tokens = {need} exceeds "
+                              f"context_len={cfg.context_len}; raise context_len or shorten.")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid. `dropped` holds the reason when the settings are invalid (then
+    `config` / `workload` may be None)."""
+
+    cell_id: str
+    settings: dict[str, Any]                 # as written: base ⊕ arm ⊕ grid point
+    config: RunConfig | None = None       # resolved, trace_dir/run_name set by the runner
+    workload: Workload | None = None
+    params: dict[str, Any] = field(default_factory=dict)   # notebook-only parameters
+    dropped: str | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    base: dict[str, Any]
+    arms: list[dict[str, Any]]
+    axes: dict[str, list[Any]]
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    out: str | None = None
+    timeout_s: float = 600.0
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every cell's settings, in order: the axes in file order (last fastest), arms
+        innermost, so the arms of one grid point run side by side."""
+        names = list(self.axes)
+        combos = itertools.product(*(self.axes[n] for n in names))
+        grid_points = [dict(zip(names, c)) for c in combos]
+        return [{**self.base, **pt, **arm} for pt in grid_points for arm in (self.arms or [{}])]
+
+    def cells(self, *, notebook: str | None = None) -> list[Cell]:
+        """The cells, once each (first occurrence of an id wins)."""
+        cells: dict[str, Cell] = {}
+        for s in self.points():
+            c = make_cell(s, notebook=notebook, exclude=self.exclude)
+            cells.setdefault(c.cell_id, c)
+        return list(cells.values())
+
+
+def load_grid(path: str | Path, overrides: dict[str, Any] | None = None) -> Grid:
+    """Read a grid file; `overrides` (e.g. from `--set key=value`) update `base`."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read grid file {path}: {e}") from None
+    return grid_from_dict(doc, overrides)
+
+
+def grid_from_dict(doc: dict[str, Any], overrides: dict[str, Any] | None = None) -> Grid:
+    if not isinstance(doc, dict):
+        raise ConfigError("a grid file is a mapping with keys base, arms, grid, exclude, out, "
+                          "timeout_s.")
+    unknown = sorted(set(doc) - set(GRID_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown grid-file keys {unknown}; use {list(GRID_KEYS)}.")
+    axes = doc.get("grid") or {}
+    for k, v in axes.items():
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"grid axis {k!r} must be a non-empty list of values, got {v!r}.")
+    arms = doc.get("arms") or []
+    if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
+        raise ConfigError("arms must be a list of mappings (each a group of settings).")
+    return Grid(base={**(doc.get("base") or {}), **(overrides or {})}, arms=arms, axes=axes,
+                exclude=list(doc.get("exclude") or []), out=doc.get("out"),
+                timeout_s=float(doc.get("timeout_s", 600.0)))
+
+
+def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
+              exclude: list[dict[str, Any]] | None = None) -> Cell:
+    """Resolve one cell's settings; invalid settings give a dropped cell with the reason.
+
+    Without a notebook every key must be a RunConfig or Workload field; with one, other keys
+    are notebook parameters."""
+    cfg_names, wl_names = set(RunConfig.field_names()), set(Workload.field_names())
+    cfg_kw = {k: v for k, v in settings.items() if k in cfg_names}
+    wl_kw = {k: v for k, v in settings.items() if k in wl_names}
+    params = {k: v for k, v in settings.items() if k not in cfg_names | wl_names}
+    nb = Path(notebook).name if notebook else None
+    raw_id = _hash({"settings": settings, "notebook": nb})
+    for rule in exclude or []:
+        if all(k in settings and settings[k] == v for k, v in rule.items()):
+            return Cell(raw_id, settings, params=params, dropped=f"excluded by the grid file: {rule}")
+    if params and notebook is None:
+        return Cell(raw_id, settings, params=params, dropped=(
+            f"unknown settings {sorted(params)}: not RunConfig or workload fields (notebook "
+            "parameters need --notebook)."))
+    try:
+        workload = Workload(**wl_kw)
+        cfg_kw.setdefault("max_running_requests", workload.batch_size)
+        cfg_kw.setdefault("event_timeline", True)
+        cfg = RunConfig(**cfg_kw)
+        workload.check_fits(cfg)
+    except (ConfigError, TypeError) as e:
+        return Cell(raw_id, settings, params=params, dropped=str(e))
+    resolved = {k: v for k, v in asdict(cfg).items() if k not in LOCATION_FIELDS}
+    cid = _hash({"config": resolved, "workload": asdict(workload), "params": params,
+                 "notebook": nb})
+    return Cell(cid, settings, config=cfg, workload=workload, params=params)
+
+
+def place(cfg: RunConfig, trace_dir: Path, run_name: str) -> RunConfig:
+    """The config with its output location set (the location is not part of the cell id)."""
+    return replace(cfg, trace_dir=str(trace_dir), run_name=run_name)
+
+
+def _hash(obj: Any) -> str:
+    blob = json.dumps(obj, sort_keys=True, default=repr).encode()
+    return hashlib.sha1(blob).hexdigest()[:12]

@@ -1,0 +1,83 @@
+"""One cell's measurement, inside the cell's own process: build the engine, run a warm-up
+generate, run the measured generate, write the run folder, and derive the figures.
+
+Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate
+(per-request token arrival times, see mtplab.sweep's table schema).
+Warm-up exclusion: the event-timeline figures use only the steps of the measured generate;
+the trace figures skip the warm-up steps that fall inside the profiler window
+(`trace_skip_steps`: the profiler records engine steps
+[profile_wait + profile_warmup, + profile_active) counted from engine construction).
+"""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from ..config import RunConfig
+from .grid import Workload
+from .metrics import stage_metrics, trace_metrics
+
+LATENCY_KEYS = ("tpot_p50_ms", "tpot_p90_ms", "itl_p50_ms", "itl_p99_ms")
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """n random prompts of `length` token ids in [3, vocab) (ids 0-2 are special)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def trace_skip(cfg: RunConfig, warm_steps: int) -> int:
+    """How many of the trace's steps are warm-up steps (`analyze(..., skip_steps=)`), given
+    the engine steps taken before the measured generate."""
+    return min(max(0, warm_steps - cfg.profile_wait - cfg.profile_warmup), cfg.profile_active)
+
+
+def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
+    """Run the cell; return the metric columns of its results row (see mtplab.sweep)."""
+    from ..engine import Engine
+
+    if wl.fail:
+        raise RuntimeError("workload fail=True: this cell fails on purpose (test hook).")
+    eng = Engine(cfg)
+    V = eng.model.config.vocab_size
+    if wl.warmup_output_len_tokens:
+        eng.generate(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
+                     max_new_tokens=wl.warmup_output_len_tokens, ignore_eos=True,
+                     temperature=wl.temperature)
+    warm_steps = eng.profiler.steps if eng.profiler is not None else 0
+    first_step = eng.timeline.step + 1 if eng.timeline is not None else 0
+    eng.generate(prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed),
+                 max_new_tokens=wl.output_len_tokens, ignore_eos=True,
+                 temperature=wl.temperature)
+    eng.check_invariants()
+    st = eng.stats()
+    files = eng.finish()
+    row: dict[str, Any] = {k: st.get(k) for k in (
+        "requests", "tokens", "wall_s", "tok_per_s", "decode_tok_per_s", "steps",
+        "decode_steps", "prefill_steps", "retractions", "step_time_p50_ms")}
+    row.update({k: st[k] for k in LATENCY_KEYS})
+    row["decode_step_time_p50_ms"] = st["decode_step_p50_ms"]
+    sites = {k: v for k, v in (st.get("host_syncs") or {}).items() if k.startswith("decode")}
+    row["listed_syncs_json"] = json.dumps(sites) if cfg.debug_syncs else None
+    row["listed_syncs_per_step"] = (sum(sites.values()) / max(1, st["decode_steps"])
+                                    if cfg.debug_syncs else float("nan"))
+    row["accept_len"] = st.get("accept_len", float("nan"))
+    row["accept_simulated"] = bool(st.get("simulated", False))
+    for i, r in enumerate(st.get("accept_rate_per_pos", []), start=1):
+        row[f"accept_rate_pos{i}"] = r
+    man = cfg.manifest()
+    row.update(device_name=man["device_name"], git_commit=man["git_commit"],
+               mtplab_version=man["versions"]["mtplab"], torch_version=man["versions"]["torch"])
+    row["run_dir"] = str(eng.run_dir)
+    row["manifest_path"] = str(files["manifest"]) if "manifest" in files else None
+    row["timeline_path"] = str(files["timeline"]) if "timeline" in files else None
+    row["timeline_first_step"] = first_step
+    if eng.timeline is not None:
+        row.update(stage_metrics(eng.timeline_frame(), first_step))
+    row["trace_path"] = str(files["trace0"]) if "trace0" in files else None
+    if row["trace_path"]:
+        skip = trace_skip(cfg, warm_steps)
+        row["trace_skip_steps"] = skip
+        row.update(trace_metrics(row["trace_path"], skip))
+    return row

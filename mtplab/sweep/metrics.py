@@ -1,0 +1,107 @@
+"""Per-cell figures derived from the event timeline and the Kineto trace of the measured run.
+
+From the event timeline, over the decode steps (`step[decode bs=B]` spans) of the measured
+generate:
+    stage_<stage>_ms         median over decode steps of the summed time of that stage's spans
+                             in the step (0 where a step has none; GPU clock for device lanes
+                             on CUDA, else host clock)
+    sync_spans_per_step      mean number of host `sync` spans (blocking waits) per decode step
+
+From the trace (only when the cell profiles; NaN otherwise), over the decode steps of the
+profiler window after warm-up:
+    bubble_frac, bubble_<cause>_frac   device bubble time / device step wall time, in total and
+                                       per cause (sync, host_prep, launch, other); NaN without
+                                       GPU activity (a CPU run)
+    bubble_steps                       decode steps the bubble figures cover
+    launches_per_step                  CUDA launch calls (`*Launch*` runtime/driver events)
+                                       inside a decode step span (NaN on CPU)
+    draft_launches_per_step            launch calls inside `draft.seed` / `draft` spans
+    draft_ops_per_step                 aten ops dispatched inside `draft.seed` / `draft` spans
+                                       (nested ops counted; the CPU stand-in for launches)
+    host_syncs_per_step                synchronize calls and `aten::item` /
+                                       `aten::_local_scalar_dense` inside decode step spans
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..profiling.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze
+from ..profiling.stages import STAGES
+from ..profiling.trace_io import RUNTIME_CATS, load_trace
+
+NAN = float("nan")
+DRAFT_SPANS = ("draft.seed", "draft")
+
+
+def stage_metrics(tl: pd.DataFrame, first_step: int) -> dict:
+    """Per-stage time and sync spans per decode step, over the steps >= first_step."""
+    tl = tl[tl["step"] >= first_step]
+    dec_steps = tl.loc[tl["stage"].str.startswith("step[decode"), "step"].unique()
+    if len(dec_steps) == 0:
+        return {"sync_spans_per_step": NAN}
+    tl = tl[tl["step"].isin(dec_steps) & tl["stage"].isin(STAGES)]
+    gpu = tl["gpu_start_us"].notna()
+    ms = np.where(gpu, tl["gpu_end_us"] - tl["gpu_start_us"],
+                  tl["host_end_us"] - tl["host_start_us"]) / 1e3
+    d = pd.DataFrame({"step": tl["step"], "stage": tl["stage"], "ms": ms})
+    per = d.pivot_table(index="step", columns="stage", values="ms", aggfunc="sum", fill_value=0.0)
+    per = per.reindex(dec_steps, fill_value=0.0)
+    out = {f"stage_{s}_ms": float(per[s].median()) for s in STAGES if s in per.columns}
+    out["sync_spans_per_step"] = float((d["stage"] == "sync").sum() / len(dec_steps))
+    return out
+
+
+def trace_metrics(trace_path: str, skip_steps: int) -> dict:
+    """Bubble fractions and launch/sync counts of the decode steps after `skip_steps`."""
+    out = {"bubble_frac": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES}, "bubble_steps": 0,
+           "launches_per_step": NAN, "draft_launches_per_step": NAN,
+           "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
+    tr = load_trace(trace_path)
+    try:
+        res = analyze(tr, skip_steps=skip_steps)
+    except ValueError:          # the profiler window ended inside the warm-up
+        return out
+    st = res.steps[res.steps["name"].str.startswith("step[decode")]
+    out["bubble_steps"] = len(st)
+    if st.empty:
+        return out
+    wall = float(st["dur_us"].sum())
+    if res.summary.get("device") is not None and wall > 0:
+        out["bubble_frac"] = float(st["bubble_us"].sum()) / wall
+        for c in CAUSES:
+            out[f"bubble_{c}_frac"] = float(st[f"bubble_{c}_us"].sum()) / wall
+    n = len(st)
+    s0 = st["host_start_us"].to_numpy()
+    s1 = s0 + st["host_dur_us"].to_numpy()
+    ua = tr.cat_mask("user_annotation")
+    draft = ua & tr.name_mask(lambda nm: nm in DRAFT_SPANS)
+    inside = _in_windows(tr.ts[draft], s0, s1)
+    d0, d1 = tr.ts[draft][inside], tr.end[draft][inside]
+    launch = tr.cat_mask(*RUNTIME_CATS) & tr.name_mask(lambda nm: "Launch" in nm)
+    syncs = tr.name_mask(lambda nm: nm in SYNC_CALLS or nm in SYNC_OPS)
+    ops = tr.cat_mask("cpu_op")
+    if launch.any():
+        out["launches_per_step"] = _count_in(tr.ts[launch], s0, s1) / n
+        out["draft_launches_per_step"] = _count_in(tr.ts[launch], d0, d1) / n
+    out["draft_ops_per_step"] = _count_in(tr.ts[ops], d0, d1) / n
+    out["host_syncs_per_step"] = _count_in(tr.ts[syncs], s0, s1) / n
+    return out
+
+
+def _in_windows(t: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> np.ndarray:
+    """Mask of instants t inside the union of windows [s0, s1] (windows may nest/overlap)."""
+    if s0.size == 0:
+        return np.zeros(t.size, bool)
+    o = np.argsort(s0, kind="stable")
+    s0, s1 = s0[o], np.maximum.accumulate(s1[o])
+    new = np.ones(s0.size, bool)
+    new[1:] = s0[1:] > s1[:-1]                       # a window starting after all before it end
+    starts = s0[new]
+    ends = np.append(s1[np.flatnonzero(new)[1:] - 1], s1[-1])
+    i = np.searchsorted(starts, t, side="right") - 1
+    return (i >= 0) & (t <= ends[np.clip(i, 0, None)])
+
+
+def _count_in(t: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> int:
+    return int(_in_windows(t, s0, s1).sum())

@@ -1,0 +1,170 @@
+"""Figures of a sweep's results table (used by the notebooks; matplotlib).
+
+    df = load_results("traces/sweeps/x")              # folder or results.parquet
+    bars(df, x="batch_size", value="tok_per_s", hue=["cfg.overlap"])
+    heatmap(df, x="cfg.page_size", y="cfg.topk", value="accept_len")
+    timelines(df, label_cols=["cfg.overlap"])         # one figure per row, one time scale
+    standard_figures(df, out_dir=...)                 # the report of notebook 06
+    write_answer(out_dir, {...})                      # a notebook's answer -> answer.json
+
+Every function draws the rows with status ok only. Bubble timelines: the Kineto trace on a
+GPU (`plot_timeline`), the event timeline's host spans otherwise (`plot_event_timeline`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ..profiling.atomic import atomic_write_text
+from ..profiling.bubbles import analyze
+from ..profiling.plots import plot_event_timeline, plot_timeline, save_figure
+from .runner import RESULTS_PARQUET
+
+Cols = str | Sequence[str] | None
+STANDARD_METRICS = ("tok_per_s", "tpot_p50_ms", "itl_p99_ms", "decode_step_time_p50_ms",
+                    "accept_len", "bubble_frac")
+# Settings that say where a cell wrote, or a test hook: never an axis of a figure.
+NOT_AXES = ("cfg.trace_dir", "cfg.run_name", "fail")
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    p = Path(path)
+    return pd.read_parquet(p / RESULTS_PARQUET if p.is_dir() else p)
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"]
+
+
+def varying(df: pd.DataFrame) -> list[str]:
+    """Columns of the settings the grid varied (as written in it) among ok rows: `cfg.<k>`
+    for RunConfig fields, the workload field, else `param.<k>`; derived values (e.g.
+    max_total_tokens following batch_size) are not settings."""
+    ok = ok_rows(df)
+    written = pd.DataFrame([json.loads(s) for s in ok["settings_json"]])
+    keys = [k for k in written.columns if written[k].astype(str).nunique() > 1]
+    cols = [f"cfg.{k}" if f"cfg.{k}" in ok.columns else k if k in ok.columns else f"param.{k}"
+            for k in keys]
+    return [c for c in cols if c in ok.columns and c not in NOT_AXES]
+
+
+def label(df: pd.DataFrame, cols: Cols) -> pd.Series:
+    """'overlap=True, page_size=16' per row (the cfg. prefix dropped)."""
+    cols = _list(cols)
+    if not cols:
+        return pd.Series(["all"] * len(df), index=df.index)
+    return df[cols].astype(str).apply(
+        lambda r: ", ".join(f"{c.removeprefix('cfg.')}={v}" for c, v in r.items()), axis=1)
+
+
+def _list(cols: Cols) -> list[str]:
+    return [] if cols is None else [cols] if isinstance(cols, str) else list(cols)
+
+
+def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
+         ax: Axes | None = None) -> Axes:
+    """Grouped bars: mean of `value` per `x`, one bar colour per `hue` combination."""
+    ok = ok_rows(df).assign(_hue=lambda d: label(d, hue))
+    table = ok.pivot_table(index=x, columns="_hue", values=value, aggfunc="mean", dropna=False)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(table) + 2), 3.2), layout="constrained")
+    table.plot.bar(ax=ax, rot=0, legend=table.shape[1] > 1)
+    ax.set_xlabel(x.removeprefix("cfg."))
+    ax.set_ylabel(value)
+    if table.shape[1] > 1:
+        ax.legend(fontsize=7, title=None, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"{value} by {x.removeprefix('cfg.')}", fontsize=9)
+    return ax
+
+
+def heatmap(df: pd.DataFrame, x: str, y: str, value: str, *, ax: Axes | None = None,
+            fmt: str = "{:.3g}", cmap: str = "viridis") -> Axes:
+    """Mean of `value` on the (x, y) grid, each cell annotated (blank where NaN)."""
+    table = ok_rows(df).pivot_table(index=y, columns=x, values=value, aggfunc="mean",
+                                    dropna=False)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.1 * table.shape[1] + 2.5, 0.8 * table.shape[0] + 1.8),
+                             layout="constrained")
+    data = table.to_numpy(dtype=float)
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto")
+    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
+    ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
+    ax.set_xlabel(x.removeprefix("cfg."))
+    ax.set_ylabel(y.removeprefix("cfg."))
+    for (i, j), v in np.ndenumerate(data):
+        if not math.isnan(v):
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white")
+    ax.figure.colorbar(im, ax=ax, label=value)
+    ax.set_title(value, fontsize=9)
+    return ax
+
+
+def timelines(df: pd.DataFrame, label_cols: Cols = None, *, n_steps: int = 4,
+              out_dir: str | Path | None = None) -> list[Figure]:
+    """One bubble timeline per ok row, `n_steps` measured decode steps each, all on one x
+    scale (the longest window), so the arms can be compared by eye. Saved as
+    `<out_dir>/timeline_<cell_id>.png` when out_dir is given."""
+    ok = ok_rows(df)
+    names = label(ok, label_cols)
+    figs = [_timeline(row, n_steps) for row in ok.itertuples(index=False)]
+    width = max((f.axes[0].get_xlim()[1] for f in figs), default=1.0)
+    for fig, name, cid in zip(figs, names, ok["cell_id"]):
+        ax = fig.axes[0]
+        ax.set_xlim(0, width)
+        ax.set_title(f"{name}  ({cid})", fontsize=9)
+        if out_dir is not None:
+            save_figure(fig, Path(out_dir) / f"timeline_{cid}.png")
+    return figs
+
+
+def _timeline(row, n_steps: int) -> Figure:
+    trace = getattr(row, "trace_path", None)
+    if isinstance(trace, str) and trace:
+        skip = int(row.trace_skip_steps)
+        res = analyze(trace, skip_steps=skip)
+        if res.summary.get("device") is not None:
+            dec = res.steps[res.steps["name"].str.startswith("step[decode")]["step"]
+            a = int(dec.iloc[min(1, len(dec) - 1)])
+            return plot_timeline(trace, res, steps=(a, a + n_steps - 1))
+    tl = pd.read_parquet(row.timeline_path)
+    first = int(row.timeline_first_step)
+    dec = sorted(tl.loc[(tl["step"] >= first) & tl["stage"].str.startswith("step[decode"),
+                        "step"].unique())
+    a = int(dec[min(1, len(dec) - 1)])
+    return plot_event_timeline(tl, steps=(a, a + n_steps - 1))
+
+
+def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,
+                     metrics: Sequence[str] = STANDARD_METRICS) -> dict[str, Figure]:
+    """For each metric with data: bars over the first varying setting (batch_size when it
+    varies), one colour per combination of the other varying settings."""
+    axes = varying(df)
+    x = "batch_size" if "batch_size" in axes else (axes[0] if axes else "batch_size")
+    hue = [c for c in axes if c != x]
+    ok = ok_rows(df)
+    figs = {}
+    for m in metrics:
+        if m not in ok.columns or ok[m].isna().all():
+            continue
+        ax = bars(ok, x, m, hue)
+        figs[m] = ax.figure
+        if out_dir is not None:
+            save_figure(ax.figure, Path(out_dir) / f"{m}.png")
+    return figs
+
+
+def write_answer(out_dir: str | Path, answer: dict) -> Path:
+    """Print a notebook's answer and write it to `<out_dir>/answer.json` (a notebook sweep
+    turns its scalars into `nb.<key>` columns)."""
+    for k, v in answer.items():
+        print(f"{k}: {v}")
+    return atomic_write_text(Path(out_dir) / "answer.json",
+                             json.dumps(answer, indent=1, default=str))

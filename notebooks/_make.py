@@ -1,0 +1,603 @@
+"""Generate the notebooks of this folder (JSON, no outputs):  python notebooks/_make.py
+
+Each notebook: a markdown cell stating its question, a `parameters`-tagged cell (papermill),
+the run(s), figures, and at the bottom the answer computed from the run, printed and written
+to `<out_dir>/answer.json`. Edit the cell sources here, not in the .ipynb files.
+Parameter-cell comments must not contain ';' (papermill's parser then skips the line).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+COMMON_PARAMS = '''\
+device = "auto"                 # "cpu", "cuda", "cuda:N" (auto: cuda when present)
+model = "random-tiny"           # a zoo preset (e.g. "tiny-code": trained, real acceptance) or an HF dir
+simulate_accept_len = 2.5       # simulated tokens per verify (None: the draft's real acceptance)
+prompt_len_tokens = 32
+output_len_tokens = 32
+'''
+
+SETUP = '''\
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+from mtplab import RunConfig
+from mtplab.config import ConfigError
+from mtplab.sweep import grid_from_dict, run_sweep
+from mtplab.sweep.report import bars, heatmap, timelines, write_answer
+%matplotlib inline
+
+out = Path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+on_gpu = RunConfig(device=device).device.startswith("cuda")
+print("device:", RunConfig(device=device).device, "| output:", out.resolve())
+'''
+
+
+def sweep_cell(base: str, arms: str, axes: str) -> str:
+    return f'''\
+base = {base}
+arms = {arms}
+axes = {axes}
+for arm in arms:   # an arm that is not available yet fails here, with one sentence
+    RunConfig(**{{k: v for k, v in {{**base, **arm}}.items() if k in RunConfig.field_names()}})
+sweep_dir = out / "sweep"
+if not resume:
+    shutil.rmtree(sweep_dir, ignore_errors=True)
+grid = grid_from_dict({{"base": base, "arms": arms, "grid": axes}})
+df = run_sweep(grid.cells(), sweep_dir, timeout_s=cell_timeout_s)
+failed = df[df["status"] != "ok"]
+if len(failed):
+    raise RuntimeError("cells did not run: " + "; ".join(failed["error"]))
+'''
+
+
+BASE = ('dict(device=device, model=model, draft=draft, simulate_accept_len=simulate_accept_len,'
+        '\n            prompt_len_tokens=prompt_len_tokens, output_len_tokens=output_len_tokens,'
+        '\n            page_size=page_size, profile=True)')
+
+SWEEP_PARAMS = '''\
+resume = False                  # True: keep finished cells of an earlier run of this notebook
+cell_timeout_s = 600
+'''
+
+NOTEBOOKS: dict[str, list[tuple[str, str]]] = {}
+
+NOTEBOOKS["00_quickstart"] = [
+    ("md", """\
+# 00 · Quickstart — where does one decode step's time go?
+
+**Question.** For one configuration, how long does a decode step take, which stages take that
+time, and how much of the step is the GPU idle (bubble fraction)?
+
+One profiled run: a warm-up generate, then the measured generate (warm-up steps are in no
+figure). On a GPU the bubble timeline is drawn from the Kineto trace (device lanes, bubbles
+hatched red); on CPU the trace has no GPU lanes, so the timeline shows the event timeline's
+host spans and the bubble fraction is NaN."""),
+    ("params", COMMON_PARAMS + '''\
+draft = "frozen_kv_mtp"         # none | frozen_kv_mtp | eagle
+num_steps = 3
+topk = 1
+page_size = 16
+batch_size = 4
+out_dir = "../traces/notebooks/00_quickstart"   # relative to this notebook's folder
+'''),
+    ("code", '''\
+from pathlib import Path
+
+import pandas as pd
+from mtplab import Engine, RunConfig
+from mtplab.profiling.bubbles import analyze
+from mtplab.profiling.plots import plot_event_timeline, plot_timeline
+from mtplab.profiling.stages import STAGES
+from mtplab.sweep.measure import prompts, trace_skip
+from mtplab.sweep.metrics import stage_metrics
+from mtplab.sweep.report import write_answer
+%matplotlib inline
+
+out = Path(out_dir)
+cfg = RunConfig(model=model, draft=draft, device=device, num_steps=num_steps, topk=topk,
+                page_size=page_size, max_running_requests=batch_size,
+                simulate_accept_len=simulate_accept_len if draft != "none" else None,
+                profile=True, event_timeline=True, profile_wait=2, profile_warmup=2,
+                profile_active=12, trace_dir=str(out), run_name="quickstart")
+pd.Series(cfg.manifest()["config"]).to_frame("resolved config")'''),
+    ("code", '''\
+eng = Engine(cfg)
+V = eng.model.config.vocab_size
+eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=1), max_new_tokens=4,
+             ignore_eos=True)                                   # warm-up: not measured
+warm_steps, first_step = eng.profiler.steps, eng.timeline.step + 1
+eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=0),
+             max_new_tokens=output_len_tokens, ignore_eos=True)
+eng.check_invariants()
+stats = eng.stats()
+files = eng.finish()
+pd.Series({k: v for k, v in stats.items() if not isinstance(v, (dict, list))}).to_frame("stats")'''),
+    ("md", "## The bubble timeline (4 measured decode steps)"),
+    ("code", '''\
+res = analyze(files["trace0"], skip_steps=trace_skip(cfg, warm_steps))
+tl = eng.timeline_frame()
+on_gpu = res.summary["device"] is not None
+if on_gpu:
+    dec = res.steps.loc[res.steps["name"].str.startswith("step[decode"), "step"]
+    a = int(dec.iloc[min(1, len(dec) - 1)])
+    fig = plot_timeline(files["trace0"], res, steps=(a, a + 3), path=out / "timeline.png")
+else:
+    dec = sorted(tl.loc[(tl["step"] >= first_step) & tl["stage"].str.startswith("step[decode"),
+                        "step"].unique())
+    a = int(dec[min(1, len(dec) - 1)])
+    fig = plot_event_timeline(tl, steps=(a, a + 3), path=out / "timeline.png")'''),
+    ("md", "## Summary tables: bubbles (trace) and stage times per decode step (event timeline)"),
+    ("code", '''\
+pd.Series({k: v for k, v in res.summary.items() if k != "notes"}).to_frame("bubble summary")'''),
+    ("code", '''\
+tm = stage_metrics(tl, first_step)
+step_ms = stats["decode_step_p50_ms"]
+# top-level stages only: draft.step (and the folded seed) run inside the draft span
+nested = {"draft.step"} | ({"draft.seed"} if cfg.fold_seed else set())
+stages = pd.Series({s: tm[f"stage_{s}_ms"] for s in STAGES
+                    if s not in nested and f"stage_{s}_ms" in tm}).sort_values(ascending=False)
+table = pd.DataFrame({"ms_per_decode_step": stages, "share_of_step": stages / step_ms})
+table'''),
+    ("md", "## Answer"),
+    ("code", '''\
+top = table.head(3)
+write_answer(out, {
+    "question": "where does one decode step's time go?",
+    "decode_step_time_p50_ms": step_ms,
+    "tok_per_s": stats["tok_per_s"],
+    "accept_len": stats.get("accept_len"),
+    "top_stages": ", ".join(f"{s} {r.share_of_step:.0%}" for s, r in top.iterrows()),
+    "bubble_frac": res.summary["bubble_frac"],
+    "timeline_png": str(out / "timeline.png"),
+})
+if not on_gpu:
+    print("(CPU run: no GPU lanes, so bubble_frac is NaN; run with device='cuda' for bubbles)")'''),
+]
+
+NOTEBOOKS["01_overlap"] = [
+    ("md", """\
+# 01 · Overlap scheduling — what does overlap (and zero-bubble on top) buy?
+
+**Question.** Across batch sizes, how much do tok/s and the GPU bubble fraction change when
+the overlap scheduler is on, and when zero-bubble scheduling is added on top?
+
+Three arms × batch sizes, each cell in its own process (`mtplab.sweep`), timelines side by
+side on one time scale. On CPU the bubble fraction is NaN (no GPU lanes); the decode step
+time and the timelines' host spans still show the effect of overlapping host and device work."""),
+    ("params", COMMON_PARAMS + '''\
+draft = "frozen_kv_mtp"
+page_size = 16
+batch_sizes = [1, 4]
+''' + SWEEP_PARAMS + '''\
+out_dir = "../traces/notebooks/01_overlap"
+'''),
+    ("code", SETUP),
+    ("code", sweep_cell(BASE, '[{"overlap": False}, {"overlap": True},\n        '
+                              '{"overlap": True, "zero_bubble": True}]',
+                        '{"batch_size": batch_sizes}') + '''\
+df["arm"] = ["zero-bubble" if zb else "overlap" if ov else "off"
+             for ov, zb in zip(df["cfg.overlap"], df["cfg.zero_bubble"])]
+df[["arm", "batch_size", "tok_per_s", "decode_step_time_p50_ms", "tpot_p50_ms", "bubble_frac",
+    "bubble_sync_frac"]]'''),
+    ("md", "## tok/s and bubble fraction by batch size"),
+    ("code", '''\
+bars(df, "batch_size", "tok_per_s", "arm")
+bars(df, "batch_size", "bubble_frac" if on_gpu else "decode_step_time_p50_ms", "arm");'''),
+    ("md", "## Timelines at the largest batch size (same time scale)"),
+    ("code", '''\
+timelines(df[df["batch_size"] == max(batch_sizes)], "arm", out_dir=out);'''),
+    ("md", "## Answer"),
+    ("code", '''\
+t = df.pivot_table(index="batch_size", columns="arm", values="tok_per_s")
+b = df.pivot_table(index="batch_size", columns="arm", values="bubble_frac", dropna=False)
+ans = {"question": "what do overlap and zero-bubble buy in tok/s and bubble fraction?"}
+for bs in t.index:
+    for arm in ("overlap", "zero-bubble"):
+        ans[f"speedup_vs_off_bs{bs}_{arm}"] = t.loc[bs, arm] / t.loc[bs, "off"]
+    for arm in ("off", "overlap", "zero-bubble"):
+        ans[f"bubble_frac_bs{bs}_{arm}"] = b.loc[bs, arm] if arm in b.columns else float("nan")
+write_answer(out, ans);'''),
+]
+
+NOTEBOOKS["02_seed_folding"] = [
+    ("md", """\
+# 02 · Seed folding — what does folding the Frozen-KV seed into the draft graph save?
+
+**Question.** With `fold_seed` on, the seed forward runs as iteration 0 inside the draft
+(one graph replay) instead of eagerly before it. How much draft-stage time per decode step and
+how many launches does that save, with and without CUDA graphs?
+
+`cuda_graphs` is swept only on a GPU. Launch counts are CUDA launch calls inside the
+`draft.seed`/`draft` spans of the Kineto trace (as in `benchmarks/bench_spec.py::draft_cost`);
+on CPU there are no launches, so the aten ops dispatched inside those spans stand in."""),
+    ("params", COMMON_PARAMS + '''\
+page_size = 16
+batch_sizes = [1, 4]
+''' + SWEEP_PARAMS + '''\
+out_dir = "../traces/notebooks/02_seed_folding"
+'''),
+    ("code", SETUP + 'draft = "frozen_kv_mtp"\n'),
+    ("code", sweep_cell(BASE, '[{"fold_seed": False}, {"fold_seed": True}]',
+                        '{"batch_size": batch_sizes, "cuda_graphs": [False, True] if on_gpu '
+                        'else [False]}') + '''\
+# the eager seed runs before the draft span; the folded seed runs inside it
+seed_ms = df["stage_draft.seed_ms"].fillna(0.0) if "stage_draft.seed_ms" in df else 0.0
+df["draft_ms_per_step"] = df["stage_draft_ms"] + seed_ms * ~df["cfg.fold_seed"]
+launch_col = "draft_launches_per_step" if on_gpu else "draft_ops_per_step"
+df[["batch_size", "cfg.cuda_graphs", "cfg.fold_seed", "draft_ms_per_step", launch_col,
+    "decode_step_time_p50_ms", "tok_per_s"]]'''),
+    ("md", "## Draft-stage time and launches per decode step"),
+    ("code", '''\
+hue = ["cfg.cuda_graphs", "cfg.fold_seed"]
+bars(df, "batch_size", "draft_ms_per_step", hue)
+bars(df, "batch_size", launch_col, hue);'''),
+    ("md", "## Answer"),
+    ("code", '''\
+ans = {"question": "what does fold_seed save in draft time and launches per decode step?",
+       "launch_column": launch_col}
+for (bs, graphs), g in df.groupby(["batch_size", "cfg.cuda_graphs"]):
+    off, on = g[~g["cfg.fold_seed"]].iloc[0], g[g["cfg.fold_seed"]].iloc[0]
+    key = f"bs{bs}_graphs{graphs}"
+    ans[f"draft_ms_ratio_{key}"] = on["draft_ms_per_step"] / off["draft_ms_per_step"]
+    ans[f"launches_saved_{key}"] = off[launch_col] - on[launch_col]
+write_answer(out, ans);'''),
+]
+
+NOTEBOOKS["03_page_topk"] = [
+    ("md", """\
+# 03 · Page size × top-k — accept length against step time and KV reserve
+
+**Question.** How do `page_size` and `topk` (for the Frozen-KV MTP and the EAGLE draft) trade
+accept length against decode step time, KV reserved per request and bubble fraction, and which
+combination gives the most tok/s?
+
+With simulated acceptance (the default on `random-tiny`) the accept length is set by
+`simulate_accept_len`, so only the cost side varies; use `model="tiny-code"` and
+`simulate_accept_len=None` for real acceptance. The KV reserve per request and decode step
+(`kv_reserved_per_req_tokens`) grows with topk when the draft owns KV and pages are > 1
+(DESIGN "KV memory"). Bubble fraction needs a GPU."""),
+    ("params", COMMON_PARAMS + '''\
+batch_size = 4
+num_steps = 3
+page_sizes = [1, 16]
+topks = [1, 2]
+drafts = ["frozen_kv_mtp", "eagle"]
+''' + SWEEP_PARAMS + '''\
+out_dir = "../traces/notebooks/03_page_topk"
+'''),
+    ("code", SETUP + 'draft, page_size = drafts[0], page_sizes[0]\n'),
+    ("code", sweep_cell(BASE.replace("profile=True)", "profile=True,\n            "
+                                     "batch_size=batch_size, num_steps=num_steps)"),
+                        '[{"draft": d} for d in drafts]',
+                        '{"page_size": page_sizes, "topk": topks}') + '''\
+df[["cfg.draft", "cfg.page_size", "cfg.topk", "cfg.num_draft_tokens", "accept_len",
+    "decode_step_time_p50_ms", "kv_reserved_per_req_tokens", "bubble_frac", "tok_per_s"]]'''),
+    ("md", "## Heatmaps per draft"),
+    ("code", '''\
+import matplotlib.pyplot as plt
+values = ["accept_len", "decode_step_time_p50_ms", "kv_reserved_per_req_tokens"]
+values += ["bubble_frac"] if on_gpu else []
+for d in drafts:
+    fig, axs = plt.subplots(1, len(values), figsize=(4.2 * len(values), 3.2))
+    for ax, v in zip(axs, values):
+        heatmap(df[df["cfg.draft"] == d], "cfg.page_size", "cfg.topk", v, ax=ax)
+    fig.suptitle(f"draft={d}", fontsize=10)
+    fig.tight_layout()'''),
+    ("md", "## Answer"),
+    ("code", '''\
+ans = {"question": "which page_size x topk gives the most tok/s, at what KV reserve?"}
+for d, g in df.groupby("cfg.draft"):
+    best = g.loc[g["tok_per_s"].idxmax()]
+    ans[f"best_{d}"] = f"page_size={best['cfg.page_size']}, topk={best['cfg.topk']}"
+    ans[f"best_{d}_tok_per_s"] = best["tok_per_s"]
+    ans[f"kv_reserve_range_{d}_tokens"] = (f"{g['kv_reserved_per_req_tokens'].min()}"
+                                           f"..{g['kv_reserved_per_req_tokens'].max()}")
+write_answer(out, ans);'''),
+]
+
+NOTEBOOKS["04_zero_bubble"] = [
+    ("md", """\
+# 04 · Zero-bubble knobs — which one removes which host sync?
+
+**Question.** Under the overlap scheduler, what does each zero-bubble sub-knob
+(`zb_async_d2h`: pinned async D2H of results, `zb_device_seq_lens`: no host read of
+seq_lens, `zb_draft_preexec`: draft pre-execution) do on its own, what do they do together,
+and which host syncs remain?
+
+Arms: overlap only (every sub-knob off); each sub-knob on its own; `zero_bubble=True` (all
+on). Remaining syncs: host `sync` spans per decode step (event timeline, any device), host
+synchronize calls per decode step (trace), the `sync` share of the bubble, and on a GPU the
+sites CUDA's sync debug mode flags (`debug_syncs`)."""),
+    ("params", COMMON_PARAMS + '''\
+draft = "frozen_kv_mtp"
+page_size = 16
+batch_size = 4
+''' + SWEEP_PARAMS + '''\
+out_dir = "../traces/notebooks/04_zero_bubble"
+'''),
+    ("code", SETUP),
+    ("code", 'OFF = {"zero_bubble": False, "zb_async_d2h": False, "zb_device_seq_lens": False,\n'
+             '       "zb_draft_preexec": False}\n' +
+     sweep_cell(BASE.replace("profile=True)", "profile=True,\n            "
+                             "batch_size=batch_size, overlap=True, debug_syncs=on_gpu)"), '''[
+    {**OFF},                                                  # overlap only
+    {**OFF, "zb_async_d2h": True},                            # each sub-knob on its own
+    {**OFF, "zb_device_seq_lens": True},
+    {**OFF, "zb_draft_preexec": True},
+    {"zero_bubble": True},                                    # all of them
+]''', '{}') + '''\
+subs = ["cfg.zb_async_d2h", "cfg.zb_device_seq_lens", "cfg.zb_draft_preexec"]
+df["arm"] = ["zero_bubble (all)" if r["cfg.zero_bubble"] else
+             " + ".join(c.removeprefix("cfg.zb_") for c in subs if r[c]) or "overlap only"
+             for _, r in df.iterrows()]
+cols = ["arm", "tok_per_s", "decode_step_time_p50_ms", "sync_spans_per_step",
+        "host_syncs_per_step", "listed_syncs_per_step", "bubble_frac", "bubble_sync_frac"]
+df[cols]'''),
+    ("md", "Sync sites CUDA's sync debug mode flagged per arm (GPU only; empty on CPU):"),
+    ("code", '''\
+for arm, sites in zip(df["arm"], df["listed_syncs_json"]):
+    print(arm, "->", json.loads(sites) if isinstance(sites, str) else "n/a")'''),
+    ("md", "## Remaining syncs and bubbles per arm"),
+    ("code", '''\
+bars(df, "arm", "sync_spans_per_step")
+bars(df, "arm", "host_syncs_per_step")
+bars(df, "arm", "bubble_sync_frac" if on_gpu else "tok_per_s");'''),
+    ("md", "## Answer"),
+    ("code", '''\
+base_row = df.iloc[0]
+ans = {"question": "which zero-bubble sub-knob removes which host syncs; what remains?"}
+for _, r in df.iterrows():
+    ans[f"syncs_per_step[{r['arm']}]"] = r["sync_spans_per_step"]
+    ans[f"tok_per_s_ratio[{r['arm']}]"] = r["tok_per_s"] / base_row["tok_per_s"]
+ans["remaining_syncs_all_on"] = df.iloc[-1]["sync_spans_per_step"]
+write_answer(out, ans);'''),
+]
+
+NOTEBOOKS["05_trace_explorer"] = [
+    ("md", """\
+# 05 · Trace explorer
+
+**Question.** In a given Kineto trace, which steps have the largest bubbles, and what causes
+them?
+
+Load any Kineto trace (mtplab, SGLang, vLLM or plain PyTorch; `trace_path`), or leave it
+`None` to record a small one first. Explore one step at a time: the slider picks the step,
+the toggles pick host threads / GPU streams and stages, the table lists that step's bubbles
+(device gaps) filtered by cause. Under papermill the widgets render once and nothing blocks;
+the static figure below them shows the first analysed step."""),
+    ("params", '''\
+trace_path = None               # a .pt.trace.json(.gz) file (None: record a small run first)
+skip_steps = 1                  # leading steps to drop from the analysis (warm-up)
+device = "auto"
+model = "random-tiny"
+draft = "frozen_kv_mtp"
+simulate_accept_len = 2.5
+out_dir = "../traces/notebooks/05_trace_explorer"
+'''),
+    ("code", '''\
+from pathlib import Path
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import display
+from matplotlib.patches import Patch
+from mtplab.profiling.bubbles import CAUSES, analyze, stage_of
+from mtplab.profiling.stages import STAGE_COLORS
+from mtplab.profiling.trace_io import GPU_ACTIVITY_CATS, load_trace
+from mtplab.sweep.report import write_answer
+%matplotlib inline
+
+out = Path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+if trace_path is None:     # record a small profiled run
+    from mtplab import Engine, RunConfig
+    from mtplab.sweep.measure import prompts
+    cfg = RunConfig(model=model, draft=draft, device=device, simulate_accept_len=simulate_accept_len,
+                    page_size=16, max_running_requests=4, profile=True, profile_wait=2,
+                    profile_warmup=2, profile_active=8, trace_dir=str(out / "traces"),
+                    run_name="explorer")
+    eng = Engine(cfg)
+    eng.generate(prompts(4, 32, eng.model.config.vocab_size, seed=0), max_new_tokens=32,
+                 ignore_eos=True)
+    trace_path = str(eng.finish()["trace0"])
+tr = load_trace(trace_path)
+res = analyze(tr, skip_steps=skip_steps)
+gpu = res.summary["device"] is not None
+print(trace_path)
+print(f"{res.summary['n_steps']} steps analysed ({res.summary['step_source']}), "
+      f"bubble_frac={res.summary['bubble_frac']}")
+for note in res.summary["notes"]:
+    print("note:", note)'''),
+    ("code", '''\
+stage_by_code = np.array([stage_of(n) for n in tr.names], dtype=object)
+ua, gua = tr.cat_mask("user_annotation"), tr.cat_mask("gpu_user_annotation")
+act = tr.cat_mask(*GPU_ACTIVITY_CATS)
+has_stage = np.array([s is not None for s in stage_by_code], bool)[tr.name]
+hosts = sorted({int(t) for t in tr.tid[ua & has_stage]})
+streams = sorted({int(s) for s in tr.stream[act]})
+lanes = [f"host {t}" for t in hosts] + [f"stream {s}" for s in streams]
+stages_present = [s for s in STAGE_COLORS if s in set(stage_by_code[tr.name[ua | gua]])]
+device_gaps = res.gaps[res.gaps["scope"] == "device"]
+
+
+def draw(step, lanes_on, stages_on):
+    """The chosen step: stage spans per host thread / stream, GPU activity, bubbles."""
+    row = res.steps[res.steps["step"] == step].iloc[0]
+    t0 = min(row["start_us"], row["host_start_us"])
+    t1 = max(row["start_us"] + row["dur_us"], row["host_start_us"] + row["host_dur_us"])
+    win = (tr.ts < t1) & (tr.end > t0)
+    shown = [ln for ln in lanes if ln in lanes_on]
+    fig, ax = plt.subplots(figsize=(13, 0.6 * len(shown) + 1.2))
+    for y, lane in enumerate(shown):
+        kind, key = lane.split()
+        on = win & ((ua & (tr.tid == int(key))) if kind == "host" else
+                    (gua & (tr.stream == int(key))))
+        for st in stages_on:
+            sel = np.flatnonzero(on & (stage_by_code[tr.name] == st))
+            ax.broken_barh([(tr.ts[i] - t0, tr.dur[i]) for i in sel], (y - 0.4, 0.5),
+                           color=STAGE_COLORS[st])
+        if kind == "stream":
+            sel = np.flatnonzero(win & act & (tr.stream == int(key)))
+            ax.broken_barh([(tr.ts[i] - t0, max(tr.dur[i], 0.01)) for i in sel], (y + 0.15, 0.25),
+                           color="#303030")
+    g = device_gaps[device_gaps["step"] == step]
+    ax.broken_barh(list(zip(g["start_us"] - t0, g["gap_us"])), (-0.5, max(len(shown), 1)),
+                   color="#d62728", alpha=0.15)
+    ax.set_yticks(range(len(shown)), shown)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"µs from the start of step {step}")
+    ax.set_title(f"step {step}: {row['name']}, bubble {row['bubble_us']:.0f} µs "
+                 f"of {row['dur_us']:.0f} µs", fontsize=9)
+    ax.legend(handles=[Patch(color=STAGE_COLORS[s], label=s) for s in stages_on],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    plt.show()
+
+
+def gap_table(step, cause):
+    g = device_gaps[device_gaps["step"] == step]
+    if cause != "all":
+        g = g[g["cause"] == cause]
+    display(g[["start_us", "gap_us", "cause", "before", "after"]].reset_index(drop=True))
+
+
+first = int(res.steps["step"].iloc[0])
+draw(first, lanes, stages_present)       # static view (also what papermill stores)'''),
+    ("md", "## Interactive view"),
+    ("code", '''\
+step_w = W.IntSlider(value=first, min=int(res.steps["step"].min()),
+                     max=int(res.steps["step"].max()), description="step")
+lanes_w = W.SelectMultiple(options=lanes, value=tuple(lanes), description="lanes", rows=4)
+stages_w = W.SelectMultiple(options=stages_present, value=tuple(stages_present),
+                            description="stages", rows=6)
+cause_w = W.Dropdown(options=["all", *CAUSES], value="all", description="cause")
+plot_out = W.interactive_output(lambda step, lanes_on, stages_on: draw(step, lanes_on, stages_on),
+                                {"step": step_w, "lanes_on": lanes_w, "stages_on": stages_w})
+table_out = W.interactive_output(gap_table, {"step": step_w, "cause": cause_w})
+display(W.VBox([W.HBox([step_w, cause_w]), W.HBox([lanes_w, stages_w]), plot_out, table_out]))'''),
+    ("md", """\
+## Open the same trace elsewhere
+* **TensorBoard** (torch-tb-profiler): point `--logdir` at the folder that holds the run
+  folders (each run folder is a run, the file-name prefix before `.pt.trace.json.gz` is the
+  worker).
+* **Perfetto**: open https://ui.perfetto.dev and drag the `.json.gz` file in (no unzip
+  needed); for traces above a few hundred MB use `trace_processor --httpd`."""),
+    ("code", '''\
+p = Path(trace_path).resolve()
+print(f"tensorboard --logdir {p.parent.parent}   # then open the PYTORCH_PROFILER tab")
+print(f"Perfetto: https://ui.perfetto.dev -> Open trace file -> {p}")'''),
+    ("md", "## Answer"),
+    ("code", '''\
+worst = res.steps.sort_values("bubble_us", ascending=False).head(3)
+by_cause = device_gaps.groupby("cause")["gap_us"].sum().sort_values(ascending=False)
+write_answer(out, {
+    "question": "which steps have the largest bubbles, and what causes them?",
+    "trace_path": str(trace_path),
+    "bubble_frac": res.summary["bubble_frac"],
+    "worst_steps": ", ".join(f"{int(r.step)} ({r.bubble_us:.0f} us)" for r in worst.itertuples())
+                   if gpu else "n/a (no GPU lanes in this trace)",
+    "main_cause": by_cause.index[0] if len(by_cause) else "n/a",
+});'''),
+]
+
+NOTEBOOKS["06_sweep_report"] = [
+    ("md", """\
+# 06 · Sweep report — which configuration is fastest, per batch size?
+
+**Question.** In a sweep's results table, which configuration gives the most tok/s at each
+batch size, and how do TPOT, ITL, step time, accept length and bubble fraction compare?
+
+Reads `results.parquet` of any `mtplab sweep` (`results_path`: the file or its folder), or
+leave it `None` to run a tiny sweep first. Failed and dropped cells are listed with their
+reason; the figures use the ok cells."""),
+    ("params", '''\
+results_path = None             # results.parquet or a sweep folder (None: run a tiny sweep)
+device = "auto"
+model = "random-tiny"
+out_dir = "../traces/notebooks/06_sweep_report"
+'''),
+    ("code", '''\
+import shutil
+from pathlib import Path
+
+import pandas as pd
+from mtplab.sweep import grid_from_dict, run_sweep
+from mtplab.sweep.report import label, load_results, standard_figures, varying, write_answer
+%matplotlib inline
+
+out = Path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+if results_path is None:
+    results_path = out / "sweep"
+    shutil.rmtree(results_path, ignore_errors=True)
+    grid = grid_from_dict({
+        "base": {"device": device, "model": model, "draft": "frozen_kv_mtp",
+                 "simulate_accept_len": 2.5, "prompt_len_tokens": 16, "output_len_tokens": 16,
+                 "profile": True},
+        "grid": {"batch_size": [1, 4], "page_size": [1, 16]}})
+    run_sweep(grid.cells(), results_path)
+df = load_results(results_path)
+print(df["status"].value_counts().to_dict())
+df[df["status"] != "ok"][["cell_id", "status", "error"]]'''),
+    ("code", '''\
+axes = varying(df)
+print("settings that vary:", axes)
+ok = df[df["status"] == "ok"]
+cols = ["cell_id", *axes, "tok_per_s", "tpot_p50_ms", "itl_p99_ms", "decode_step_time_p50_ms",
+        "accept_len", "bubble_frac"]
+ok[[c for c in cols if c in ok.columns]]'''),
+    ("md", "## Standard figures"),
+    ("code", "figs = standard_figures(df, out_dir=out)"),
+    ("md", "## Answer"),
+    ("code", '''\
+others = [c for c in axes if c != "batch_size"]
+ans = {"question": "which configuration is fastest per batch size?",
+       "cells_ok": int(len(ok)), "cells_not_ok": int(len(df) - len(ok))}
+for bs, g in ok.groupby("batch_size"):
+    best = g.loc[g["tok_per_s"].idxmax()]
+    ans[f"best_bs{bs}"] = label(best.to_frame().T, others).iloc[0]
+    ans[f"best_bs{bs}_tok_per_s"] = best["tok_per_s"]
+write_answer(out, ans);'''),
+]
+
+
+def build(name: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                  "name": "python3"},
+                   "language_info": {"name": "python"}}
+    for kind, src in cells:
+        if kind == "md":
+            nb.cells.append(new_markdown_cell(src))
+        else:
+            cell = new_code_cell(src)
+            if kind == "params":
+                cell.metadata["tags"] = ["parameters"]
+            nb.cells.append(cell)
+    for i, c in enumerate(nb.cells):     # stable ids: regenerating gives identical files
+        c["id"] = f"{name[:2]}-{i:02d}"
+    return nb
+
+
+def main() -> int:
+    for name, cells in NOTEBOOKS.items():
+        nb = build(name, cells)
+        nbformat.validate(nb)
+        nbformat.write(nb, HERE / f"{name}.ipynb")
+        print(f"wrote notebooks/{name}.ipynb")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

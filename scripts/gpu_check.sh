@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks in one device call; tables, logs and figures under $OUT.
-#   bash scripts/gpu_check.sh [all|tests|bench|quick]
-#     tests : tests/gpu + spec benchmark + instrumentation checks + the transformers peer
-#     bench : `mtplab bench` (every standard arm) + the GPU notebooks (01, 03)
-#     all   : both (default; ~15 min -- split it where one call may run only 10)
-#     quick : tests/gpu only
+#   bash scripts/gpu_check.sh [all|tests|bench|lean|recheck|quick]
+#     tests   : tests/gpu + spec benchmark + instrumentation checks + the transformers peer
+#     bench   : `mtplab bench` (every standard arm) + the GPU notebooks (01, 03)
+#     all     : both (default; ~15 min -- split it where one call may run only 10)
+#     lean    : tests/gpu + instrumentation checks + core bench arms at bs 1/32 + peer (<10 min)
+#     recheck : timeline overhead, host syncs, overlap timelines, overlap/draft arms at bs 1
+#     quick   : tests/gpu only
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -20,6 +22,21 @@ print(datetime.date.today(), torch.__version__, "triton", triton.__version__,
 PY
 phase=${1:-all}
 status=0
+case $phase in all|tests|bench|lean|recheck|quick) ;; *) echo "unknown phase $phase"; exit 2;; esac
+if [ "$phase" = lean ]; then
+  python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+  python3 -m benchmarks.bench_profile --out-dir "$OUT" > "$OUT/bench_profile.log" 2>&1
+  python3 -m mtplab.cli bench --groups drafts overlap fold_seed --bs 1 32 --repeats 1 \
+    --out "$OUT/bench.md" > "$OUT/bench.log" 2>&1; tail -50 "$OUT/bench.md"
+  python3 -m benchmarks.bench_peer --out "$OUT/bench_peer.md" 2>&1 | tail -8
+  exit 0
+fi
+if [ "$phase" = recheck ]; then
+  python3 -m benchmarks.bench_profile --out-dir "$OUT" --only overhead syncs timelines 2>&1 | tail -25
+  python3 -m mtplab.cli bench --groups overlap drafts --bs 1 --repeats 1 --out "$OUT/bench.md" \
+    > "$OUT/bench.log" 2>&1; tail -30 "$OUT/bench.md"
+  exit 0
+fi
 if [ "$phase" = all ] || [ "$phase" = tests ] || [ "$phase" = quick ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 fi

@@ -27,16 +27,25 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torc
 
 
 def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[B, V] bool: the smallest prefix of tokens (by prob) whose mass reaches top_p."""
+    """[..., V] bool: the smallest prefix of tokens (by prob) whose mass reaches top_p (the
+    most likely token always; every token when top_p >= 1). top_p has probs' leading shape."""
     sp, si = probs.sort(-1, descending=True)
-    keep_sorted = (sp.cumsum(-1) - sp) < top_p[:, None]
+    tp = top_p.float()[..., None]
+    keep_sorted = ((sp.cumsum(-1) - sp) < tp) | (tp >= 1.0)
+    keep_sorted[..., 0] = True
     return torch.zeros_like(keep_sorted).scatter(-1, si, keep_sorted)
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
-    """The distribution sampled from: softmax(logits / T) restricted to top-p, renormalised."""
-    probs = torch.softmax(logits.float() / temperature.clamp(min=1e-5)[:, None], -1)
+    """The distribution sampled from, [..., V] float32: softmax(logits / T) restricted to
+    top-p and renormalised; temperature <= 0 is greedy (one-hot argmax). temperature and
+    top_p have the logits' leading shape."""
+    logits = logits.float()
+    t = temperature.float()[..., None]
+    probs = torch.softmax(logits / torch.where(t > 0, t, torch.ones_like(t)), dim=-1)
+    greedy = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    probs = torch.where(t > 0, probs, greedy)
     probs = probs * top_p_keep(probs, top_p)
     return probs / probs.sum(-1, keepdim=True)
 

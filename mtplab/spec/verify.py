@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..kernels.sampling import target_probs
 from .tree import DraftTree
 
 
@@ -67,23 +68,10 @@ def verify_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
-    """logits [B, D, V], temperature [B], top_p [B] -> probs [B, D, V] float32.
-
-    temperature <= 0 is greedy (one-hot argmax). top-p keeps the smallest set of most likely
-    tokens whose mass reaches top_p (the most likely token always), then renormalises."""
-    logits = logits.float()
-    t = temperature.float()[:, None, None]
-    probs = torch.softmax(logits / torch.where(t > 0, t, torch.ones_like(t)), dim=-1)
-    greedy = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    probs = torch.where(t > 0, probs, greedy)
-    p_sorted, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(p_sorted, dim=-1) - p_sorted
-    tp = top_p.float()[:, None, None]
-    first = torch.arange(probs.shape[-1], device=probs.device) == 0
-    keep_sorted = (mass_before < tp) | (tp >= 1.0) | first
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    probs = torch.where(keep, probs, torch.zeros_like(probs))
-    return probs / probs.sum(dim=-1, keepdim=True)
+    """logits [B, D, V], temperature [B], top_p [B] -> probs [B, D, V] float32: every node's
+    target distribution (kernels/sampling.target_probs: temperature <= 0 is greedy)."""
+    B, D = logits.shape[:2]
+    return target_probs(logits, temperature[:, None].expand(B, D), top_p[:, None].expand(B, D))
 
 
 def verify_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: torch.Tensor,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
 
@@ -74,10 +75,7 @@ def main(argv=None) -> int:
         rows.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in accs) + " |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
-    print(table)
-    if a.out:
-        from mtplab.profiling.atomic import atomic_write_text
-        atomic_write_text(a.out, table + "\n")
+    emit(table, a.out)
     return 0
 
 

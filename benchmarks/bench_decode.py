@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 
 
@@ -54,10 +55,7 @@ def main(argv=None) -> int:
         del engines
         torch.cuda.empty_cache()
     table = "\n".join(rows)
-    print(table)
-    if a.out:
-        from mtplab.profiling.atomic import atomic_write_text
-        atomic_write_text(a.out, table + "\n")
+    emit(table, a.out)
     return 0
 
 

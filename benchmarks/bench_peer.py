@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
 from mtplab.models.zoo import ZOO_DIR
@@ -87,10 +88,7 @@ def main(argv=None) -> int:
     for k, v in tps.items():
         rows.append(f"| {k} | {v:.1f} | {tps['mtplab'] / v:.2f}x |")
     text = "\n".join(rows)
-    print(text)
-    if a.out:
-        from mtplab.profiling.atomic import atomic_write_text
-        atomic_write_text(a.out, text + "\n")
+    emit(text, a.out)
     return 0 if match else 1
 
 

@@ -16,6 +16,7 @@ import tempfile
 
 import torch
 
+from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.profiling.trace_io import load_trace
 
@@ -95,10 +96,7 @@ def main(argv=None) -> int:
             rows.append(f"| {bs} | {fold} | {us:.1f} | {n:.1f} |")
             print(rows[-1], flush=True)
     table = "\n".join(rows)
-    print(table)
-    if a.out:
-        from mtplab.profiling.atomic import atomic_write_text
-        atomic_write_text(a.out, table + "\n")
+    emit(table, a.out)
     return 0
 
 

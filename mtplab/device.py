@@ -25,12 +25,6 @@ class NullEvent:
     def synchronize(self) -> None:
         pass
 
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: "NullEvent") -> float:
-        return 0.0
-
 
 class NullStream:
     """CPU stand-in for torch.cuda.Stream."""
@@ -43,9 +37,6 @@ class NullStream:
 
     def synchronize(self) -> None:
         pass
-
-    def record_event(self, event=None):
-        return event or NullEvent()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,3 @@ class KVCache:
     @property
     def num_slots(self) -> int:
         return self.k.shape[1]
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2

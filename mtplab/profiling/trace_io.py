@@ -96,9 +96,6 @@ class Trace:
     def name_of(self, i: int) -> str:
         return self.names[int(self.name[i])]
 
-    def cat_of(self, i: int) -> str:
-        return self.cats[int(self.cat[i])]
-
 
 def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
     """Load a Kineto trace (`.json` / `.json.gz`) into a `Trace`.

@@ -213,16 +213,18 @@ class Scheduler:
             tokens += n
         return new
 
-    def _finishes_in_flight(self, r: Req) -> bool:
-        """The host can tell from lengths that the in-flight step finishes r."""
+    def _finishing_in_flight(self) -> set:
+        """ids of requests the host can tell (from lengths) the in-flight step finishes."""
         p = self.pending
-        return (p is not None and any(x is r for x in p.reqs)
-                and len(r.output_ids) + 1 >= r.max_new_tokens)
+        if p is None:
+            return set()
+        return {id(r) for r in p.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
 
     def _schedule_decode(self) -> list[Req]:
         """Every running request gets room for its next decode, retracting if needed."""
         while True:
-            batch = [r for r in self.running if not self._finishes_in_flight(r)]
+            done = self._finishing_in_flight()
+            batch = [r for r in self.running if id(r) not in done]
             if not batch:
                 return []
             items = [(r.kv, self._host_seq(r) + self.reserve) for r in batch]

@@ -61,6 +61,10 @@ class SpecParams:
     def frozen(self) -> bool:
         return self.draft == "frozen_kv_mtp"
 
+    @property
+    def simulated(self) -> bool:
+        return self.simulate_accept_len is not None or self.simulate_accept_rates is not None
+
 
 class SpecWorker:
     def __init__(self, target: TargetWorker, draft, relay, params: SpecParams,
@@ -146,7 +150,7 @@ class SpecWorker:
         def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds):
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
             argmax = logits.argmax(-1)
-            if p.simulate_accept_len is None and p.simulate_accept_rates is None:
+            if not p.simulated:
                 acc = verify_greedy(tree, argmax)
             else:
                 u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
@@ -176,8 +180,7 @@ class SpecWorker:
     def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs,
                 seq: torch.Tensor) -> AcceptResult:
         p, s = self.p, x.sampling
-        simulated = p.simulate_accept_len is not None or p.simulate_accept_rates is not None
-        if x.all_greedy or simulated:
+        if x.all_greedy or p.simulated:
             return AcceptResult(*self._run("accept", self._accept_fn, dict(
                 rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
                 next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))

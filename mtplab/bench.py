@@ -10,11 +10,17 @@ Each arm process (one engine): warm-up generate, a timed generate with the event
 (tok/s, TPOT, step time, accept length; the profiler is attached but still in its `wait`
 phase), then profiled generates analysed for the device bubble fraction and its causes
 (steady state: the first profiled step skipped).
-Repeats run the arms of a group in interleaved order (A B C A B C ...); every figure is
-reported as min/median/max over repeats.
+Each arm process times TIMED_RUNS generates (the event timeline sampling every 8th step);
+repeats run the arms of a group in interleaved order (A B C A B C ...). tok/s is reported as
+min/median/max over every timed generate of every repeat, the other figures as medians.
 
 Bubble-free bound of an arm: its decode step time with zero device bubbles = the device busy
-time per step (union of kernels/memcpy in the profiled steps); achieved = bound / step time.
+time per step (union of kernels/memcpy in the profiled steps; kernel durations are not
+inflated by the profiler); achieved = bound / the unprofiled decode step time (p50 of the timed
+run). "stage sum" is the other estimate of the bound: the sum of the stages' GPU intervals from
+the event timeline (event pairs also span the launch latency before a stage's first kernel, so
+it over-estimates). The bubble % column is measured under the profiler, whose per-launch cost
+inflates host time; 1 - achieved is the unprofiled bubble estimate.
 Memory floor: weight bytes read per decode step (target once for verify + the draft S times)
 / measured HBM bandwidth (a large device copy), per token = per step / accept length.
 """
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape")
+TIMED_RUNS = 5                                        # timed generates per arm process
 BEST = dict(overlap=True, zero_bubble=True)          # the engine's fastest loop
 
 
@@ -100,16 +107,20 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
 
     new = 6 if smoke else arm.new_tokens
     ctx = 1024
+    t = {"start": time.perf_counter()}
     with tempfile.TemporaryDirectory() as d:
         # One engine: the profiler is started before graph capture but stays in its `wait`
         # phase (not collecting) through the warm-up and the timed run; the last generate is
         # the profiled one.
-        steps_timed = 2 * new + 8
+        n_timed = 1 if smoke else TIMED_RUNS
+        steps_timed = 10 + n_timed * (new + 4)          # upper bound: warm-up + timed steps
         cfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
-                        event_timeline=True, profile=True, profile_wait=steps_timed,
+                        event_timeline=True, event_timeline_every=1 if smoke else 8,
+                        profile=True, profile_wait=steps_timed,
                         profile_warmup=2, profile_active=3 if smoke else 12, trace_dir=d,
                         run_name="arm", **arm.cfg)
         eng = Engine(cfg)
+        t["init"] = time.perf_counter()
         V = eng.model.config.vocab_size
         if cfg.model == "tiny-code":
             root = stdlib_root()
@@ -120,15 +131,21 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
             g = torch.Generator().manual_seed(arm.bs)
             prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
         eng.generate(prompts, max_new_tokens=min(8, new), ignore_eos=True)       # warm-up
-        eng.generate(prompts, max_new_tokens=new, ignore_eos=True)               # timed
+        t["warm"] = time.perf_counter()
+        runs = []
+        for _ in range(n_timed):                                                 # timed
+            eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
+            runs.append(eng.stats())
+        t["timed"] = time.perf_counter()
         eng.check_invariants()
-        st = eng.stats()
         tl = eng.timeline_frame()
         res = dict(key=arm.key(), group=arm.group, name=arm.name, bs=arm.bs,
-                   manifest=cfg.manifest(), **{k: st.get(k) for k in (
-                       "tok_per_s", "decode_tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
-                       "step_time_p50_ms", "decode_step_p50_ms", "accept_len",
-                       "host_syncs")})
+                   manifest=cfg.manifest(), host_syncs=runs[-1].get("host_syncs"),
+                   decode_tok_per_s_runs=[r["decode_tok_per_s"] for r in runs])
+        for k in ("tok_per_s", "decode_tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
+                  "step_time_p50_ms", "decode_step_p50_ms", "accept_len"):
+            xs = [r[k] for r in runs if r.get(k) is not None]
+            res[k] = statistics.median(xs) if xs else None
         res["accept_len"] = res["accept_len"] or 1.0
         dev = tl[(tl["stream"] != "host") & ~tl["stage"].str.startswith("step[")]
         if dev["gpu_start_us"].notna().any():
@@ -137,6 +154,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         while eng.profiler.steps < steps_timed + 2 + (3 if smoke else 12) + 1:
             eng.generate(prompts, max_new_tokens=new, ignore_eos=True)           # profiled
         files = eng.finish()
+        t["profiled"] = time.perf_counter()
         if "trace0" in files:
             a = analyze(files["trace0"], skip_steps=1 if not smoke else 0)
             s = a.summary
@@ -151,6 +169,9 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
                     if col in dec:
                         res[f"bubble_{c}_frac"] = float(dec[col].sum() / dec["dur_us"].sum())
         res["weight_bytes_per_step"] = weight_bytes(eng)
+    t["analysed"] = time.perf_counter()
+    names = list(t)                       # seconds per phase of this arm's process
+    res["phase_s"] = {b: round(t[b] - t[a], 2) for a, b in zip(names, names[1:])}
     return res
 
 
@@ -211,13 +232,13 @@ def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
         g_arms = [a for a in all_arms if a.group == g]
         out += [f"### {g}", "", "| arm | bs | tok/s (min/med/max) | vs first | TPOT p50 / p90 ms | "
                 "step ms | accept len | bubble % (sync/host_prep/launch/other) | "
-                "bound ms | achieved | mem floor ms/tok |", "|---" * 11 + "|"]
+                "bound ms | achieved | stage sum ms | mem floor ms/tok |", "|---" * 12 + "|"]
         base = {}
         for a in g_arms:
             rows = [r for r in results.get(a.key(), []) if "error" not in r]
             if not rows:
                 errs = [r.get("error") for r in results.get(a.key(), [])]
-                out.append(f"| {a.name} | {a.bs} | failed: {errs[:1]} |" + " |" * 8)
+                out.append(f"| {a.name} | {a.bs} | failed: {errs[:1]} |" + " |" * 9)
                 continue
             tps = med(rows, "decode_tok_per_s")
             base.setdefault(a.bs, tps)
@@ -226,16 +247,19 @@ def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
             causes = "/".join(f"{100 * (med(rows, f'bubble_{c}_frac') or 0):.1f}"
                               for c in ("sync", "host_prep", "launch", "other"))
             busy = med(rows, "busy_us_per_step") or None                # 0: CPU run
-            step = med(rows, "step_us_profiled")
+            step = 1e3 * med(rows, "decode_step_p50_ms")                 # unprofiled run
+            ssum = med(rows, "stage_sum_us_per_step")
             acc = med(rows, "accept_len") or 1.0
             floor = (med(rows, "weight_bytes_per_step") / bw * 1e3 / acc) if bw else None
             out.append(
-                f"| {a.name} | {a.bs} | {spread([r['decode_tok_per_s'] for r in rows])} | "
+                f"| {a.name} | {a.bs} | "
+                f"{spread([x for r in rows for x in r['decode_tok_per_s_runs']])} | "
                 f"{tps / base[a.bs]:.2f}x | {med(rows, 'tpot_p50_ms'):.2f} / "
                 f"{med(rows, 'tpot_p90_ms'):.2f} | {med(rows, 'decode_step_p50_ms'):.2f} | "
                 f"{acc:.2f} | {'-' if bub is None else f'{100 * bub:.1f}'} ({causes}) | "
                 f"{'-' if busy is None else f'{busy / 1e3:.3f}'} | "
                 f"{'-' if not busy or not step else f'{busy / step:.0%}'} | "
+                f"{'-' if not ssum else f'{ssum / 1e3:.3f}'} | "
                 f"{'-' if floor is None else f'{floor:.4f}'} |")
         out.append("")
     return "\n".join(out)

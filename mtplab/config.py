@@ -60,6 +60,7 @@ class RunConfig:
     profile_warmup: int = 2
     profile_active: int = 8
     event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
+    event_timeline_every: int = 1            # timeline spans on every N-th engine step only
     trace_dir: str = "traces"
     run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
     debug_invariants: bool = False           # run the busy invariant check every iteration
@@ -75,7 +76,7 @@ class RunConfig:
         if self.draft not in DRAFTS:
             raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
         for name in ("num_steps", "topk", "page_size", "max_running_requests",
-                     "cuda_graph_max_bs", "profile_active"):
+                     "cuda_graph_max_bs", "profile_active", "event_timeline_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}.")

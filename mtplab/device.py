@@ -8,6 +8,7 @@ synchronous no-ops on CPU, so the same engine code path runs in CI and on a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,62 @@ class NullStream:
 
     def synchronize(self) -> None:
         pass
+
+
+class PinnedRing:
+    """Pinned host memory handed out by a bump pointer over a ring of slabs, so the hot path
+    never calls `pin_memory()` / `cudaHostAlloc` (tens of µs each) per copy.
+
+        slab 0 [used|used|free ...]  slab 1 [...]  ...  slab N-1 [...]
+                 ^ take(n) bumps `off`; a full slab retires: one event recorded on every
+                   stream that copied from/to it since it was entered
+    Invariant: a slab is written by the host again only after the events recorded at its
+    retirement have completed (checked on entry; a wait there is rare and counted in
+    `waits`), so an in-flight async copy never sees its bytes change. Requests larger than a
+    slab fall back to a fresh pinned tensor (the caching host allocator).
+    The host must finish reading a read-back buffer before N-1 more slabs fill; the scheduler
+    reads each step's results one step later and a step takes far less than a slab.
+    """
+
+    ALIGN = 64
+
+    def __init__(self, slab_bytes: int = 1 << 18, slabs: int = 8):
+        self.slab_bytes = slab_bytes
+        self.slabs = [torch.empty(slab_bytes, dtype=torch.uint8, pin_memory=True)
+                      for _ in range(slabs)]
+        self.events: list[list] = [[] for _ in range(slabs)]
+        self.streams: list[dict] = [{} for _ in range(slabs)]
+        self.cur, self.off, self.waits = 0, 0, 0
+
+    def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised pinned tensor, valid until its slab comes round again."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        n = numel * torch.empty((), dtype=dtype).element_size()
+        if n > self.slab_bytes:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        if self.off + n > self.slab_bytes:
+            self._rotate()
+        view = self.slabs[self.cur][self.off:self.off + n]
+        self.off += -(-n // self.ALIGN) * self.ALIGN
+        s = torch.cuda.current_stream()
+        self.streams[self.cur][s.cuda_stream] = s
+        return view.view(dtype).view(shape)
+
+    def _rotate(self) -> None:
+        old = self.cur
+        self.events[old] = []
+        for s in self.streams[old].values():
+            ev = torch.cuda.Event()
+            ev.record(s)
+            self.events[old].append(ev)
+        self.streams[old] = {}
+        self.cur, self.off = (old + 1) % len(self.slabs), 0
+        for ev in self.events[self.cur]:
+            if not ev.query():
+                self.waits += 1
+                ev.synchronize()
 
 
 @dataclass(frozen=True)
@@ -71,18 +128,32 @@ class Device:
         if self.is_cuda:
             torch.cuda.synchronize(self.torch_device)
 
+    @functools.cached_property
+    def _staging(self) -> PinnedRing:
+        return PinnedRing()
+
+    @functools.cached_property
+    def _readback(self) -> PinnedRing:
+        return PinnedRing()
+
     def h2d(self, data, dtype) -> torch.Tensor:
-        """A host list as a device tensor without a host sync: staged in pinned memory and
-        copied non-blocking on the current stream (`torch.tensor(x, device="cuda")` would be
-        a synchronous copy that waits for the stream's queued work)."""
+        """A host list as a device tensor without a host sync: staged in pinned memory (a
+        ring, no allocation) and copied non-blocking on the current stream
+        (`torch.tensor(x, device="cuda")` would be a synchronous copy that waits for the
+        stream's queued work)."""
         t = torch.tensor(data, dtype=dtype)
         if not self.is_cuda:
             return t
-        return t.pin_memory().to(self.torch_device, non_blocking=True)
+        pinned = self._staging.take(t.shape, dtype)
+        pinned.copy_(t)
+        return pinned.to(self.torch_device, non_blocking=True)
 
     def empty_pinned(self, shape, dtype) -> torch.Tensor:
-        """Host buffer for async D2H copies (pinned on CUDA, plain on CPU)."""
-        return torch.empty(shape, dtype=dtype, pin_memory=self.is_cuda)
+        """Host buffer for async D2H copies (pinned, from a ring, on CUDA; plain on CPU).
+        Read it before N-1 more slabs of the ring fill (PinnedRing)."""
+        if not self.is_cuda:
+            return torch.empty(shape, dtype=dtype)
+        return self._readback.take(shape, dtype)
 
 
 def resolve_device(name: str) -> Device:

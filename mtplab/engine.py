@@ -62,7 +62,8 @@ class Engine:
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
         self.allocator = PagedAllocator(num_slots, P)
-        self.pool = ReqToTokenPool(cfg.max_running_requests, cfg.row_width, dev)
+        self.pool = ReqToTokenPool(cfg.max_running_requests, cfg.row_width, dev,
+                                    self.device.h2d)
         self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
                                          mc.head_dim, cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
@@ -111,7 +112,7 @@ class Engine:
             f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
         self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
-                           annotate=cfg.profile)
+                           annotate=cfg.profile, sample_every=cfg.event_timeline_every)
         self.profiler = None
         if cfg.profile:
             self.profiler = ProfilerSession(self.run_dir, wait=cfg.profile_wait,

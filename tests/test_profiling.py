@@ -58,3 +58,21 @@ def test_demo_style_prefill_only_run_and_no_files_without_profiling(tmp_path):
     assert eng.finish() == {} and not any(tmp_path.iterdir())
     with pytest.raises(RuntimeError, match="event timeline is off"):
         eng.timeline_frame()
+
+
+def test_sampled_event_timeline_records_every_nth_step_only():
+    every = 4
+    eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", event_timeline=True,
+                           event_timeline_every=every))
+    out = eng.generate(random_prompts(2, [5, 9], 320), max_new_tokens=20, ignore_eos=True)
+    eng.check_invariants()
+    tl = eng.timeline_frame()
+    steps = set(tl["step"])
+    assert len(steps) >= 2 and all(s % every == 0 for s in steps)
+    assert {"schedule", "verify", "draft", "process_result"} <= set(tl["stage"])
+    full = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", event_timeline=True))
+    assert full.generate(random_prompts(2, [5, 9], 320), max_new_tokens=20,
+                         ignore_eos=True) == out
+    assert set(full.timeline_frame()["step"]) > steps
+    with pytest.raises(Exception, match="event_timeline_every must be a positive integer"):
+        RunConfig(event_timeline_every=0)

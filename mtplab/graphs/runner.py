@@ -3,8 +3,12 @@
     static inputs (max bucket rows)   capture fn(**static[:bs]) for every bucket bs
     run(inputs, bs): copy inputs -> static[:bs], fill static[bs:bucket] with pad values
                      (padding lanes point at req_to_token row 0 -> the padding page),
-                     replay the smallest bucket >= bs, return a copy of out[:bs]
+                     replay the smallest bucket >= bs, return out[:bs]
                      (out: a tensor or a tuple of tensors, batch-major)
+An input that already is `static[k][:bs]` (staged by the caller, e.g. a buffer several
+runners share; see `stage`) is not copied again. `clone=False` returns views of the graph's
+output buffers: valid until this runner's next replay, so only for values consumed by work
+queued on the same stream before that replay.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 """
@@ -57,15 +61,29 @@ class GraphRunner:
                 return b
         raise ValueError(f"batch size {bs} exceeds the largest captured bucket {self.max_bs}.")
 
-    def run(self, inputs: dict[str, torch.Tensor]):
+    def stage(self, key: str, v: torch.Tensor) -> torch.Tensor:
+        """Copy `v` into static[key][:bs] (padding lanes filled up to the bucket) and return
+        that view: passing it to `run` costs no further copy."""
+        bs = v.shape[0]
+        b = self.bucket(bs)
+        st = self.static[key]
+        st[:bs].copy_(v, non_blocking=True)
+        if b > bs:
+            st[bs:b].fill_(self.pad[key])
+        return st[:bs]
+
+    def run(self, inputs: dict[str, torch.Tensor], clone: bool = True):
         bs = next(iter(inputs.values())).shape[0]
         b = self.bucket(bs)
         for k, v in inputs.items():
-            self.static[k][:bs].copy_(v, non_blocking=True)
+            st = self.static[k]
+            if v.data_ptr() == st.data_ptr() and v.shape[0] == bs and v.is_contiguous():
+                continue                             # staged: already static[k][:bs]
+            st[:bs].copy_(v, non_blocking=True)
             if b > bs:
-                self.static[k][bs:b].fill_(self.pad[k])
+                st[bs:b].fill_(self.pad[k])
         g, out = self.graphs[b]
         g.replay()
         if isinstance(out, torch.Tensor):
-            return out[:bs].clone()
-        return tuple(o[:bs].clone() for o in out)
+            return out[:bs].clone() if clone else out[:bs]
+        return tuple(o[:bs].clone() if clone else o[:bs] for o in out)

@@ -14,7 +14,10 @@ class ReqPoolError(RuntimeError):
 
 
 class ReqToTokenPool:
-    def __init__(self, num_rows: int, width: int, device: torch.device):
+    def __init__(self, num_rows: int, width: int, device: torch.device, h2d=None):
+        """`h2d(list, dtype) -> device tensor`: the engine's pinned staging copy (Device.h2d);
+        default: a plain tensor (CPU) or a fresh pinned buffer (CUDA)."""
+        self.h2d = h2d or self._h2d
         self.num_rows = num_rows
         self.width = width
         self.table = torch.zeros(num_rows + 1, width, dtype=torch.int32, device=device)
@@ -46,8 +49,11 @@ class ReqToTokenPool:
             c.extend(range(start, start + n))
             v.extend(int(x) for x in s)
         # one pinned staging buffer, one non-blocking H2D copy (no host sync)
-        host = torch.tensor([r, c, v], dtype=torch.long)
+        dev = self.h2d([r, c, v], torch.long)
+        self.table.index_put_((dev[0], dev[1]), dev[2].to(torch.int32))
+
+    def _h2d(self, data, dtype) -> torch.Tensor:
+        host = torch.tensor(data, dtype=dtype)
         if self.table.is_cuda:
             host = host.pin_memory()
-        dev = host.to(self.table.device, non_blocking=True)
-        self.table.index_put_((dev[0], dev[1]), dev[2].to(torch.int32))
+        return host.to(self.table.device, non_blocking=True)

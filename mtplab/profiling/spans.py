@@ -25,22 +25,67 @@ from .stages import STAGES, STEP_RE
 _NULL = contextlib.nullcontext()
 
 
+_checked: set = set()
+
+
 def _check(name: str) -> None:
+    if name in _checked:
+        return
     if name not in STAGES and not STEP_RE.match(name):
         raise ValueError(f"{name!r} is not a stage name of DESIGN.md (profiling/stages.py).")
+    _checked.add(name)
+
+
+class _Span:
+    """One enabled span (a plain context manager: cheaper than a generator-based one)."""
+
+    __slots__ = ("spans", "name", "stream", "rec", "mark")
+
+    def __init__(self, spans: "Spans", name: str, stream: str):
+        self.spans, self.name, self.stream = spans, name, stream
+
+    def __enter__(self):
+        sp = self.spans
+        if sp.nvtx:
+            torch.cuda.nvtx.range_push(self.name)
+        self.rec = torch.profiler.record_function(self.name) if sp.annotate else None
+        if self.rec is not None:
+            self.rec.__enter__()
+        tl = sp.timeline
+        self.mark = tl.begin(self.name, self.stream) if tl is not None else None
+        return self
+
+    def __exit__(self, *exc):
+        sp = self.spans
+        if self.mark is not None:
+            sp.timeline.end(self.mark)
+        if self.rec is not None:
+            self.rec.__exit__(None, None, None)
+        if sp.nvtx:
+            torch.cuda.nvtx.range_pop()
+        return False
 
 
 class Spans:
     """`annotate`: emit NVTX + record_function (for a profiler / Nsight); off for a
-    timeline-only run, whose spans then cost two pooled event records and two clock reads."""
+    timeline-only run, whose spans then cost two pooled event records and two clock reads.
+    `sample_every` N > 1 (timeline-only runs): spans are emitted on every N-th engine step
+    only (`begin_step`); the other steps pay one attribute test per span."""
 
     def __init__(self, enabled: bool = False, timeline=None, annotate: bool = True,
-                 stream_name: str = "forward"):
+                 stream_name: str = "forward", sample_every: int = 1):
         self.enabled = enabled
         self.timeline = timeline
         self.annotate = annotate
         self.nvtx = annotate and torch.cuda.is_available()
         self.stream_name = stream_name
+        self.sample_every = 1 if annotate else max(1, sample_every)
+        self._master = enabled
+
+    def begin_step(self, step: int) -> None:
+        """Called by the scheduler at the start of engine step `step` (sampling)."""
+        if self.sample_every > 1:
+            self.enabled = self._master and step % self.sample_every == 0
 
     @contextlib.contextmanager
     def paused(self):
@@ -55,27 +100,8 @@ class Spans:
         """Context manager for one stage (or step) span; `stream` labels the timeline lane."""
         if not self.enabled:
             return _NULL
-        return self._span(name, stream or self.stream_name)
-
-    @contextlib.contextmanager
-    def _span(self, name: str, stream: str):
         _check(name)
-        if self.nvtx:
-            torch.cuda.nvtx.range_push(name)
-        rec = torch.profiler.record_function(name) if self.annotate else None
-        if rec is not None:
-            rec.__enter__()
-        tl = self.timeline
-        mark = tl.begin(name, stream) if tl is not None else None
-        try:
-            yield
-        finally:
-            if mark is not None:
-                tl.end(mark)
-            if rec is not None:
-                rec.__exit__(None, None, None)
-            if self.nvtx:
-                torch.cuda.nvtx.range_pop()
+        return _Span(self, name, stream or self.stream_name)
 
 
 NO_SPANS = Spans(enabled=False)

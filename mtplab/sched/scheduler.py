@@ -150,7 +150,7 @@ class Scheduler:
         t0 = time.perf_counter()
         sp = self.spans
         if sp.timeline is not None:
-            sp.timeline.next_step()
+            sp.begin_step(sp.timeline.next_step())
         with sp.stage("schedule", "host"), self.dev.stream(self.schedule_stream):
             # WAR: rows/pages freed by processed results may still be read by the step in
             # flight; this stream's writes must follow the forward stream's reads.

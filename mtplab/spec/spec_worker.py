@@ -122,12 +122,22 @@ class SpecWorker:
         return fn
 
     def _run(self, name: str, make_fn, args: dict, max_kv: int):
-        """One segment as its stage span: a graph replay when captured, else eager."""
+        """One segment as its stage span: a graph replay when captured, else eager. Replay
+        outputs are views of the graph's buffers (consumed later in this step, on this stream)
+        except accept's, which leave the step (D2H, the scheduler's results)."""
         with self.spans.stage(name):
             g = self.graphs.get(name)
             if g is not None and args["rows"].shape[0] <= g.max_bs:
-                return g.run(args)
+                return g.run(args, clone=name == "accept")
             return make_fn(max_kv)(**args)
+
+    def _stage_common(self, rows: torch.Tensor, seq: torch.Tensor):
+        """rows/seq_lens into the static buffers every segment graph shares: copied once per
+        step instead of once per replay."""
+        g = self.graphs.get("verify")
+        if g is None or rows.shape[0] > g.max_bs:
+            return rows, seq
+        return g.stage("rows", rows), g.stage("seq_lens", seq)
 
     # -- prefill / decode ------------------------------------------------------------------
     @torch.no_grad()
@@ -208,6 +218,7 @@ class SpecWorker:
             inp = self.relay.gather(rows)
             if x.predrafted:
                 cands = self.relay.gather_predraft(rows)
+            rows, seq = self._stage_common(rows, seq)
         if not x.predrafted:
             cands = self._draft(rows, seq, inp, x.max_kv)
         scores, toks, parents = cands

@@ -10,6 +10,7 @@
 #                         drafts+overlap ~8 min, fold_seed+page_topk+shape ~5 min at repeats 1
 #     notebooks         : 01_overlap and 03_page_topk under papermill with GPU parameters
 #                         (papermill + ipykernel carried as wheels in .whl)             ~5 min
+#     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
 set -uo pipefail
@@ -51,12 +52,15 @@ case $phase in
       -y "topks: [1, 4]" -p out_dir /tmp/nb/03 --log-level WARNING >> "$LOG" 2>&1
     for n in 01 03; do cp /tmp/nb/$n/answer.json "$OUT/answer_$n.json" 2>/dev/null; done
     tail -5 "$LOG" ;;
+  ab)          # decode tok/s of the working tree vs an earlier commit (regression check)
+    python3 -m benchmarks.bench_ab --commit "${1:-HEAD~1}" --out "$OUT/bench_ab.md" > "$LOG" 2>&1
+    cat "$OUT/bench_ab.md" ;;
   peer)
     python3 -m benchmarks.bench_peer --out "$OUT/bench_peer.md" 2>&1 | tee "$LOG" | tail -8 ;;
   decode)
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|bench [GROUP...]|notebooks|peer|decode"
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
      exit 2 ;;
 esac

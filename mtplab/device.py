@@ -70,7 +70,7 @@ class PinnedRing:
         numel = 1
         for d in shape:
             numel *= d
-        n = numel * torch.empty((), dtype=dtype).element_size()
+        n = numel * dtype.itemsize
         if n > self.slab_bytes:
             return torch.empty(shape, dtype=dtype, pin_memory=True)
         if self.off + n > self.slab_bytes:

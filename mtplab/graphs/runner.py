@@ -6,7 +6,9 @@
                      replay the smallest bucket >= bs, return out[:bs]
                      (out: a tensor or a tuple of tensors, batch-major)
 An input that already is `static[k][:bs]` (staged by the caller, e.g. a buffer several
-runners share; see `stage`) is not copied again. `clone=False` returns views of the graph's
+runners share; see `stage`) is not copied again. `sticky` keys name inputs that are never
+written in place once made (a batch's rows and sampling parameters): while the caller passes
+the same tensor object as on the previous replay, it is not copied again. `clone=False` returns views of the graph's
 output buffers: valid until this runner's next replay, so only for values consumed by work
 queued on the same stream before that replay.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
@@ -26,8 +28,10 @@ def default_buckets(max_bs: int) -> list[int]:
 
 class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
-                 pad_values: dict[str, int], buckets: list[int]):
+                 pad_values: dict[str, int], buckets: list[int], sticky: tuple = ()):
         self.fn = fn
+        self.sticky = sticky
+        self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs
         self.pad = pad_values
         self.buckets = sorted(buckets)
@@ -79,6 +83,10 @@ class GraphRunner:
             st = self.static[k]
             if v.data_ptr() == st.data_ptr() and v.shape[0] == bs and v.is_contiguous():
                 continue                             # staged: already static[k][:bs]
+            if k in self.sticky:
+                if self._last.get(k) is v:
+                    continue                         # the same immutable tensor as last time
+                self._last[k] = v
             st[:bs].copy_(v, non_blocking=True)
             if b > bs:
                 st[bs:b].fill_(self.pad[k])

@@ -49,8 +49,8 @@ class ReqToTokenPool:
             c.extend(range(start, start + n))
             v.extend(int(x) for x in s)
         # one pinned staging buffer, one non-blocking H2D copy (no host sync)
-        dev = self.h2d([r, c, v], torch.long)
-        self.table.index_put_((dev[0], dev[1]), dev[2].to(torch.int32))
+        dev = self.h2d([r, c, v], torch.int32)            # int32 indices and values
+        self.table.index_put_((dev[0], dev[1]), dev[2])
 
     def _h2d(self, data, dtype) -> torch.Tensor:
         host = torch.tensor(data, dtype=dtype)

@@ -99,6 +99,10 @@ class Scheduler:
         self.finished: list[Req] = []
         self.pending: Optional[Pending] = None
         self.keep_alive: deque = deque(maxlen=2)        # inputs still read on the device
+        # The decode batch's device inputs (rows, sampling), reused while the batch is the
+        # same requests on the same rows: a steady decode step does no H2D for them.
+        self._batch_key: Optional[tuple] = None
+        self._batch_tensors: Optional[tuple] = None
         self.stats = StepStats()
         self.syncs = SyncRecorder(enabled=loop.debug_syncs and device.is_cuda)
 
@@ -281,7 +285,12 @@ class Scheduler:
                              max(lens), self._sampling(reqs, lens))
 
     def _decode_inputs(self, reqs: list[Req]) -> DecodeInputs:
-        rows = self.dev.h2d([r.kv.row for r in reqs], torch.long)
+        key = tuple((r.rid, r.kv.row) for r in reqs)
+        if key != self._batch_key:        # never written in place: safe to reuse while read
+            self._batch_key = key
+            self._batch_tensors = (self.dev.h2d([r.kv.row for r in reqs], torch.long),
+                                   self._sampling(reqs, None))
+        rows, sampling = self._batch_tensors
         if self.opt.overlap and not self.opt.device_seq_lens:
             # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
             # the previous verify's publish -- the publish-point host sync.
@@ -290,7 +299,7 @@ class Scheduler:
         else:
             seq = max(self._host_seq(r) for r in reqs) + self.lag
         return DecodeInputs(
-            rows=rows, sampling=self._sampling(reqs, None),
+            rows=rows, sampling=sampling,
             max_kv=min(self.kv.width, seq + self.tokens_per_decode),
             all_greedy=all(r.sampling.temperature == 0 for r in reqs),
             predrafted=all(r.predrafted for r in reqs))

@@ -107,7 +107,8 @@ class TargetWorker:
         return sample(logits, s.temperature, s.top_p, s.seeds, s.counters), hidden
 
     def _decode_fn(self, max_kv: int):
-        def fn(input_ids, rows, kv_lens, temperature, top_p, seeds, counters):
+        def fn(input_ids, rows, kv_lens, temperature, top_p, seeds):
+            counters = kv_lens                     # the sampling counter: the new length
             B = rows.shape[0]
             positions = (kv_lens - 1).long()
             out_loc = self.table[rows, positions].long()
@@ -126,15 +127,16 @@ class TargetWorker:
             seq = self.relay.resolve_seq_lens(x.rows)
             inp = self.relay.gather(x.rows)
         s = x.sampling
-        args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=seq + 1,
-                    temperature=s.temperature, top_p=s.top_p, seeds=s.seeds, counters=seq + 1)
+        new_len = seq + 1
+        args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
+                    temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
         with self.spans.stage("verify"):          # the target forward of a one-node tree
             if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
                 tok = self.decode_graph.run(args)
             else:
                 tok = self._decode_fn(x.max_kv)(**args)
         with self.spans.stage("publish"):
-            self.relay.publish(x.rows, seq + 1)
+            self.relay.publish(x.rows, new_len)
         with self.spans.stage("stash"):
             self.relay.stash(x.rows, DraftInputs(tok))
         return DecodeOut(tok[:, None], torch.ones_like(tok))
@@ -163,12 +165,12 @@ class TargetWorker:
             kv_lens=torch.zeros(L, dtype=torch.long, device=dev),
             temperature=torch.zeros(L, dtype=torch.float32, device=dev),
             top_p=torch.zeros(L, dtype=torch.float32, device=dev),
-            seeds=torch.zeros(L, dtype=torch.long, device=dev),
-            counters=torch.zeros(L, dtype=torch.long, device=dev))
+            seeds=torch.zeros(L, dtype=torch.long, device=dev))
         # Padding lane: row 0, one KV entry -> writes and reads slot 0 of the padding page.
-        pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0, counters=0)
+        pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0)
         runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width)), static, pad,
-                             default_buckets(max_bs))
+                             default_buckets(max_bs), sticky=("rows", "temperature", "top_p",
+                                                              "seeds"))
         with self.spans.paused():
             runner.capture()
         return runner

@@ -49,3 +49,16 @@ def test_graph_runner_staged_inputs_and_views():
     kept = out.clone()
     r.run(dict(a=torch.full((3,), 5, device="cuda"), b=torch.tensor([5, 1, 2], device="cuda")))
     assert out.tolist() == [55, 51, 52] and kept.tolist() == [1, 11, 21]   # a view: replaced
+
+
+def test_graph_runner_sticky_inputs_copied_once_per_tensor_object():
+    st = dict(a=torch.zeros(4, device="cuda", dtype=torch.long),
+              b=torch.zeros(4, device="cuda", dtype=torch.long))
+    r = GraphRunner(lambda a, b: a * 10 + b, st, dict(a=0, b=0), [4], sticky=("a",))
+    r.capture()
+    a = torch.tensor([1, 2], device="cuda")
+    assert r.run(dict(a=a, b=torch.tensor([3, 4], device="cuda"))).tolist() == [13, 24]
+    st["a"][:2] = 7                                     # only the runner writes its buffers...
+    assert r.run(dict(a=a, b=torch.tensor([0, 0], device="cuda"))).tolist() == [70, 70]
+    a2 = torch.tensor([5, 6], device="cuda")            # ...so a new object is copied again
+    assert r.run(dict(a=a2, b=torch.tensor([0, 0], device="cuda"))).tolist() == [50, 60]

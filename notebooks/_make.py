@@ -78,7 +78,9 @@ NOTEBOOKS["00_quickstart"] = [
 **Question.** For one configuration, how long does a decode step take, which stages take that
 time, and how much of the step is the GPU idle (bubble fraction)?
 
-One profiled run: a warm-up generate, then the measured generate (warm-up steps are in no
+One engine: a warm-up generate and the measured generate with the profiler held in its
+`wait` phase (tok/s, step and stage times are never measured under the profiler), then
+profiled generates of the same workload for the bubble figures (warm-up steps are in no
 figure). On a GPU the bubble timeline is drawn from the Kineto trace (device lanes, bubbles
 hatched red); on CPU the trace has no GPU lanes, so the timeline shows the event timeline's
 host spans and the bubble fraction is NaN."""),
@@ -98,7 +100,7 @@ from mtplab import Engine, RunConfig
 from mtplab.profiling.bubbles import analyze
 from mtplab.profiling.plots import plot_event_timeline, plot_timeline
 from mtplab.profiling.stages import STAGES
-from mtplab.sweep.measure import prompts, trace_skip
+from mtplab.sweep.measure import prompts
 from mtplab.sweep.metrics import stage_metrics
 from mtplab.sweep.report import write_answer
 %matplotlib inline
@@ -113,18 +115,22 @@ pd.Series(cfg.manifest()["config"]).to_frame("resolved config")'''),
     ("code", '''\
 eng = Engine(cfg)
 V = eng.model.config.vocab_size
-eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=1), max_new_tokens=4,
-             ignore_eos=True)                                   # warm-up: not measured
-warm_steps, first_step = eng.profiler.steps, eng.timeline.step + 1
-eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=0),
-             max_new_tokens=output_len_tokens, ignore_eos=True)
+measured = prompts(batch_size, prompt_len_tokens, V, seed=0)
+with eng.profiler.held():                       # the profiler waits: nothing is collected
+    eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=1), max_new_tokens=4,
+                 ignore_eos=True)                               # warm-up: not measured
+    first_step = eng.timeline.step + 1
+    eng.generate(measured, max_new_tokens=output_len_tokens, ignore_eos=True)   # measured
+    end_step = eng.timeline.step + 1
 eng.check_invariants()
 stats = eng.stats()
+while eng.profiler.steps <= cfg.profile_wait + cfg.profile_warmup + cfg.profile_active:
+    eng.generate(measured, max_new_tokens=output_len_tokens, ignore_eos=True)   # profiled
 files = eng.finish()
 pd.Series({k: v for k, v in stats.items() if not isinstance(v, (dict, list))}).to_frame("stats")'''),
     ("md", "## The bubble timeline (4 measured decode steps)"),
     ("code", '''\
-res = analyze(files["trace0"], skip_steps=trace_skip(cfg, warm_steps))
+res = analyze(files["trace0"])                 # profiled steps only
 tl = eng.timeline_frame()
 on_gpu = res.summary["device"] is not None
 if on_gpu:
@@ -132,15 +138,15 @@ if on_gpu:
     a = int(dec.iloc[min(1, len(dec) - 1)])
     fig = plot_timeline(files["trace0"], res, steps=(a, a + 3), path=out / "timeline.png")
 else:
-    dec = sorted(tl.loc[(tl["step"] >= first_step) & tl["stage"].str.startswith("step[decode"),
-                        "step"].unique())
+    dec = sorted(tl.loc[tl["step"].between(first_step, end_step - 1)
+                        & tl["stage"].str.startswith("step[decode"), "step"].unique())
     a = int(dec[min(1, len(dec) - 1)])
     fig = plot_event_timeline(tl, steps=(a, a + 3), path=out / "timeline.png")'''),
     ("md", "## Summary tables: bubbles (trace) and stage times per decode step (event timeline)"),
     ("code", '''\
 pd.Series({k: v for k, v in res.summary.items() if k != "notes"}).to_frame("bubble summary")'''),
     ("code", '''\
-tm = stage_metrics(tl, first_step)
+tm = stage_metrics(tl, first_step, end_step)
 step_ms = stats["decode_step_p50_ms"]
 # top-level stages only: draft.step (and the folded seed) run inside the draft span
 nested = {"draft.step"} | ({"draft.seed"} if cfg.fold_seed else set())

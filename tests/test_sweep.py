@@ -200,3 +200,37 @@ def test_stage_metrics_per_decode_step():
     assert math.isclose(m["stage_sync_ms"], 0.0)            # median of 0, 0.1, 0
     assert math.isclose(m["sync_spans_per_step"], 1 / 3)
     assert json.dumps(m)
+
+
+def test_profiled_cell_measures_outside_the_profiler(tmp_path):
+    """tok/s comes from a generate the profiler never touched; the trace holds exactly the
+    profiled steps of the extra generates (none of the warm-up or measured ones)."""
+    from mtplab.profiling.trace_io import load_trace
+    from mtplab.sweep.grid import Workload
+    from mtplab.sweep.measure import measure
+
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", profile=True, profile_wait=3,
+                    profile_warmup=1, profile_active=4, event_timeline=True,
+                    max_running_requests=2, trace_dir=str(tmp_path), run_name="cell")
+    row = measure(cfg, Workload(batch_size=2, output_len_tokens=12))
+    assert row["tok_per_s"] > 0 and row["trace_skip_steps"] == 0
+    tr = load_trace(row["trace_path"])
+    steps = tr.name_mask(lambda s: s.startswith("step[")) & tr.cat_mask("user_annotation")
+    assert int(steps.sum()) == 4
+    assert not math.isnan(row["stage_verify_ms"])
+
+
+def test_profiler_hold_keeps_the_schedule_waiting(tmp_path):
+    from mtplab import Engine
+
+    eng = Engine(RunConfig(model="random-tiny", profile=True, profile_wait=2, profile_warmup=1,
+                           profile_active=2, trace_dir=str(tmp_path)))
+    with eng.profiler.held():
+        eng.generate([[5, 6, 7]], max_new_tokens=6, ignore_eos=True)
+    assert eng.profiler.steps == 0
+    eng.generate([[5, 6, 7]], max_new_tokens=6, ignore_eos=True)
+    assert eng.profiler.steps > 2
+    with pytest.raises(RuntimeError, match="past its wait phase"):
+        with eng.profiler.held():
+            pass
+    eng.finish()

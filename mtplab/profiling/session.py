@@ -4,9 +4,13 @@ reads:  <run_dir>/<worker>.<time_ns>.pt.trace.json.gz
 
 Start it before CUDA graph capture (so CUPTI sees the captured kernels when they replay).
 `on_step(step_index)` hooks let a notebook run a callback per step.
+`held()`: while inside, engine steps do not advance the schedule (it stays in `wait`, nothing is
+collected), so timed work can run in the same engine before the profiled steps; the schedule
+must still be in `wait` when it is entered.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import socket
@@ -36,13 +40,26 @@ class ProfilerSession:
             schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=self._write)
         self._open = False
+        self.wait = wait
+        self._held = False
+
+    @contextlib.contextmanager
+    def held(self):
+        if self.steps >= self.wait:
+            raise RuntimeError(f"the profiler is past its wait phase (step {self.steps} of "
+                               f"wait={self.wait}); hold it before the profiled steps begin.")
+        self._held = True
+        try:
+            yield self
+        finally:
+            self._held = False
 
     def start(self) -> None:
         self.prof.__enter__()
         self._open = True
 
     def step(self) -> None:
-        if not self._open:
+        if not self._open or self._held:
             return
         self.prof.step()
         for h in self.hooks:

@@ -42,7 +42,10 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   environment device_name, git_commit, mtplab_version, torch_version
   paths       run_dir, trace_path, timeline_path, manifest_path, log_path, notebook_path,
               timeline_first_step, trace_skip_steps (first measured step of the timeline;
-              warm-up steps skipped in the trace)
+              steps to skip in the trace: 0, it holds profiled steps only -- with
+              profile=True the profiler waits through the warm-up and measured generates
+              and records extra generates of the same workload, so tok/s and latency are
+              never measured under the profiler)
 """
 from .cli import main_sweep
 from .grid import Cell, Grid, Workload, grid_from_dict, load_grid, make_cell

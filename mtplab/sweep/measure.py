@@ -1,15 +1,20 @@
 """One cell's measurement, inside the cell's own process: build the engine, run a warm-up
-generate, run the measured generate, write the run folder, and derive the figures.
+generate, run the measured generate, then (profile=True) profiled generates of the same
+workload; write the run folder and derive the figures.
 
+    engine steps:  [warm-up generate][measured generate][profiled generate(s) ...]
+    profiler:      held in `wait` ------------------->  wait | warmup | active
+    figures:                         tok/s, latency,     bubble fractions, launch and
+                                     stage times         sync counts (trace)
 Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate
-(per-request token arrival times, see mtplab.sweep's table schema).
-Warm-up exclusion: the event-timeline figures use only the steps of the measured generate;
-the trace figures skip the warm-up steps that fall inside the profiler window
-(`trace_skip_steps`: the profiler records engine steps
-[profile_wait + profile_warmup, + profile_active) counted from engine construction).
+(per-request token arrival times, see mtplab.sweep's table schema), which the profiler never
+touches (no collection, no trace export inside it). The event-timeline figures use only the
+steps of the measured generate; the trace covers profiled steps only, so no warm-up step is in
+it (`trace_skip_steps` = 0).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from typing import Any
@@ -27,12 +32,6 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def trace_skip(cfg: RunConfig, warm_steps: int) -> int:
-    """How many of the trace's steps are warm-up steps (`analyze(..., skip_steps=)`), given
-    the engine steps taken before the measured generate."""
-    return min(max(0, warm_steps - cfg.profile_wait - cfg.profile_warmup), cfg.profile_active)
-
-
 def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     """Run the cell; return the metric columns of its results row (see mtplab.sweep)."""
     from ..engine import Engine
@@ -41,17 +40,25 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
         raise RuntimeError("workload fail=True: this cell fails on purpose (test hook).")
     eng = Engine(cfg)
     V = eng.model.config.vocab_size
-    if wl.warmup_output_len_tokens:
-        eng.generate(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
-                     max_new_tokens=wl.warmup_output_len_tokens, ignore_eos=True,
-                     temperature=wl.temperature)
-    warm_steps = eng.profiler.steps if eng.profiler is not None else 0
-    first_step = eng.timeline.step + 1 if eng.timeline is not None else 0
-    eng.generate(prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed),
-                 max_new_tokens=wl.output_len_tokens, ignore_eos=True,
-                 temperature=wl.temperature)
+    measured = prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed)
+
+    def run(ps, n):
+        eng.generate(ps, max_new_tokens=n, ignore_eos=True, temperature=wl.temperature)
+
+    prof = eng.profiler
+    with prof.held() if prof is not None else contextlib.nullcontext():
+        if wl.warmup_output_len_tokens:
+            run(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
+                wl.warmup_output_len_tokens)
+        first_step = eng.timeline.step + 1 if eng.timeline is not None else 0
+        run(measured, wl.output_len_tokens)
+        end_step = eng.timeline.step + 1 if eng.timeline is not None else 0
     eng.check_invariants()
     st = eng.stats()
+    if prof is not None:
+        while prof.steps <= cfg.profile_wait + cfg.profile_warmup + cfg.profile_active:
+            run(measured, wl.output_len_tokens)                     # profiled
+        eng.check_invariants()
     files = eng.finish()
     row: dict[str, Any] = {k: st.get(k) for k in (
         "requests", "tokens", "wall_s", "tok_per_s", "decode_tok_per_s", "steps",
@@ -74,10 +81,9 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row["timeline_path"] = str(files["timeline"]) if "timeline" in files else None
     row["timeline_first_step"] = first_step
     if eng.timeline is not None:
-        row.update(stage_metrics(eng.timeline_frame(), first_step))
+        row.update(stage_metrics(eng.timeline_frame(), first_step, end_step))
     row["trace_path"] = str(files["trace0"]) if "trace0" in files else None
     if row["trace_path"]:
-        skip = trace_skip(cfg, warm_steps)
-        row["trace_skip_steps"] = skip
-        row.update(trace_metrics(row["trace_path"], skip))
+        row["trace_skip_steps"] = 0
+        row.update(trace_metrics(row["trace_path"], 0))
     return row

@@ -34,9 +34,10 @@ NAN = float("nan")
 DRAFT_SPANS = ("draft.seed", "draft")
 
 
-def stage_metrics(tl: pd.DataFrame, first_step: int) -> dict:
-    """Per-stage time and sync spans per decode step, over the steps >= first_step."""
-    tl = tl[tl["step"] >= first_step]
+def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None) -> dict:
+    """Per-stage time and sync spans per decode step, over the steps [first_step, end_step)."""
+    tl = tl[(tl["step"] >= first_step) & (tl["step"] < (end_step if end_step is not None
+                                                          else float("inf")))]
     dec_steps = tl.loc[tl["stage"].str.startswith("step[decode"), "step"].unique()
     if len(dec_steps) == 0:
         return {"sync_spans_per_step": NAN}

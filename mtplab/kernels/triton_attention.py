@@ -56,6 +56,30 @@ _NO_WINDOW = tl.constexpr(1 << 30)  # the kernels' `window` when there is none (
 
 
 @triton.jit
+def _load_keys(Table, K, row, j, j_ok, kvh, d, stride_tr, stride_kn, stride_kh):
+    """Slots of row entries j (masked by j_ok) and their keys, transposed: [HEAD_D, BLOCK_N]."""
+    slot = tl.load(Table + row * stride_tr + j, mask=j_ok, other=0).to(tl.int64)
+    kt = tl.load(K + slot[None, :] * stride_kn + kvh * stride_kh + d[:, None],
+                 mask=j_ok[None, :], other=0.0)
+    return slot, kt
+
+
+@triton.jit
+def _online_softmax_step(s, m_i, l_i, acc, V, slot, j_ok, kvh, d, stride_vn, stride_vh,
+                         DOT_PREC: tl.constexpr):
+    """One key block of the online softmax (scores `s` in the log2 domain, invisible = -inf):
+    rescale the running max/sum/accumulator and add this block's p @ V."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + d[None, :],
+                mask=j_ok[:, None], other=0.0)                              # [BLOCK_N, HEAD_D]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos,
                    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                    stride_ot, stride_oh, stride_tr,
@@ -88,19 +112,11 @@ def _decode_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos,
     for start in range(lo, hi, BLOCK_N):
         j = start + n
         j_ok = j < hi
-        slot = tl.load(Table + row * stride_tr + j, mask=j_ok, other=0).to(tl.int64)
-        kt = tl.load(K + slot[None, :] * stride_kn + kvh * stride_kh + d[:, None],
-                     mask=j_ok[None, :], other=0.0)                         # [HEAD_D, BLOCK_N]
+        slot, kt = _load_keys(Table, K, row, j, j_ok, kvh, d, stride_tr, stride_kn, stride_kh)
         s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale              # log2 domain
         s = tl.where(j_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + d[None, :],
-                    mask=j_ok[:, None], other=0.0)                          # [BLOCK_N, HEAD_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, V, slot, j_ok, kvh, d,
+                                             stride_vn, stride_vh, DOT_PREC)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + t * stride_ot + hq[:, None] * stride_oh + d[None, :],
@@ -154,9 +170,7 @@ def _extend_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
     for start in range(lo, hi, BLOCK_N):
         j = start + n
         j_ok = j < kv_len
-        slot = tl.load(Table + row * stride_tr + j, mask=j_ok, other=0).to(tl.int64)
-        kt = tl.load(K + slot[None, :] * stride_kn + kvh * stride_kh + d[:, None],
-                     mask=j_ok[None, :], other=0.0)                         # [HEAD_D, BLOCK_N]
+        slot, kt = _load_keys(Table, K, row, j, j_ok, kvh, d, stride_tr, stride_kn, stride_kh)
         s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale              # log2 domain
 
         in_win = pos[:, None] - j[None, :] < window
@@ -171,14 +185,8 @@ def _extend_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
         vis = vis & j_ok[None, :] & i_ok[:, None]
 
         s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + d[None, :],
-                    mask=j_ok[:, None], other=0.0)                          # [BLOCK_N, HEAD_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, V, slot, j_ok, kvh, d,
+                                             stride_vn, stride_vh, DOT_PREC)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + tok[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],

@@ -7,8 +7,8 @@
       page_topk  page_size 1/16/64 x topk 1/4                  tiny-code, frozen, bs 8
       shape      a shape preset, simulated acceptance 2.0/3.0  frozen vs target-only, bs 1/8
 Each arm process (one engine): warm-up generate, a timed generate with the event timeline on
-(tok/s, TPOT, step time, accept length; the profiler is attached but still in its `wait`
-phase), then profiled generates analysed for the device bubble fraction and its causes
+(tok/s, TPOT, step time, accept length; the profiler is attached but held in its `wait`
+phase, `ProfilerSession.held`), then profiled generates analysed for the device bubble fraction and its causes
 (steady state: the first profiled step skipped).
 Each arm process times TIMED_RUNS generates (the event timeline sampling every 8th step);
 repeats run the arms of a group in interleaved order (A B C A B C ...). tok/s is reported as
@@ -109,16 +109,15 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
     ctx = 1024
     t = {"start": time.perf_counter()}
     with tempfile.TemporaryDirectory() as d:
-        # One engine: the profiler is started before graph capture but stays in its `wait`
-        # phase (not collecting) through the warm-up and the timed run; the last generate is
-        # the profiled one.
+        # One engine: the profiler is started before graph capture but is held in its `wait`
+        # phase (not collecting) through the warm-up and the timed runs; the generates after
+        # them are the profiled ones.
         n_timed = 1 if smoke else TIMED_RUNS
-        steps_timed = 10 + n_timed * (new + 4)          # upper bound: warm-up + timed steps
         cfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
                         event_timeline=True, event_timeline_every=1 if smoke else 8,
-                        profile=True, profile_wait=steps_timed,
-                        profile_warmup=2, profile_active=3 if smoke else 12, trace_dir=d,
-                        run_name="arm", **arm.cfg)
+                        profile=True, profile_wait=1, profile_warmup=2,
+                        profile_active=3 if smoke else 12, trace_dir=d, run_name="arm",
+                        **arm.cfg)
         eng = Engine(cfg)
         t["init"] = time.perf_counter()
         V = eng.model.config.vocab_size
@@ -130,12 +129,13 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         else:
             g = torch.Generator().manual_seed(arm.bs)
             prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
-        eng.generate(prompts, max_new_tokens=min(8, new), ignore_eos=True)       # warm-up
-        t["warm"] = time.perf_counter()
         runs = []
-        for _ in range(n_timed):                                                 # timed
-            eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
-            runs.append(eng.stats())
+        with eng.profiler.held():
+            eng.generate(prompts, max_new_tokens=min(8, new), ignore_eos=True)   # warm-up
+            t["warm"] = time.perf_counter()
+            for _ in range(n_timed):                                             # timed
+                eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
+                runs.append(eng.stats())
         t["timed"] = time.perf_counter()
         eng.check_invariants()
         tl = eng.timeline_frame()
@@ -151,7 +151,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         if dev["gpu_start_us"].notna().any():
             per = (dev["gpu_end_us"] - dev["gpu_start_us"]).groupby(dev["step"]).sum()
             res["stage_sum_us_per_step"] = float(per.iloc[len(per) // 4:].median())
-        while eng.profiler.steps < steps_timed + 2 + (3 if smoke else 12) + 1:
+        while not eng.profiler.done:
             eng.generate(prompts, max_new_tokens=new, ignore_eos=True)           # profiled
         files = eng.finish()
         t["profiled"] = time.perf_counter()

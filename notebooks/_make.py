@@ -124,7 +124,7 @@ with eng.profiler.held():                       # the profiler waits: nothing is
     end_step = eng.timeline.step + 1
 eng.check_invariants()
 stats = eng.stats()
-while eng.profiler.steps <= cfg.profile_wait + cfg.profile_warmup + cfg.profile_active:
+while not eng.profiler.done:
     eng.generate(measured, max_new_tokens=output_len_tokens, ignore_eos=True)   # profiled
 files = eng.finish()
 pd.Series({k: v for k, v in stats.items() if not isinstance(v, (dict, list))}).to_frame("stats")'''),

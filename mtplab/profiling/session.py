@@ -41,7 +41,13 @@ class ProfilerSession:
             on_trace_ready=self._write)
         self._open = False
         self.wait = wait
+        self.last_step = wait + warmup + active   # the step() that ends `active` writes the trace
         self._held = False
+
+    @property
+    def done(self) -> bool:
+        """The active window has ended and its trace is written."""
+        return self.steps > self.last_step
 
     @contextlib.contextmanager
     def held(self):

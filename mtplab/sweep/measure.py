@@ -56,7 +56,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     eng.check_invariants()
     st = eng.stats()
     if prof is not None:
-        while prof.steps <= cfg.profile_wait + cfg.profile_warmup + cfg.profile_active:
+        while not prof.done:
             run(measured, wl.output_len_tokens)                     # profiled
         eng.check_invariants()
     files = eng.finish()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,10 +68,7 @@ class PinnedRing:
 
     def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised pinned tensor, valid until its slab comes round again."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        n = numel * dtype.itemsize
+        n = math.prod(shape) * dtype.itemsize
         if n > self.slab_bytes:
             return torch.empty(shape, dtype=dtype, pin_memory=True)
         if self.off + n > self.slab_bytes:

@@ -8,9 +8,9 @@
 An input that already is `static[k][:bs]` (staged by the caller, e.g. a buffer several
 runners share; see `stage`) is not copied again. `sticky` keys name inputs that are never
 written in place once made (a batch's rows and sampling parameters): while the caller passes
-the same tensor object as on the previous replay, it is not copied again. `clone=False` returns views of the graph's
-output buffers: valid until this runner's next replay, so only for values consumed by work
-queued on the same stream before that replay.
+the same tensor object as on the previous replay, it is not copied again. `clone=False`
+returns views of the graph's output buffers: valid until this runner's next replay, so only
+for values consumed by work queued on the same stream before that replay.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 """
@@ -68,8 +68,9 @@ class GraphRunner:
     def stage(self, key: str, v: torch.Tensor) -> torch.Tensor:
         """Copy `v` into static[key][:bs] (padding lanes filled up to the bucket) and return
         that view: passing it to `run` costs no further copy."""
-        bs = v.shape[0]
-        b = self.bucket(bs)
+        return self._copy_in(key, v, v.shape[0], self.bucket(v.shape[0]))
+
+    def _copy_in(self, key: str, v: torch.Tensor, bs: int, b: int) -> torch.Tensor:
         st = self.static[key]
         st[:bs].copy_(v, non_blocking=True)
         if b > bs:
@@ -87,9 +88,7 @@ class GraphRunner:
                 if self._last.get(k) is v:
                     continue                         # the same immutable tensor as last time
                 self._last[k] = v
-            st[:bs].copy_(v, non_blocking=True)
-            if b > bs:
-                st[bs:b].fill_(self.pad[k])
+            self._copy_in(k, v, bs, b)
         g, out = self.graphs[b]
         g.replay()
         if isinstance(out, torch.Tensor):

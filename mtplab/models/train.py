@@ -459,29 +459,25 @@ def run(cfg: TrainConfig) -> dict:
     target.eval().requires_grad_(False)
     finish("target", target, res, lambda: save_model(target, out / "target", dtype=dtype))
 
+    def train_draft(name: str, draft: torch.nn.Module, loss: Callable, seed_offset: int,
+                    num_layers: int, seconds: float, meta: dict) -> None:
+        """A draft stage: init, train on `loss(draft, ids, draft_steps)`, save with `meta`."""
+        init_weights(draft, cfg.seed + seed_offset, num_layers)
+        draft.to(dev).train()
+        res = train_stage(name, draft.parameters(),
+                          lambda ids: loss(draft, ids, cfg.draft_steps),
+                          sampler(train_stream, cfg.batch, cfg.seq_len, cfg.seed + seed_offset),
+                          cfg, cfg.draft_lr, seconds, dev)
+        draft.eval()
+        finish(name, draft, res, lambda: _save_state(draft, out / name, meta, dtype))
+
     acfg = assistant_config(tcfg)
     asst = FrozenKVAssistant(acfg, target)
-    init_weights(asst, cfg.seed + 1, acfg.num_layers)
-    asst.to(dev).train()
-    res = train_stage("assistant", asst.parameters(),
-                      lambda ids: assistant_loss(asst, ids, cfg.draft_steps),
-                      sampler(train_stream, cfg.batch, cfg.seq_len, cfg.seed + 1), cfg,
-                      cfg.draft_lr, cfg.assistant_seconds, dev)
-    asst.eval()
-    finish("assistant", asst, res, lambda: _save_state(
-        asst, out / "assistant", {"format": "mtplab-frozen-kv-assistant", **asdict(acfg)}, dtype))
-
+    train_draft("assistant", asst, assistant_loss, 1, acfg.num_layers, cfg.assistant_seconds,
+                {"format": "mtplab-frozen-kv-assistant", **asdict(acfg)})
     eagle = EagleDraft(target)
-    init_weights(eagle, cfg.seed + 2, 1)
-    eagle.to(dev).train()
-    res = train_stage("eagle", eagle.parameters(),
-                      lambda ids: eagle_loss(eagle, ids, cfg.draft_steps),
-                      sampler(train_stream, cfg.batch, cfg.seq_len, cfg.seed + 2), cfg,
-                      cfg.draft_lr, cfg.eagle_seconds, dev)
-    eagle.eval()
-    finish("eagle", eagle, res, lambda: _save_state(
-        eagle, out / "eagle", {"format": "mtplab-eagle-draft",
-                               "target_hidden_size": tcfg.hidden_size}, dtype))
+    train_draft("eagle", eagle, eagle_loss, 2, 1, cfg.eagle_seconds,
+                {"format": "mtplab-eagle-draft", "target_hidden_size": tcfg.hidden_size})
 
     t0 = time.perf_counter()
     heldout = evaluate(target, asst, eagle, held_stream, cfg, dev)

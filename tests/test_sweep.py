@@ -230,6 +230,7 @@ def test_profiler_hold_keeps_the_schedule_waiting(tmp_path):
     assert eng.profiler.steps == 0
     eng.generate([[5, 6, 7]], max_new_tokens=6, ignore_eos=True)
     assert eng.profiler.steps > 2
+    eng.check_invariants()
     with pytest.raises(RuntimeError, match="past its wait phase"):
         with eng.profiler.held():
             pass

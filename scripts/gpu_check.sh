@@ -6,6 +6,7 @@
 #     check             : tests + host-time breakdown (bench_host) + instrumentation checks
 #                         (bench_profile: stages, timeline overhead, host syncs, overlap
 #                         timelines, a small real trace)                              ~5 min
+#     stages            : tests + the per-stage timeline-vs-profiler check in every regime  ~4 min
 #     bench [GROUP...]  : `mtplab bench` (default: every group; REPEATS=1, BS="1 8 32")
 #                         drafts+overlap ~8 min, fold_seed+page_topk+shape ~5 min at repeats 1
 #     notebooks         : 01_overlap and 03_page_topk under papermill with GPU parameters
@@ -38,6 +39,10 @@ case $phase in
     python3 -m benchmarks.bench_host --out "$OUT/bench_host.md" >> "$LOG" 2>&1
     python3 -m benchmarks.bench_profile --out-dir "$OUT" >> "$LOG" 2>&1
     grep -h "^#### " "$OUT/bench_host.md"; cat "$OUT/bench_profile.md" ;;
+  stages)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$LOG" | tail -15
+    python3 -m benchmarks.bench_profile --out-dir "$OUT" --only stages >> "$LOG" 2>&1
+    cat "$OUT/bench_profile.md" ;;
   bench)
     python3 -m mtplab.cli bench ${1:+--groups "$@"} --repeats "${REPEATS:-1}" \
       --bs ${BS:-1 8 32} --out "$OUT/bench.md" > "$LOG" 2>&1; cat "$OUT/bench.md" ;;
@@ -61,6 +66,6 @@ case $phase in
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
      exit 2 ;;
 esac

@@ -310,11 +310,14 @@ class Scheduler:
         done = self.dev.new_event()
         host = None
         if self.opt.async_d2h:
-            with self.spans.stage("d2h", "copy"), self.dev.stream(self.copy_stream):
+            with self.dev.stream(self.copy_stream):
+                # The wait, the host buffers and `done` stay outside the span: d2h's event
+                # pair starts once the forward work it copies has finished and times the copies.
                 self.copy_stream.wait_stream(self.forward_stream)
                 host = [self.dev.empty_pinned(t.shape, t.dtype) for t in results]
-                for h, t in zip(host, results):
-                    h.copy_(t, non_blocking=True)
+                with self.spans.stage("d2h", "copy"):
+                    for h, t in zip(host, results):
+                        h.copy_(t, non_blocking=True)
                 done.record()
         return Pending(kind, reqs, results, host, done)
 

@@ -4,7 +4,7 @@
    host-bound tiny-code, the same with the stream backlogged, llama3-8b-like@4): every
    stage on its stream in the Kineto trace (gpu_user_annotation) and in the event timeline;
    per-stage GPU time from the timeline vs the profiler over the same steps (ratio; target
-   within 5% once the fixed cost of an event pair, measured apart by `pair_offset`, is taken
+   within 5% once the fixed cost of an event pair, measured apart by `pair_costs`, is taken
    off the timeline, or within the event timer's resolution).
 2. The event timeline's overhead: decode tok/s with it off vs on, interleaved repeats.
 3. Host syncs left per steady decode step, per loop mode (CUDA sync debug mode).
@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -55,7 +56,7 @@ RESOLUTION_US = 1.0
 #                          |<─ gpu_user_annotation ─>|      (Kineto: kernels only)
 #
 # The pair also holds the stream's dispatch of the stage's first command (a fixed cost per
-# pair, measured by `pair_offset`) and, when the host is behind, the waits for its launches.
+# pair, measured by `pair_costs`) and, when the host is behind, the waits for its launches.
 # With the stream backlogged (host ahead of the GPU) only the fixed cost is left.
 REGIMES = {
     "tiny": dict(cfg=dict(BASE), backlog=False),               # host-bound: launch waits show
@@ -67,12 +68,12 @@ REGIMES = {
 
 
 def stage_agreement(tl, tr, lo: int, hi: int, stages=STAGE_ORDER,
-                    offset_us: float = 0.0) -> list[dict]:
+                    offsets: Optional[dict] = None) -> list[dict]:
     """Per-stage GPU time per occurrence over engine steps [lo, hi): event timeline (gpu_end -
     gpu_start of the stage's device-stream rows) vs profiler (the stage's gpu_user_annotation
     durations; the trace holds exactly those steps). `delta_us` = timeline - profiler;
-    `agrees`: after taking the pair's fixed cost `offset_us` off the timeline, within 5% of
-    the profiler or within RESOLUTION_US."""
+    `agrees`: after taking the pair's fixed cost `offsets[stage]` (µs, default 0) off the
+    timeline, within 5% of the profiler or within RESOLUTION_US."""
     dev = tl[(tl["stream"] != "host") & (tl["step"] >= lo) & (tl["step"] < hi)]
     ann = tr.cat_mask("gpu_user_annotation")
     out = []
@@ -83,31 +84,54 @@ def stage_agreement(tl, tr, lo: int, hi: int, stages=STAGE_ORDER,
         t_us = float((t["gpu_end_us"] - t["gpu_start_us"]).sum()) / max(1, n)
         p_us = float(tr.dur[m].sum()) / max(1, n_tr)
         ratio = p_us / t_us if t_us else float("nan")
-        err = abs(t_us - offset_us - p_us)
+        err = abs(t_us - (offsets or {}).get(stage, 0.0) - p_us)
         out.append(dict(stage=stage, n=n, n_trace=n_tr, timeline_us=t_us, profiler_us=p_us,
                         delta_us=t_us - p_us, ratio=ratio,
                         agrees=bool(n and n == n_tr and err <= max(0.05 * p_us, RESOLUTION_US))))
     return out
 
 
-def pair_offset(rows: list, n: int = 100) -> float:
-    """The fixed cost of an event pair: on a backlogged stream (a GPU sleep ahead of the
-    work), pairs around one small kernel vs that kernel's CUPTI duration, profiled; plus
-    empty pairs and unprofiled pairs for scale. Returns the profiled offset (µs, median)."""
+def fit_stages(res: list[dict]) -> tuple[float, float, float]:
+    """Least-squares line timeline_us = slope * profiler_us + intercept over the stages seen
+    by both tools, and the largest residual (µs). With the stream backlogged the slope is 1
+    and the intercept the event pair's fixed cost."""
+    seen = [x for x in res if x["n"] and x["n_trace"]]
+    if len(seen) < 2:
+        raise ValueError("fewer than two stages in both the timeline and the trace: no fit.")
+    p = np.array([x["profiler_us"] for x in seen])
+    t = np.array([x["timeline_us"] for x in seen])
+    slope, icpt = np.polyfit(p, t, 1)
+    return float(slope), float(icpt), float(np.abs(t - slope * p - icpt).max())
+
+
+def pair_costs(rows: list, n: int = 100) -> dict:
+    """The fixed cost of an event pair, per kind of first command: on a backlogged stream (a
+    GPU sleep ahead of the work), profiled pairs around one small kernel ("kernel") or one
+    small D2H copy into pinned memory ("copy"), minus that command's CUPTI duration (medians);
+    empty and unprofiled pairs for scale."""
     import torch
     x = torch.zeros(4096, device="cuda")
-    x.add_(1.0)                          # kernel loaded before any timing
+    host = torch.empty(16, pin_memory=True)
+    ops = {"kernel": lambda: x.add_(1.0),
+           "copy": lambda: host.copy_(x[:16], non_blocking=True)}
+    for op in ops.values():                # kernels loaded before any timing
+        op()
     cycles = _sleep_cycles(100.0)
+    side = torch.cuda.Stream()             # a side stream, as the engine's (not the legacy default)
 
-    def pairs(kernel: bool) -> list:
+    def pairs(op) -> list:
+        with torch.cuda.stream(side):
+            return _pairs(op)
+
+    def _pairs(op) -> list:
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                for _ in range(n)]
         torch.cuda._sleep(cycles)
         t0 = time.perf_counter()
         for a, b in evs:
             a.record()
-            if kernel:
-                x.add_(1.0)
+            if op is not None:
+                op()
             b.record()
         host_s = time.perf_counter() - t0
         if host_s > 0.08:
@@ -116,23 +140,25 @@ def pair_offset(rows: list, n: int = 100) -> float:
         torch.cuda.synchronize()
         return [a.elapsed_time(b) * 1e3 for a, b in evs]
 
-    empty, plain = pairs(False), pairs(True)
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "pairs.json"
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            prof_pairs = pairs(True)
-        prof.export_chrome_trace(str(path))
-        tr = load_trace(path)
-        k = tr.cat_mask("kernel") & tr.name_mask(lambda s: "spin" not in s and "sleep" not in s)
-        kern = float(np.median(tr.dur[k]))
     med = statistics.median
-    off = med(prof_pairs) - kern
-    rows += ["", f"Event pair on a backlogged stream ({n} pairs, medians): empty pair "
-             f"{med(empty):.2f} µs; around one `add_` kernel {med(plain):.2f} µs unprofiled, "
-             f"{med(prof_pairs):.2f} µs profiled; that kernel's CUPTI duration {kern:.2f} µs; "
-             f"fixed cost per pair (profiled pair - kernel) **{off:.2f} µs**."]
-    return off
+    costs, text = {}, [f"empty pair {med(pairs(None)):.2f} µs"]
+    for kind, cat in (("kernel", "kernel"), ("copy", "gpu_memcpy")):
+        plain = med(pairs(ops[kind]))
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "pairs.json"
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                profiled = med(pairs(ops[kind]))
+            prof.export_chrome_trace(str(path))
+            tr = load_trace(path)
+            m = tr.cat_mask(cat) & tr.name_mask(lambda s: "spin" not in s and "sleep" not in s)
+            cmd = float(np.median(tr.dur[m]))
+        costs[kind] = profiled - cmd
+        text.append(f"around one {kind} {plain:.2f} µs unprofiled, {profiled:.2f} µs profiled, "
+                    f"the {kind}'s CUPTI duration {cmd:.2f} µs: fixed cost **{costs[kind]:.2f} µs**")
+    rows += ["", f"Event pair on a backlogged stream ({n} pairs each, medians): "
+             + "; ".join(text) + "."]
+    return costs
 
 
 def _sleep_cycles(ms: float) -> int:
@@ -148,7 +174,7 @@ def _sleep_cycles(ms: float) -> int:
     return int(ms * 1_000_000 / a.elapsed_time(b))
 
 
-def stage_check(d: Path, rows: list, regime: str, offset_us: float) -> Path:
+def stage_check(d: Path, rows: list, regime: str, costs: dict) -> Path:
     """Profile a frozen_kv_mtp run with the event timeline on; compare per-stage GPU times.
     `backlog`: a GPU sleep queued after every step holds the stream while the host queues
     the next step, so every stage's kernels wait in the stream (host latency hidden)."""
@@ -169,10 +195,17 @@ def stage_check(d: Path, rows: list, regime: str, offset_us: float) -> Path:
                  max_new_tokens=96, ignore_eos=True)
     files = eng.finish()
     tr = load_trace(files["trace0"])
-    res = stage_agreement(eng.timeline_frame(), tr, w + u, w + u + a, offset_us=offset_us)
+    tl = eng.timeline_frame()
+    slope, icpt, resid = fit_stages(stage_agreement(tl, tr, w + u, w + u + a))
+    res = stage_agreement(tl, tr, w + u, w + u + a, offsets=dict.fromkeys(STAGE_ORDER, icpt))
+    ok = abs(slope - 1) <= 0.05 and all(x["agrees"] for x in res)
     rows += ["", f"Stage GPU time, {regime} ({r['cfg']['model']}, bs 8, overlap + zero_bubble, "
-             f"{a} profiled steps), µs per occurrence; agrees: |Δ - {offset_us:.2f}| within 5% "
-             f"of the profiler or {RESOLUTION_US} µs:", "",
+             f"{a} profiled steps), µs per occurrence. Fit over the stages: timeline = "
+             f"{slope:.4f} × profiler + {icpt:.2f} µs (largest residual {resid:.2f} µs; the "
+             f"pair's cost in isolation: {costs['kernel']:.2f} µs before a kernel, "
+             f"{costs['copy']:.2f} µs before a copy). agrees: |Δ - {icpt:.2f}| within 5% of the "
+             f"profiler or {RESOLUTION_US} µs. **{'Agree' if ok else 'Do not agree'}** "
+             "(slope within 5% of 1 and every stage agrees).", "",
              "| stage | n (timeline / trace) | timeline µs | profiler µs | Δ µs | "
              "profiler/timeline | agrees |", "|---|---|---|---|---|---|---|"]
     rows += [f"| {x['stage']} | {x['n']} / {x['n_trace']} | {x['timeline_us']:.1f} | "
@@ -258,9 +291,9 @@ def main(argv=None) -> int:
     rows: list = []
     with tempfile.TemporaryDirectory() as d:
         if "stages" in want:
-            off = pair_offset(rows)
+            costs = pair_costs(rows)
             for regime in a.regimes:
-                trace = stage_check(Path(d), rows, regime, off)
+                trace = stage_check(Path(d), rows, regime, costs)
                 if regime == "tiny":
                     plot_timeline(trace, analyze(trace), path=out / "timeline_frozen_zb.png")
         if "overhead" in want:

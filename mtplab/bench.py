@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape")

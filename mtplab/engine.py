@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import torch
 from tqdm.auto import tqdm
 
 from .config import ConfigError, RunConfig

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from benchmarks.bench_profile import RESOLUTION_US, stage_agreement
+from benchmarks.bench_profile import RESOLUTION_US, fit_stages, stage_agreement
 from mtplab.profiling.timeline import COLUMNS
 from mtplab.profiling.trace_io import load_trace
 from tests.test_bubbles import Synth
@@ -43,7 +43,18 @@ def test_stage_agreement_ratio_floor_and_window(tmp_path):
     assert a["ratio"] == pytest.approx(0.5) and not a["agrees"]
     t = got["tree"]                     # in neither: not "agreeing" by vacuity
     assert t["n"] == 0 and math.isnan(t["ratio"]) and not t["agrees"]
-    # the pair's fixed cost comes off the timeline before the comparison
+    # the pair's fixed cost (per stage) comes off the timeline before the comparison
     shifted = {r["stage"]: r["agrees"] for r in stage_agreement(
-        tl, tr, 3, 5, stages=("verify", "accept"), offset_us=10.0)}
+        tl, tr, 3, 5, stages=("verify", "accept"), offsets={"verify": 10.0, "accept": 10.0})}
     assert shifted == {"verify": False, "accept": True}
+
+
+def test_fit_stages_recovers_slope_and_fixed_cost():
+    rows = [dict(n=8, n_trace=8, profiler_us=p, timeline_us=p + 3.9) for p in (1.7, 8.5, 43, 730)]
+    rows.append(dict(n=0, n_trace=0, profiler_us=0.0, timeline_us=0.0))   # not seen: left out
+    slope, icpt, resid = fit_stages(rows)
+    assert slope == pytest.approx(1.0) and icpt == pytest.approx(3.9) and resid < 1e-9
+    rows[1]["timeline_us"] += 2.0                                          # one stage off by 2 µs
+    assert fit_stages(rows)[2] > 1.0
+    with pytest.raises(ValueError, match="fewer than two"):
+        fit_stages(rows[:1])

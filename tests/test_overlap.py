@@ -11,7 +11,7 @@ from mtplab.device import resolve_device
 from mtplab.sched.future_map import FutureMap, FutureMapError
 from mtplab.sched.request import SamplingParams
 from mtplab.spec.relay import DraftInputs
-from tests.helpers import assert_live_identity, make_agreeable, random_prompts
+from tests.helpers import make_agreeable, random_prompts
 
 PROMPTS = random_prompts(6, [1, 7, 30, 90], 320, seed=21)
 MAX_NEW = [19, 6, 25, 11, 2, 14]

@@ -220,6 +220,39 @@ def test_profiled_cell_measures_outside_the_profiler(tmp_path):
     assert not math.isnan(row["stage_verify_ms"])
 
 
+def test_measured_generate_runs_without_spans(tmp_path):
+    """The timed generate emits no span (event pairs cost GPU time); the stage times come from
+    the generate after it, whose steps the timeline holds."""
+    import pandas as pd
+
+    from mtplab.sweep.grid import Workload
+    from mtplab.sweep.measure import measure
+
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", event_timeline=True,
+                    max_running_requests=2, trace_dir=str(tmp_path), run_name="cell")
+    row = measure(cfg, Workload(batch_size=2, output_len_tokens=12, warmup_output_len_tokens=4))
+    tl = pd.read_parquet(row["timeline_path"])
+    first = row["timeline_first_step"]
+    spanned = set(tl["step"])
+    before = sorted(x for x in spanned if x < first)        # the warm-up generate's steps
+    timed = range(before[-1] + 1, first)                    # the measured generate's steps
+    assert len(timed) == row["steps"] > 0
+    assert not spanned & set(timed)
+    assert {first, first + row["steps"] - 1} <= spanned     # the timeline generate: spanned
+    assert not math.isnan(row["stage_verify_ms"])
+
+
+def test_spans_paused_holds_sampled_steps_too():
+    from mtplab.profiling.spans import NO_SPANS, Spans
+
+    sp = Spans(enabled=True, timeline=None, annotate=False, sample_every=4)
+    with sp.paused():
+        sp.begin_step(8)                                    # a sampled step
+        assert sp.stage("verify") is NO_SPANS.stage("verify")
+    sp.begin_step(8)
+    assert sp.enabled
+
+
 def test_profiler_hold_keeps_the_schedule_waiting(tmp_path):
     from mtplab import Engine
 

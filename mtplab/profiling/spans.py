@@ -89,12 +89,14 @@ class Spans:
 
     @contextlib.contextmanager
     def paused(self):
-        """No spans inside (CUDA graph capture: event records and ranges must not be captured)."""
-        was, self.enabled = self.enabled, False
+        """No spans inside, sampled steps included (CUDA graph capture: event records and
+        ranges must not be captured; timed runs: no instrumentation cost)."""
+        was = self.enabled, self._master
+        self.enabled = self._master = False
         try:
             yield
         finally:
-            self.enabled = was
+            self.enabled, self._master = was
 
     def stage(self, name: str, stream: Optional[str] = None):
         """Context manager for one stage (or step) span; `stream` labels the timeline lane."""

@@ -1,16 +1,19 @@
 """One cell's measurement, inside the cell's own process: build the engine, run a warm-up
-generate, run the measured generate, then (profile=True) profiled generates of the same
-workload; write the run folder and derive the figures.
+generate, run the measured generate, then (event timeline on) the same workload once more
+with spans for the stage times, then (profile=True) profiled generates of the same workload;
+write the run folder and derive the figures.
 
-    engine steps:  [warm-up generate][measured generate][profiled generate(s) ...]
-    profiler:      held in `wait` ------------------->  wait | warmup | active
-    figures:                         tok/s, latency,     bubble fractions, launch and
-                                     stage times         sync counts (trace)
+    engine steps:  [warm-up][measured generate][timeline generate][profiled generate(s) ...]
+    spans:          on       paused             on                 on
+    profiler:      held in `wait` ----------------------------->  wait | warmup | active
+    figures:                tok/s, latency      stage times        bubble fractions, launch
+                                                                   and sync counts (trace)
 Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate
-(per-request token arrival times, see mtplab.sweep's table schema), which the profiler never
-touches (no collection, no trace export inside it). The event-timeline figures use only the
-steps of the measured generate; the trace covers profiled steps only, so no warm-up step is in
-it (`trace_skip_steps` = 0).
+(per-request token arrival times, see mtplab.sweep's table schema), which neither the
+profiler (no collection, no trace export inside it) nor the spans (paused: an event pair per
+stage costs 15-25% of a small model's decode step on the GPU, docs/benchmarks.md) touch.
+The event-timeline figures use only the steps of the timeline generate; the trace covers
+profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0).
 """
 from __future__ import annotations
 
@@ -50,11 +53,15 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
         if wl.warmup_output_len_tokens:
             run(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
                 wl.warmup_output_len_tokens)
-        first_step = eng.timeline.step + 1 if eng.timeline is not None else 0
-        run(measured, wl.output_len_tokens)
-        end_step = eng.timeline.step + 1 if eng.timeline is not None else 0
+        with eng.spans.paused():
+            run(measured, wl.output_len_tokens)                     # measured
+        st = eng.stats()
+        first_step = end_step = 0
+        if eng.timeline is not None:
+            first_step = eng.timeline.step + 1
+            run(measured, wl.output_len_tokens)                     # stage times
+            end_step = eng.timeline.step + 1
     eng.check_invariants()
-    st = eng.stats()
     if prof is not None:
         while not prof.done:
             run(measured, wl.output_len_tokens)                     # profiled

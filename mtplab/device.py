@@ -41,6 +41,44 @@ class NullStream:
         pass
 
 
+_STREAMS: dict = {}
+
+
+def current_cuda_stream() -> torch.cuda.Stream:
+    """The current stream of the current CUDA device, as a cached Stream object. Hot-path
+    replacement for `torch.cuda.current_stream()`, which builds a new Python Stream per call
+    (4.3 µs on the H100 host against 0.2 µs here; `Event.record()` without a stream pays it
+    too: 6.8 µs against 2.5 µs with one)."""
+    key = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+    s = _STREAMS.get(key)
+    if s is None:
+        s = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                              device_type=key[2])
+    return s
+
+
+class _UseStream:
+    """`with _UseStream(s):` makes `s` current and restores the previous stream: what
+    `torch.cuda.stream(s)` does for a stream of the current device, in ~1 µs instead of ~11."""
+
+    __slots__ = ("s", "prev")
+
+    def __init__(self, s: torch.cuda.Stream):
+        self.s = s
+
+    def __enter__(self):
+        s = self.s
+        self.prev = torch._C._cuda_getCurrentStream(s.device_index)
+        torch._C._cuda_setStream(stream_id=s.stream_id, device_index=s.device_index,
+                                 device_type=s.device_type)
+        return s
+
+    def __exit__(self, *exc):
+        sid, dev, typ = self.prev
+        torch._C._cuda_setStream(stream_id=sid, device_index=dev, device_type=typ)
+        return False
+
+
 class PinnedRing:
     """Pinned host memory handed out by a bump pointer over a ring of slabs, so the hot path
     never calls `pin_memory()` / `cudaHostAlloc` (tens of µs each) per copy.
@@ -75,7 +113,7 @@ class PinnedRing:
             self._rotate()
         view = self.slabs[self.cur][self.off:self.off + n]
         self.off += -(-n // self.ALIGN) * self.ALIGN
-        s = torch.cuda.current_stream()
+        s = current_cuda_stream()
         self.streams[self.cur][s.cuda_stream] = s
         return view.view(dtype).view(shape)
 
@@ -116,8 +154,13 @@ class Device:
         return torch.cuda.current_stream(self.torch_device) if self.is_cuda else NullStream()
 
     def stream(self, s):
-        """Context manager making `s` current (no-op on CPU)."""
-        return torch.cuda.stream(s) if self.is_cuda else contextlib.nullcontext()
+        """Context manager making `s` current (no-op on CPU). A stream of another device than
+        the current one goes through torch.cuda.stream, which switches the device too."""
+        if not self.is_cuda:
+            return contextlib.nullcontext()
+        if s.device_index != torch._C._cuda_getDevice():
+            return torch.cuda.stream(s)
+        return _UseStream(s)
 
     def new_event(self, timing: bool = False):
         return torch.cuda.Event(enable_timing=timing) if self.is_cuda else NullEvent()

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from ..device import current_cuda_stream
+
 COLUMNS = ["step", "stage", "stream", "host_start_us", "host_end_us", "gpu_start_us",
            "gpu_end_us"]
 
@@ -69,13 +71,13 @@ class EventTimeline:
     def begin(self, stage: str, stream: str) -> _Mark:
         ev = self._event()
         if ev is not None:
-            ev.record()
+            ev.record(current_cuda_stream())
         return _Mark(self.step, stage, stream, time.perf_counter(), ev)
 
     def end(self, m: _Mark) -> None:
         m.ev1 = self._event()
         if m.ev1 is not None:
-            m.ev1.record()
+            m.ev1.record(current_cuda_stream())
         m.t1 = time.perf_counter()
         self._pending.append(m)
 

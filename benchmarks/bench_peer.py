@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common import emit
 from mtplab import Engine, RunConfig
-from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+from mtplab.models.corpus import heldout_snippets
 from mtplab.models.zoo import ZOO_DIR
 
 
@@ -52,9 +52,7 @@ def main(argv=None) -> int:
     eng = Engine(RunConfig(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True,
                            overlap=True, zero_bubble=True, dtype="float32", context_len=1024,
                            max_running_requests=1))
-    root = stdlib_root()
-    held = [f for f in list_files(root) if is_heldout(f)]
-    prompts = [eng.tokenizer.encode(t) for t in code_snippets(root, held, a.prompts, 256)]
+    prompts = [eng.tokenizer.encode(t) for t in heldout_snippets(a.prompts, 256)]
     hf = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "tiny-code" / "target",
                                               torch_dtype=torch.float32).to(DEV).eval()
     small = copy.deepcopy(hf)

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from mtplab import Engine, RunConfig
-from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+from mtplab.models.corpus import heldout_snippets
 from mtplab.profiling.bubbles import analyze
 from mtplab.profiling.plots import plot_timeline
 from mtplab.profiling.trace_io import load_trace
@@ -38,10 +38,7 @@ MODES = {"off": dict(overlap=False), "on": dict(overlap=True),
 
 
 def prompts(eng, n, nbytes=256):
-    root = stdlib_root()
-    held = [f for f in list_files(root) if is_heldout(f)]
-    texts = code_snippets(root, held, len(held), nbytes)
-    return [eng.tokenizer.encode(texts[i % len(texts)]) for i in range(n)]
+    return [eng.tokenizer.encode(t) for t in heldout_snippets(n, nbytes)]
 
 
 STAGE_ORDER = ("resolve", "draft", "tree", "verify", "accept", "commit", "publish", "stash", "d2h")
@@ -120,20 +117,17 @@ def pair_costs(rows: list, n: int = 100) -> dict:
     side = torch.cuda.Stream()             # a side stream, as the engine's (not the legacy default)
 
     def pairs(op) -> list:
-        with torch.cuda.stream(side):
-            return _pairs(op)
-
-    def _pairs(op) -> list:
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                for _ in range(n)]
-        torch.cuda._sleep(cycles)
-        t0 = time.perf_counter()
-        for a, b in evs:
-            a.record()
-            if op is not None:
-                op()
-            b.record()
-        host_s = time.perf_counter() - t0
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            t0 = time.perf_counter()
+            for a, b in evs:
+                a.record()
+                if op is not None:
+                    op()
+                b.record()
+            host_s = time.perf_counter() - t0
         if host_s > 0.08:
             raise RuntimeError(f"the host took {host_s * 1e3:.0f} ms to queue {n} pairs, longer "
                                "than the GPU sleep: the stream was not backlogged; lower n.")

@@ -102,7 +102,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
 
     from .config import RunConfig
     from .engine import Engine
-    from .models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+    from .models.corpus import heldout_snippets
     from .profiling.bubbles import analyze
 
     new = 6 if smoke else arm.new_tokens
@@ -122,10 +122,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         t["init"] = time.perf_counter()
         V = eng.model.config.vocab_size
         if cfg.model == "tiny-code":
-            root = stdlib_root()
-            held = [f for f in list_files(root) if is_heldout(f)]
-            texts = code_snippets(root, held, len(held), arm.prompt_len)
-            prompts = [eng.tokenizer.encode(texts[i % len(texts)]) for i in range(arm.bs)]
+            prompts = [eng.tokenizer.encode(t) for t in heldout_snippets(arm.bs, arm.prompt_len)]
         else:
             g = torch.Generator().manual_seed(arm.bs)
             prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
@@ -144,8 +141,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
                    decode_tok_per_s_runs=[r["decode_tok_per_s"] for r in runs])
         for k in ("tok_per_s", "decode_tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
                   "step_time_p50_ms", "decode_step_p50_ms", "accept_len"):
-            xs = [r[k] for r in runs if r.get(k) is not None]
-            res[k] = statistics.median(xs) if xs else None
+            res[k] = med(runs, k)
         res["accept_len"] = res["accept_len"] or 1.0
         dev = tl[(tl["stream"] != "host") & ~tl["stage"].str.startswith("step[")]
         if dev["gpu_start_us"].notna().any():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import Device
+
 
 class ReqPoolError(RuntimeError):
     pass
@@ -16,11 +18,11 @@ class ReqPoolError(RuntimeError):
 class ReqToTokenPool:
     def __init__(self, num_rows: int, width: int, device: torch.device, h2d=None):
         """`h2d(list, dtype) -> device tensor`: the engine's pinned staging copy (Device.h2d);
-        default: a plain tensor (CPU) or a fresh pinned buffer (CUDA)."""
-        self.h2d = h2d or self._h2d
+        default: a Device of its own for `device`."""
         self.num_rows = num_rows
         self.width = width
         self.table = torch.zeros(num_rows + 1, width, dtype=torch.int32, device=device)
+        self.h2d = h2d or Device(self.table.device).h2d
         self._free: list[int] = list(range(num_rows, 0, -1))
 
     @property
@@ -51,9 +53,3 @@ class ReqToTokenPool:
         # one pinned staging buffer, one non-blocking H2D copy (no host sync)
         dev = self.h2d([r, c, v], torch.int32)            # int32 indices and values
         self.table.index_put_((dev[0], dev[1]), dev[2])
-
-    def _h2d(self, data, dtype) -> torch.Tensor:
-        host = torch.tensor(data, dtype=dtype)
-        if self.table.is_cuda:
-            host = host.pin_memory()
-        return host.to(self.table.device, non_blocking=True)

@@ -104,3 +104,11 @@ def code_snippets(root: Path, files: list[str], n: int, nbytes: int) -> list[str
         if len(out) == n:
             break
     return out
+
+
+def heldout_snippets(n: int, nbytes: int) -> list[str]:
+    """`n` prompts of about `nbytes` bytes of held-out stdlib code (code_snippets over every
+    held-out file; they repeat in order when `n` exceeds them)."""
+    root = stdlib_root()
+    texts = code_snippets(root, [f for f in list_files(root) if is_heldout(f)], n, nbytes)
+    return [texts[i % len(texts)] for i in range(n)]

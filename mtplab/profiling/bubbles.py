@@ -149,7 +149,7 @@ class Analysis:
 
 # --------------------------------------------------------------------------- interval helpers
 
-def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def union_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals into sorted disjoint (start, end) arrays (touching intervals merge)."""
     if start.size == 0:
         return start.copy(), end.copy()
@@ -331,7 +331,8 @@ def _context(tr: Trace, act: np.ndarray, device: int | None) -> _Ctx:
     prep = host & tr.cat_mask("user_annotation") & tr.name_mask(
         lambda n: n in HOST_PREP_STAGES or n.startswith("scheduler."))
     return _Ctx(s=s, e=e, stream=tr.stream[o], launch_ts=launch_ts, launch_row=lane, host=host,
-                sync_u=_union(tr.ts[sync], tr.end[sync]), prep_u=_union(tr.ts[prep], tr.end[prep]),
+                sync_u=union_intervals(tr.ts[sync], tr.end[sync]),
+                prep_u=union_intervals(tr.ts[prep], tr.end[prep]),
                 gpu_tl=_timelines(tr, tr.cat_mask("gpu_user_annotation") &
                                   ((tr.device == device) if device is not None else True),
                                   key=lambda i: int(tr.stream[i])),
@@ -483,7 +484,7 @@ def _gap_rows(ctx: _Ctx, g0, g1, before, after, sel, scope: str, stream: int, b_
 def _step_table(ctx: _Ctx, names: list[str], starts: np.ndarray, bounds: np.ndarray,
                 host_ts: np.ndarray, host_end: np.ndarray, gaps: pd.DataFrame,
                 skip: int) -> pd.DataFrame:
-    us, ue = _union(ctx.s, ctx.e)
+    us, ue = union_intervals(ctx.s, ctx.e)
     busy = _busy_until(us, ue, bounds) - _busy_until(us, ue, starts)
     dg = gaps[gaps["scope"] == "device"]
     n = bounds.size
@@ -508,7 +509,7 @@ def _stream_table(ctx: _Ctx, gaps: pd.DataFrame, t0: float, t1: float) -> pd.Dat
     rows = []
     for sid in np.unique(ctx.stream).tolist():
         sel = ctx.stream == sid
-        us, ue = _union(ctx.s[sel], ctx.e[sel])
+        us, ue = union_intervals(ctx.s[sel], ctx.e[sel])
         busy = float(_busy_until(us, ue, np.array([t1]))[0] - _busy_until(us, ue, np.array([t0]))[0])
         mine = sg[sg["stream"] == sid]
         idle = {c: float(mine["gap_us"][mine["idle_category"] == c].sum()) for c in IDLE_CATEGORIES}

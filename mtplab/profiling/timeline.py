@@ -18,6 +18,9 @@ it also holds (a) a fixed cost per pair, the stream's dispatch of the stage's fi
 (b) when the host is behind the GPU, the stream's waits for the launches inside the stage.
 With the stream backlogged the two agree to (a), slope 1.000; in a host-bound run (b) is the
 launch latency the analyser reports as bubbles.
+
+Columns of `to_frame()` / timeline.parquet:
+    step, stage, stream, host_start_us, host_end_us, gpu_start_us, gpu_end_us
 """
 from __future__ import annotations
 

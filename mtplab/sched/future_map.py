@@ -22,7 +22,6 @@ a fresh publish (>= 0) and writes -1 back (consume-once); a stale read raises.
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..spec.relay import DraftInputs

@@ -318,7 +318,7 @@ class Scheduler:
                 with self.spans.stage("d2h", "copy"):
                     for h, t in zip(host, results):
                         h.copy_(t, non_blocking=True)
-                done.record()
+                done.record(self.copy_stream)
         return Pending(kind, reqs, results, host, done)
 
     def _process(self, p: Pending) -> None:

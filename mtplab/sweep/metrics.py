@@ -1,7 +1,7 @@
 """Per-cell figures derived from the event timeline and the Kineto trace of the measured run.
 
-From the event timeline, over the decode steps (`step[decode bs=B]` spans) of the measured
-generate:
+From the event timeline, over the decode steps (`step[decode bs=B]` spans) of the timeline
+generate (the measured workload once more, with spans on; see measure.py):
     stage_<stage>_ms         median over decode steps of the summed time of that stage's spans
                              in the step (0 where a step has none; GPU clock for device lanes
                              on CUDA, else host clock)
@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..profiling.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze
+from ..profiling.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
 from ..profiling.stages import STAGES
 from ..profiling.trace_io import RUNTIME_CATS, load_trace
 
@@ -92,14 +92,9 @@ def trace_metrics(trace_path: str, skip_steps: int) -> dict:
 
 def _in_windows(t: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> np.ndarray:
     """Mask of instants t inside the union of windows [s0, s1] (windows may nest/overlap)."""
-    if s0.size == 0:
+    starts, ends = union_intervals(s0, s1)
+    if starts.size == 0:
         return np.zeros(t.size, bool)
-    o = np.argsort(s0, kind="stable")
-    s0, s1 = s0[o], np.maximum.accumulate(s1[o])
-    new = np.ones(s0.size, bool)
-    new[1:] = s0[1:] > s1[:-1]                       # a window starting after all before it end
-    starts = s0[new]
-    ends = np.append(s1[np.flatnonzero(new)[1:] - 1], s1[-1])
     i = np.searchsorted(starts, t, side="right") - 1
     return (i >= 0) & (t <= ends[np.clip(i, 0, None)])
 

@@ -50,7 +50,7 @@ def run_sweep(cells: Sequence[Cell], out_dir: str | Path, *, notebook: str | Non
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / RESULTS_JSONL
-    last = {r["cell_id"]: r for r in read_records(jsonl)}
+    last = last_records(jsonl)
     skip = {"ok", "dropped"} | (set() if retry_failed else {"failed"})
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     if notebook is not None and kernel_name is None:
@@ -172,12 +172,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def last_records(jsonl: Path) -> dict[str, dict[str, Any]]:
+    """cell id -> its last record, in first-seen order of the ids."""
+    return {r["cell_id"]: r for r in read_records(jsonl)}
+
+
 def collect(jsonl: Path) -> pd.DataFrame:
     """The last record of every cell id, in first-seen order, one row each."""
-    last: dict[str, dict] = {}
-    for r in read_records(jsonl):
-        last[r["cell_id"]] = r
-    return pd.DataFrame(list(last.values()))
+    return pd.DataFrame(list(last_records(jsonl).values()))
 
 
 def write_parquet(jsonl: Path, path: Path) -> pd.DataFrame:

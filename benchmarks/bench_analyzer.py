@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.trace_io import load_trace
 
 BASE_US = 4463232744698.193   # a real Kineto-sized µs origin with a sub-µs fraction
 HOST_PID = 3812
@@ -414,7 +414,7 @@ def main(argv=None) -> int:
         table = "\n".join(lines)
         print(table)
         if a.out:
-            from mtplab.profiling.atomic import atomic_write_text
+            from mtplab.atomic import atomic_write_text
             atomic_write_text(a.out, table + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

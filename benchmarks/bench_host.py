@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 from mtplab import Engine, RunConfig
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.trace_io import load_trace
 
 from .bench_profile import prompts
 from .common import emit

@@ -28,9 +28,9 @@ import numpy as np
 
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import heldout_snippets
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.plots import plot_timeline
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.plots import plot_timeline
+from mtplab.analysis.trace_io import load_trace
 
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
 MODES = {"off": dict(overlap=False), "on": dict(overlap=True),

@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.common import emit
 from mtplab import Engine, RunConfig
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.trace_io import load_trace
 
 ARMS = {"target-only": dict(draft="none"),
         "frozen_kv_mtp": dict(draft="frozen_kv_mtp", fold_seed=True),

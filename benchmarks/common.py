@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mtplab.profiling.atomic import atomic_write_text
+from mtplab.atomic import atomic_write_text
 
 
 def emit(table: str, out: Optional[str]) -> None:

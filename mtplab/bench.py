@@ -103,7 +103,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
     from .config import RunConfig
     from .engine import Engine
     from .models.corpus import heldout_snippets
-    from .profiling.bubbles import analyze
+    from .analysis.bubbles import analyze
 
     new = 6 if smoke else arm.new_tokens
     ctx = 1024
@@ -293,7 +293,7 @@ def main_bench(argv=None) -> int:
     text = header + "\n\n" + table(results, todo, bw)
     print(text)
     if a.out:
-        from .profiling.atomic import atomic_write_text
+        from .atomic import atomic_write_text
         atomic_write_text(a.out, text + "\n")
         atomic_write_text(os.path.splitext(a.out)[0] + ".json",
                           json.dumps(results, indent=1, default=str))

@@ -76,8 +76,8 @@ def cmd_demo(args) -> int:
 
     from .config import RunConfig
     from .engine import Engine
-    from .profiling.bubbles import analyze, write_analysis
-    from .profiling.plots import plot_event_timeline, plot_timeline
+    from .analysis.bubbles import analyze, write_analysis
+    from .analysis.plots import plot_event_timeline, plot_timeline
 
     cfg = RunConfig(model=args.model, draft=args.draft, device=args.device, profile=True,
                     event_timeline=True, trace_dir=args.trace_dir,
@@ -143,11 +143,11 @@ def main(argv: Optional[list] = None) -> int:
         from .bench import main_bench
         return main_bench(argv[1:])
     if argv and argv[0] in ("analyze", "plot"):
-        from .profiling import analyze_cli
+        from .analysis import analyze_cli
         fn = analyze_cli.main_analyze if argv[0] == "analyze" else analyze_cli.main_plot
         return fn(argv[1:])
     args = build_parser().parse_args(argv)
-    from .config import ConfigError
+    from .core import ConfigError
     try:
         return {"run": cmd_run, "demo": cmd_demo}[args.cmd](args)
     except (ConfigError, ValueError) as e:

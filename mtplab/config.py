@@ -15,13 +15,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
+from .core import ConfigError
+
 DRAFTS = ("none", "frozen_kv_mtp", "eagle")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
-
-
-class ConfigError(ValueError):
-    """An invalid RunConfig value; the message is one sentence with the fix."""
 
 
 @dataclass

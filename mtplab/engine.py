@@ -24,19 +24,19 @@ from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
 from .models.weights import save_model
-from .profiling.atomic import atomic_path, atomic_write_text
-from .profiling.session import ProfilerSession
-from .profiling.spans import Spans
-from .profiling.timeline import EventTimeline
+from .atomic import atomic_path, atomic_write_text
+from .instrument.session import ProfilerSession
+from .instrument.spans import Spans
+from .instrument.timeline import EventTimeline
 from .models.zoo import build_drafts, build_target
-from .sched.request import Req, SamplingParams
+from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
 from .sched.scheduler import LoopOptions, Scheduler
-from .spec.draft_select import num_candidates
-from .spec.eagle_draft import EagleDraftWorker
-from .spec.frozen_draft import FrozenDraftWorker
-from .spec.spec_worker import SpecParams, SpecWorker
-from .spec.target_worker import TargetWorker
+from .speculative.draft_select import num_candidates
+from .speculative.draft_eagle import EagleDraftWorker
+from .speculative.draft_frozen import FrozenDraftWorker
+from .speculative.worker import SpecParams, SpecWorker
+from .speculative.target_worker import TargetWorker
 
 Prompt = Union[str, Sequence[int]]
 logger = logging.getLogger("mtplab")
@@ -136,7 +136,7 @@ class Engine:
         return written
 
     def timeline_frame(self):
-        """The event timeline so far (pandas DataFrame; see profiling/timeline.py)."""
+        """The event timeline so far (pandas DataFrame; see instrument/timeline.py)."""
         if self.timeline is None:
             raise RuntimeError("the event timeline is off; construct with event_timeline=True.")
         return self.timeline.to_frame()

@@ -97,9 +97,9 @@ from pathlib import Path
 
 import pandas as pd
 from mtplab import Engine, RunConfig
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.plots import plot_event_timeline, plot_timeline
-from mtplab.profiling.stages import STAGES
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.plots import plot_event_timeline, plot_timeline
+from mtplab.stages import STAGES
 from mtplab.sweep.measure import prompts
 from mtplab.sweep.metrics import stage_metrics
 from mtplab.sweep.report import write_answer
@@ -403,9 +403,9 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 from matplotlib.patches import Patch
-from mtplab.profiling.bubbles import CAUSES, analyze, stage_of
-from mtplab.profiling.stages import STAGE_COLORS
-from mtplab.profiling.trace_io import GPU_ACTIVITY_CATS, load_trace
+from mtplab.analysis.bubbles import CAUSES, analyze, stage_of
+from mtplab.stages import STAGE_COLORS
+from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.sweep.report import write_answer
 %matplotlib inline
 

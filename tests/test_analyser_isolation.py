@@ -13,9 +13,9 @@ def test_analyser_imports_no_torch_and_no_engine(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
-        import mtplab.profiling.analyze_cli as cli
-        import mtplab.profiling.bubbles, mtplab.profiling.trace_io, mtplab.profiling.atomic
-        import mtplab.profiling.plots
+        import mtplab.analysis.cli as cli
+        import mtplab.analysis.bubbles, mtplab.analysis.trace_io, mtplab.atomic
+        import mtplab.analysis.plots
         import orjson
         trace = {str(tmp_path / "t.json")!r}
         with open(trace, "wb") as f:

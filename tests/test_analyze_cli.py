@@ -7,12 +7,12 @@ import sys
 import orjson
 import pytest
 
-from mtplab.profiling.analyze_cli import main_analyze, main_plot
+from mtplab.analysis.cli import main_analyze, main_plot
 from test_bubbles import planted
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtplab.profiling.analyze_cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "mtplab.analysis.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

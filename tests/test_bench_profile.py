@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from benchmarks.bench_profile import RESOLUTION_US, fit_stages, stage_agreement
-from mtplab.profiling.timeline import COLUMNS
-from mtplab.profiling.trace_io import load_trace
+from mtplab.instrument.timeline import COLUMNS
+from mtplab.analysis.trace_io import load_trace
 from tests.test_bubbles import Synth
 
 

@@ -10,7 +10,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from mtplab.profiling.bubbles import analyze, stage_of, write_analysis
+from mtplab.analysis.bubbles import analyze, stage_of, write_analysis
 
 BASE = 4463232744698.19  # a real Kineto-sized µs origin with a fractional part
 
@@ -382,7 +382,7 @@ def test_hta_rounding_bias(tmp_path):
 
 
 def test_atomic_path_keeps_old_file_on_failure(tmp_path):
-    from mtplab.profiling.atomic import atomic_path, atomic_write_text
+    from mtplab.atomic import atomic_path, atomic_write_text
 
     p = atomic_write_text(tmp_path / "a.json", "old")
     with pytest.raises(RuntimeError):

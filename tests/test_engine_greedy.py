@@ -3,7 +3,7 @@ continuous batching (requests admitted mid-decode)."""
 import pytest
 
 from mtplab import Engine, RunConfig
-from mtplab.sched.request import SamplingParams
+from mtplab.core import SamplingParams
 from tests.helpers import assert_live_identity, random_prompts, reference_outputs
 
 LENS = [1, 2, 7, 16, 33, 64, 200]

@@ -9,8 +9,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.device import resolve_device
 from mtplab.sched.future_map import FutureMap, FutureMapError
-from mtplab.sched.request import SamplingParams
-from mtplab.spec.relay import DraftInputs
+from mtplab.core import DraftInputs, SamplingParams
 from tests.helpers import make_agreeable, random_prompts
 
 PROMPTS = random_prompts(6, [1, 7, 30, 90], 320, seed=21)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.plots import (plot_bubble_fraction, plot_gap_lengths, plot_step_times,
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.plots import (plot_bubble_fraction, plot_gap_lengths, plot_step_times,
                                     plot_timeline)
 from test_bubbles import planted
 

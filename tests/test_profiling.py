@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from mtplab import Engine, RunConfig
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.spans import NO_SPANS, Spans
-from mtplab.profiling.stages import STAGES
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.bubbles import analyze
+from mtplab.instrument.spans import NO_SPANS, Spans
+from mtplab.stages import STAGES
+from mtplab.analysis.trace_io import load_trace
 from tests.helpers import random_prompts
 
 

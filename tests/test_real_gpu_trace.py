@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplab.profiling.bubbles import analyze
-from mtplab.profiling.trace_io import load_trace
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.trace_io import load_trace
 
 TRACE = Path(__file__).parent / "data" / "gpu_frozen_overlap.pt.trace.json.gz"
 

@@ -1,11 +1,11 @@
-"""Accept compaction (mtplab/spec/compact.py) on random trees against a plain-Python reference."""
+"""Accept compaction (mtplab/speculative/commit.py) on random trees against a plain-Python reference."""
 import pytest
 import torch
 
-from mtplab.spec.compact import accept_moves, apply_kv_moves, window_slots
-from mtplab.spec.draft_select import branch_topk, organize, select_root, select_step
-from mtplab.spec.tree import build_tree
-from mtplab.spec.verify import verify_greedy
+from mtplab.speculative.commit import accept_moves, apply_kv_moves, window_slots
+from mtplab.speculative.draft_select import branch_topk, select_root, select_step
+from mtplab.speculative.tree import build_tree, organize
+from mtplab.speculative.accept import accept_greedy
 
 
 def random_tree(g, B, V, K, S, D, seq_lens):
@@ -43,7 +43,7 @@ def test_moves_bring_accepted_path_to_front(K, S, D):
     rows = torch.randperm(B, generator=g) + 1                        # row 0 = padding row
     req_to_token = torch.randperm(num_slots, generator=g).to(torch.int32).view(B + 1, W)
     tree = random_tree(g, B, V, K, S, D, seq_lens)
-    res = verify_greedy(tree, target_argmax_hitting(g, tree, V))
+    res = accept_greedy(tree, target_argmax_hitting(g, tree, V))
     assert int(res.accept_lens[0]) == int(tree.depth[0].max()) + 1   # a full path accepted
     assert int(res.accept_lens.min()) == 1
 
@@ -96,7 +96,7 @@ def test_no_accept_and_all_accept_are_identity_or_chain():
     tree = random_tree(g, B, V, K, S, D, seq_lens)
     chain_argmax = torch.cat([tree.tokens[:, 1:], torch.zeros(B, 1, dtype=torch.long)], 1)
     for argmax, n in ((chain_argmax, S + 1), ((tree.tokens[:, 1:2] + 1).expand(B, D), 1)):
-        res = verify_greedy(tree, argmax)
+        res = accept_greedy(tree, argmax)
         assert res.accept_lens.tolist() == [n] * B
         moves = accept_moves(window_slots(req_to_token, rows, seq_lens, D), res)
         # topk 1: every move is an identity copy (the path is already the front)

@@ -1,10 +1,10 @@
-"""Draft selection (mtplab/spec/draft_select.py) against a plain-Python reference."""
+"""Draft selection (mtplab/speculative/draft_select.py) against a plain-Python reference."""
 import numpy as np
 import pytest
 import torch
 
-from mtplab.spec.draft_select import (branch_topk, num_candidates, organize, select_root,
-                                      select_step)
+from mtplab.speculative.draft_select import branch_topk, num_candidates, select_root, select_step
+from mtplab.speculative.tree import organize
 
 
 # ---------------------------------------------------------------- plain-Python reference

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from mtplab import Engine, RunConfig
-from mtplab.sched.request import SamplingParams
+from mtplab.core import SamplingParams
 from tests.helpers import assert_live_identity, make_agreeable, random_prompts
 
 PROMPTS = random_prompts(5, [1, 6, 23, 61, 140], 320, seed=11)

@@ -1,14 +1,13 @@
-"""Tree build and verify (mtplab/spec/tree.py, verify.py) against plain-Python references."""
+"""Tree build and verify (mtplab/speculative/tree.py, verify.py) against plain-Python references."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from mtplab.spec.draft_select import (DraftSelection, branch_topk, organize, select_root,
-                                      select_step)
-from mtplab.spec.tree import build_tree
-from mtplab.spec.verify import sampling_probs, simulate_accept, verify_greedy, verify_sample
+from mtplab.speculative.draft_select import branch_topk, select_root, select_step
+from mtplab.speculative.tree import DraftSelection, build_tree, organize
+from mtplab.speculative.accept import sampling_probs, accept_simulated, accept_greedy, accept_sample
 
 
 # ---------------------------------------------------------------- random trees
@@ -156,7 +155,7 @@ def test_greedy_matches_brute_force(D, S, V):
     sel.num_steps = S
     tree = build_tree(sel, torch.randint(0, V, (B,), generator=g), torch.full((B,), 9))
     argmax = torch.randint(0, V, (B, D), generator=g)
-    res = verify_greedy(tree, argmax)
+    res = accept_greedy(tree, argmax)
     assert res.accept_index.shape == (B, S + 1) and res.tokens.shape == (B, S + 1)
     lens = []
     for b in range(B):
@@ -176,7 +175,7 @@ def test_greedy_extremes_and_first_child_wins():
                          num_steps=2)
     tree = build_tree(sel, torch.tensor([1, 1, 1]), torch.tensor([4, 4, 4]))
     argmax = torch.tensor([[5, 6, 7, 8], [9, 6, 7, 8], [5, 0, 7, 8]])
-    res = verify_greedy(tree, argmax)
+    res = accept_greedy(tree, argmax)
     assert res.accept_index.tolist() == [[0, 1, 3], [0, -1, -1], [0, 1, -1]]
     assert res.accept_lens.tolist() == [3, 1, 2]
     assert res.tokens.tolist() == [[5, 6, 8], [9, -1, -1], [5, 0, -1]]
@@ -207,7 +206,7 @@ def test_sample_matches_reference_walk():
     temp[::7] = 0.0
     top_p = torch.rand(B, generator=g) * 0.5 + 0.5
     u = torch.rand(B, S + 1, generator=g)
-    res = verify_sample(tree, logits, temp, top_p, u)
+    res = accept_sample(tree, logits, temp, top_p, u)
     probs = sampling_probs(logits, temp, top_p)
     for b in range(B):
         r = ref_tree(sel.tokens[b].tolist(), sel.parents[b].tolist(), 0, 3)
@@ -216,7 +215,7 @@ def test_sample_matches_reference_walk():
         assert int(res.accept_lens[b]) == n
         assert res.tokens[b].tolist() == toks
         assert int(res.bonus[b]) == bonus
-    greedy = verify_greedy(tree, logits.argmax(-1))
+    greedy = accept_greedy(tree, logits.argmax(-1))
     assert torch.equal(res.tokens[::7], greedy.tokens[::7])   # temperature 0 == greedy
 
 
@@ -245,7 +244,7 @@ def test_sample_follows_target_distribution(temp, top_p):
     base[0, 0, 2] += 1.0     # make the drafted tokens likely enough to test the deeper levels
     base[0, 1, 1] += 1.0
     logits = base.expand(N, 4, V)
-    res = verify_sample(tree, logits, torch.full((N,), temp), torch.full((N,), top_p),
+    res = accept_sample(tree, logits, torch.full((N,), temp), torch.full((N,), top_p),
                         torch.rand(N, 3, generator=g))
     p = sampling_probs(base, torch.tensor([temp]), torch.tensor([top_p]))[0]
     first = res.tokens[:, 0]
@@ -275,7 +274,7 @@ def test_simulate_mean(mean):
     B, S = 100000, 4
     tree = chain_tree(B, S, g)
     argmax = torch.randint(0, 50, (B, S + 1), generator=g)
-    res = simulate_accept(tree, argmax, torch.rand(B, S + 1, generator=g), mean_accept_len=mean)
+    res = accept_simulated(tree, argmax, torch.rand(B, S + 1, generator=g), mean_accept_len=mean)
     lens = res.accept_lens
     assert set(lens.unique().tolist()) <= {math.floor(mean), math.ceil(mean)}
     assert abs(lens.double().mean().item() - mean) < 0.01
@@ -293,7 +292,7 @@ def test_simulate_per_position_rates():
     B, S = 100000, 4
     rates = [0.8, 0.6, 0.5, 0.3]
     tree = chain_tree(B, S, g)
-    res = simulate_accept(tree, torch.zeros(B, S + 1, dtype=torch.long),
+    res = accept_simulated(tree, torch.zeros(B, S + 1, dtype=torch.long),
                           torch.rand(B, S + 1, generator=g), accept_rates=rates)
     lens = res.accept_lens.double()
     expect = 1 + sum(math.prod(rates[:k]) for k in range(1, S + 1))
@@ -308,26 +307,26 @@ def test_simulate_topk_tree_uses_first_chain_and_validates():
                          num_steps=3)
     tree = build_tree(sel, torch.tensor([1]), torch.tensor([4]))
     argmax = torch.tensor([[20, 21, 22, 23]])
-    res = simulate_accept(tree, argmax, torch.zeros(1, 4), mean_accept_len=4.0)
+    res = accept_simulated(tree, argmax, torch.zeros(1, 4), mean_accept_len=4.0)
     assert res.accept_index.tolist() == [[0, 1, 3, -1]]
     assert res.tokens.tolist() == [[10, 12, 23, -1]] and res.bonus.tolist() == [23]
     with pytest.raises(ValueError):
-        simulate_accept(tree, argmax, torch.zeros(1, 4))
+        accept_simulated(tree, argmax, torch.zeros(1, 4))
     with pytest.raises(ValueError):
-        simulate_accept(tree, argmax, torch.zeros(1, 4), mean_accept_len=2.0,
+        accept_simulated(tree, argmax, torch.zeros(1, 4), mean_accept_len=2.0,
                         accept_rates=[1, 1, 1])
     with pytest.raises(ValueError):
-        simulate_accept(tree, argmax, torch.zeros(1, 4), mean_accept_len=5.5)
+        accept_simulated(tree, argmax, torch.zeros(1, 4), mean_accept_len=5.5)
     with pytest.raises(ValueError):
-        simulate_accept(tree, argmax, torch.zeros(1, 4), accept_rates=[0.5, 0.5])
+        accept_simulated(tree, argmax, torch.zeros(1, 4), accept_rates=[0.5, 0.5])
 
 
 def test_empty_batch():
     sel = DraftSelection(tokens=torch.zeros(0, 3, dtype=torch.long),
                          parents=torch.zeros(0, 3, dtype=torch.long), num_steps=2)
     tree = build_tree(sel, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
-    res = verify_greedy(tree, torch.zeros(0, 4, dtype=torch.long))
+    res = accept_greedy(tree, torch.zeros(0, 4, dtype=torch.long))
     assert res.accept_index.shape == (0, 3) and res.accept_lens.shape == (0,)
-    res = verify_sample(tree, torch.zeros(0, 4, 5), torch.ones(0), torch.ones(0),
+    res = accept_sample(tree, torch.zeros(0, 4, 5), torch.ones(0), torch.ones(0),
                         torch.zeros(0, 3))
     assert res.tokens.shape == (0, 3)

@@ -10,7 +10,7 @@ from mtplab.mem.allocator import AllocatorError
 from mtplab.mem.invariants import InvariantError
 from mtplab.mem.kv_manager import RowOverflowError
 from mtplab.sched import scheduler as sched_mod
-from mtplab.sched.request import SamplingParams
+from mtplab.core import SamplingParams
 from tests.helpers import make_agreeable, random_prompts
 
 PROMPTS = random_prompts(4, [3, 20, 50, 9], 320, seed=2)

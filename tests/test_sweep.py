@@ -205,7 +205,7 @@ def test_stage_metrics_per_decode_step():
 def test_profiled_cell_measures_outside_the_profiler(tmp_path):
     """tok/s comes from a generate the profiler never touched; the trace holds exactly the
     profiled steps of the extra generates (none of the warm-up or measured ones)."""
-    from mtplab.profiling.trace_io import load_trace
+    from mtplab.analysis.trace_io import load_trace
     from mtplab.sweep.grid import Workload
     from mtplab.sweep.measure import measure
 
@@ -243,7 +243,7 @@ def test_measured_generate_runs_without_spans(tmp_path):
 
 
 def test_spans_paused_holds_sampled_steps_too():
-    from mtplab.profiling.spans import NO_SPANS, Spans
+    from mtplab.instrument.spans import NO_SPANS, Spans
 
     sp = Spans(enabled=True, timeline=None, annotate=False, sample_every=4)
     with sp.paused():

@@ -7,7 +7,7 @@ import numpy as np
 import orjson
 import pytest
 
-from mtplab.profiling.trace_io import TraceError, iter_events, load_trace
+from mtplab.analysis.trace_io import TraceError, iter_events, load_trace
 from test_bubbles import planted
 
 

@@ -8,8 +8,7 @@ overwritten. Everything is freed at release.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from ..core import ReqKV
 from .allocator import PagedAllocator
 from .req_pool import ReqToTokenPool
 from .sizing import cdiv
@@ -19,16 +18,6 @@ class RowOverflowError(RuntimeError):
     """A request would need more req_to_token entries than a row holds."""
 
 
-@dataclass
-class ReqKV:
-    row: int
-    page_size: int
-    pages: list[int] = field(default_factory=list)
-    kv_committed_len: int = 0
-
-    @property
-    def kv_allocated_len(self) -> int:
-        return len(self.pages) * self.page_size
 
 
 class KVManager:

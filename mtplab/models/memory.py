@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import ConfigError
+from ..core import ConfigError
 from .llama_config import LlamaConfig
 
 GiB = 1 << 30

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..profiling.atomic import atomic_path, atomic_write_text
+from ..atomic import atomic_path, atomic_write_text
 from .llama import LlamaForCausalLM
 from .llama_config import LlamaConfig
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.relay import DraftInputs
+from ..core import DraftInputs
 
 
 class FutureMapError(RuntimeError):

@@ -29,11 +29,10 @@ import torch
 from ..device import Device
 from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
-from ..profiling.spans import NO_SPANS, Spans
-from ..profiling.stages import step_name
-from ..profiling.syncs import SyncRecorder
-from ..spec.target_worker import DecodeInputs, PrefillInputs, SamplingTensors
-from .request import Req
+from ..instrument.spans import NO_SPANS, Spans
+from ..stages import step_name
+from ..instrument.syncs import SyncRecorder
+from ..core import DecodeInputs, PrefillInputs, Req, SamplingTensors
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..profiling.atomic import atomic_write_text
+from ..atomic import atomic_write_text
 
 
 def run_notebook(spec: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError
+from ..core import ConfigError
 from .grid import load_grid
 from .runner import RESULTS_JSONL, RESULTS_PARQUET, read_records, run_sweep
 

@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
+from ..core import ConfigError
 
 GRID_KEYS = ("out", "timeout_s", "base", "arms", "grid", "exclude")
 # Resolved RunConfig fields that say where a cell writes, not what it runs: not hashed.

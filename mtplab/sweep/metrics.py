@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..profiling.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
-from ..profiling.stages import STAGES
-from ..profiling.trace_io import RUNTIME_CATS, load_trace
+from ..analysis.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
+from ..stages import STAGES
+from ..analysis.trace_io import RUNTIME_CATS, load_trace
 
 NAN = float("nan")
 DRAFT_SPANS = ("draft.seed", "draft")

@@ -23,9 +23,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..profiling.atomic import atomic_write_text
-from ..profiling.bubbles import analyze
-from ..profiling.plots import plot_event_timeline, plot_timeline, save_figure
+from ..atomic import atomic_write_text
+from ..analysis.bubbles import analyze
+from ..analysis.plots import plot_event_timeline, plot_timeline, save_figure
 from .runner import RESULTS_PARQUET
 
 Cols = str | Sequence[str] | None

@@ -35,7 +35,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..config import RunConfig
-from ..profiling.atomic import atomic_path, atomic_write_text
+from ..atomic import atomic_path, atomic_write_text
 from .grid import Cell, Workload, place
 from .kernel import local_kernel
 

@@ -1,5 +1,5 @@
 """EAGLE-style draft token selection: per-step top-k with cumulative scores, then the best
-D-1 nodes over all steps (DESIGN "One decode iteration": draft -> tree).
+D-1 nodes over all steps (`organize`, in tree.py: the tree stage).
 
 Shapes: B requests, K topk, S num_steps, D num_draft_tokens (tree nodes incl. the root), V vocab.
 Scores are cumulative log-probabilities (sums of log-softmax values, so they never increase
@@ -28,7 +28,6 @@ No host synchronisation and static shapes throughout (CUDA-graph capturable).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -49,13 +48,6 @@ class StepCandidates:
     scores: torch.Tensor   # [B, C] float32, cumulative
     parents: torch.Tensor  # [B, C] int64: candidate index of the parent, -1 = root
 
-
-@dataclass
-class DraftSelection:
-    """The best D-1 draft nodes, in tree order (node i here is tree node i+1)."""
-    tokens: torch.Tensor   # [B, D-1] int64
-    parents: torch.Tensor  # [B, D-1] int64: tree index of the parent (root = 0), < own index
-    num_steps: int         # S: the deepest node has depth <= S
 
 
 def num_candidates(num_steps: int, topk: int) -> int:
@@ -96,22 +88,3 @@ def select_step(branches: DraftBranches, logp: torch.Tensor, tokens: torch.Tenso
     nxt = DraftBranches(tokens=toks.gather(1, order), scores=scores.gather(1, order),
                         cand=order + offset, lane=torch.div(order, K, rounding_mode="floor"))
     return nxt, StepCandidates(tokens=toks, scores=scores, parents=parents)
-
-
-def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
-    """The best D-1 candidates over all steps (see the module sketch), in tree order."""
-    n = num_draft_tokens - 1
-    scores = torch.cat([s.scores for s in steps], dim=1)       # [B, C]
-    tokens = torch.cat([s.tokens for s in steps], dim=1)
-    parents = torch.cat([s.parents for s in steps], dim=1)
-    if not 0 <= n <= scores.shape[1]:
-        raise ValueError(f"num_draft_tokens={num_draft_tokens} needs {n} draft nodes but "
-                         f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
-    best = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :n]
-    sel = torch.sort(best, dim=-1).values                      # [B, n] candidate indices, asc
-    par_c = parents.gather(1, sel)
-    # The parent is selected (module invariant), so its position in `sel` is its node - 1.
-    pos = torch.searchsorted(sel.contiguous(), par_c.clamp(min=0).contiguous())
-    tree_parents = torch.where(par_c < 0, torch.zeros_like(pos), pos + 1)
-    return DraftSelection(tokens=tokens.gather(1, sel), parents=tree_parents,
-                          num_steps=len(steps))

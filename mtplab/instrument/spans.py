@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .stages import STAGES, STEP_RE
+from ..stages import STAGES, STEP_RE
 
 _NULL = contextlib.nullcontext()
 
@@ -32,7 +32,7 @@ def _check(name: str) -> None:
     if name in _checked:
         return
     if name not in STAGES and not STEP_RE.match(name):
-        raise ValueError(f"{name!r} is not a stage name of DESIGN.md (profiling/stages.py).")
+        raise ValueError(f"{name!r} is not a stage name of docs/design.md (mtplab/stages.py).")
     _checked.add(name)
 
 

@@ -5,7 +5,7 @@
 
 TRACE is a `.json` / `.json.gz` Kineto trace, or a folder holding exactly one
 (`*.pt.trace.json[.gz]` preferred). Bad input prints one line on stderr and exits with 2.
-Also runnable as `python -m mtplab.profiling.analyze_cli analyze|plot ...`.
+Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _parser_analyze() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mtplab analyze", description=(
         "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each "
         "(sync, host_prep, launch, other) and per-stream idle time. Definitions: "
-        "help(mtplab.profiling.bubbles)."))
+        "help(mtplab.analysis.bubbles)."))
     ap.add_argument("trace", help="a .json/.json.gz Kineto trace, or a folder holding one")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object (steps, gaps, streams, summary) on stdout")
@@ -214,11 +214,11 @@ def format_report(res: Analysis, path: Path, max_rows: int = 20) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mtplab.profiling.analyze_cli analyze|plot ...`."""
+    """`python -m mtplab.analysis.cli analyze|plot ...`."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {"analyze": main_analyze, "plot": main_plot}
     if not args or args[0] not in commands:
-        print("usage: python -m mtplab.profiling.analyze_cli {analyze,plot} TRACE [options]",
+        print("usage: python -m mtplab.analysis.cli {analyze,plot} TRACE [options]",
               file=sys.stderr)
         return EXIT_BAD_INPUT
     return commands[args[0]](args[1:])

@@ -8,9 +8,6 @@ so the captured decode graph needs no host-side lengths (only the static bound W
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from ..graphs.runner import GraphRunner, default_buckets
@@ -18,47 +15,10 @@ from ..kernels.attn_meta import AttnMeta
 from ..kernels.sampling import sample
 from ..mem.kv_cache import KVCache
 from ..models.llama import AttnFn, LlamaForCausalLM
-from ..profiling.spans import NO_SPANS, Spans
-from .relay import DraftInputs
+from ..instrument.spans import NO_SPANS, Spans
+from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 
 
-@dataclass
-class SamplingTensors:
-    """Per-lane sampling parameters (device tensors, [B] each)."""
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    seeds: torch.Tensor
-    counters: Optional[torch.Tensor] = None   # index of the token being sampled (= tokens
-                                              # before it); decode derives it from seq_lens
-
-
-@dataclass
-class DecodeInputs:
-    """One decode iteration over B running requests. seq_lens and the input token are not
-    here: the worker resolves them from the future map on the device."""
-    rows: torch.Tensor          # [B] req_to_token rows (device)
-    sampling: SamplingTensors   # counters None: derived from the resolved seq_lens
-    max_kv: int                 # host bound on seq_len + tokens this step (eager attention)
-    all_greedy: bool            # host flag: every lane has temperature 0
-    predrafted: bool = False    # host flag: every row's draft was pre-executed last round
-
-
-@dataclass
-class DecodeOut:
-    """What result processing reads back: up to n new tokens per request."""
-    tokens: torch.Tensor        # [B, n] int64 (n = 1 target-only, S+1 speculative)
-    accept_lens: torch.Tensor   # [B] int64, tokens committed this step (bonus included)
-
-
-@dataclass
-class PrefillInputs:
-    input_ids: torch.Tensor     # [T] packed prompts (prompt + earlier output on re-prefill)
-    rows: torch.Tensor          # [B]
-    q_lens: torch.Tensor        # [B] tokens fed per request (= kv_lens: no cached prefix)
-    cu_q: torch.Tensor          # [B+1]
-    positions: torch.Tensor     # [T]
-    max_q: int
-    sampling: SamplingTensors
 
 
 class TargetWorker:

@@ -38,12 +38,12 @@ import torch
 
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import counter_uniform
-from .compact import accept_moves, apply_kv_moves, window_slots
-from .draft_select import StepCandidates, num_candidates, organize
-from .relay import DraftInputs
-from .target_worker import DecodeInputs, DecodeOut, PrefillInputs, TargetWorker
-from .tree import DraftTree, build_tree
-from .verify import AcceptResult, simulate_accept, verify_greedy, verify_sample
+from .commit import accept_moves, apply_kv_moves, window_slots
+from .draft_select import StepCandidates, num_candidates
+from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
+from .target_worker import TargetWorker
+from .tree import DraftTree, build_tree, organize
+from .accept import AcceptResult, accept_simulated, accept_greedy, accept_sample
 
 
 @dataclass(frozen=True)
@@ -161,10 +161,10 @@ class SpecWorker:
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
             argmax = logits.argmax(-1)
             if not p.simulated:
-                acc = verify_greedy(tree, argmax)
+                acc = accept_greedy(tree, argmax)
             else:
                 u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
-                acc = simulate_accept(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
+                acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
                                       accept_rates=p.simulate_accept_rates)
             return astuple(acc)
         return fn
@@ -196,7 +196,7 @@ class SpecWorker:
                 next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
         with self.spans.stage("accept"):   # target-only tree sampling (eager)
             u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
-            return verify_sample(tree, logits, s.temperature, s.top_p, u)
+            return accept_sample(tree, logits, s.temperature, s.top_p, u)
 
     def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
         """The draft segment (frozen: seed + steps; eagle: steps) -> candidates [B, C] x3."""

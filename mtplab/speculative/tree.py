@@ -1,4 +1,8 @@
-"""The verify tree: D nodes per request, node 0 = root (the previous bonus token).
+"""The tree stage: organize the best D-1 draft candidates, then build the verify tree.
+
+organize: see the sketch in draft_select.py (best D-1 by score, stable; then by candidate
+index, which keeps the tree topological).
+The verify tree: D nodes per request, node 0 = root (the previous bonus token).
 
     node        0      1 .. D-1   (organize order: topological, parents[b, i] < i)
     tokens    bonus    drafts                         [B, D]
@@ -15,10 +19,38 @@ Static shapes, no host synchronisation (CUDA-graph capturable).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from .draft_select import DraftSelection
+from .draft_select import StepCandidates
+
+
+@dataclass
+class DraftSelection:
+    """The best D-1 draft nodes, in tree order (node i here is tree node i+1)."""
+    tokens: torch.Tensor   # [B, D-1] int64
+    parents: torch.Tensor  # [B, D-1] int64: tree index of the parent (root = 0), < own index
+    num_steps: int         # S: the deepest node has depth <= S
+
+
+def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
+    """The best D-1 candidates over all steps (see the module sketch), in tree order."""
+    n = num_draft_tokens - 1
+    scores = torch.cat([s.scores for s in steps], dim=1)       # [B, C]
+    tokens = torch.cat([s.tokens for s in steps], dim=1)
+    parents = torch.cat([s.parents for s in steps], dim=1)
+    if not 0 <= n <= scores.shape[1]:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} needs {n} draft nodes but "
+                         f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
+    best = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :n]
+    sel = torch.sort(best, dim=-1).values                      # [B, n] candidate indices, asc
+    par_c = parents.gather(1, sel)
+    # The parent is selected (module invariant), so its position in `sel` is its node - 1.
+    pos = torch.searchsorted(sel.contiguous(), par_c.clamp(min=0).contiguous())
+    tree_parents = torch.where(par_c < 0, torch.zeros_like(pos), pos + 1)
+    return DraftSelection(tokens=tokens.gather(1, sel), parents=tree_parents,
+                          num_steps=len(steps))
 
 
 @dataclass

@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 
 from ..kernels.attn_meta import AttnMeta
-from ..mem.holey import branch_table, draft_slots, duplicate_prefix_tail
+from .draft_kv import branch_table, draft_slots, duplicate_prefix_tail
 from ..mem.kv_cache import KVCache
 from ..models.drafts import EagleDraft
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
-from ..profiling.spans import NO_SPANS, Spans
-from .relay import DraftInputs
+from ..instrument.spans import NO_SPANS, Spans
+from ..core import DraftInputs
 
 
 class EagleDraftWorker:

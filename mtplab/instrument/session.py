@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .atomic import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 
 
 class ProfilerSession:

@@ -53,6 +53,6 @@ def _where(filename: str, lineno: int) -> str:
     # torch internals: report the innermost mtplab frame of the current stack instead
     for fr in reversed(traceback.extract_stack()):
         j = fr.filename.rfind("mtplab/")
-        if j >= 0 and "profiling/syncs.py" not in fr.filename:
+        if j >= 0 and "instrument/syncs.py" not in fr.filename:
             return f"{fr.filename[j:]}:{fr.lineno}"
     return f"{filename}:{lineno}"

@@ -15,8 +15,8 @@ from ..kernels.attn_meta import AttnMeta
 from ..models.drafts import FrozenKVAssistant
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
-from ..profiling.spans import NO_SPANS, Spans
-from .relay import DraftInputs
+from ..instrument.spans import NO_SPANS, Spans
+from ..core import DraftInputs
 
 
 class FrozenDraftWorker:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .verify import AcceptResult
+from .accept import AcceptResult
 
 
 @dataclass

@@ -91,8 +91,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .atomic import atomic_path, atomic_write_bytes
-from .stages import HOST_PREP_STAGES, STAGES
+from ..atomic import atomic_path, atomic_write_bytes
+from ..stages import HOST_PREP_STAGES, STAGES
 from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace
 
 PathLike = Union[str, "os.PathLike[str]"]

@@ -60,7 +60,7 @@ def _walk(tree: DraftTree, choose: Callable[[int, torch.Tensor], torch.Tensor]) 
                         tokens=torch.stack(tokens, dim=1), bonus=bonus)
 
 
-def verify_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
+def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
     """target_argmax [B, D]: the target's greedy token after each node."""
     am = target_argmax.long()
     return _walk(tree, lambda k, cur: am.gather(1, cur[:, None])[:, 0])
@@ -74,7 +74,7 @@ def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor,
     return target_probs(logits, temperature[:, None].expand(B, D), top_p[:, None].expand(B, D))
 
 
-def verify_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: torch.Tensor,
+def accept_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: torch.Tensor,
                   top_p: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
     """Target-only tree sampling. target_logits [B, D, V]; uniforms [B, S+1] in [0, 1).
 
@@ -98,7 +98,7 @@ def verify_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: tor
     return _walk(tree, choose)
 
 
-def simulate_accept(tree: DraftTree, target_argmax: torch.Tensor, uniforms: torch.Tensor, *,
+def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: torch.Tensor, *,
                     mean_accept_len: Optional[float] = None,
                     accept_rates: Optional[Sequence[float]] = None) -> AcceptResult:
     """Simulated acceptance along the tree's first chain (root, first child, first child, ...).
@@ -115,7 +115,7 @@ def simulate_accept(tree: DraftTree, target_argmax: torch.Tensor, uniforms: torc
     dev = tree.tokens.device
     u = uniforms.float()
     if (mean_accept_len is None) == (accept_rates is None):
-        raise ValueError("simulate_accept needs exactly one of mean_accept_len, accept_rates.")
+        raise ValueError("accept_simulated needs exactly one of mean_accept_len, accept_rates.")
     if mean_accept_len is not None:
         if not 1.0 <= mean_accept_len <= S + 1:
             raise ValueError(f"mean_accept_len={mean_accept_len} is outside [1, {S + 1}] "

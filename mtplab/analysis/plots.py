@@ -23,9 +23,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .atomic import atomic_path  # noqa: E402
+from ..atomic import atomic_path  # noqa: E402
 from .bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, Analysis, analyze, stage_of  # noqa: E402
-from .stages import STAGE_COLORS  # noqa: E402
+from ..stages import STAGE_COLORS  # noqa: E402
 from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]

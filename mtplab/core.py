@@ -1,0 +1,150 @@
+"""Shared types: the leaf every layer imports and that imports nothing of mtplab.
+
+    requests      SamplingParams, ReqKV, Req                      (host, per request)
+    hot path      PrefillInputs, DecodeInputs, SamplingTensors    scheduler -> worker
+                  DecodeOut                                       worker -> scheduler (d2h)
+                  DraftInputs                                     one iteration -> the next,
+                                                                  through the future map
+    errors        ConfigError
+
+Live-request identity (checked in every engine test): len(prompt_ids) + len(output_ids) ==
+kv_committed_len + 1 -- every token but the last output has its KV written.
+Per request KV:  0 <= kv_committed_len <= kv_allocated_len <= W (the req_to_token row width).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message is one sentence with the fix."""
+
+
+# -- requests ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+
+@dataclass
+class ReqKV:
+    """A request's KV ownership: its req_to_token row and its pages.
+    kv_allocated_len = len(pages) * P (page-granular, entries in row order);
+    kv_committed_len = entries holding valid KV (advanced only by result processing)."""
+    row: int
+    page_size: int
+    pages: list[int] = field(default_factory=list)
+    kv_committed_len: int = 0
+
+    @property
+    def kv_allocated_len(self) -> int:
+        return len(self.pages) * self.page_size
+
+
+@dataclass
+class Req:
+    rid: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    kv: Optional[ReqKV] = None
+    finished_reason: Optional[str] = None     # "stop" | "length" | "abort"
+    num_retractions: int = 0
+    prefill_len: int = 0          # tokens fed by the last (re-)prefill: the host's length bound
+    predrafted: bool = False      # the next round's draft already ran (zb_draft_preexec)
+    arrivals: list = field(default_factory=list)   # (perf_counter s, tokens) per processed step
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def fill_ids(self) -> list[int]:
+        """What a (re-)prefill feeds: the prompt plus every output token so far."""
+        return self.prompt_ids + self.output_ids
+
+    def append_tokens(self, tokens: list[int]) -> int:
+        """Append accepted tokens up to a stop or the length limit; returns how many were
+        kept. Sets finished_reason. Called exactly once per step per request."""
+        kept = 0
+        n0 = len(self.output_ids)
+        for t in tokens:
+            self.output_ids.append(t)
+            kept += 1
+            if t in self.stop_ids:
+                self.finished_reason = "stop"
+                break
+            if len(self.output_ids) >= self.max_new_tokens:
+                self.finished_reason = "length"
+                break
+        self.arrivals.append((time.perf_counter(), len(self.output_ids) - n0))
+        return kept
+
+
+# -- hot-path bundles ---------------------------------------------------------------------------
+@dataclass
+class SamplingTensors:
+    """Per-lane sampling parameters (device tensors, [B] each)."""
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor
+    counters: Optional[torch.Tensor] = None   # index of the token being sampled (= tokens
+                                              # before it); decode derives it from seq_lens
+
+
+@dataclass
+class PrefillInputs:
+    input_ids: torch.Tensor     # [T] packed prompts (prompt + earlier output on re-prefill)
+    rows: torch.Tensor          # [B]
+    q_lens: torch.Tensor        # [B] tokens fed per request (= kv_lens: no cached prefix)
+    cu_q: torch.Tensor          # [B+1]
+    positions: torch.Tensor     # [T]
+    max_q: int
+    sampling: SamplingTensors
+
+
+@dataclass
+class DecodeInputs:
+    """One decode iteration over B running requests. seq_lens and the input token are not
+    here: the worker resolves them from the future map on the device."""
+    rows: torch.Tensor          # [B] req_to_token rows (device)
+    sampling: SamplingTensors   # counters None: derived from the resolved seq_lens
+    max_kv: int                 # host bound on seq_len + tokens this step (eager attention)
+    all_greedy: bool            # host flag: every lane has temperature 0
+    predrafted: bool = False    # host flag: every row's draft was pre-executed last round
+
+
+@dataclass
+class DecodeOut:
+    """What result processing reads back: up to n new tokens per request."""
+    tokens: torch.Tensor        # [B, n] int64 (n = 1 target-only, S+1 speculative)
+    accept_lens: torch.Tensor   # [B] int64, tokens committed this step (bonus included)
+
+
+@dataclass
+class DraftInputs:
+    """What one iteration hands the next draft, through the future map (keyed by row).
+
+    bonus      [B]      the token the next verify roots its tree at
+    hidden     [B, H]   frozen: target hidden at the last accepted node (the seed);
+                        eagle : the draft's hidden at the last accepted position
+    topk_logp  [B, K]   eagle: step-0 candidates from draft extend
+    topk_index [B, K]
+    """
+    bonus: torch.Tensor
+    hidden: Optional[torch.Tensor] = None
+    topk_logp: Optional[torch.Tensor] = None
+    topk_index: Optional[torch.Tensor] = None

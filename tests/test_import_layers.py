@@ -1,0 +1,105 @@
+"""Imports run one way (docs/design.md "Layout"). Every `import` / `from ... import` of an
+mtplab module, at module level or inside a function, must follow the allowed edges below;
+a new sideways or upward edge fails this test with the file and the line.
+
+    leaf      core  stages  atomic                    (import nothing of mtplab)
+              device  <- kernels  <- models, mem  <- graphs  <- speculative
+              sched (core, mem, device, instrument)   never speculative or models
+              instrument (spans, timeline, session, syncs)   analysis (never torch)
+              config  <- engine, stats  <- cli, bench, sweep, sglang
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mtplab"
+
+LEAVES = {"core", "stages", "atomic"}
+# component -> the components it may import (itself always allowed)
+ALLOWED = {
+    "core": set(), "stages": set(), "atomic": set(),
+    "device": {"core"},
+    "kernels": {"core", "device"},
+    "analysis": {"stages", "atomic"},
+    "instrument": {"core", "stages", "atomic", "device"},
+    "mem": {"core", "device"},
+    "models": {"core", "kernels", "atomic", "device"},
+    "graphs": {"core", "device"},
+    "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
+                    "stages"},
+    "sched": {"core", "device", "mem", "instrument", "stages"},
+    "config": {"core", "device", "models", "mem"},
+}
+TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
+
+
+def component(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def mtplab_imports(path: Path):
+    """(line, imported component) for every import of an mtplab module in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    pkg_parts = list(path.relative_to(PKG.parent).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[:len(pkg_parts) - (node.level - 1)]
+                mod = base + (node.module.split(".") if node.module else [])
+                if not node.module:       # from . import x
+                    for a in node.names:
+                        yield node.lineno, (mod + [a.name])
+                    continue
+            else:
+                mod = (node.module or "").split(".")
+            if mod and mod[0] == "mtplab":
+                yield node.lineno, mod
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                mod = a.name.split(".")
+                if mod[0] == "mtplab":
+                    yield node.lineno, mod
+
+
+def test_imports_follow_the_layer_edges():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        me = component(path)
+        for line, mod in mtplab_imports(path):
+            if len(mod) < 2:
+                continue
+            other = mod[1]
+            if other == me or me in TOP or other == "__version__":
+                continue
+            if other in TOP or other not in ALLOWED.get(me, set()):
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} ({me} -> {other})")
+    assert not bad, "forbidden import edges:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("leaf", sorted(LEAVES))
+def test_leaves_import_nothing_of_mtplab(leaf):
+    assert [m for _, m in mtplab_imports(PKG / f"{leaf}.py")] == []
+
+
+def test_analysis_never_imports_torch():
+    for path in (PKG / "analysis").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] == "torch"], path
+
+
+def test_the_checker_sees_a_forbidden_edge(tmp_path):
+    """The walker resolves relative imports: a sideways edge in sched is caught."""
+    f = PKG / "sched" / "_probe_forbidden.py"
+    f.write_text("from ..speculative.worker import SpecWorker\n")
+    try:
+        mods = [m for _, m in mtplab_imports(f)]
+        assert mods == [["mtplab", "speculative", "worker"]]
+        assert "speculative" not in ALLOWED["sched"]
+    finally:
+        f.unlink()

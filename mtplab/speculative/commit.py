@@ -63,3 +63,19 @@ def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMo
     dst = moves.dst_slots.reshape(-1)
     for cache in (k_cache, v_cache):
         cache[:, dst] = cache[:, src]
+
+
+def commit(kv, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+           accept_index: torch.Tensor, accept_lens: torch.Tensor, hidden: torch.Tensor,
+           num_draft_tokens: int, move_kv: bool):
+    """The commit stage: with move_kv (topk > 1) the accepted path's KV moves to the front of
+    the window; the path's hidden rows are gathered; lengths advance on the device.
+    -> (new_seq_lens [B], hidden_path [B, S+1, H], hidden_last [B, H] at accept_len-1)."""
+    B = rows.shape[0]
+    window = window_slots(req_to_token, rows, seq_lens, num_draft_tokens)
+    moves = accept_moves(window, AcceptResult(accept_index, accept_lens, None, None))
+    if move_kv:
+        apply_kv_moves(kv.k, kv.v, moves)
+    hidden_path = hidden.reshape(B * num_draft_tokens, -1)[moves.row_index]     # [B, S+1, H]
+    last = (accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
+    return seq_lens + accept_lens, hidden_path, hidden_path.gather(1, last)[:, 0]

@@ -25,7 +25,9 @@ from ..core import DraftInputs
 
 
 class EagleDraftWorker:
+    """A DraftWorker (draft_worker.py): no seed forward, S-1 steps, a draft_extend forward."""
     owns_kv = True
+    extend_forward = True
 
     def __init__(self, draft: EagleDraft, kv: KVCache, table: torch.Tensor, attn_fn: AttnFn,
                  num_steps: int, topk: int, page_size: int, spans: Spans = NO_SPANS):
@@ -35,6 +37,17 @@ class EagleDraftWorker:
         self.table = table
         self.attn_fn = attn_fn
         self.S, self.K, self.P = num_steps, topk, page_size
+
+    @classmethod
+    def create(cls, drafts, target_kv: KVCache, table: torch.Tensor, attn_fn: AttnFn, *,
+               num_slots: int, num_steps: int, topk: int, page_size: int, dtype, device,
+               spans: Spans = NO_SPANS) -> "EagleDraftWorker":
+        """From the zoo's (assistant, eagle) pair: the eagle draft and its own one-layer KV
+        pool over the same slot ids as the target's."""
+        kv = KVCache.allocate(1, num_slots, target_kv.k.shape[2], target_kv.k.shape[3], dtype,
+                              device)
+        return cls(drafts[1].to(device, dtype), kv, table, attn_fn, num_steps, topk, page_size,
+                   spans)
 
     def _run_extend(self, tokens, hidden, positions, rows, q_lens, cu_q, max_q, max_kv,
                     select_idx) -> DraftInputs:
@@ -63,10 +76,15 @@ class EagleDraftWorker:
         out.bonus = bonus
         return out
 
-    def steps(self, hidden, topk_logp, topk_index, rows, seq_lens, max_kv) -> list[StepCandidates]:
+    def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:
+        """Step 0's inputs are the top-k stashed by the last draft extend: no forward."""
+        return inp
+
+    def steps(self, inp: DraftInputs, rows, seq_lens, max_kv) -> list[StepCandidates]:
         """Step 0 from the stashed top-k, then S-1 draft forwards writing draft KV."""
         B, K, S, P = rows.shape[0], self.K, self.S, self.P
-        branches, cand = select_root(topk_logp, topk_index)
+        hidden = inp.hidden
+        branches, cand = select_root(inp.topk_logp, inp.topk_index)
         out = [cand]
         if S == 1:
             return out
@@ -93,10 +111,11 @@ class EagleDraftWorker:
             h = hs.view(B, K, -1)
         return out
 
-    def draft_extend(self, rows, seq_lens, tokens, hidden_path, accept_lens, max_kv):
+    def extend(self, rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens,
+               max_kv) -> DraftInputs:
         """Draft extend over the window: S+1 rows per request, fixed width (graph friendly).
         tokens [B,E] (committed tokens, -1 padded), hidden_path [B,E,H], accept_lens [B]
-        -> (hidden [B,H], logp [B,K], index [B,K]) at row accept_len-1."""
+        -> DraftInputs(bonus, hidden [B,H], logp [B,K], index [B,K]) at row accept_len-1."""
         B, E = tokens.shape
         dev = rows.device
         positions = (seq_lens.long()[:, None] + torch.arange(E, device=dev)).reshape(-1)
@@ -106,4 +125,5 @@ class EagleDraftWorker:
         toks = tokens.clamp(min=0).reshape(-1)          # rows >= accept_len: never read
         out = self._run_extend(toks, hidden_path.reshape(B * E, -1),
                                positions, rows, q_lens, cu, E, max_kv, select)
-        return out.hidden, out.topk_logp, out.topk_index
+        out.bonus = bonus
+        return out

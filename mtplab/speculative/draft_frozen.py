@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.attn_meta import AttnMeta
+from ..mem.kv_cache import KVCache
 from ..models.drafts import FrozenKVAssistant
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
@@ -20,7 +21,9 @@ from ..core import DraftInputs
 
 
 class FrozenDraftWorker:
+    """A DraftWorker (draft_worker.py): seed forward, S-1 steps, extend by selection."""
     owns_kv = False
+    extend_forward = False
 
     def __init__(self, assistant: FrozenKVAssistant, kv, table: torch.Tensor, attn_fn: AttnFn,
                  num_steps: int, topk: int, spans: Spans = NO_SPANS):
@@ -31,6 +34,13 @@ class FrozenDraftWorker:
         self.attn_fn = attn_fn
         self.S, self.K = num_steps, topk
 
+    @classmethod
+    def create(cls, drafts, target_kv: KVCache, table: torch.Tensor, attn_fn: AttnFn, *,
+               num_slots: int, num_steps: int, topk: int, page_size: int, dtype, device,
+               spans: Spans = NO_SPANS) -> "FrozenDraftWorker":
+        """From the zoo's (assistant, eagle) pair: the assistant, reading the target's KV."""
+        return cls(drafts[0].to(device, dtype), target_kv, table, attn_fn, num_steps, topk, spans)
+
     def _forward(self, tokens, hidden, rows, seq_lens, max_kv):
         n = rows.shape[0]
         positions = (seq_lens - 1).clamp(min=0).long()
@@ -38,16 +48,16 @@ class FrozenDraftWorker:
                         torch.arange(n + 1, device=rows.device), positions, 1, max_kv)
         return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
 
-    def seed(self, bonus, hidden, rows, seq_lens, max_kv):
+    def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:
         """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K])."""
         with self.spans.stage("draft.seed"):
-            h0, logits = self._forward(bonus, hidden, rows, seq_lens, max_kv)
-        return (h0, *branch_topk(logits, self.K))
+            h0, logits = self._forward(inp.bonus, inp.hidden, rows, seq_lens, max_kv)
+        return DraftInputs(inp.bonus, h0, *branch_topk(logits, self.K))
 
-    def steps(self, h0, topk_logp, topk_index, rows, seq_lens, max_kv) -> list[StepCandidates]:
+    def steps(self, inp: DraftInputs, rows, seq_lens, max_kv) -> list[StepCandidates]:
         """Step 0 from the seed's top-k, then the S-1 recurrent forwards."""
-        B, K = rows.shape[0], self.K
-        branches, cand = select_root(topk_logp, topk_index)
+        B, K, h0 = rows.shape[0], self.K, inp.hidden
+        branches, cand = select_root(inp.topk_logp, inp.topk_index)
         out = [cand]
         h = h0[:, None, :].expand(B, K, h0.shape[-1])
         rows_k = rows.repeat_interleave(K)
@@ -65,4 +75,9 @@ class FrozenDraftWorker:
 
     def after_prefill(self, bonus, hidden_last, **_) -> DraftInputs:
         """The first seed: the sampled token and the last prompt position's hidden."""
+        return DraftInputs(bonus, hidden_last)
+
+    def extend(self, rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens,
+               max_kv) -> DraftInputs:
+        """No forward: the next seed is (bonus, verify hidden at the last accepted node)."""
         return DraftInputs(bonus, hidden_last)

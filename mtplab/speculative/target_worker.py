@@ -23,10 +23,10 @@ from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 
 class TargetWorker:
     def __init__(self, model: LlamaForCausalLM, kv: KVCache, table: torch.Tensor,
-                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, relay,
+                 attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, future_map,
                  spans: Spans = NO_SPANS):
         self.spans = spans
-        self.relay = relay            # the future map: publish / resolve / stash / gather
+        self.future_map = future_map  # publish / resolve / stash / gather
         self.model = model
         self.kv = kv
         self.table = table
@@ -43,9 +43,9 @@ class TargetWorker:
         publish the new lengths and stash the token as the next input."""
         tok = self.prefill_with_hidden(x)[0]
         with self.spans.stage("publish"):
-            self.relay.publish(x.rows, x.q_lens)
+            self.future_map.publish(x.rows, x.q_lens)
         with self.spans.stage("stash"):
-            self.relay.stash(x.rows, DraftInputs(tok))
+            self.future_map.stash(x.rows, DraftInputs(tok))
         return tok
 
     @torch.no_grad()
@@ -84,8 +84,8 @@ class TargetWorker:
     def decode(self, x: DecodeInputs) -> DecodeOut:
         """One token per lane: the fed token's KV is written at entry seq_len."""
         with self.spans.stage("resolve"):
-            seq = self.relay.resolve_seq_lens(x.rows)
-            inp = self.relay.gather(x.rows)
+            seq = self.future_map.resolve_seq_lens(x.rows)
+            inp = self.future_map.gather(x.rows)
         s = x.sampling
         new_len = seq + 1
         args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
@@ -96,26 +96,11 @@ class TargetWorker:
             else:
                 tok = self._decode_fn(x.max_kv)(**args)
         with self.spans.stage("publish"):
-            self.relay.publish(x.rows, new_len)
+            self.future_map.publish(x.rows, new_len)
         with self.spans.stage("stash"):
-            self.relay.stash(x.rows, DraftInputs(tok))
+            self.future_map.stash(x.rows, DraftInputs(tok))
         return DecodeOut(tok[:, None], torch.ones_like(tok))
 
-    @torch.no_grad()
-    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-               seq_lens: torch.Tensor, tree_mask: torch.Tensor, max_kv: int):
-        """Target forward over B*D tree nodes; node j's KV is written at entry seq_len + j.
-        tokens/positions [B, D], tree_mask [B, D, D] -> (logits [B, D, V], hidden [B, D, H])."""
-        B, D = tokens.shape
-        entries = seq_lens.long()[:, None] + torch.arange(D, device=rows.device)
-        out_loc = self.table[rows.long()[:, None], entries].long().reshape(-1)
-        q_lens = torch.full_like(seq_lens, D)
-        cu_q = torch.arange(B + 1, device=rows.device) * D
-        meta = AttnMeta(self.table, rows, seq_lens + D, q_lens, cu_q, positions.reshape(-1),
-                        max_q=D, max_kv=max_kv, tree_mask=tree_mask)
-        hidden, logits = self.model(tokens.reshape(-1), positions.reshape(-1), self.kv.k,
-                                    self.kv.v, out_loc, meta, self.attn_fn)
-        return logits.view(B, D, -1), hidden.view(B, D, -1)
 
     def _capture_decode(self, max_bs: int) -> GraphRunner:
         dev, L = self.device, max_bs

@@ -1,18 +1,20 @@
-"""The speculative (spec v2) worker: a target worker plus a draft worker.
+"""The speculative (spec v2) worker: a target worker plus a draft worker (draft_worker.py).
 
 One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has no KV yet):
 
-    resolve   future map[rows] -> seq_lens [B], bonus [B], hidden [B,H] (+ eagle's top-k)
-    draft     frozen: seed forward (draft.seed) + S-1 forwards (draft.step)
-              eagle : S-1 forwards from the stashed top-k
-    tree      organize the best D-1 candidates, root = bonus -> tokens/positions/mask [B,D,..]
-    verify    target forward over B*D nodes, KV at entries seq_len + node
-    accept    greedy walk / target-only sampling / simulated -> accept_lens, tokens [B,S+1]
-    commit    topk>1: move the accepted path's KV to the front of the window
-    publish   future map seq_lens[rows] <- seq_lens + accept_lens (+ publish_ready event)
-    next      frozen: seed = (bonus, verify hidden at the last accepted node), no forward
-              eagle : draft extend over the S+1 window rows -> next step-0 top-k
-    stash     future map[rows] <- next inputs
+    stage         file                       what
+    resolve       sched/future_map.py        seq_lens [B], bonus [B], hidden [B,H] (+ top-k)
+    draft         draft_frozen.py / draft_eagle.py   seed (draft.seed) + S-1 forwards
+                  draft_select.py            per-step top-k, cumulative scores (draft.step)
+    tree          tree.py                    best D-1 candidates + root -> tokens/positions/mask
+    verify        verify.py                  target forward over B*D nodes, KV at seq_len+node
+    accept        accept.py                  greedy / target-only sampling / simulated
+    commit        commit.py                  topk>1: accepted path's KV to the window front;
+                                             new lengths, path hidden rows
+    publish       sched/future_map.py        seq_lens[rows] <- seq_lens + accept_lens (+ event)
+    draft_extend  draft_eagle.py             eagle: forward over the S+1 window -> next top-k
+                                             (frozen: the next seed is selected, no forward)
+    stash         sched/future_map.py        future map[rows] <- next inputs
     (draft)   zb_draft_preexec: the next round's draft runs now and its candidates are
               stashed; the next iteration starts at `tree`
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
@@ -36,19 +38,20 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import counter_uniform
-from .commit import accept_moves, apply_kv_moves, window_slots
+from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
+from .commit import commit
 from .draft_select import StepCandidates, num_candidates
-from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
+from .draft_worker import DraftWorker
 from .target_worker import TargetWorker
 from .tree import DraftTree, build_tree, organize
-from .accept import AcceptResult, accept_simulated, accept_greedy, accept_sample
+from .verify import verify
 
 
 @dataclass(frozen=True)
 class SpecParams:
-    draft: str                  # frozen_kv_mtp | eagle
     num_steps: int
     topk: int
     num_draft_tokens: int
@@ -58,21 +61,20 @@ class SpecParams:
     simulate_accept_rates: Optional[Sequence[float]] = None
 
     @property
-    def frozen(self) -> bool:
-        return self.draft == "frozen_kv_mtp"
-
-    @property
     def simulated(self) -> bool:
         return self.simulate_accept_len is not None or self.simulate_accept_rates is not None
 
 
 class SpecWorker:
-    def __init__(self, target: TargetWorker, draft, relay, params: SpecParams,
+    """decode() is the stage list of the module map above; each stage is one `_run` (a graph
+    replay when captured, else eager) or a future-map call, named as its stage."""
+
+    def __init__(self, target: TargetWorker, draft: DraftWorker, future_map, params: SpecParams,
                  cuda_graphs: bool = False, graph_max_bs: int = 32):
         self.spans = target.spans
         self.target = target
         self.draft_worker = draft
-        self.relay = relay
+        self.future_map = future_map
         self.p = params
         self.table = target.table
         self.graphs: dict[str, GraphRunner] = {}
@@ -83,43 +85,84 @@ class SpecWorker:
     def device(self):
         return self.target.device
 
-    # -- segments (pure tensor functions; eager with a host max_kv, or captured with W) ---
-    def _draft_fn(self, max_kv: int):
-        """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]."""
-        dw, p = self.draft_worker, self.p
+    # -- prefill / decode: the stage lists ---------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, x: PrefillInputs) -> torch.Tensor:
+        bonus, hidden = self.target.prefill_with_hidden(x)
+        with self.spans.stage("publish"):
+            self.future_map.publish(x.rows, x.q_lens)
+        nxt = self.draft_worker.after_prefill(
+            bonus, hidden[x.cu_q[1:] - 1], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
+            q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
+        with self.spans.stage("stash"):
+            self.future_map.stash(x.rows, nxt)
+        return bonus
 
-        def cat(steps):
-            return (torch.cat([c.scores for c in steps], 1), torch.cat([c.tokens for c in steps], 1),
-                    torch.cat([c.parents for c in steps], 1))
+    @torch.no_grad()
+    def decode(self, x: DecodeInputs) -> DecodeOut:
+        p, sp, fm, M = self.p, self.spans, self.future_map, x.max_kv
+        with sp.stage("resolve"):
+            seq = fm.resolve_seq_lens(x.rows)
+            inp = fm.gather(x.rows)
+            cands = fm.gather_predraft(x.rows) if x.predrafted else None
+            rows, seq = self._stage_common(x.rows, seq)
+        if cands is None:
+            cands = self._draft(rows, seq, inp, M)
+        tree = self._tree(rows, seq, inp.bonus, cands, M)
+        logits, hidden = self._run("verify", self._verify_fn, dict(
+            rows=rows, seq_lens=seq, tokens=tree.tokens, positions=tree.positions,
+            mask=tree.mask), M)
+        acc = self._accept(tree, logits, x, seq)
+        new_seq, hidden_path, hidden_last = self._run("commit", self._commit_fn, dict(
+            rows=rows, seq_lens=seq, accept_index=acc.accept_index,
+            accept_lens=acc.accept_lens, hidden=hidden), M)
+        with sp.stage("publish"):
+            fm.publish(rows, new_seq)
+        nxt = self._extend(rows, seq, acc, hidden_path, hidden_last, M)
+        with sp.stage("stash"):
+            fm.stash(rows, nxt)
+        if p.draft_preexec:     # the next round's draft, before the host sees this result
+            cands = self._draft(rows, new_seq, nxt, min(self.table.shape[1], M + p.num_steps + 1))
+            with sp.stage("stash"):
+                fm.stash_predraft(rows, *cands)
+        return DecodeOut(acc.tokens, acc.accept_lens)
 
-        if p.frozen and p.fold_seed:
-            def fn(rows, seq_lens, bonus, hidden):
-                h0, lp, ix = dw.seed(bonus, hidden, rows, seq_lens, max_kv)
-                return cat(dw.steps(h0, lp, ix, rows, seq_lens, max_kv))
-        else:
-            def fn(rows, seq_lens, bonus, hidden, topk_logp, topk_index):
-                return cat(dw.steps(hidden, topk_logp, topk_index, rows, seq_lens, max_kv))
-        return fn
+    # -- stages ---------------------------------------------------------------------------
+    def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
+        """draft: seed (eager unless folded) + steps -> candidates (scores, tokens, parents)."""
+        if not self.p.fold_seed:
+            inp = self.draft_worker.seed(inp, rows, seq, max_kv)
+        return self._run("draft", self._draft_fn, dict(
+            rows=rows, seq_lens=seq, **{k: getattr(inp, k) for k in self._draft_inputs}), max_kv)
 
-    def _tree_fn(self, max_kv: int):
-        p = self.p
+    def _tree(self, rows, seq, bonus, cands, max_kv: int) -> DraftTree:
+        scores, tokens, parents = cands
+        return DraftTree(*self._run("tree", self._tree_fn, dict(
+            rows=rows, seq_lens=seq, bonus=bonus, scores=scores, tokens=tokens,
+            parents=parents), max_kv), num_steps=self.p.num_steps)
 
-        def fn(rows, seq_lens, bonus, scores, tokens, parents):
-            steps = [StepCandidates(tokens, scores, parents)]
-            sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
-            return astuple(build_tree(sel, bonus, seq_lens))[:-1]
-        return fn
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs,
+                seq: torch.Tensor) -> AcceptResult:
+        p, s = self.p, x.sampling
+        if x.all_greedy or p.simulated:
+            return AcceptResult(*self._run("accept", self._accept_fn, dict(
+                rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
+                next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
+        with self.spans.stage("accept"):   # target-only tree sampling (eager)
+            u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
+            return accept_sample(tree, logits, s.temperature, s.top_p, u)
 
-    def _verify_fn(self, max_kv: int):
-        def fn(rows, seq_lens, tokens, positions, mask):
-            return self.target.verify(tokens, positions, rows, seq_lens, mask, max_kv)
-        return fn
-
-    def _extend_fn(self, max_kv: int):
-        def fn(rows, seq_lens, tokens, hidden_path, accept_lens):
-            return self.draft_worker.draft_extend(rows, seq_lens, tokens, hidden_path,
-                                                  accept_lens, max_kv)
-        return fn
+    def _extend(self, rows, seq, acc: AcceptResult, hidden_path, hidden_last,
+                max_kv: int) -> DraftInputs:
+        """The next iteration's draft inputs: a `draft_extend` forward, or a selection."""
+        dw = self.draft_worker
+        if not dw.extend_forward:
+            return dw.extend(rows, seq, acc.tokens, acc.bonus, hidden_path, hidden_last,
+                             acc.accept_lens, max_kv)
+        h, lp, ix = self._run("draft_extend", self._extend_fn, dict(
+            rows=rows, seq_lens=seq, tokens=acc.tokens, hidden_path=hidden_path,
+            accept_lens=acc.accept_lens), max_kv)
+        return DraftInputs(acc.bonus, h, lp, ix)
 
     def _run(self, name: str, make_fn, args: dict, max_kv: int):
         """One segment as its stage span: a graph replay when captured, else eager. Replay
@@ -139,19 +182,38 @@ class SpecWorker:
             return rows, seq
         return g.stage("rows", rows), g.stage("seq_lens", seq)
 
-    # -- prefill / decode ------------------------------------------------------------------
-    @torch.no_grad()
-    def prefill(self, x: PrefillInputs) -> torch.Tensor:
-        bonus, hidden = self.target.prefill_with_hidden(x)
-        ends = x.cu_q[1:] - 1
-        with self.spans.stage("publish"):
-            self.relay.publish(x.rows, x.q_lens)
-        nxt = self.draft_worker.after_prefill(
-            bonus, hidden[ends], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
-            q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
-        with self.spans.stage("stash"):
-            self.relay.stash(x.rows, nxt)
-        return bonus
+    # -- segments (pure tensor functions; eager with a host max_kv, or captured with W) ---
+    @property
+    def _draft_inputs(self) -> tuple[str, ...]:
+        """The DraftInputs fields the draft segment reads: folded, seed runs inside it."""
+        return ("bonus", "hidden") if self.p.fold_seed else ("hidden", "topk_logp", "topk_index")
+
+    def _draft_fn(self, max_kv: int):
+        """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]."""
+        dw, fold = self.draft_worker, self.p.fold_seed
+
+        def fn(rows, seq_lens, **fields):
+            inp = DraftInputs(fields.pop("bonus", None), **fields)
+            if fold:
+                inp = dw.seed(inp, rows, seq_lens, max_kv)
+            steps = dw.steps(inp, rows, seq_lens, max_kv)
+            return (torch.cat([c.scores for c in steps], 1), torch.cat([c.tokens for c in steps], 1),
+                    torch.cat([c.parents for c in steps], 1))
+        return fn
+
+    def _tree_fn(self, max_kv: int):
+        p = self.p
+
+        def fn(rows, seq_lens, bonus, scores, tokens, parents):
+            steps = [StepCandidates(tokens, scores, parents)]
+            sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
+            return astuple(build_tree(sel, bonus, seq_lens))[:-1]
+        return fn
+
+    def _verify_fn(self, max_kv: int):
+        def fn(rows, seq_lens, tokens, positions, mask):
+            return verify(self.target, tokens, positions, rows, seq_lens, mask, max_kv)
+        return fn
 
     def _accept_fn(self, max_kv: int):
         """Greedy or simulated accept (the engine's static mode): graph friendly."""
@@ -165,100 +227,32 @@ class SpecWorker:
             else:
                 u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
-                                      accept_rates=p.simulate_accept_rates)
+                                       accept_rates=p.simulate_accept_rates)
             return astuple(acc)
         return fn
 
     def _commit_fn(self, max_kv: int):
-        """topk>1: move the accepted path's KV to the front of the window; gather the path's
-        hidden rows; new lengths (and, frozen, the next seed's hidden)."""
         p = self.p
-        D = p.num_draft_tokens
 
         def fn(rows, seq_lens, accept_index, accept_lens, hidden):
-            B = rows.shape[0]
-            window = window_slots(self.table, rows, seq_lens, D)
-            acc = AcceptResult(accept_index, accept_lens, None, None)
-            moves = accept_moves(window, acc)
-            if p.topk > 1:
-                apply_kv_moves(self.target.kv.k, self.target.kv.v, moves)
-            hidden_path = hidden.reshape(B * D, -1)[moves.row_index]            # [B, S+1, H]
-            last = (accept_lens - 1)[:, None, None].expand(B, 1, hidden.shape[-1])
-            return seq_lens + accept_lens, hidden_path, hidden_path.gather(1, last)[:, 0]
+            return commit(self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens,
+                          hidden, p.num_draft_tokens, move_kv=p.topk > 1)
         return fn
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs,
-                seq: torch.Tensor) -> AcceptResult:
-        p, s = self.p, x.sampling
-        if x.all_greedy or p.simulated:
-            return AcceptResult(*self._run("accept", self._accept_fn, dict(
-                rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
-                next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
-        with self.spans.stage("accept"):   # target-only tree sampling (eager)
-            u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
-            return accept_sample(tree, logits, s.temperature, s.top_p, u)
-
-    def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
-        """The draft segment (frozen: seed + steps; eagle: steps) -> candidates [B, C] x3."""
-        p, dw = self.p, self.draft_worker
-        args = dict(rows=rows, seq_lens=seq, bonus=inp.bonus, hidden=inp.hidden)
-        if p.frozen and not p.fold_seed:
-            h0, lp, ix = dw.seed(inp.bonus, inp.hidden, rows, seq, max_kv)
-            args.update(hidden=h0, topk_logp=lp, topk_index=ix)
-        elif not p.frozen:
-            args.update(topk_logp=inp.topk_logp, topk_index=inp.topk_index)
-        return self._run("draft", self._draft_fn, args, max_kv)
-
-    @torch.no_grad()
-    def decode(self, x: DecodeInputs) -> DecodeOut:
-        p, sp = self.p, self.spans
-        rows = x.rows
-        with sp.stage("resolve"):
-            seq = self.relay.resolve_seq_lens(rows)
-            inp = self.relay.gather(rows)
-            if x.predrafted:
-                cands = self.relay.gather_predraft(rows)
-            rows, seq = self._stage_common(rows, seq)
-        if not x.predrafted:
-            cands = self._draft(rows, seq, inp, x.max_kv)
-        scores, toks, parents = cands
-        tree = DraftTree(*self._run("tree", self._tree_fn,
-                                    dict(rows=rows, seq_lens=seq, bonus=inp.bonus, scores=scores,
-                                         tokens=toks, parents=parents), x.max_kv),
-                         num_steps=p.num_steps)
-        logits, hidden = self._run("verify", self._verify_fn,
-                                   dict(rows=rows, seq_lens=seq, tokens=tree.tokens,
-                                        positions=tree.positions, mask=tree.mask), x.max_kv)
-        acc = self._accept(tree, logits, x, seq)
-        new_seq, hidden_path, hidden_last = self._run(
-            "commit", self._commit_fn, dict(rows=rows, seq_lens=seq, accept_index=acc.accept_index,
-                                            accept_lens=acc.accept_lens, hidden=hidden), x.max_kv)
-        with sp.stage("publish"):
-            self.relay.publish(rows, new_seq)
-        if p.frozen:     # the next seed is selected from the verify outputs: no forward
-            nxt = DraftInputs(acc.bonus, hidden_last)
-        else:
-            h, lp, ix = self._run("draft_extend", self._extend_fn,
-                                  dict(rows=rows, seq_lens=seq, tokens=acc.tokens,
-                                       hidden_path=hidden_path, accept_lens=acc.accept_lens),
-                                  x.max_kv)
-            nxt = DraftInputs(acc.bonus, h, lp, ix)
-        with sp.stage("stash"):
-            self.relay.stash(rows, nxt)
-        if p.draft_preexec:     # the next round's draft, before the host sees this result
-            bound = min(self.table.shape[1], x.max_kv + p.num_steps + 1)
-            cands = self._draft(rows, new_seq, nxt, bound)
-            with sp.stage("stash"):
-                self.relay.stash_predraft(rows, *cands)
-        return DecodeOut(acc.tokens, acc.accept_lens)
+    def _extend_fn(self, max_kv: int):
+        def fn(rows, seq_lens, tokens, hidden_path, accept_lens):
+            out = self.draft_worker.extend(rows, seq_lens, tokens, None, hidden_path, None,
+                                           accept_lens, max_kv)
+            return out.hidden, out.topk_logp, out.topk_index
+        return fn
 
     # -- CUDA graphs -------------------------------------------------------------------------
     def _capture(self, max_bs: int) -> None:
         p, dev = self.p, self.device
         W = self.table.shape[1]
         L, K, D, E = max_bs, p.topk, p.num_draft_tokens, p.num_steps + 1
-        H = self.relay.hidden.shape[1]
-        hdt = self.relay.hidden.dtype
+        H = self.future_map.hidden.shape[1]
+        hdt = self.future_map.hidden.dtype
         z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
         common = dict(rows=z(L), seq_lens=z(L))
         pad = dict(rows=0, seq_lens=1, bonus=0, hidden=0, topk_logp=0, topk_index=0, tokens=0,
@@ -272,10 +266,10 @@ class SpecWorker:
                 r.capture()
             self.graphs[name] = r
 
-        draft_in = dict(common, bonus=z(L), hidden=z(L, H, dt=hdt))
-        if not (p.frozen and p.fold_seed):
-            draft_in.update(topk_logp=z(L, K, dt=torch.float32), topk_index=z(L, K))
-        runner("draft", self._draft_fn(W), draft_in)
+        draft_in = dict(bonus=z(L), hidden=z(L, H, dt=hdt), topk_logp=z(L, K, dt=torch.float32),
+                        topk_index=z(L, K))
+        runner("draft", self._draft_fn(W), dict(common, **{k: draft_in[k]
+                                                          for k in self._draft_inputs}))
         C = num_candidates(p.num_steps, K)
         runner("tree", self._tree_fn(W),
                dict(common, bonus=z(L), scores=z(L, C, dt=torch.float32), tokens=z(L, C),
@@ -288,7 +282,7 @@ class SpecWorker:
                     logits=z(L, D, V, dt=torch.float32), seeds=z(L)))
         runner("commit", self._commit_fn(W),
                dict(common, accept_index=z(L, E), accept_lens=z(L), hidden=z(L, D, H, dt=hdt)))
-        if not p.frozen:
+        if self.draft_worker.extend_forward:
             runner("draft_extend", self._extend_fn(W),
                    dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),
                         accept_lens=z(L)))

@@ -1,0 +1,55 @@
+"""The draft-worker interface: what the spec worker asks of a draft, whichever it is.
+
+    create(drafts, target_kv, ...) -> the worker, its model (and own KV) on the device
+    after_prefill(...)            -> DraftInputs   first inputs, stashed by prefill
+    seed(inp, rows, seq, max_kv)  -> DraftInputs   step-0 inputs: (hidden, topk_logp, topk_index)
+    steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
+    extend(...)                   -> DraftInputs   next iteration's inputs, after commit
+    owns_kv        the draft writes KV of its own (pool sharing the target's slot ids)
+    extend_forward extend() runs a forward (its own `draft_extend` stage and graph); otherwise
+                   it only selects from the verify outputs inside the commit stage
+
+                      seed                  steps              extend (after verify)
+    Frozen-KV MTP     assistant forward     S-1 forwards over   select (bonus, verify hidden
+                      (draft.seed)          the target's KV     at the last accepted node)
+    EAGLE             identity: the top-k   S-1 forwards,       draft_extend forward over the
+                      stashed by extend     own KV              S+1 window rows
+`fold_seed` runs seed inside the captured draft graph (one replay); otherwise seed runs
+eagerly before it. Every method is free of host syncs and data-dependent shapes (graph
+capturable) except after_prefill.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..core import DraftInputs
+from .draft_select import StepCandidates
+
+
+class DraftWorker(Protocol):
+    owns_kv: bool
+    extend_forward: bool
+    model: torch.nn.Module
+
+    @classmethod
+    def create(cls, drafts: tuple, target_kv, table: torch.Tensor, attn_fn, *, num_slots: int,
+               num_steps: int, topk: int, page_size: int, dtype: torch.dtype,
+               device: torch.device, spans) -> "DraftWorker":
+        """Build from the zoo's (assistant, eagle) pair on the device (own KV if owns_kv)."""
+
+    def after_prefill(self, bonus: torch.Tensor, hidden_last: torch.Tensor, *,
+                      fed_ids: torch.Tensor, hidden_all: torch.Tensor, rows: torch.Tensor,
+                      q_lens: torch.Tensor, cu_q: torch.Tensor, positions: torch.Tensor,
+                      max_q: int) -> DraftInputs: ...
+
+    def seed(self, inp: DraftInputs, rows: torch.Tensor, seq_lens: torch.Tensor,
+             max_kv: int) -> DraftInputs: ...
+
+    def steps(self, inp: DraftInputs, rows: torch.Tensor, seq_lens: torch.Tensor,
+              max_kv: int) -> list[StepCandidates]: ...
+
+    def extend(self, rows: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor,
+               bonus: torch.Tensor, hidden_path: torch.Tensor, hidden_last: torch.Tensor,
+               accept_lens: torch.Tensor, max_kv: int) -> DraftInputs: ...

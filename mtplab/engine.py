@@ -31,14 +31,19 @@ from .instrument.timeline import EventTimeline
 from .models.zoo import build_drafts, build_target
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
-from .sched.scheduler import LoopOptions, Scheduler
+from .sched.scheduler import LoopOptions, Scheduler, StepStats
+from .stats import collect_stats
 from .speculative.draft_select import num_candidates
 from .speculative.draft_eagle import EagleDraftWorker
 from .speculative.draft_frozen import FrozenDraftWorker
+from .speculative.draft_worker import DraftWorker
 from .speculative.worker import SpecParams, SpecWorker
 from .speculative.target_worker import TargetWorker
 
 Prompt = Union[str, Sequence[int]]
+# RunConfig.draft -> its DraftWorker (speculative/draft_worker.py); "none" runs target-only.
+DRAFT_WORKERS: dict[str, type[DraftWorker]] = {"frozen_kv_mtp": FrozenDraftWorker,
+                                               "eagle": EagleDraftWorker}
 logger = logging.getLogger("mtplab")
 
 
@@ -70,7 +75,8 @@ class Engine:
         self._start_profiling()              # before graph capture (CUPTI must see it)
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
-            cfg.torch_dtype, self.device, with_topk=cfg.draft == "eagle",
+            cfg.torch_dtype, self.device,
+            with_topk=cfg.speculative and DRAFT_WORKERS[cfg.draft].extend_forward,
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
         self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
@@ -86,20 +92,13 @@ class Engine:
         self._last_stats: dict = {}
 
     def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
-        cfg, dev, mc = self.cfg, self.device.torch_device, self.model.config
-        assistant, eagle = build_drafts(self.model, cfg.seed)
-        if cfg.draft == "frozen_kv_mtp":
-            self.draft_model = assistant.to(dev, cfg.torch_dtype)
-            draft = FrozenDraftWorker(self.draft_model, self.kv_cache, self.pool.table, attn,
-                                      cfg.num_steps, cfg.topk, self.spans)
-        else:
-            self.draft_model = eagle.to(dev, cfg.torch_dtype)
-            self.draft_kv = KVCache.allocate(1, num_slots, mc.num_key_value_heads, mc.head_dim,
-                                             cfg.torch_dtype, dev)
-            draft = EagleDraftWorker(self.draft_model, self.draft_kv, self.pool.table, attn,
-                                     cfg.num_steps, cfg.topk, cfg.page_size, self.spans)
-        params = SpecParams(cfg.draft, cfg.num_steps, cfg.topk, cfg.num_draft_tokens,
-                            cfg.fold_seed, cfg.zb_draft_preexec, cfg.simulate_accept_len,
+        cfg, dev = self.cfg, self.device.torch_device
+        draft = DRAFT_WORKERS[cfg.draft].create(
+            build_drafts(self.model, cfg.seed), self.kv_cache, self.pool.table, attn,
+            num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
+            page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
+        self.draft_model = draft.model
+        params = SpecParams(cfg.num_steps, cfg.topk, cfg.num_draft_tokens, cfg.fold_seed, cfg.zb_draft_preexec, cfg.simulate_accept_len,
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
@@ -113,6 +112,7 @@ class Engine:
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
                            annotate=cfg.profile, sample_every=cfg.event_timeline_every)
         self.profiler = None
+        self.profile_note: Optional[str] = None     # why finish() wrote no trace, if so
         if cfg.profile:
             self.profiler = ProfilerSession(self.run_dir, wait=cfg.profile_wait,
                                             warmup=cfg.profile_warmup, active=cfg.profile_active,
@@ -123,14 +123,17 @@ class Engine:
         """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
         timeline.parquet (atomically). Returns {name: path} of what was written."""
         written = {}
+        self.profile_note = None
         if self.profiler is not None:
-            self.profiler.stop()
+            self.profile_note = self.profiler.stop()
+            if self.profile_note:
+                logger.warning(self.profile_note)
             written.update({f"trace{i}": p for i, p in enumerate(self.profiler.traces)})
         if self.timeline is not None:
             with atomic_path(self.run_dir / "timeline.parquet") as tmp:
                 self.timeline.to_frame().to_parquet(tmp)
             written["timeline"] = self.run_dir / "timeline.parquet"
-        if written:
+        if written or self.profiler is not None:
             written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
                                                     json.dumps(self.cfg.manifest(), indent=2))
         return written
@@ -143,7 +146,7 @@ class Engine:
 
     def _new_scheduler(self) -> Scheduler:
         hook = self.check_invariants if self.cfg.debug_invariants else None
-        return Scheduler(self.worker, self.kv, self.device,
+        return Scheduler(self.worker, self.kv, self.future_map, self.device,
                          max_running=self.cfg.max_running_requests,
                          spans=self.spans,
                          on_step=self.profiler.step if self.profiler else None,
@@ -156,9 +159,41 @@ class Engine:
                                           draft_preexec=self.cfg.zb_draft_preexec,
                                           debug_syncs=self.cfg.debug_syncs))
 
-    # -- requests ------------------------------------------------------------------------
-    def _make_request(self, prompt: Prompt, max_new_tokens: int, sampling: SamplingParams,
-                      stop_ids: frozenset) -> Req:
+    # -- requests: the step-level API -----------------------------------------------------
+    def add_request(self, prompt: Prompt, max_new_tokens: int = 32, *, temperature: float = 0.0,
+                    top_p: float = 1.0, seed: Optional[int] = None,
+                    stop_ids: Optional[Sequence[int]] = None, ignore_eos: bool = False) -> Req:
+        """Queue one request (token ids or a string); returns its handle (`.rid`,
+        `.output_ids`, `.finished_reason`), filled in as `step()` runs it."""
+        req = self._make_request(prompt, max_new_tokens, temperature=temperature, top_p=top_p,
+                                 seed=self.cfg.seed if seed is None else seed,
+                                 stop_ids=stop_ids, ignore_eos=ignore_eos)
+        self.scheduler.add(req)
+        return req
+
+    def step(self) -> list[Req]:
+        """One scheduler iteration (a prefill or a decode step); returns the requests it
+        finished (`.rid`, `.output_ids`, `.finished_reason`). An error or Ctrl-C inside the
+        step aborts every request held and frees their KV before it propagates."""
+        try:
+            return self.scheduler.step()
+        except BaseException:
+            self.scheduler.abort_all()
+            raise
+
+    def abort(self, rid: int) -> bool:
+        """End a request now and free its KV (its output so far stays); False if unknown."""
+        return self.scheduler.abort(rid)
+
+    @property
+    def idle(self) -> bool:
+        """No request waiting, running or in flight."""
+        return self.scheduler.idle
+
+    def _make_request(self, prompt: Prompt, max_new_tokens: int, *, temperature: float,
+                      top_p: float, seed: int, stop_ids, ignore_eos: bool) -> Req:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ValueError("a prompt must hold at least one token.")
@@ -169,9 +204,14 @@ class Engine:
             raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} "
                              f"exceeds context_len={self.cfg.context_len}; shorten the prompt, "
                              "lower max_new_tokens or raise context_len.")
+        stops = set(stop_ids or ())
+        eos = self.tokenizer.eos_token_id
+        if not ignore_eos and eos is not None:
+            stops.add(eos)
         rid = self._next_rid
         self._next_rid += 1
-        return Req(rid, ids, max_new_tokens, sampling, stop_ids)
+        return Req(rid, ids, max_new_tokens, SamplingParams(temperature, top_p, seed),
+                   frozenset(stops))
 
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 32, *,
                  temperature: float = 0.0, top_p: float = 1.0, seed: Optional[int] = None,
@@ -179,71 +219,33 @@ class Engine:
                  progress: bool = False) -> list[list[int]]:
         """Generate for every prompt (token-id lists or strings); returns output ids in order.
         Greedy when temperature == 0. Each request i samples with seed `seed + i` (default:
-        the config seed). Stops at EOS (unless ignore_eos), at `stop_ids`, or at the limit."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        the config seed). Stops at EOS (unless ignore_eos), at `stop_ids`, or at the limit.
+        Every request is validated before any is queued; an error or Ctrl-C inside a step
+        aborts them all and frees their KV before it propagates (the engine stays usable)."""
         if isinstance(prompts, str):
             raise ValueError("generate takes a list of prompts; wrap a single string in [ ].")
-        stops = set(stop_ids or ())
-        eos = self.tokenizer.eos_token_id
-        if not ignore_eos and eos is not None:
-            stops.add(eos)
         base = self.cfg.seed if seed is None else seed
-        reqs = [self._make_request(p, max_new_tokens, SamplingParams(temperature, top_p, base + i),
-                                   frozenset(stops)) for i, p in enumerate(prompts)]
-        sched = self.scheduler = self._new_scheduler()
+        reqs = [self._make_request(p, max_new_tokens, temperature=temperature, top_p=top_p,
+                                   seed=base + i, stop_ids=stop_ids, ignore_eos=ignore_eos)
+                for i, p in enumerate(prompts)]
+        sched = self.scheduler
+        sched.stats = StepStats()
         for r in reqs:
             sched.add(r)
         bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
         t0 = time.perf_counter()
-        while not sched.idle:
-            sched.step()
-            bar.update(len(sched.finished) - bar.n)
-        self.device.synchronize()
+        try:
+            while not sched.idle:
+                self.step()
+                bar.update(sum(r.finished for r in reqs) - bar.n)
+            self.device.synchronize()
+        finally:
+            bar.close()
         wall = time.perf_counter() - t0
-        bar.close()
-        self._last_stats = self._collect_stats(reqs, sched, wall)
+        cfg = self.cfg
+        self._last_stats = collect_stats(reqs, sched.stats, wall, num_steps=cfg.num_steps,
+                                         speculative=cfg.speculative, simulated=cfg.simulated)
         return [r.output_ids for r in reqs]
-
-    def _collect_stats(self, reqs: list[Req], sched: Scheduler, wall: float) -> dict:
-        s = sched.stats
-        tokens = sum(len(r.output_ids) for r in reqs)
-        steps = sorted(s.step_times_s)
-        acc = s.accept_lens
-        S = self.cfg.num_steps
-        # TPOT: per request (last - first token arrival) / (tokens - 1); ITL: gaps between a
-        # request's consecutive arrivals (a speculative step delivers several tokens at once).
-        tpot = [(r.arrivals[-1][0] - r.arrivals[0][0]) / (len(r.output_ids) - 1)
-                for r in reqs if len(r.output_ids) > 1 and r.arrivals]
-        itl = [b[0] - a[0] for r in reqs for a, b in zip(r.arrivals, r.arrivals[1:])]
-        spec = {}
-        if self.cfg.speculative and acc:
-            spec = {
-                # tokens committed per verify, bonus included
-                "accept_len": sum(acc) / len(acc),
-                "accept_rate_per_pos": [sum(a > k for a in acc) / len(acc)
-                                        for k in range(1, S + 1)],
-                "accept_len_hist": {n: acc.count(n) for n in range(1, S + 2)},
-                "verify_steps": s.decode_steps, "draft_steps": s.decode_steps * S,
-                "simulated": self.cfg.simulated,
-            }
-        return {
-            **spec,
-            "requests": len(reqs), "tokens": tokens, "wall_s": wall,
-            "tok_per_s": tokens / wall if wall > 0 else 0.0,
-            "steps": s.prefill_steps + s.decode_steps, "prefill_steps": s.prefill_steps,
-            "decode_steps": s.decode_steps, "retractions": s.retractions,
-            "decode_tok_per_s": s.decode_tokens / s.decode_time_s if s.decode_time_s else 0.0,
-            "step_time_p50_ms": 1e3 * steps[len(steps) // 2] if steps else 0.0,
-            "tpot_p50_ms": _pct_ms(tpot, 50), "tpot_p90_ms": _pct_ms(tpot, 90),
-            "itl_p50_ms": _pct_ms(itl, 50), "itl_p99_ms": _pct_ms(itl, 99),
-            "decode_step_p50_ms": _pct_ms(s.decode_step_times_s, 50),
-            "decode_step_p90_ms": _pct_ms(s.decode_step_times_s, 90),
-            "overshoot_rows": s.overshoot_rows, "predrafted_steps": s.predrafted_steps,
-            "host_syncs": dict(s.host_syncs),
-            "finish_reasons": {k: sum(r.finished_reason == k for r in reqs)
-                               for k in ("stop", "length", "abort")},
-        }
 
     def stats(self) -> dict:
         """Figures of the last `generate` (tokens, steps, tok_per_s, ...)."""
@@ -258,13 +260,6 @@ class Engine:
     def save_target(self, directory: Union[str, Path]) -> None:
         """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
         save_model(self.model, directory)
-
-
-def _pct_ms(xs: list, q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return 1e3 * xs[min(len(xs) - 1, int(len(xs) * q / 100))]
 
 
 __all__ = ["Engine", "RunConfig", "ConfigError"]

@@ -1,4 +1,4 @@
-"""The one stage vocabulary (DESIGN.md "Stage vocabulary").
+"""The one stage vocabulary (docs/design.md "Stage vocabulary").
 
 These names are used verbatim in code, spans, traces, tables and plots. The analyser
 imports this module (it has no engine dependency), so keep it a leaf: no torch import.
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 
-# Host-side stages (run on the scheduler thread).
-HOST_STAGES = ("schedule", "prepare", "process_result", "sync", "launch")
+# Host-side stages (run on the scheduler thread). `launch` is a bubble cause (analysis), not a
+# stage: no span carries that name.
+HOST_STAGES = ("schedule", "prepare", "process_result", "sync")
 # Device-side stages, in the order they run inside one spec-v2 decode iteration. A target-only
 # decode's forward is `verify` of a one-node tree (SGLang's trivial verify input for S == 0).
 DEVICE_STAGES = (
@@ -26,7 +27,7 @@ STAGE_COLORS = {
     "draft.seed": "#ff7f0e", "draft.step": "#ffbb78", "draft": "#ff9f40",
     "tree": "#bcbd22", "verify": "#1f77b4", "accept": "#2ca02c", "commit": "#98df8a",
     "publish": "#9467bd", "draft_extend": "#c5b0d5", "stash": "#8c564b", "d2h": "#e377c2",
-    "process_result": "#7f7f7f", "prefill": "#aec7e8", "sync": "#d62728", "launch": "#ff9896",
+    "process_result": "#7f7f7f", "prefill": "#aec7e8", "sync": "#d62728",
 }
 
 STEP_RE = re.compile(r"^step\[(?P<kind>decode|prefill) bs=(?P<bs>\d+)\]$")

@@ -3,7 +3,6 @@ continuous batching (requests admitted mid-decode)."""
 import pytest
 
 from mtplab import Engine, RunConfig
-from mtplab.core import SamplingParams
 from tests.helpers import assert_live_identity, random_prompts, reference_outputs
 
 LENS = [1, 2, 7, 16, 33, 64, 200]
@@ -20,14 +19,11 @@ def test_greedy_matches_dense_reference(model, page_size):
     prompts = random_prompts(7, LENS, V, seed=page_size)
     max_new = [6 + 3 * (i % 3) for i in range(len(prompts))]
     # Requests with different max_new_tokens through one scheduler run.
-    sched_reqs = [eng._make_request(p, m, SamplingParams(), frozenset())
-                  for p, m in zip(prompts, max_new)]
-    for r in sched_reqs:
-        eng.scheduler.add(r)
+    sched_reqs = [eng.add_request(p, m, ignore_eos=True) for p, m in zip(prompts, max_new)]
     admitted_mid_decode = False
-    while not eng.scheduler.idle:
+    while not eng.idle:
         running_before = len(eng.scheduler.running)
-        eng.scheduler.step()
+        eng.step()
         assert_live_identity(eng)
         if running_before and eng.scheduler.stats.prefill_steps > 1:
             admitted_mid_decode = True

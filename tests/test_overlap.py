@@ -9,7 +9,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.device import resolve_device
 from mtplab.sched.future_map import FutureMap, FutureMapError
-from mtplab.core import DraftInputs, SamplingParams
+from mtplab.core import DraftInputs
 from tests.helpers import make_agreeable, random_prompts
 
 PROMPTS = random_prompts(6, [1, 7, 30, 90], 320, seed=21)
@@ -23,16 +23,14 @@ def run(cfg_kw, loop, arrivals=None, stop_ids=frozenset()):
     eng = Engine(RunConfig(model="random-tiny", max_running_requests=3, debug_invariants=True,
                            debug_future_map=True, **cfg_kw, **LOOPS[loop]))
     make_agreeable(eng)
-    reqs = [eng._make_request(p, m, SamplingParams(), stop_ids) for p, m in zip(PROMPTS, MAX_NEW)]
+    add = [(p, m) for p, m in zip(PROMPTS, MAX_NEW)]
+    reqs = [eng.add_request(p, m, stop_ids=stop_ids, ignore_eos=True) for p, m in add[:3]]
     sched = eng.scheduler
-    for r in reqs[:3]:
-        sched.add(r)
     step = 0
     while not sched.idle or step < 4:
         if step == 3:                 # arrivals while others decode
-            for r in reqs[3:]:
-                sched.add(r)
-        sched.step()
+            reqs += [eng.add_request(p, m, stop_ids=stop_ids, ignore_eos=True) for p, m in add[3:]]
+        eng.step()
         eng.check_invariants()
         step += 1
     eng.check_invariants()
@@ -81,26 +79,27 @@ def random_stream(loop: str, seed: int, draft: str, sim):
                            debug_future_map=True, **LOOPS[loop]))
     make_agreeable(eng)
     sched = eng.scheduler
-    reqs = []
+    specs = []
     for i in range(200):
         plen = rng.choice([1, 3, 12, 40, 60])
         prompt = [rng.randrange(3, 320) for _ in range(plen)]
         stop = frozenset({rng.randrange(3, 320) for _ in range(12)})     # EOS-like stops
-        reqs.append(eng._make_request(prompt, rng.choice([1, 2, 5, 17, 40, 90]), SamplingParams(),
-                                      stop))
-    arrivals = {i: rng.randrange(0, 150) for i in range(len(reqs))}
-    aborts = {reqs[i].rid: arrivals[i] + 2 for i in rng.sample(range(len(reqs)), 10)}
+        specs.append((prompt, rng.choice([1, 2, 5, 17, 40, 90]), stop))
+    arrivals = {i: rng.randrange(0, 150) for i in range(len(specs))}
+    aborts = {i: arrivals[i] + 2 for i in rng.sample(range(len(specs)), 10)}
+    reqs = [None] * len(specs)
     step = 0
     while step < 2000:
         for i, t in arrivals.items():
             if t == step:
-                sched.add(reqs[i])
-        for rid, t in aborts.items():
+                prompt, m, stop = specs[i]
+                reqs[i] = eng.add_request(prompt, m, stop_ids=stop, ignore_eos=True)
+        for i, t in aborts.items():
             if t == step:
-                sched.abort(rid)
+                eng.abort(reqs[i].rid)
         if sched.idle and step > max(arrivals.values()):
             break
-        sched.step()
+        eng.step()
         assert_live_identity_lagging(eng)
         step += 1
     eng.check_invariants()
@@ -110,7 +109,7 @@ def random_stream(loop: str, seed: int, draft: str, sim):
 
 
 def assert_live_identity_lagging(eng):
-    inflight = set(map(id, eng.scheduler.pending.reqs)) if eng.scheduler.pending else set()
+    inflight = set(map(id, eng.scheduler.in_flight.reqs)) if eng.scheduler.in_flight else set()
     for r in eng.scheduler.running:
         if id(r) not in inflight:
             assert len(r.prompt_ids) + len(r.output_ids) == r.kv.kv_committed_len + 1
@@ -172,10 +171,9 @@ def test_forward_isolation_inputs_unchanged_by_the_worker():
     eng = Engine(RunConfig(model="random-tiny", draft="eagle", topk=2, num_draft_tokens=5))
     eng.generate([[5, 6, 7]], max_new_tokens=2, ignore_eos=True)
     sched = eng.scheduler
-    r = eng._make_request([5, 6, 7, 8], 6, SamplingParams(), frozenset())
-    sched.add(r)
-    sched.step()                                   # prefill
-    x = sched._decode_inputs([r])
+    r = eng.add_request([5, 6, 7, 8], 6, ignore_eos=True)
+    eng.step()                                     # prefill
+    x = sched._prepare_decode([r])
     snap = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(x).items()}
     eng.worker.decode(x)
     for k, v in vars(x).items():

@@ -8,7 +8,6 @@ import itertools
 import pytest
 
 from mtplab import Engine, RunConfig
-from mtplab.core import SamplingParams
 from tests.helpers import assert_live_identity, make_agreeable, random_prompts
 
 PROMPTS = random_prompts(5, [1, 6, 23, 61, 140], 320, seed=11)
@@ -19,11 +18,9 @@ def run(cfg: RunConfig, agreeable: bool):
     eng = Engine(cfg)
     if agreeable:
         make_agreeable(eng)
-    reqs = [eng._make_request(p, m, SamplingParams(), frozenset()) for p, m in zip(PROMPTS, MAX_NEW)]
-    for r in reqs:
-        eng.scheduler.add(r)
-    while not eng.scheduler.idle:
-        eng.scheduler.step()
+    reqs = [eng.add_request(p, m, ignore_eos=True) for p, m in zip(PROMPTS, MAX_NEW)]
+    while not eng.idle:
+        eng.step()
         assert_live_identity(eng)
     eng.check_invariants()
     assert eng.allocator.free_pages == eng.allocator.total_pages

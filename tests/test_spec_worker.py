@@ -10,7 +10,6 @@ from mtplab.mem.allocator import AllocatorError
 from mtplab.mem.invariants import InvariantError
 from mtplab.mem.kv_manager import RowOverflowError
 from mtplab.sched import scheduler as sched_mod
-from mtplab.core import SamplingParams
 from tests.helpers import make_agreeable, random_prompts
 
 PROMPTS = random_prompts(4, [3, 20, 50, 9], 320, seed=2)
@@ -20,12 +19,9 @@ def test_frozen_draft_leaves_target_kv_bit_identical_at_constant_positions():
     eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", topk=2, num_steps=3,
                            num_draft_tokens=5, page_size=4))
     eng.generate(PROMPTS[:1], max_new_tokens=4, ignore_eos=True)   # warm
-    # Prefill the prompts so the relay holds seeds, then draft once by hand.
-    eng.scheduler = eng._new_scheduler()
-    reqs = [eng._make_request(p, 8, SamplingParams(), frozenset()) for p in PROMPTS]
-    for r in reqs:
-        eng.scheduler.add(r)
-    eng.scheduler.step()                                             # prefill
+    # Prefill the prompts so the future map holds seeds, then draft once by hand.
+    reqs = [eng.add_request(p, 8, ignore_eos=True) for p in PROMPTS]
+    eng.step()                                                       # prefill
     positions = []
     orig = eng.draft_model.forward
 
@@ -38,9 +34,9 @@ def test_frozen_draft_leaves_target_kv_bit_identical_at_constant_positions():
     rows = torch.tensor([r.kv.row for r in reqs])
     seq = torch.tensor([r.kv.kv_committed_len for r in reqs])
     w = eng.worker
-    inp = w.relay.gather(rows)
+    inp = w.future_map.gather(rows)
     dw, max_kv = w.draft_worker, int(seq.max()) + 8
-    steps = dw.steps(*dw.seed(inp.bonus, inp.hidden, rows, seq, max_kv), rows, seq, max_kv)
+    steps = dw.steps(dw.seed(inp, rows, seq, max_kv), rows, seq, max_kv)
     assert len(steps) == 3
     assert torch.equal(eng.kv_cache.k, k0) and torch.equal(eng.kv_cache.v, v0)
     assert len(positions) == 3                       # seed + S-1 steps
@@ -96,30 +92,32 @@ def _run(cfg, max_new=24):
 
 
 def test_bug_commit_twice_is_caught(monkeypatch):
-    orig = sched_mod.Scheduler._commit_decode
+    orig = sched_mod.append_decode
 
-    def twice(self, reqs, toks, lens):
-        orig(self, reqs, toks, lens)
+    def twice(reqs, toks, lens, stats):
+        orig(reqs, toks, lens, stats)
         for r, n in zip(reqs, lens):
             if not r.finished:
                 r.kv.kv_committed_len += n           # seed 001: committed advanced twice
-    monkeypatch.setattr(sched_mod.Scheduler, "_commit_decode", twice)
+    monkeypatch.setattr(sched_mod, "append_decode", twice)
     cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", debug_invariants=True)
     with pytest.raises((InvariantError, RowOverflowError)):
         _run(cfg)
 
 
 def test_bug_freeing_rejected_slots_is_caught(monkeypatch):
-    orig = sched_mod.Scheduler._commit_decode
+    orig = sched_mod.Scheduler.process_result
 
-    def free_tail(self, reqs, toks, lens):
-        orig(self, reqs, toks, lens)
+    def free_tail(self, p):
+        orig(self, p)
+        if p.kind != "decode":
+            return
         for r in self.running:                       # seed 000: free the rejected tail now
             P = r.kv.page_size
             keep = -(-r.kv.kv_committed_len // P)
             if len(r.kv.pages) > keep:
                 self.kv.allocator.free_pages_list(r.kv.pages[keep:])   # ... but keep owning it
-    monkeypatch.setattr(sched_mod.Scheduler, "_commit_decode", free_tail)
+    monkeypatch.setattr(sched_mod.Scheduler, "process_result", free_tail)
     cfg = RunConfig(model="random-tiny", draft="eagle", page_size=4, debug_invariants=True)
     with pytest.raises((InvariantError, AllocatorError)):
         _run(cfg)

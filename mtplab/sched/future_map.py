@@ -62,6 +62,10 @@ class FutureMap:
             self._consume(self.seq_lens, rows, s, "seq_lens")
         return s
 
+    def host_seq_lens(self, rows: torch.Tensor) -> list[int]:
+        """The lengths on the host: a sync on the last publish (zb_device_seq_lens off)."""
+        return self.seq_lens[rows].tolist()
+
     # -- draft inputs -----------------------------------------------------------------------
     def stash(self, rows: torch.Tensor, x: DraftInputs) -> None:
         self.bonus[rows] = x.bonus.long()

@@ -1,38 +1,57 @@
-"""The scheduler loop: continuous batching, synchronous ("overlap off") or overlapped.
+"""The scheduler: continuous batching, a normal loop and an overlap loop, side by side.
 
-    overlap off, iteration k:   schedule k -> launch k -> d2h k -> sync -> process k
-    overlap on,  iteration k:   schedule k (on lagging host lengths) -> launch k
-                                -> process k-1 (copy_done of k-1) ; k stays in flight
+    normal  (overlap off), iteration k:
+        schedule k -> prepare k -> forward k -> d2h k -> sync -> process_result k
+    overlap (overlap on),  iteration k:
+        schedule k (on lagging host lengths) -> prepare k -> forward k -> d2h k
+        -> process_result k-1 (sync on k-1's copy_done only) ; k stays in flight
+
     streams (CUDA; on CPU all no-ops, same order):
         schedule  KV allocation, req_to_token writes, input H2D       (waits forward: WAR)
         forward   all model work; lengths/inputs resolved from the future map on the device
         copy      D2H of tokens + accept lengths into pinned buffers, `copy_done` event
-The host never waits for iteration k before launching k+1: lengths and next inputs travel
-on the device through the future map. Host `kv_committed_len` therefore lags one step, and
-the per-decode KV reserve is 2 x alloc_len_per_decode. kv_committed_len advances in exactly
-one place (`_process_decode`), never for a request already finished (an overshoot step of a
-finished request commits nothing; its KV writes land before any new owner's, in
-forward-stream order). A request the host can tell will finish in flight (length) is left
-out of the next batch. KV pressure: a decode that cannot get its reserve first drains the
-in-flight result, then retracts the most recently admitted request (KV freed, request back
-at the head of the queue, re-prefilled later with prompt + output); nothing is ever lost.
+
+    stage            file                   stage            file
+    schedule         admission.py (KV)      d2h              d2h.py
+    prepare          prepare.py             sync, process_result   process_result.py
+    resolve..stash   speculative/worker.py (spec) or speculative/target_worker.py
+
+The host never waits for iteration k before launching k+1: lengths and next inputs travel on
+the device through the future map. Host `kv_committed_len` therefore lags one step, and the
+per-decode KV reserve is 2 x alloc_len_per_decode. kv_committed_len advances in exactly one
+place (process_result.py), never for a request already finished (an overshoot step of a
+finished request commits nothing; its KV writes land before any new owner's, in forward-stream
+order). A request the host can tell will finish in flight (length) is left out of the next
+batch. KV pressure: a decode that cannot get its reserve first drains the in-flight result,
+then retracts the most recently admitted request (admission.py); nothing is ever lost.
+A step that can make no progress while requests wait raises SchedulerStallError; an error or
+Ctrl-C inside a step leaves the state to `abort_all`, which frees every row and page.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import torch
-
+from ..core import Req
 from ..device import Device
+from ..instrument.spans import NO_SPANS, Spans
+from ..instrument.syncs import SyncRecorder
 from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
-from ..instrument.spans import NO_SPANS, Spans
 from ..stages import step_name
-from ..instrument.syncs import SyncRecorder
-from ..core import DecodeInputs, PrefillInputs, Req, SamplingTensors
+from .admission import KVAdmission
+from .d2h import Pending, d2h
+from .prepare import DecodePrepare, prepare_prefill
+from .process_result import append_decode, append_prefill
+
+STALL_STEPS = 3     # consecutive iterations with nothing launched or processed while requests wait
+
+
+class SchedulerStallError(RuntimeError):
+    """Requests wait but nothing can run (e.g. a prompt larger than the whole KV budget)."""
 
 
 @dataclass(frozen=True)
@@ -59,36 +78,22 @@ class StepStats:
     host_syncs: dict = field(default_factory=dict)    # "file:line" -> count (debug_syncs)
 
 
-@dataclass
-class Pending:
-    """A launched forward whose results the host has not processed yet."""
-    kind: str                      # "prefill" | "decode"
-    reqs: list
-    results: list                  # device tensors
-    host: Optional[list]           # pinned copies (async_d2h) or None
-    copy_done: object
-
-
 class Scheduler:
-    def __init__(self, worker, kv: KVManager, device: Device, *, max_running: int,
+    def __init__(self, worker, kv: KVManager, future_map, device: Device, *, max_running: int,
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
                  loop: LoopOptions = LoopOptions(),
                  on_iteration: Optional[Callable[[], None]] = None, spans: Spans = NO_SPANS,
                  on_step: Optional[Callable[[], None]] = None):
-        self.spans = spans
-        self.on_step = on_step          # e.g. the profiler's step()
-        self.on_iteration = on_iteration
-        self.worker = worker
-        self.kv = kv
-        self.max_running = max_running
-        self.reserve = reserve_per_decode
+        self.worker, self.kv, self.future_map, self.dev = worker, kv, future_map, device
+        self.sp, self.opt = spans, loop
+        self.on_step = on_step              # e.g. the profiler's step()
+        self.on_iteration = on_iteration    # e.g. the invariant checker (debug_invariants)
+        self.admission = KVAdmission(kv, max_running=max_running,
+                                     reserve_per_decode=reserve_per_decode,
+                                     max_prefill_tokens=max_prefill_tokens)
+        self.prepare_decode = DecodePrepare(device, kv.width, tokens_per_decode)
         self.lag = alloc_len_per_decode if loop.overlap else 0   # in-flight advance bound
-        self.tokens_per_decode = tokens_per_decode      # KV entries one decode may write
-        self.max_prefill_tokens = max_prefill_tokens
-        self.opt = loop
-        self.dev = device
-        self.device = device.torch_device
         cur = device.current_stream()
         self.schedule_stream = device.new_stream() if loop.overlap else cur
         self.forward_stream = device.new_stream() if loop.overlap else cur
@@ -96,16 +101,155 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.finished: list[Req] = []
-        self.pending: Optional[Pending] = None
+        self.in_flight: Optional[Pending] = None
         self.keep_alive: deque = deque(maxlen=2)        # inputs still read on the device
-        # The decode batch's device inputs (rows, sampling), reused while the batch is the
-        # same requests on the same rows: a steady decode step does no H2D for them.
-        self._batch_key: Optional[tuple] = None
-        self._batch_tensors: Optional[tuple] = None
         self.stats = StepStats()
         self.syncs = SyncRecorder(enabled=loop.debug_syncs and device.is_cuda)
+        self._stalled = 0
 
-    # -- queue ---------------------------------------------------------------------------
+    # -- the two loops -------------------------------------------------------------------
+    def step(self) -> list[Req]:
+        """One iteration of the normal or the overlap loop; returns the requests it finished."""
+        n_done, t0 = len(self.finished), time.perf_counter()
+        if self.sp.timeline is not None:
+            self.sp.begin_step(self.sp.timeline.next_step())
+        kind = self._overlap_step() if self.opt.overlap else self._normal_step()
+        self._account(kind, time.perf_counter() - t0)
+        return self.finished[n_done:]
+
+    def _normal_step(self) -> Optional[str]:
+        kind, batch = self.schedule()
+        if not batch:
+            return self._stall()
+        with self._step_span(kind, batch):
+            self.process_result(self.launch(kind, batch))
+        return kind
+
+    def _overlap_step(self) -> Optional[str]:
+        kind, batch = self.schedule()
+        if not batch:                       # only in-flight work left: finish it
+            if self.in_flight is None:
+                return self._stall()
+            self.drain()
+            return None
+        with self._step_span(kind, batch):
+            prev, self.in_flight = self.in_flight, self.launch(kind, batch)
+            if prev is not None:
+                self.process_result(prev)
+        return kind
+
+    # -- stages --------------------------------------------------------------------------
+    def schedule(self) -> tuple[str, list[Req]]:
+        """Admit waiting requests (a prefill batch), else every running request's decode."""
+        with self.sp.stage("schedule", "host"), self.dev.stream(self.schedule_stream):
+            # WAR: rows/pages freed by processed results may still be read by the step in
+            # flight; this stream's writes must follow the forward stream's reads.
+            self.schedule_stream.wait_stream(self.forward_stream)
+            new = self.admission.admit(self.waiting, len(self.running))
+            if new:
+                self.running.extend(new)
+                return "prefill", new
+            return "decode", self._decode_batch() if self.running else []
+
+    def launch(self, kind: str, reqs: list[Req]) -> Pending:
+        """prepare -> the worker's forward (resolve .. stash) -> d2h."""
+        with self.sp.stage("prepare", "host"), self.dev.stream(self.schedule_stream):
+            x = prepare_prefill(self.dev, reqs) if kind == "prefill" else self._prepare_decode(reqs)
+        self.keep_alive.append(x)
+        self.forward_stream.wait_stream(self.schedule_stream)
+        with self.dev.stream(self.forward_stream):
+            if kind == "prefill":
+                results = [self.worker.prefill(x)]
+            else:
+                self.stats.predrafted_steps += x.predrafted
+                out = self.worker.decode(x)
+                results = [out.tokens, out.accept_lens]
+                for r in reqs:
+                    r.predrafted = self.opt.draft_preexec
+        return d2h(self.dev, self.sp, self.copy_stream, self.forward_stream, kind, reqs, results,
+                   self.opt.async_d2h)
+
+    def process_result(self, p: Pending) -> None:
+        self._stalled = 0
+        with self.sp.stage("sync", "host"):
+            vals = p.read()
+        with self.sp.stage("process_result", "host"):
+            if p.kind == "prefill":
+                append_prefill(p.reqs, vals[0])
+            else:
+                append_decode(p.reqs, vals[0], vals[1], self.stats)
+            self._finish_done()
+
+    def drain(self) -> None:
+        """Process the in-flight result now (the host waits for it)."""
+        p, self.in_flight = self.in_flight, None
+        self.process_result(p)
+
+    # -- schedule helpers ----------------------------------------------------------------
+    def _decode_batch(self) -> list[Req]:
+        """Every running request gets room for its next decode, retracting if needed."""
+        while True:
+            done = self._finishing_in_flight()
+            batch = [r for r in self.running if id(r) not in done]
+            if not batch or self.admission.reserve_decode(batch):
+                return batch
+            if self.in_flight is not None:        # results first: they may free KV
+                self.drain()
+                continue
+            self.admission.retract(self.running, self.waiting)
+            self.stats.retractions += 1
+
+    def _finishing_in_flight(self) -> set:
+        """ids of requests the host can tell (from lengths) the in-flight step finishes."""
+        p = self.in_flight
+        if p is None:
+            return set()
+        return {id(r) for r in p.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
+
+    def _prepare_decode(self, reqs: list[Req]):
+        def seq_bound(rows) -> int:
+            if self.opt.overlap and not self.opt.device_seq_lens:
+                # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits
+                # for the previous verify's publish -- the publish-point host sync.
+                with self.sp.stage("sync", "host"):
+                    return max(self.future_map.host_seq_lens(rows))
+            return max(self.admission.host_seq(r) for r in reqs) + self.lag
+        return self.prepare_decode(reqs, seq_bound, all(r.predrafted for r in reqs))
+
+    @contextlib.contextmanager
+    def _step_span(self, kind: str, batch: list[Req]):
+        with self.sp.stage(step_name(kind, len(batch)), "host"), self.syncs.record(kind):
+            yield
+
+    def _stall(self) -> None:
+        if self.idle:
+            return None
+        self._stalled += 1
+        if self._stalled >= STALL_STEPS:
+            r = self.waiting[0] if self.waiting else self.running[0]
+            raise SchedulerStallError(
+                f"no progress for {STALL_STEPS} iterations with {len(self.waiting)} request(s) "
+                f"waiting: request {r.rid} needs {self.admission.need_for(r)} KV entries and "
+                f"{self.kv.allocator.free_pages} page(s) are free; raise max_total_tokens, "
+                "shorten the prompt, or look for leaked KV with check_invariants().")
+        return None
+
+    def _account(self, kind: Optional[str], dt: float) -> None:
+        if kind is not None:
+            if kind == "prefill":
+                self.stats.prefill_steps += 1
+            else:
+                self.stats.decode_steps += 1
+                self.stats.decode_time_s += dt
+                self.stats.decode_step_times_s.append(dt)
+            self.stats.step_times_s.append(dt)
+            self.stats.host_syncs = self.syncs.counts
+        if self.on_iteration:
+            self.on_iteration()
+        if self.on_step:
+            self.on_step()
+
+    # -- requests ------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
@@ -125,10 +269,38 @@ class Scheduler:
                 return True
         return False
 
+    def abort_all(self) -> list[Req]:
+        """After an error or Ctrl-C inside a step: every request held ends as 'abort', every
+        row and page is freed, nothing stays in flight. The device is synchronized first so no
+        queued kernel still writes KV that a new owner gets."""
+        with contextlib.suppress(RuntimeError):      # a CUDA error re-raises here: free anyway
+            self.dev.synchronize()
+        held = list(self.waiting) + self.running
+        for r in held:
+            if not r.finished:
+                r.finished_reason = "abort"
+        self.admission.release(held)
+        self.waiting.clear()
+        self.running = []
+        self.finished.extend(held)
+        self.in_flight = None
+        self.keep_alive.clear()
+        self.prepare_decode.reset()
+        self._stalled = 0
+        return held
+
+    def _finish_done(self) -> None:
+        done = [r for r in self.running if r.finished]
+        if done:
+            self.running = [r for r in self.running if not r.finished]
+            self.admission.release(done)
+            self.finished.extend(done)
+
+    # -- checks --------------------------------------------------------------------------
     def check_identity(self) -> None:
         """Live-request identity: len(prompt) + len(output) == kv_committed_len + 1, for
         every running request whose results are all processed."""
-        inflight = set(map(id, self.pending.reqs)) if self.pending else set()
+        inflight = set(map(id, self.in_flight.reqs)) if self.in_flight else set()
         bad = [(r.rid, len(r.prompt_ids) + len(r.output_ids), r.kv.kv_committed_len + 1)
                for r in self.running if id(r) not in inflight
                if len(r.prompt_ids) + len(r.output_ids) != r.kv.kv_committed_len + 1]
@@ -141,226 +313,4 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running and self.pending is None
-
-    # -- loop ----------------------------------------------------------------------------
-    def run(self) -> None:
-        while not self.idle:
-            self.step()
-
-    def step(self) -> None:
-        """One iteration (see the module docstring)."""
-        t0 = time.perf_counter()
-        sp = self.spans
-        if sp.timeline is not None:
-            sp.begin_step(sp.timeline.next_step())
-        with sp.stage("schedule", "host"), self.dev.stream(self.schedule_stream):
-            # WAR: rows/pages freed by processed results may still be read by the step in
-            # flight; this stream's writes must follow the forward stream's reads.
-            self.schedule_stream.wait_stream(self.forward_stream)
-            new = self._admit()
-            batch = self._schedule_decode() if not new and self.running else []
-        if not new and not batch:              # only in-flight work left: finish it
-            if self.pending is not None:
-                self._process(self._take_pending())
-            return
-        kind, reqs = ("prefill", new) if new else ("decode", batch)
-        with sp.stage(step_name(kind, len(reqs)), "host"), self.syncs.record(kind):
-            pend = self._launch(kind, reqs)
-            if self.opt.overlap:
-                prev, self.pending = self.pending, pend
-                if prev is not None:
-                    self._process(prev)
-            else:
-                self._process(pend)
-        dt = time.perf_counter() - t0
-        if kind == "prefill":
-            self.stats.prefill_steps += 1
-        else:
-            self.stats.decode_steps += 1
-            self.stats.decode_time_s += dt
-            self.stats.decode_step_times_s.append(dt)
-        self.stats.step_times_s.append(dt)
-        self.stats.host_syncs = self.syncs.counts
-        if self.on_iteration:
-            self.on_iteration()
-        if self.on_step:
-            self.on_step()
-
-    def drain(self) -> None:
-        """Process the in-flight result now (host waits for it)."""
-        if self.pending is not None:
-            self._process(self._take_pending())
-
-    def _take_pending(self) -> Pending:
-        p, self.pending = self.pending, None
-        return p
-
-    # -- schedule ------------------------------------------------------------------------
-    def _host_seq(self, r: Req) -> int:
-        """The host's lower bound of a request's KV length (its prefill may be unprocessed)."""
-        return max(r.kv.kv_committed_len, r.prefill_len)
-
-    def _admit(self) -> list[Req]:
-        new, tokens = [], 0
-        while self.waiting and len(self.running) + len(new) < self.max_running:
-            req = self.waiting[0]
-            n = len(req.fill_ids())
-            if new and tokens + n > self.max_prefill_tokens:
-                break
-            kv = self.kv.admit(n + self.reserve, rid=req.rid)
-            if kv is None:
-                break
-            req.kv, req.prefill_len, req.predrafted = kv, n, False
-            new.append(self.waiting.popleft())
-            tokens += n
-        return new
-
-    def _finishing_in_flight(self) -> set:
-        """ids of requests the host can tell (from lengths) the in-flight step finishes."""
-        p = self.pending
-        if p is None:
-            return set()
-        return {id(r) for r in p.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
-
-    def _schedule_decode(self) -> list[Req]:
-        """Every running request gets room for its next decode, retracting if needed."""
-        while True:
-            done = self._finishing_in_flight()
-            batch = [r for r in self.running if id(r) not in done]
-            if not batch:
-                return []
-            items = [(r.kv, self._host_seq(r) + self.reserve) for r in batch]
-            if self.kv.extend_many(items, rids=[r.rid for r in batch]):
-                return batch
-            if self.pending is not None:        # results first: they may free KV
-                self.drain()
-                continue
-            victim = self.running.pop()            # most recently admitted
-            self._release([victim])
-            victim.num_retractions += 1
-            victim.prefill_len, victim.predrafted = 0, False
-            self.stats.retractions += 1
-            self.waiting.appendleft(victim)
-
-    # -- launch --------------------------------------------------------------------------
-    def _sampling(self, reqs: list[Req], counters: Optional[list[int]]) -> SamplingTensors:
-        h2d = self.dev.h2d
-        return SamplingTensors(
-            temperature=h2d([r.sampling.temperature for r in reqs], torch.float32),
-            top_p=h2d([r.sampling.top_p for r in reqs], torch.float32),
-            seeds=h2d([r.sampling.seed for r in reqs], torch.long),
-            counters=None if counters is None else h2d(counters, torch.long))
-
-    def _launch(self, kind: str, reqs: list[Req]) -> Pending:
-        sp = self.spans
-        with sp.stage("prepare", "host"), self.dev.stream(self.schedule_stream):
-            x = self._prefill_inputs(reqs) if kind == "prefill" else self._decode_inputs(reqs)
-        self.keep_alive.append(x)
-        self.forward_stream.wait_stream(self.schedule_stream)
-        with self.dev.stream(self.forward_stream):
-            if kind == "prefill":
-                results = [self.worker.prefill(x)]
-                self.running.extend(reqs)
-            else:
-                self.stats.predrafted_steps += x.predrafted
-                out = self.worker.decode(x)
-                results = [out.tokens, out.accept_lens]
-                for r in reqs:
-                    r.predrafted = self.opt.draft_preexec
-        return self._start_copy(kind, reqs, results)
-
-    def _prefill_inputs(self, reqs: list[Req]) -> PrefillInputs:
-        h2d = self.dev.h2d
-        fills = [r.fill_ids() for r in reqs]
-        lens = [len(f) for f in fills]
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        return PrefillInputs(h2d([t for f in fills for t in f], torch.long),
-                             h2d([r.kv.row for r in reqs], torch.long), h2d(lens, torch.long),
-                             h2d(cu, torch.long), h2d([i for n in lens for i in range(n)],
-                                                      torch.long),
-                             max(lens), self._sampling(reqs, lens))
-
-    def _decode_inputs(self, reqs: list[Req]) -> DecodeInputs:
-        key = tuple((r.rid, r.kv.row) for r in reqs)
-        if key != self._batch_key:        # never written in place: safe to reuse while read
-            self._batch_key = key
-            self._batch_tensors = (self.dev.h2d([r.kv.row for r in reqs], torch.long),
-                                   self._sampling(reqs, None))
-        rows, sampling = self._batch_tensors
-        if self.opt.overlap and not self.opt.device_seq_lens:
-            # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
-            # the previous verify's publish -- the publish-point host sync.
-            with self.spans.stage("sync", "host"):
-                seq = max(self.worker.relay.seq_lens[rows].tolist())
-        else:
-            seq = max(self._host_seq(r) for r in reqs) + self.lag
-        return DecodeInputs(
-            rows=rows, sampling=sampling,
-            max_kv=min(self.kv.width, seq + self.tokens_per_decode),
-            all_greedy=all(r.sampling.temperature == 0 for r in reqs),
-            predrafted=all(r.predrafted for r in reqs))
-
-    # -- results -------------------------------------------------------------------------
-    def _start_copy(self, kind: str, reqs: list, results: list) -> Pending:
-        """d2h of the results: async into pinned memory on the copy stream (copy_done)."""
-        done = self.dev.new_event()
-        host = None
-        if self.opt.async_d2h:
-            with self.dev.stream(self.copy_stream):
-                # The wait, the host buffers and `done` stay outside the span: d2h's event
-                # pair starts once the forward work it copies has finished and times the copies.
-                self.copy_stream.wait_stream(self.forward_stream)
-                host = [self.dev.empty_pinned(t.shape, t.dtype) for t in results]
-                with self.spans.stage("d2h", "copy"):
-                    for h, t in zip(host, results):
-                        h.copy_(t, non_blocking=True)
-                done.record(self.copy_stream)
-        return Pending(kind, reqs, results, host, done)
-
-    def _process(self, p: Pending) -> None:
-        with self.spans.stage("sync", "host"):
-            if p.host is not None:
-                p.copy_done.synchronize()
-                vals = [h.tolist() for h in p.host]
-            else:       # a blocking copy: waits for everything queued on the device
-                vals = [t.tolist() for t in p.results]
-        with self.spans.stage("process_result", "host"):
-            if p.kind == "prefill":
-                self._commit_prefill(p.reqs, vals[0])
-            else:
-                self._commit_decode(p.reqs, vals[0], vals[1])
-            self._finish_done()
-
-    def _commit_prefill(self, reqs: list[Req], toks: list) -> None:
-        for r, t in zip(reqs, toks):
-            if r.finished or r.kv is None:
-                continue
-            r.kv.kv_committed_len = r.prefill_len
-            r.append_tokens([t])
-
-    def _commit_decode(self, reqs: list[Req], toks: list, lens: list) -> None:
-        for r, t, n in zip(reqs, toks, lens):
-            if r.finished or r.kv is None:       # overshoot row: commits nothing
-                self.stats.overshoot_rows += 1
-                continue
-            self.stats.accept_lens.append(n)
-            kept = r.append_tokens(t[:n])
-            self.stats.decode_tokens += kept
-            if not r.finished:             # the one place kv_committed_len advances
-                r.kv.kv_committed_len += n
-
-    def _finish_done(self) -> None:
-        done = [r for r in self.running if r.finished]
-        if done:
-            self.running = [r for r in self.running if not r.finished]
-            self._release(done)
-            self.finished.extend(done)
-
-    def _release(self, reqs: list[Req]) -> None:
-        kvs = [r.kv for r in reqs if r.kv is not None]
-        self.kv.release(kvs)
-        for r in reqs:
-            r.kv = None
+        return not self.waiting and not self.running and self.in_flight is None

@@ -1,0 +1,57 @@
+"""The figures of one `generate`: throughput, latency percentiles, acceptance, syncs.
+
+    accept_len            tokens committed per verify, bonus included (mean over requests x steps)
+    accept_rate_per_pos   P(accept_len > k) for k = 1..S
+    TPOT                  per request (last - first token arrival) / (tokens - 1)
+    ITL                   gaps between a request's consecutive arrivals (a speculative step
+                          delivers several tokens at once: one arrival)
+"""
+from __future__ import annotations
+
+from .core import Req
+
+
+def pct_ms(xs: list, q: float) -> float:
+    """The q-th percentile of seconds `xs`, in ms (0.0 when empty)."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return 1e3 * xs[min(len(xs) - 1, int(len(xs) * q / 100))]
+
+
+def collect_stats(reqs: list[Req], s, wall: float, *, num_steps: int, speculative: bool,
+                  simulated: bool) -> dict:
+    """`s` is the scheduler's StepStats of the call."""
+    tokens = sum(len(r.output_ids) for r in reqs)
+    steps = sorted(s.step_times_s)
+    acc = s.accept_lens
+    tpot = [(r.arrivals[-1][0] - r.arrivals[0][0]) / (len(r.output_ids) - 1)
+            for r in reqs if len(r.output_ids) > 1 and r.arrivals]
+    itl = [b[0] - a[0] for r in reqs for a, b in zip(r.arrivals, r.arrivals[1:])]
+    spec = {}
+    if speculative and acc:
+        spec = {
+            "accept_len": sum(acc) / len(acc),
+            "accept_rate_per_pos": [sum(a > k for a in acc) / len(acc)
+                                    for k in range(1, num_steps + 1)],
+            "accept_len_hist": {n: acc.count(n) for n in range(1, num_steps + 2)},
+            "verify_steps": s.decode_steps, "draft_steps": s.decode_steps * num_steps,
+            "simulated": simulated,
+        }
+    return {
+        **spec,
+        "requests": len(reqs), "tokens": tokens, "wall_s": wall,
+        "tok_per_s": tokens / wall if wall > 0 else 0.0,
+        "steps": s.prefill_steps + s.decode_steps, "prefill_steps": s.prefill_steps,
+        "decode_steps": s.decode_steps, "retractions": s.retractions,
+        "decode_tok_per_s": s.decode_tokens / s.decode_time_s if s.decode_time_s else 0.0,
+        "step_time_p50_ms": 1e3 * steps[len(steps) // 2] if steps else 0.0,
+        "tpot_p50_ms": pct_ms(tpot, 50), "tpot_p90_ms": pct_ms(tpot, 90),
+        "itl_p50_ms": pct_ms(itl, 50), "itl_p99_ms": pct_ms(itl, 99),
+        "decode_step_p50_ms": pct_ms(s.decode_step_times_s, 50),
+        "decode_step_p90_ms": pct_ms(s.decode_step_times_s, 90),
+        "overshoot_rows": s.overshoot_rows, "predrafted_steps": s.predrafted_steps,
+        "host_syncs": dict(s.host_syncs),
+        "finish_reasons": {k: sum(r.finished_reason == k for r in reqs)
+                           for k in ("stop", "length", "abort")},
+    }

@@ -1,7 +1,7 @@
 """mtplab command line: run | demo | bench | analyze | plot | sweep.
 
 `analyze` and `plot` never import torch (they work on any Kineto trace, fast start-up);
-`run` exposes every RunConfig field as a --flag (fields are the knobs of DESIGN.md).
+`run` exposes every RunConfig field as a --flag (fields are the knobs of docs/design.md).
 """
 from __future__ import annotations
 
@@ -63,9 +63,14 @@ def cmd_run(args) -> int:
                  temperature=args.temperature, progress=True)
     eng.check_invariants()
     st = eng.stats()
+    written = eng.finish()                       # trace, timeline, manifest (when profiled)
     print(f"mtplab run: model={cfg.model} draft={cfg.draft} device={cfg.device} "
           f"dtype={cfg.dtype} page_size={cfg.page_size} cuda_graphs={cfg.cuda_graphs}")
     _print_table([(k, v) for k, v in st.items() if not isinstance(v, (dict, list))])
+    if eng.profile_note:
+        print(eng.profile_note)
+    for name, path in written.items():
+        print(f"  wrote {name}: {path}")
     return 0
 
 

@@ -7,15 +7,21 @@ Start it before CUDA graph capture (so CUPTI sees the captured kernels when they
 `held()`: while inside, engine steps do not advance the schedule (it stays in `wait`, nothing is
 collected), so timed work can run in the same engine before the profiled steps; the schedule
 must still be in `wait` when it is entered.
+A run shorter than the schedule (wait + warmup + active steps) writes what the active window
+recorded, or nothing when it never reached it; `stop()` then returns one line saying so. A
+session still open at interpreter exit is stopped by an atexit hook (an open Kineto profiler
+torn down at exit can crash the process).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
 import os
 import socket
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -63,6 +69,7 @@ class ProfilerSession:
     def start(self) -> None:
         self.prof.__enter__()
         self._open = True
+        atexit.register(_stop_at_exit, weakref.ref(self))
 
     def step(self) -> None:
         if not self._open or self._held:
@@ -72,10 +79,18 @@ class ProfilerSession:
             h(self.steps)
         self.steps += 1
 
-    def stop(self) -> None:
+    def stop(self) -> Optional[str]:
+        """End the session (the active window's trace is written if it had begun). Returns
+        None when a trace was written, else one line on why not."""
         if self._open:
             self._open = False
             self.prof.__exit__(None, None, None)
+        if self.traces:
+            return None
+        need = self.last_step
+        return (f"no profiler trace: the run had {self.steps} engine step(s), fewer than the "
+                f"schedule's wait+warmup+active = {need}; lower profile_wait/profile_warmup "
+                "or run more steps.")
 
     def _write(self, prof) -> None:
         """on_trace_ready: export JSON to a temp file, gzip it into place atomically."""
@@ -89,3 +104,9 @@ class ProfilerSession:
         finally:
             os.unlink(tmp)
         self.traces.append(path)
+
+
+def _stop_at_exit(ref) -> None:
+    session = ref()
+    if session is not None:
+        session.stop()

@@ -185,7 +185,7 @@ class RunConfig:
         if not self.speculative:
             self.zb_draft_preexec = False
 
-    # -- derived sizes (DESIGN "KV memory") -------------------------------------------
+    # -- derived sizes (docs/design.md "KV memory") -------------------------------------------
     @property
     def speculative(self) -> bool:
         return self.draft != "none"

@@ -1,4 +1,4 @@
-"""KV invariant checker (DESIGN "KV memory").
+"""KV invariant checker (docs/design.md "KV memory").
 
     idle: free_pages + 0          == total_pages   and   free_rows == total_rows
     busy: free_pages + sum(owned) == total_pages   and   free_rows + live == total_rows

@@ -1,4 +1,4 @@
-"""KV sizing math (DESIGN.md "KV memory"); pure integer functions, checked on the CPU.
+"""KV sizing math (docs/design.md "KV memory"); pure integer functions, checked on the CPU.
 
     alloc_len_per_decode
       non-spec (draft none)                     : 1

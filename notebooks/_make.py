@@ -275,7 +275,7 @@ With simulated acceptance (the default on `random-tiny`) the accept length is se
 `simulate_accept_len`, so only the cost side varies; use `model="tiny-code"` and
 `simulate_accept_len=None` for real acceptance. The KV reserve per request and decode step
 (`kv_reserved_per_req_tokens`) grows with topk when the draft owns KV and pages are > 1
-(DESIGN "KV memory"). Bubble fraction needs a GPU."""),
+(docs/design.md "KV memory"). Bubble fraction needs a GPU."""),
     ("params", COMMON_PARAMS + '''\
 batch_size = 4
 num_steps = 3

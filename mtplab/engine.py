@@ -98,7 +98,8 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model
-        params = SpecParams(cfg.num_steps, cfg.topk, cfg.num_draft_tokens, cfg.fold_seed, cfg.zb_draft_preexec, cfg.simulate_accept_len,
+        params = SpecParams(cfg.num_steps, cfg.topk, cfg.num_draft_tokens, cfg.fold_seed,
+                            cfg.zb_draft_preexec, cfg.simulate_accept_len,
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))

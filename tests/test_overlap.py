@@ -45,7 +45,17 @@ SPEC_GRID = [dict(draft="none", page_size=1), dict(draft="none", page_size=16)] 
     for f in ((False, True) if d == "frozen_kv_mtp" else (False,))]
 
 
-@pytest.mark.parametrize("cfg", SPEC_GRID, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+# The default (fast) set keeps one arm per draft kind; the rest run with `-m slow`.
+FAST_OVERLAP = ({"draft": "none", "page_size": 16},
+                {"draft": "frozen_kv_mtp", "page_size": 16, "topk": 4, "num_steps": 3,
+                 "num_draft_tokens": 8, "fold_seed": True},
+                {"draft": "eagle", "page_size": 16, "topk": 4, "num_steps": 3,
+                 "num_draft_tokens": 8, "fold_seed": False})
+
+
+@pytest.mark.parametrize("cfg", [c if c in FAST_OVERLAP else pytest.param(c, marks=pytest.mark.slow)
+                                 for c in SPEC_GRID],
+                         ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_identical_tokens_overlap_off_on_zero_bubble(cfg):
     outs = {loop: run(cfg, loop)[0] for loop in LOOPS}
     assert outs["on"] == outs["off"]
@@ -115,6 +125,7 @@ def assert_live_identity_lagging(eng):
             assert len(r.prompt_ids) + len(r.output_ids) == r.kv.kv_committed_len + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft,sim", [("none", None), ("frozen_kv_mtp", None),
                                        ("eagle", None), ("frozen_kv_mtp", 1.0),
                                        ("eagle", 4.0)])

@@ -52,7 +52,14 @@ GRID = [(d, P, K, S, D, fold)
         for fold in ([False, True] if d == "frozen_kv_mtp" else [False])]
 
 
-@pytest.mark.parametrize("draft,P,K,S,D,fold", GRID)
+def fast(d, P, K, S, D, fold) -> bool:
+    """The default set: page 1 and 16 x topk 1 and 4 at S = 3, every D; the rest is `slow`."""
+    return P in (1, 16) and K in (1, 4) and S == 3
+
+
+@pytest.mark.parametrize("draft,P,K,S,D,fold",
+                         [g if fast(*g) else pytest.param(*g, marks=pytest.mark.slow)
+                          for g in GRID])
 def test_lossless_grid(draft, P, K, S, D, fold):
     cfg = dict(model="random-tiny", draft=draft, page_size=P, topk=K, num_steps=S,
                num_draft_tokens=D, fold_seed=fold, max_running_requests=3,

@@ -27,6 +27,7 @@ process whose driver is gone stops within `process.POLL_S` (lock.driver_alive).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import time
@@ -38,6 +39,7 @@ from ..core import ConfigError
 from .process import CellJob, CellOutcome, run_job, run_on_worker
 
 Status = Callable[[str], Any]
+logger = logging.getLogger("mtplab.sweep")
 # A worker resource: a cell holds one, a worker has one, so the scheduler hands a worker its
 # next cell only when the last one ended (balanced, and a dying worker takes only its own).
 # mtplab's clusters set it; start your own workers with `--resources cell=1` for the same.
@@ -200,7 +202,10 @@ def local_cluster(workers: int | None, gpus: list[str]) -> tuple[Any, str]:
                           "per GPU); lower --workers or set CUDA_VISIBLE_DEVICES.")
     try:
         from dask_cuda import LocalCUDACluster
-    except ImportError:
+    except Exception as e:       # noqa: BLE001 -- absent, or unusable with this CUDA stack
+        if not isinstance(e, ImportError):
+            logger.warning("dask-cuda is installed but fails to import (%s: %s); starting one "
+                           "Nanny per GPU instead.", type(e).__name__, e)
         LocalCUDACluster = None
     if LocalCUDACluster is not None:
         cluster = LocalCUDACluster(n_workers=n, CUDA_VISIBLE_DEVICES=gpus[:n],

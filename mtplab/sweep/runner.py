@@ -25,6 +25,7 @@ unless `retry_failed=False`. Only this driver writes results.jsonl / results.par
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -67,7 +68,8 @@ def run_sweep(cells: Sequence[Cell], out_dir: str | Path, *, notebook: str | Non
         skip = {"ok", "dropped"} | (set() if retry_failed else {"failed"})
         env: dict[str, str] = {}
         if notebook is not None and kernel_name is None:
-            kernel_name, env = local_kernel(out / "jupyter", env={})
+            kernel_name, env = local_kernel(out / "jupyter", env={
+                k: v for k, v in os.environ.items() if k == "JUPYTER_PATH"})
         todo: dict[str, Cell] = {}
         for c in cells:
             if c.cell_id in todo or last.get(c.cell_id, {}).get("status") in skip:

@@ -138,8 +138,11 @@ class DaskExecutor:
         from distributed import as_completed
 
         futures = {}
+        if jobs and not self.client.scheduler_info(n_workers=-1)["workers"]:
+            status("waiting for a Dask worker")          # e.g. Slurm jobs still queued
+            self.client.wait_for_workers(1)
         workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
-        one_each = bool(workers) and all(CELL_SLOT in w.get("resources", {}) for w in workers)
+        one_each = all(CELL_SLOT in w.get("resources", {}) for w in workers)
         for job in jobs:
             f = self.client.submit(run_on_worker, job, key=f"cell-{job.cell_id}-{job.lock_token}",
                                    pure=False, resources={CELL_SLOT: 1} if one_each else None)

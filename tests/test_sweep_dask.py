@@ -164,3 +164,23 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "cannot reach the Dask scheduler tcp://127.0.0.1:9" in err
+
+
+def test_join_a_running_cluster_with_a_timing_out_cell(tmp_path, capsys):
+    """--scheduler: a cluster started elsewhere (its workers without the `cell` resource); a
+    cell that sleeps past its limit is killed on the worker and recorded failed, once. The
+    cell imports no torch before it sleeps, so this runs in seconds."""
+    from distributed import LocalCluster
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(json.dumps({"base": {**TINY, "sleep_s": 60, "timeout_s": 1},
+                                "grid": {"page_size": [1, 3]}}))       # 3: dropped
+    out = tmp_path / "out"
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster:
+        rc = main_sweep([str(grid), "--out", str(out), "--executor", "dask", "--scheduler",
+                         cluster.scheduler_address, "--no-progress"])
+    recs = [json.loads(ln) for ln in (out / RESULTS_JSONL).read_text().splitlines()]
+    assert rc == 1 and sorted(r["status"] for r in recs) == ["dropped", "failed"]
+    failed = next(r for r in recs if r["status"] == "failed")
+    assert failed["error"].startswith("timed out after 1 s") and failed["worker"] == "0"
+    assert "1 failed, 1 dropped" in capsys.readouterr().out.replace("0 ok, ", "")

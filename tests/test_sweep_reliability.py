@@ -192,6 +192,7 @@ def test_grid_file_errors_are_one_line(tmp_path, capsys, text, extra, message):
     assert err.startswith("mtplab sweep: error: ") and message in err, err
 
 
+@pytest.mark.slow
 def test_grid_file_errors_through_the_real_cli(tmp_path):
     """The same, as a user sees it: a process, exit 2, one line on stderr."""
     grid = tmp_path / "g.yaml"

@@ -184,3 +184,37 @@ def test_join_a_running_cluster_with_a_timing_out_cell(tmp_path, capsys):
     failed = next(r for r in recs if r["status"] == "failed")
     assert failed["error"].startswith("timed out after 1 s") and failed["worker"] == "0"
     assert "1 failed, 1 dropped" in capsys.readouterr().out.replace("0 ok, ", "")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_dask_driver_stops_its_cells_on_a_cluster_that_stays(tmp_path):
+    """The driver joins a cluster that outlives it (its workers keep running): its cells see
+    the out-dir lock released and stop within a second or two, so a resumed sweep never
+    shares a cell folder with an orphan."""
+    import subprocess
+    import sys
+
+    from distributed import LocalCluster
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(json.dumps({"base": {**TINY, "sleep_s": 120}, "timeout_s": 300,
+                                "grid": {"page_size": [1, 2]}}))
+    out = tmp_path / "out"
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
+        driver = subprocess.Popen([sys.executable, "-m", "mtplab.cli", "sweep", str(grid),
+                                   "--out", str(out), "--executor", "dask", "--scheduler",
+                                   cluster.scheduler_address, "--no-progress"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while len(_cell_pids(out)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_cell_pids(out)) == 2, "the cells did not start"
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while _cell_pids(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _cell_pids(out)
+        assert len(cluster.scheduler_info["workers"]) == 2      # the workers stayed

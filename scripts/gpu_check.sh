@@ -14,6 +14,9 @@
 #     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
+#     dask2             : examples/grids/gpu_dask2.yaml (8 cells) with `--executor dask` on 2
+#                         GPUs, then on 1; wall times and their ratio (needs a 2-GPU host and
+#                         distributed's wheels in .whl, docs/sweeps.md)               ~8 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -66,6 +69,38 @@ case $phase in
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
+  dask2)       # one sweep over both GPUs vs the same sweep on one GPU
+    python3 -c "import distributed" 2>/dev/null || {
+      echo "dask2: distributed is missing: carry its wheels in .whl (docs/sweeps.md)"; exit 2; }
+    G=examples/grids/gpu_dask2.yaml; rm -rf /tmp/sw; : > "$LOG"
+    for n in 2 1; do
+      t0=$(date +%s.%N)
+      python3 -m mtplab.cli sweep "$G" --out /tmp/sw/w$n --executor dask --workers $n \
+        --no-progress >> "$LOG" 2>&1
+      echo "$n $(date +%s.%N) $t0" >> /tmp/sw/walls
+    done
+    python3 - "$OUT/dask2.md" <<'PY' 2>&1 | tee -a "$LOG"
+import sys, pandas as pd
+walls = {int(n): float(t1) - float(t0) for n, t1, t0 in
+         (ln.split() for ln in open("/tmp/sw/walls"))}
+two, one = (pd.read_parquet(f"/tmp/sw/w{n}/results.parquet").set_index("cell_id").sort_index()
+            for n in (2, 1))
+same = list(two.index) == list(one.index) and (two["status"] == one["status"]).all()
+ok = two["status"] == "ok"
+tok = (two.loc[ok, "decode_tok_per_s"] / one.loc[ok, "decode_tok_per_s"]).median()
+lines = [f"# dask2: {len(two)} cells of examples/grids/gpu_dask2.yaml",
+         f"- statuses (2 workers): {two['status'].value_counts().to_dict()}; same cells and "
+         f"statuses on 1 worker: {same}",
+         f"- workers used: 2 workers {sorted(two['worker'].unique())}, "
+         f"1 worker {sorted(one['worker'].unique())}",
+         f"- wall: 2 GPUs {walls[2]:.1f} s, 1 GPU {walls[1]:.1f} s, "
+         f"ratio 1 GPU / 2 GPUs = {walls[1] / walls[2]:.2f} (ideal 2.00)",
+         f"- median decode tok/s per cell, 2-GPU run / 1-GPU run = {tok:.3f} "
+         "(1.00: concurrent cells do not disturb each other)"]
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+    ;;
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|dask2"
      exit 2 ;;
 esac

@@ -6,7 +6,10 @@
     from mtplab.sweep import load_grid, run_sweep
     df = run_sweep(load_grid("grid.yaml").cells(), "traces/sweeps/x")
 
-Grid files and cell ids: `grid.py`. Process isolation, resume and output layout: `runner.py`.
+Grid files and cell ids: `grid.py`. Resume and output layout: `runner.py`; one cell's process
+(isolation, timeout, death with its parent): `process.py` and `child.py`; where cells run
+(here or on Dask workers): `executors.py`; the out-dir lock: `lock.py`; the journal and table:
+`results.py`. docs/sweeps.md is the user guide.
 What one cell measures: `measure.py`; ITL/TPOT and bubble definitions: `metrics.py`.
 
 Results table (`results.parquet`, one row per cell; `results.jsonl` holds the same records,
@@ -15,13 +18,14 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
 
   identity    cell_id, status (ok | failed | dropped), error ('' when ok: the dropped reason
               or the failure's `Type: message`), cell_wall_s (the cell process, start to end),
-              settings_json (the cell's settings as written in the grid file, JSON)
+              settings_json (the cell's settings as written in the grid file, JSON),
+              worker (where it ran: `local`, or the Dask worker's name and `/gpu<id>`)
   config      cfg.<field> for every RunConfig field, resolved (as written for dropped cells);
               a sweep cell defaults max_running_requests = batch_size and event_timeline = True
   KV          kv_alloc_per_decode_tokens, kv_reserved_per_req_tokens (reserve per decode step
               per request = cfg.reserve_per_decode), kv_row_width_tokens (req_to_token row)
   workload    batch_size, num_requests, prompt_len_tokens, output_len_tokens,
-              warmup_output_len_tokens, temperature, fail (see grid.Workload)
+              warmup_output_len_tokens, temperature, fail, sleep_s (see grid.Workload)
   notebook    param.<key> (grid keys that are neither), nb.<key> (scalars of answer.json)
   throughput  requests, tokens, wall_s, tok_per_s, decode_tok_per_s, steps, decode_steps,
               prefill_steps, retractions (of the measured generate; warm-up excluded)
@@ -46,21 +50,25 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               profile=True the profiler waits through the warm-up and measured generates
               and records extra generates of the same workload, so tok/s and latency are
               never measured under the profiler)
-"""
-from .cli import main_sweep
-from .grid import Cell, Grid, Workload, grid_from_dict, load_grid, make_cell
-from .runner import RESULTS_JSONL, RESULTS_PARQUET, collect, run_sweep
 
-__all__ = [
-           "RESULTS_JSONL",
-           "RESULTS_PARQUET",
-           "Cell",
-           "Grid",
-           "Workload",
-           "collect",
-           "grid_from_dict",
-           "load_grid",
-           "main_sweep",
-           "make_cell",
-           "run_sweep",
-]
+Lazy: `python -m mtplab.sweep.child` and Dask workers import only what a cell's process
+needs (no torch before the child has tied itself to its parent, see child.py).
+"""
+from importlib import import_module
+
+_WHERE = {
+    "main_sweep": "cli",
+    "Cell": "grid", "Grid": "grid", "Workload": "grid", "grid_from_dict": "grid",
+    "load_grid": "grid", "make_cell": "grid",
+    "DaskExecutor": "executors", "LocalExecutor": "executors",
+    "OutDirLocked": "lock",
+    "RESULTS_JSONL": "results", "RESULTS_PARQUET": "results", "collect": "results",
+    "run_sweep": "runner",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

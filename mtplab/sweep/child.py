@@ -1,15 +1,28 @@
-"""The process that runs one cell:  python -m mtplab.sweep.child SPEC.json
+"""The process that runs one cell:  python -m mtplab.sweep.child SPEC.json [--parent PID]
 
 SPEC.json (written by the runner): {"cell_id", "config" (resolved RunConfig fields),
 "workload", "params", "settings", "notebook" (path or null), "notebook_out", "cell_dir",
 "kernel_name"}. The child writes `result.json` beside the spec: {"status": "ok", ...metric
 columns} or {"status": "failed", "error": "Type: message"}, and exits 0 / 1. Anything that
 kills the process before that (OOM, a signal, a timeout) is reported by the runner.
+
+With `--parent PID` (the runner always passes it) the cell dies with the process that started
+it, so a `kill -9` of a sweep never leaves a cell running without its timeout:
+  - Linux: PR_SET_PDEATHSIG = SIGKILL (set first thing; if PID is already gone, exit at once);
+  - everywhere: a watchdog thread reads stdin, a pipe whose write end only the parent holds;
+    EOF means the parent is gone, and the watchdog kills the cell's whole session (its own
+    process group: notebook kernels included).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -36,7 +49,34 @@ def run_notebook(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def tie_to_parent(parent_pid: int) -> None:
+    """Die when `parent_pid` dies (see the module docstring)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:           # the parent died before the tie was made
+        os._exit(1)
+    threading.Thread(target=_watch_stdin, name="parent-watchdog", daemon=True).start()
+
+
+def _watch_stdin() -> None:
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    if os.getpgid(0) == os.getpid():          # the runner's new session: take all of it
+        os.killpg(0, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
+    sleep_s = (spec.get("workload") or {}).get("sleep_s")
+    if sleep_s:
+        time.sleep(float(sleep_s))               # fault injection (grid.Workload.sleep_s)
     if spec.get("notebook"):
         return run_notebook(spec)
     from ..config import RunConfig
@@ -46,6 +86,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--parent":
+        tie_to_parent(int(argv[2]))
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     try:

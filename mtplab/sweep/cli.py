@@ -1,17 +1,23 @@
-"""`mtplab sweep GRID.yaml [--notebook NB.ipynb] [--out DIR] ...`"""
+"""`mtplab sweep GRID.yaml [--notebook NB.ipynb] [--out DIR] [--executor local|dask] ...`"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..core import ConfigError
-from .grid import load_grid
-from .runner import RESULTS_JSONL, RESULTS_PARQUET, read_records, run_sweep
+from .executors import DaskExecutor, LocalExecutor, visible_gpus
+from .grid import Cell, check_timeout, load_grid, yaml_problem
+from .lock import OutDirLocked, hold_out_dir
+from .results import RESULTS_JSONL, RESULTS_PARQUET, read_records
+from .runner import run_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="list the cells (id, run/skip/dropped, settings) and exit")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--executor", choices=("local", "dask"), default="local",
+                   help="where cells run: local (here, one after another; default) or dask "
+                        "(Dask workers, one cell per worker at a time; docs/sweeps.md)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="dask: start a local cluster of N workers (CPU processes, or one per "
+                        "visible GPU when the cells use CUDA; default: every core / GPU)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="dask: join a running cluster (tcp://host:8786 or a scheduler file)")
     return p
 
 
@@ -45,8 +59,29 @@ def _overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML "
+                              f"({yaml_problem(e)}); quote it or fix it.") from None
     return out
+
+
+def _executor(args: argparse.Namespace, cells: Sequence[Cell]) -> contextlib.AbstractContextManager:
+    if args.executor == "local":
+        if args.workers is not None or args.scheduler is not None:
+            raise ConfigError("--workers and --scheduler need --executor dask.")
+        return contextlib.nullcontext(LocalExecutor())
+    uses_cuda = any(c.config is not None and c.config.device.startswith("cuda") for c in cells)
+    gpus = visible_gpus() if uses_cuda and args.scheduler is None else []
+    return DaskExecutor(workers=args.workers, scheduler=args.scheduler, gpus=gpus)
+
+
+def _copy_grid(src: str, dest: Path) -> None:
+    """Keep the grid file beside the results (re-running from that copy is fine)."""
+    if dest.exists() and os.path.samefile(src, dest):
+        return
+    shutil.copyfile(src, dest)
 
 
 def main_sweep(argv: list[str] | None = None) -> int:
@@ -55,6 +90,8 @@ def main_sweep(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         grid = load_grid(args.grid, _overrides(args.overrides))
+        if args.timeout_s is not None:
+            check_timeout(args.timeout_s)
     except ConfigError as e:
         print(f"mtplab sweep: error: {e}", file=sys.stderr)
         return 2
@@ -70,11 +107,18 @@ def main_sweep(argv: list[str] | None = None) -> int:
                 "done" if done.get(c.cell_id) == "ok" else "run")
             print(f"{c.cell_id}  {state}  {c.settings}")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(args.grid, out / "grid.yaml")
-    df = run_sweep(cells, out, notebook=args.notebook,
-                   timeout_s=args.timeout_s or grid.timeout_s, kernel_name=args.kernel,
-                   retry_failed=args.retry_failed, progress=args.progress)
+    try:
+        with hold_out_dir(out), _executor(args, cells) as ex:
+            _copy_grid(args.grid, out / "grid.yaml")
+            if isinstance(ex, DaskExecutor):
+                n = len(ex.client.scheduler_info(n_workers=-1)["workers"])
+                print(f"mtplab sweep: Dask {ex.cluster_kind}, {n} workers", file=sys.stderr)
+            df = run_sweep(cells, out, notebook=args.notebook,
+                           timeout_s=args.timeout_s or grid.timeout_s, kernel_name=args.kernel,
+                           retry_failed=args.retry_failed, progress=args.progress, executor=ex)
+    except (ConfigError, OutDirLocked, OSError) as e:      # OSError: e.g. --out is a file
+        print(f"mtplab sweep: error: {e}", file=sys.stderr)
+        return 2
     ids = {c.cell_id for c in cells}
     mine = df[df["cell_id"].isin(ids)] if len(df) else df
     counts = mine["status"].value_counts().to_dict() if len(mine) else {}

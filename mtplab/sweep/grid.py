@@ -18,7 +18,8 @@ A grid file (YAML) names settings; each setting is a `RunConfig` field, a `Workl
       - {batch_size: 16, overlap: false}
 
 A cell's settings are `base` ⊕ one grid point ⊕ one arm (later wins; cells that resolve to
-the same id are run once). Validity: the RunConfig
+the same id are run once). A `timeout_s` among a cell's settings overrides the file's for that
+cell (it is not part of the cell id: re-running with a longer limit resumes the same cell). Validity: the RunConfig
 is constructed here, in the parent; a `ConfigError` (or a workload that does not fit the
 config) makes the cell *dropped*, with the one-sentence reason recorded. `batch_size` is the
 concurrency: the default `max_running_requests` of the cell (an explicit value wins).
@@ -58,7 +59,10 @@ class Workload:
     warmup_output_len_tokens  new tokens of the warm-up generate before the measured one
                             (batch_size requests; 0 = none); warm-up steps are in no figure
     temperature             0 = greedy
-    fail                    test hook: the cell's process raises before building the engine
+    fail                    fault injection: the cell's process raises before building the
+                            engine (the cell is `failed`)
+    sleep_s                 fault injection: the cell's process sleeps this long first (with a
+                            small timeout_s: a cell that times out; a slow cell to kill)
     """
 
     batch_size: int = 4
@@ -68,8 +72,11 @@ class Workload:
     warmup_output_len_tokens: int = 4
     temperature: float = 0.0
     fail: bool = False
+    sleep_s: float = 0.0
 
     def __post_init__(self):
+        if not _is_number(self.sleep_s) or self.sleep_s < 0:
+            raise ConfigError(f"sleep_s must be a number of seconds >= 0, got {self.sleep_s!r}.")
         for name in ("batch_size", "prompt_len_tokens", "output_len_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -111,6 +118,7 @@ class Cell:
     workload: Workload | None = None
     params: dict[str, Any] = field(default_factory=dict)   # notebook-only parameters
     dropped: str | None = None
+    timeout_s: float | None = None        # this cell's limit (None: the sweep's)
 
 
 @dataclass(frozen=True)
@@ -143,28 +151,62 @@ def load_grid(path: str | Path, overrides: dict[str, Any] | None = None) -> Grid
     """Read a grid file; `overrides` (e.g. from `--set key=value`) update `base`."""
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read grid file {path}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read grid file {path}: {e.strerror or e}.") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot read grid file {path}: {yaml_problem(e)}; fix the YAML.") \
+            from None
     return grid_from_dict(doc, overrides)
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: the problem and where (the parser's text spans lines)."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        return (f"{e.problem or e.context} (line {e.problem_mark.line + 1}, "
+                f"column {e.problem_mark.column + 1})")
+    return " ".join(str(e).split())
+
+
 def grid_from_dict(doc: dict[str, Any], overrides: dict[str, Any] | None = None) -> Grid:
+    """Check a grid file's structure; every problem is one ConfigError sentence."""
     if not isinstance(doc, dict):
         raise ConfigError("a grid file is a mapping with keys base, arms, grid, exclude, out, "
                           "timeout_s.")
     unknown = sorted(set(doc) - set(GRID_KEYS))
     if unknown:
         raise ConfigError(f"unknown grid-file keys {unknown}; use {list(GRID_KEYS)}.")
+    base = doc.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"base must be a mapping of settings (key: value), got {base!r}.")
     axes = doc.get("grid") or {}
+    if not isinstance(axes, dict):
+        raise ConfigError(f"grid must be a mapping of axes (setting: [values]), got {axes!r}.")
     for k, v in axes.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"grid axis {k!r} must be a non-empty list of values, got {v!r}.")
     arms = doc.get("arms") or []
     if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
         raise ConfigError("arms must be a list of mappings (each a group of settings).")
-    return Grid(base={**(doc.get("base") or {}), **(overrides or {})}, arms=arms, axes=axes,
-                exclude=list(doc.get("exclude") or []), out=doc.get("out"),
-                timeout_s=float(doc.get("timeout_s", 600.0)))
+    exclude = doc.get("exclude") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
+        raise ConfigError(f"exclude must be a list of non-empty mappings (settings a dropped "
+                          f"cell matches), got {exclude!r}.")
+    out = doc.get("out")
+    if out is not None and not isinstance(out, str):
+        raise ConfigError(f"out must be a folder path, got {out!r}.")
+    return Grid(base={**base, **(overrides or {})}, arms=arms, axes=axes, exclude=exclude,
+                out=out, timeout_s=check_timeout(doc.get("timeout_s", 600.0)))
+
+
+def check_timeout(v: Any) -> float:
+    """A timeout in seconds: a positive number (ConfigError otherwise)."""
+    if not _is_number(v) or not v > 0:
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {v!r}.")
+    return float(v)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
@@ -174,11 +216,13 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
     Without a notebook every key must be a RunConfig or Workload field; with one, other keys
     are notebook parameters."""
     cfg_names, wl_names = set(RunConfig.field_names()), set(Workload.field_names())
-    cfg_kw = {k: v for k, v in settings.items() if k in cfg_names}
-    wl_kw = {k: v for k, v in settings.items() if k in wl_names}
-    params = {k: v for k, v in settings.items() if k not in cfg_names | wl_names}
+    timeout_s = settings.get("timeout_s")
+    kw = {k: v for k, v in settings.items() if k != "timeout_s"}
+    cfg_kw = {k: v for k, v in kw.items() if k in cfg_names}
+    wl_kw = {k: v for k, v in kw.items() if k in wl_names}
+    params = {k: v for k, v in kw.items() if k not in cfg_names | wl_names}
     nb = Path(notebook).name if notebook else None
-    raw_id = _hash({"settings": settings, "notebook": nb})
+    raw_id = _hash({"settings": kw, "notebook": nb})
     for rule in exclude or []:
         if all(k in settings and settings[k] == v for k, v in rule.items()):
             return Cell(raw_id, settings, params=params, dropped=f"excluded by the grid file: {rule}")
@@ -187,6 +231,8 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
             f"unknown settings {sorted(params)}: not RunConfig or workload fields (notebook "
             "parameters need --notebook)."))
     try:
+        if timeout_s is not None:
+            timeout_s = check_timeout(timeout_s)
         workload = Workload(**wl_kw)
         cfg_kw.setdefault("max_running_requests", workload.batch_size)
         cfg_kw.setdefault("event_timeline", True)
@@ -197,7 +243,7 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
     resolved = {k: v for k, v in asdict(cfg).items() if k not in LOCATION_FIELDS}
     cid = _hash({"config": resolved, "workload": asdict(workload), "params": params,
                  "notebook": nb})
-    return Cell(cid, settings, config=cfg, workload=workload, params=params)
+    return Cell(cid, settings, config=cfg, workload=workload, params=params, timeout_s=timeout_s)
 
 
 def place(cfg: RunConfig, trace_dir: Path, run_name: str) -> RunConfig:

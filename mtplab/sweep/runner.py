@@ -1,31 +1,32 @@
 """Run a sweep's cells, one process each, and keep the results table.
 
+    <out>/.lock                the out-dir lock (lock.py): one driver per folder
     <out>/results.jsonl        one JSON line per finished or dropped cell (append, flush, fsync)
     <out>/results.parquet      the last record of every cell id, rewritten atomically after
-                               each cell
+                               each cell (results.py)
     <out>/traces/<cell_id>/    the measured run's folder (manifest.json, Kineto trace,
                                timeline.parquet); `tensorboard --logdir <out>/traces`
     <out>/cells/<cell_id>/     spec.json, result.json, cell.log (and `out/` of a notebook)
     <out>/notebooks/<cell_id>.ipynb   executed notebooks (notebook sweeps)
 
+One code path for every executor (executors.py): this driver takes the lock, sets a torn
+journal tail aside, decides what runs, hands the executor one `CellJob` per cell, and records
+each `CellOutcome` as it comes back. Only *where* a cell's process runs differs: here, one
+after another (`local`), or on Dask workers (`dask`), several at once.
+
 Isolation: every cell runs in a fresh `python -m mtplab.sweep.child` process (own session,
-killed with its process group at the timeout), so a crash, an OOM or a hang in one cell never
-touches the others. Cells run one after another: timings of concurrent cells would interfere.
-The cell processes get OMP_NUM_THREADS=1 unless it is set: the engine's host work is
-small-tensor dispatch, and intra-op threads on a busy machine stall it (steps 100x slower).
+killed with its process group at the timeout, dead with its parent), so a crash, an OOM or a
+hang in one cell never touches the others (process.py). The cell processes get
+OMP_NUM_THREADS=1 unless it is set: the engine's host work is small-tensor dispatch, and
+intra-op threads on a busy machine stall it (steps 100x slower).
 Resume: a cell whose last record is `ok` (or `dropped`) is skipped; failed cells run again
-unless `retry_failed=False`.
+unless `retry_failed=False`. Only this driver writes results.jsonl / results.parquet.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -35,72 +36,95 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..config import RunConfig
-from ..atomic import atomic_path, atomic_write_text
+from .executors import Executor, LocalExecutor
 from .grid import Cell, Workload, place
 from .kernel import local_kernel
+from .lock import hold_out_dir
+from .process import CellJob, CellOutcome
+from .results import (
+    RESULTS_JSONL,
+    RESULTS_PARQUET,
+    append_record,
+    last_records,
+    set_aside_torn_tail,
+    write_parquet,
+)
 
-RESULTS_JSONL = "results.jsonl"
-RESULTS_PARQUET = "results.parquet"
+__all__ = ["RESULTS_JSONL", "RESULTS_PARQUET", "run_sweep", "base_row", "cell_row"]
 
 
 def run_sweep(cells: Sequence[Cell], out_dir: str | Path, *, notebook: str | None = None,
               timeout_s: float = 600.0, kernel_name: str | None = None,
-              retry_failed: bool = True, progress: bool = True) -> pd.DataFrame:
-    """Run every cell not done yet; return the results table (also in results.parquet)."""
+              retry_failed: bool = True, progress: bool = True,
+              executor: Executor | None = None) -> pd.DataFrame:
+    """Run every cell not done yet; return the results table (also in results.parquet).
+    Raises lock.OutDirLocked when another driver holds `out_dir`."""
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / RESULTS_JSONL
-    last = last_records(jsonl)
-    skip = {"ok", "dropped"} | (set() if retry_failed else {"failed"})
-    env = {"OMP_NUM_THREADS": "1", **os.environ}
-    if notebook is not None and kernel_name is None:
-        kernel_name, env = local_kernel(out / "jupyter", env=env)
-    todo = []
-    for c in cells:
-        if last.get(c.cell_id, {}).get("status") in skip:
-            continue
-        if c.dropped is not None:
-            append_record(jsonl, {**base_row(c), "status": "dropped", "error": c.dropped})
-        else:
-            todo.append(c)
-    bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress)
-    for c in bar:
-        row = run_cell(c, out, notebook=notebook, timeout_s=timeout_s, kernel_name=kernel_name,
-                       env=env)
-        append_record(jsonl, row)
-        write_parquet(jsonl, out / RESULTS_PARQUET)
-        bar.set_postfix_str(f"{c.cell_id} {row['status']}")
-    return write_parquet(jsonl, out / RESULTS_PARQUET)
+    executor = executor or LocalExecutor()
+    with hold_out_dir(out) as token:
+        jsonl = out / RESULTS_JSONL
+        set_aside_torn_tail(jsonl)
+        last = last_records(jsonl)
+        skip = {"ok", "dropped"} | (set() if retry_failed else {"failed"})
+        env: dict[str, str] = {}
+        if notebook is not None and kernel_name is None:
+            kernel_name, env = local_kernel(out / "jupyter", env={
+                k: v for k, v in os.environ.items() if k == "JUPYTER_PATH"})
+        todo: dict[str, Cell] = {}
+        for c in cells:
+            if c.cell_id in todo or last.get(c.cell_id, {}).get("status") in skip:
+                continue
+            if c.dropped is not None:
+                append_record(jsonl, {**base_row(c), "status": "dropped", "error": c.dropped})
+            else:
+                todo[c.cell_id] = c
+        jobs = [executor.adapt(make_job(c, out, notebook=notebook, timeout_s=timeout_s,
+                                        kernel_name=kernel_name, env=env), token)
+                for c in todo.values()]
+        bar = tqdm(total=len(jobs), desc=f"sweep ({executor.name})", unit="cell",
+                   disable=not progress)
+        if executor.dashboard_link:
+            bar.write(f"mtplab sweep: Dask dashboard {executor.dashboard_link}")
+        try:
+            for job, outcome in executor.run(jobs, status=bar.set_postfix_str):
+                row = cell_row(todo[job.cell_id], job, outcome)
+                append_record(jsonl, row)
+                write_parquet(jsonl, out / RESULTS_PARQUET)
+                bar.update(1)
+        finally:
+            bar.close()
+        return write_parquet(jsonl, out / RESULTS_PARQUET)
 
 
-def run_cell(cell: Cell, out: Path, *, notebook: str | None, timeout_s: float,
-             kernel_name: str | None, env: dict[str, str]) -> dict[str, Any]:
-    """Run one cell in its own process; return its results row (status ok or failed)."""
+def make_job(cell: Cell, out: Path, *, notebook: str | None, timeout_s: float,
+             kernel_name: str | None, env: dict[str, str]) -> CellJob:
+    """The cell as a job any executor can run (its spec.json content and its limit)."""
     cid = cell.cell_id
-    cell_dir, run_dir = out / "cells" / cid, out / "traces" / cid
-    for d in (cell_dir, run_dir):           # a retried cell starts clean
-        shutil.rmtree(d, ignore_errors=True)
-    cell_dir.mkdir(parents=True)
     cfg = place(cell.config, out / "traces", cid)
     nb_out = str(out / "notebooks" / f"{cid}.ipynb") if notebook else None
-    if nb_out:
-        Path(nb_out).parent.mkdir(parents=True, exist_ok=True)
     spec = {"cell_id": cid, "config": asdict(cfg), "workload": asdict(cell.workload),
-            "params": cell.params, "settings": cell.settings, "cell_dir": str(cell_dir),
+            "params": cell.params, "settings": cell.settings,
+            "cell_dir": str(out / "cells" / cid),
             "notebook": str(Path(notebook).resolve()) if notebook else None,
             "notebook_out": nb_out, "kernel_name": kernel_name}
-    spec_path = atomic_write_text(cell_dir / "spec.json", json.dumps(spec, default=str))
-    log = cell_dir / "cell.log"
-    t0 = time.perf_counter()
-    rc = _run_process([sys.executable, "-m", "mtplab.sweep.child", str(spec_path)], log,
-                      timeout_s, env)
-    row = {**base_row(cell, cfg), "cell_wall_s": time.perf_counter() - t0,
-           "log_path": str(log), "notebook_path": nb_out}
-    result_path = cell_dir / "result.json"
-    if result_path.is_file():
-        row.update(json.loads(result_path.read_text()))
+    return CellJob(cell_id=cid, out_dir=str(out), spec=spec,
+                   timeout_s=cell.timeout_s or timeout_s, env=env)
+
+
+def cell_row(cell: Cell, job: CellJob, outcome: CellOutcome) -> dict[str, Any]:
+    """The results row of a cell that was handed to an executor (status ok or failed)."""
+    cfg = place(cell.config, Path(job.out_dir) / "traces", cell.cell_id)
+    log = job.log_path
+    row = {**base_row(cell, cfg), "cell_wall_s": outcome.wall_s, "worker": outcome.worker,
+           "log_path": str(log), "notebook_path": job.spec["notebook_out"]}
+    rc = outcome.rc
+    if outcome.result is not None:
+        row.update(outcome.result)
+    elif outcome.lost is not None:
+        row.update(status="failed", error=outcome.lost)
     elif rc is None:
-        row.update(status="failed", error=f"timed out after {timeout_s:g} s (killed); see {log}")
+        row.update(status="failed",
+                   error=f"timed out after {job.timeout_s:g} s (killed); see {log}")
     elif rc < 0:
         row.update(status="failed", error=f"killed by {signal.Signals(-rc).name} "
                                           f"(out of memory?); see {log}")
@@ -110,21 +134,11 @@ def run_cell(cell: Cell, out: Path, *, notebook: str | None, timeout_s: float,
     return row
 
 
-def _run_process(argv: list[str], log: Path, timeout_s: float, env: dict[str, str]) -> int | None:
-    """Exit code of argv (stdout+stderr to `log`), None when killed at the timeout."""
-    with open(log, "wb") as f:
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env, start_new_session=True)
-        try:
-            return p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            return None
-
-
 def _last_line(path: Path) -> str:
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"(no log at {path})"
     return lines[-1][:500] if lines else "(no output)"
 
 
@@ -148,57 +162,3 @@ def base_row(cell: Cell, cfg: RunConfig | None = None) -> dict[str, Any]:
         row.update({k: v for k, v in cell.settings.items() if k in wl_names})
     row.update({f"param.{k}": v for k, v in cell.params.items()})
     return row
-
-
-def append_record(path: Path, row: dict[str, Any]) -> None:
-    """Append one JSON line and make it durable (flush + fsync) before returning."""
-    line = json.dumps(row, default=str)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of results.jsonl (a torn last line, from a crash, is ignored)."""
-    if not path.is_file():
-        return []
-    out = []
-    for ln in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(ln))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def last_records(jsonl: Path) -> dict[str, dict[str, Any]]:
-    """cell id -> its last record, in first-seen order of the ids."""
-    return {r["cell_id"]: r for r in read_records(jsonl)}
-
-
-def collect(jsonl: Path) -> pd.DataFrame:
-    """The last record of every cell id, in first-seen order, one row each."""
-    return pd.DataFrame(list(last_records(jsonl).values()))
-
-
-def write_parquet(jsonl: Path, path: Path) -> pd.DataFrame:
-    df = _arrow_safe(collect(jsonl))
-    with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
-    return df
-
-
-def _is_nan(v: Any) -> bool:
-    return isinstance(v, float) and math.isnan(v)
-
-
-def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """Columns mixing value types (e.g. a dropped cell's invalid setting) become strings."""
-    df = df.copy()
-    for c in df.columns:
-        if df[c].dtype == object:
-            kinds = {type(v) for v in df[c] if v is not None and not _is_nan(v)}
-            if len(kinds) > 1 and not kinds <= {int, float}:
-                df[c] = df[c].map(lambda v: v if v is None else str(v))
-    return df

@@ -1,0 +1,113 @@
+"""The results table of a sweep: `results.jsonl` (the journal) and `results.parquet`.
+
+    results.jsonl    one JSON line per finished or dropped cell, appended by the driver only
+                     (write, flush, fsync before the next cell is recorded); the last record of
+                     a cell id wins
+    results.parquet  the last record of every cell id, rewritten atomically after each record
+
+A driver killed inside a write leaves a torn last line. `set_aside_torn_tail` runs when a
+driver opens the journal (under the out-dir lock, before its first append): a complete record
+that only lacks its newline gets it; anything else moves to `results.jsonl.torn-<UTC time>` with
+a warning, so the next append starts on a fresh line and no record is glued onto garbage.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..atomic import atomic_path, atomic_write_bytes
+
+RESULTS_JSONL = "results.jsonl"
+RESULTS_PARQUET = "results.parquet"
+
+logger = logging.getLogger("mtplab.sweep")
+
+
+def set_aside_torn_tail(path: Path) -> Path | None:
+    """Make `path` end on a whole line; return where a torn last line was moved (or None)."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    try:
+        whole = isinstance(json.loads(tail), dict)
+    except ValueError:
+        whole = False
+    if whole:                                   # killed between the record and its newline
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    dest = atomic_write_bytes(path.with_name(f"{path.name}.torn-{stamp}"), tail)
+    with open(path, "rb+") as f:
+        f.truncate(cut)
+        os.fsync(f.fileno())
+    logger.warning("%s ended in a torn line (%d bytes, a write cut short by a kill); set aside "
+                   "in %s, the cell it belonged to runs again.", path, len(tail), dest)
+    return dest
+
+
+def append_record(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON line and make it durable (flush + fsync) before returning."""
+    line = json.dumps(row, default=str)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of results.jsonl (a torn last line, from a crash, is ignored)."""
+    if not path.is_file():
+        return []
+    out = []
+    for ln in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def last_records(jsonl: Path) -> dict[str, dict[str, Any]]:
+    """cell id -> its last record, in first-seen order of the ids."""
+    return {r["cell_id"]: r for r in read_records(jsonl)}
+
+
+def collect(jsonl: Path) -> pd.DataFrame:
+    """The last record of every cell id, in first-seen order, one row each."""
+    return pd.DataFrame(list(last_records(jsonl).values()))
+
+
+def write_parquet(jsonl: Path, path: Path) -> pd.DataFrame:
+    df = _arrow_safe(collect(jsonl))
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+    return df
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns mixing value types (e.g. a dropped cell's invalid setting) become strings."""
+    df = df.copy()
+    for c in df.columns:
+        if df[c].dtype == object:
+            kinds = {type(v) for v in df[c] if v is not None and not _is_nan(v)}
+            if len(kinds) > 1 and not kinds <= {int, float}:
+                df[c] = df[c].map(lambda v: v if v is None else str(v))
+    return df

@@ -6,6 +6,8 @@ RunConfig and serves `generate` calls.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -42,10 +44,10 @@ Prompt = Union[str, Sequence[int]]
 logger = logging.getLogger("mtplab")
 
 
-def attention_fn(backend: str):
+def attention_fn(backend: str, deterministic: bool = False):
     if backend == "triton":
         from .kernels.triton_attention import paged_attention_triton
-        return paged_attention_triton
+        return functools.partial(paged_attention_triton, deterministic=deterministic)
     return paged_attention_ref
 
 
@@ -66,21 +68,23 @@ class Engine:
         self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
                                          mc.head_dim, cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
-        attn = attention_fn(cfg.attention_backend)
+        attn = attention_fn(cfg.attention_backend, cfg.deterministic)
         self._start_profiling()              # before graph capture (CUPTI must see it)
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
             cfg.torch_dtype, self.device, with_topk=cfg.draft == "eagle",
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
-        self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
-                                          cfg.cuda_graphs and not cfg.speculative,
-                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
-                                          self.future_map, self.spans)
-        self.worker = self.target_worker
-        self.draft_model = None
-        if cfg.speculative:
-            self.worker = self._spec_worker(num_slots, attn)
+        with self.numerics():                 # graphs capture the batch-invariant kernels
+            self.target_worker = TargetWorker(
+                self.model, self.kv_cache, self.pool.table, attn,
+                cfg.cuda_graphs and not cfg.speculative,
+                min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
+                self.spans)
+            self.worker = self.target_worker
+            self.draft_model = None
+            if cfg.speculative:
+                self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
@@ -103,6 +107,14 @@ class Engine:
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+
+    def numerics(self):
+        """The scope of the engine's forwards: batch-invariant aten kernels when
+        cfg.deterministic (kernels/batch_invariant.py), torch's own outside it."""
+        if not self.cfg.deterministic:
+            return contextlib.nullcontext()
+        from .kernels.batch_invariant import batch_invariant_mode
+        return batch_invariant_mode(self.device.torch_device.type)
 
     # -- profiling -----------------------------------------------------------------------
     def _start_profiling(self) -> None:
@@ -196,10 +208,11 @@ class Engine:
             sched.add(r)
         bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
         t0 = time.perf_counter()
-        while not sched.idle:
-            sched.step()
-            bar.update(len(sched.finished) - bar.n)
-        self.device.synchronize()
+        with self.numerics():
+            while not sched.idle:
+                sched.step()
+                bar.update(len(sched.finished) - bar.n)
+            self.device.synchronize()
         wall = time.perf_counter() - t0
         bar.close()
         self._last_stats = self._collect_stats(reqs, sched, wall)

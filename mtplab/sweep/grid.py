@@ -58,6 +58,8 @@ class Workload:
     warmup_output_len_tokens  new tokens of the warm-up generate before the measured one
                             (batch_size requests; 0 = none); warm-up steps are in no figure
     temperature             0 = greedy
+    check_lossless          also run the measured workload target-only (greedy) and count the
+                            requests whose spec output diverges (mtplab/lossless.py)
     fail                    test hook: the cell's process raises before building the engine
     """
 
@@ -67,6 +69,7 @@ class Workload:
     output_len_tokens: int = 32
     warmup_output_len_tokens: int = 4
     temperature: float = 0.0
+    check_lossless: bool = False
     fail: bool = False
 
     def __post_init__(self):
@@ -83,6 +86,8 @@ class Workload:
                               f"got {self.warmup_output_len_tokens!r}.")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}.")
+        if self.check_lossless and self.temperature != 0:
+            raise ConfigError("check_lossless compares greedy outputs; set temperature to 0.")
 
     @property
     def requests(self) -> int:

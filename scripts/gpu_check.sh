@@ -14,6 +14,9 @@
 #     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
+#     determ            : deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and
+#                         the attention kernels (tests), then its cost and the default mode's
+#                         divergence (bench_deterministic)                            ~7 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -66,6 +69,11 @@ case $phase in
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
+  determ)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_gpu.py \
+      tests/gpu/test_triton_attention_gpu.py 2>&1 | tee "$LOG" | tail -15
+    python3 -m benchmarks.bench_deterministic --out "$OUT/bench_deterministic.md" >> "$LOG" 2>&1
+    cat "$OUT/bench_deterministic.md" ;;
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|determ"
      exit 2 ;;
 esac

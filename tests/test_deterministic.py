@@ -71,3 +71,19 @@ def test_engine_scope_uses_the_batch_invariant_kernels(monkeypatch):
     eng, out = run(PROMPTS[:1])
     assert len(out[0]) == NEW and calls
     assert torch.equal(torch.ones(2, 2) @ torch.ones(2, 2), torch.full((2, 2), 2.0))
+
+
+def test_sweep_check_lossless_columns(tmp_path):
+    """check_lossless: the measured prompts re-run target-only; fp32 spec == target-only."""
+    from mtplab.sweep.grid import Workload
+    from mtplab.sweep.measure import measure
+
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", max_running_requests=2,
+                    trace_dir=str(tmp_path), run_name="cell")
+    row = measure(cfg, Workload(batch_size=2, output_len_tokens=6, warmup_output_len_tokens=0,
+                                check_lossless=True))
+    assert row["diverging_requests"] == 0 and row["first_divergence_tokens"] == "[]"
+    plain = measure(cfg, Workload(batch_size=2, output_len_tokens=4, warmup_output_len_tokens=0))
+    assert "diverging_requests" not in plain
+    with pytest.raises(ConfigError, match="greedy"):
+        Workload(check_lossless=True, temperature=0.7)

@@ -87,3 +87,51 @@ def test_sweep_check_lossless_columns(tmp_path):
     assert "diverging_requests" not in plain
     with pytest.raises(ConfigError, match="greedy"):
         Workload(check_lossless=True, temperature=0.7)
+
+
+@pytest.mark.slow
+def test_target_logits_same_bits_alone_batched_and_in_a_tree():
+    """The model level: random-tiny's logits for a token are bit-identical decoded in a batch
+    of 5, decoded alone, and as nodes 0 and 1 of a tree verify (chain of 3) beside another
+    lane: every op of the forward is batch-invariant in the scope."""
+    from functools import partial
+
+    from mtplab.kernels.attn_meta import AttnMeta
+    from mtplab.kernels.triton_attention import paged_attention_triton
+    from mtplab.models.zoo import build_target
+
+    model = build_target("random-tiny", 0)[0].eval()
+    mc = model.config
+    attn = partial(paged_attention_triton, deterministic=True)
+    W, lens = 16, torch.tensor([3, 6, 4, 5, 2])
+    table = torch.arange(5 * W, dtype=torch.int32).view(5, W)
+    shape = (mc.num_hidden_layers, 5 * W, mc.num_key_value_heads, mc.head_dim)
+    kv = (torch.zeros(shape), torch.zeros(shape))
+    gen = torch.Generator().manual_seed(0)
+
+    def forward(kv, rows, ids, positions, q_lens, kv_lens, tree=None):
+        rows, q_lens = torch.tensor(rows), torch.tensor(q_lens)
+        cu_q = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)])
+        out_loc = table[torch.repeat_interleave(rows, q_lens), positions].long()
+        meta = AttnMeta(table, rows, torch.as_tensor(kv_lens), q_lens, cu_q, positions,
+                        int(q_lens.max()), W, tree)
+        return model(ids, positions, kv[0], kv[1], out_loc, meta, attn)[1]
+
+    with torch.no_grad(), bi.batch_invariant_mode("cpu"):
+        prompt = torch.randint(3, mc.vocab_size, (int(lens.sum()),), generator=gen)
+        forward(kv, range(5), prompt, torch.cat([torch.arange(n) for n in lens]), lens.tolist(),
+                lens)
+        tok = torch.randint(3, mc.vocab_size, (2, 5), generator=gen)      # two decode steps
+        clone = lambda: (kv[0].clone(), kv[1].clone())                    # noqa: E731
+        batch_kv = clone()
+        batch = [forward(batch_kv, range(5), tok[s], lens + s, [1] * 5, lens + s + 1)
+                 for s in range(2)]
+        alone = forward(clone(), [2], tok[0, 2:3], lens[2:3], [1], lens[2:3] + 1)
+        chain = torch.tril(torch.ones(3, 3, dtype=torch.bool))
+        ids = torch.stack([tok[0], tok[1], torch.full((5,), 9)], 1)[[0, 2]].reshape(-1)
+        pos = (lens[[0, 2], None] + torch.arange(3)).reshape(-1)
+        tree = forward(clone(), [0, 2], ids, pos, [3, 3], lens[[0, 2]] + 3,
+                       chain.expand(2, 3, 3).contiguous()).view(2, 3, -1)
+    assert torch.equal(alone[0], batch[0][2])
+    for s in range(2):
+        assert torch.equal(tree[:, s], batch[s][[0, 2]]), f"tree node {s} != decode step {s}"

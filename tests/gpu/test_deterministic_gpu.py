@@ -14,13 +14,14 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.lossless import divergence
 from mtplab.models.corpus import heldout_snippets
+from mtplab.models.zoo import build_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 NEW = 192
 BATCHES = (1, 8, 32)
 BASE = dict(device="cuda", model="tiny-code", dtype="bfloat16", deterministic=True,
-            context_len=512, max_running_requests=32)
+            context_len=1024, max_running_requests=32)
 
 
 def engine(**kw) -> Engine:
@@ -29,8 +30,8 @@ def engine(**kw) -> Engine:
 
 @pytest.fixture(scope="module")
 def prompts():
-    eng = engine(page_size=16)
-    return [eng.tokenizer.encode(t) for t in heldout_snippets(32, 256)]
+    tok = build_target("tiny-code")[1]
+    return [tok.encode(t) for t in heldout_snippets(32, 256)]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def rows_invariant(fn, x: torch.Tensor, sizes=(1, 8, 33)) -> None:
     full = fn(x)
     for m in (s for s in sizes if s < len(x)):
         part = fn(x[:m])
-        assert torch.equal(part, full[:m]), f"rows of a batch of {m} differ from the batch of {len(x)}"
+        assert torch.equal(part, full[:m]), f"rows of a batch of {m} differ from {len(x)}'s"
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(1)).to(x.device)
     assert torch.equal(fn(x[perm]), full[perm]), "a row's bits depend on its place in the batch"
 

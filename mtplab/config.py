@@ -51,6 +51,7 @@ class RunConfig:
     # device and numerics
     device: str = "auto"                     # auto | cpu | cuda | cuda:N
     dtype: str = "auto"                      # auto (bf16 on CUDA, fp32 on CPU) | float32 | ...
+    deterministic: bool = False              # batch-invariant kernels (docs/deterministic.md)
     seed: int = 0
     # profiling and debugging
     profile: bool = False                    # torch.profiler session with Kineto traces
@@ -132,10 +133,16 @@ class RunConfig:
         self.device = str(dev.torch_device)
         if self.dtype == "auto":
             self.dtype = "bfloat16" if dev.is_cuda else "float32"
+        interp = os.environ.get("TRITON_INTERPRET") == "1"
+        if self.deterministic and not dev.is_cuda and not interp:
+            raise ConfigError("deterministic=True on CPU runs the Triton kernels under the "
+                              "interpreter: set TRITON_INTERPRET=1 before starting Python.")
         if self.attention_backend == "auto":
-            self.attention_backend = "triton" if dev.is_cuda else "torch"
-        if self.attention_backend == "triton" and not dev.is_cuda \
-                and os.environ.get("TRITON_INTERPRET") != "1":
+            self.attention_backend = "triton" if dev.is_cuda or self.deterministic else "torch"
+        if self.deterministic and self.attention_backend != "triton":
+            raise ConfigError("deterministic=True needs attention_backend='triton' (the torch "
+                              "reference attention is not batch-invariant).")
+        if self.attention_backend == "triton" and not dev.is_cuda and not interp:
             raise ConfigError("attention_backend='triton' on CPU needs the Triton interpreter: "
                               "set TRITON_INTERPRET=1 before starting Python, or use 'torch'.")
         self._resolve_zero_bubble()

@@ -6,6 +6,8 @@ RunConfig and serves `generate` calls.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -47,10 +49,10 @@ DRAFT_WORKERS: dict[str, type[DraftWorker]] = {"frozen_kv_mtp": FrozenDraftWorke
 logger = logging.getLogger("mtplab")
 
 
-def attention_fn(backend: str):
+def attention_fn(backend: str, deterministic: bool = False):
     if backend == "triton":
         from .kernels.triton_attention import paged_attention_triton
-        return paged_attention_triton
+        return functools.partial(paged_attention_triton, deterministic=deterministic)
     return paged_attention_ref
 
 
@@ -71,7 +73,7 @@ class Engine:
         self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
                                          mc.head_dim, cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
-        attn = attention_fn(cfg.attention_backend)
+        attn = attention_fn(cfg.attention_backend, cfg.deterministic)
         self._start_profiling()              # before graph capture (CUPTI must see it)
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
@@ -79,14 +81,16 @@ class Engine:
             with_topk=cfg.speculative and DRAFT_WORKERS[cfg.draft].extend_forward,
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
-        self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
-                                          cfg.cuda_graphs and not cfg.speculative,
-                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
-                                          self.future_map, self.spans)
-        self.worker = self.target_worker
-        self.draft_model = None
-        if cfg.speculative:
-            self.worker = self._spec_worker(num_slots, attn)
+        with self.numerics():                 # graphs capture the batch-invariant kernels
+            self.target_worker = TargetWorker(
+                self.model, self.kv_cache, self.pool.table, attn,
+                cfg.cuda_graphs and not cfg.speculative,
+                min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
+                self.spans)
+            self.worker = self.target_worker
+            self.draft_model = None
+            if cfg.speculative:
+                self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
@@ -103,6 +107,14 @@ class Engine:
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+
+    def numerics(self):
+        """The scope of the engine's forwards: batch-invariant aten kernels when
+        cfg.deterministic (kernels/batch_invariant.py), torch's own outside it."""
+        if not self.cfg.deterministic:
+            return contextlib.nullcontext()
+        from .kernels.batch_invariant import batch_invariant_mode
+        return batch_invariant_mode(self.device.torch_device.type)
 
     # -- profiling -----------------------------------------------------------------------
     def _start_profiling(self) -> None:
@@ -177,7 +189,8 @@ class Engine:
         finished (`.rid`, `.output_ids`, `.finished_reason`). An error or Ctrl-C inside the
         step aborts every request held and frees their KV before it propagates."""
         try:
-            return self.scheduler.step()
+            with self.numerics():
+                return self.scheduler.step()
         except BaseException:
             self.scheduler.abort_all()
             raise

@@ -17,6 +17,9 @@
 #     dask2             : examples/grids/gpu_dask2.yaml (8 cells) with `--executor dask` on 2
 #                         GPUs, then on 1; wall times and their ratio (needs a 2-GPU host and
 #                         distributed's wheels in .whl, docs/sweeps.md)               ~8 min
+#     determ            : deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and
+#                         the attention kernels (tests), then its cost and the default mode's
+#                         divergence (bench_deterministic)                            ~7 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -101,6 +104,11 @@ open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
     ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|dask2"
+  determ)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_gpu.py \
+      tests/gpu/test_triton_attention_gpu.py 2>&1 | tee "$LOG" | tail -15
+    python3 -m benchmarks.bench_deterministic --out "$OUT/bench_deterministic.md" >> "$LOG" 2>&1
+    cat "$OUT/bench_deterministic.md" ;;
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|dask2|determ"
      exit 2 ;;
 esac

@@ -1,4 +1,6 @@
-"""Triton paged attention vs the torch reference on CPU (TRITON_INTERPRET=1, see conftest.py).
+"""Triton paged attention (default and deterministic kernels) vs the torch reference on CPU
+(TRITON_INTERPRET=1, see conftest.py). Batch invariance of the deterministic kernel: tests/
+test_deterministic_kernels.py.
 
 Shapes are tiny: the interpreter runs every program in Python. On a CUDA machine the same cases
 run compiled on the GPU (the interpreter is off there, and Triton cannot read CPU tensors).
@@ -71,12 +73,14 @@ def make_case(q_lens, kv_lens, *, Hq=4, Hkv=1, d=32, page=4, tree=False, dtype=t
 
 
 def check(case, window=0, atol=1e-4):
+    """Both kernels families (default and deterministic) against the reference."""
     q, k, v, meta = case
     scale = q.shape[-1] ** -0.5
-    out = paged_attention_triton(q, k, v, meta, scale, window)
     ref = paged_attention_ref(q, k, v, meta, scale, window)
-    assert out.shape == ref.shape and out.dtype == q.dtype
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+    for det in (False, True):
+        out = paged_attention_triton(q, k, v, meta, scale, window, deterministic=det)
+        assert out.shape == ref.shape and out.dtype == q.dtype
+        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
 
 
 # ---- decode (max_q == 1) ------------------------------------------------------------------

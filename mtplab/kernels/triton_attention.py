@@ -26,6 +26,24 @@ head r % GROUP of the group), so K/V are again loaded once per GQA group.
     The key loop runs over [lo, hi) in BLOCK_N steps: hi stops at the tile's causal diagonal
     (kv_len under a tree mask), lo skips entries outside every row's sliding window.
 
+Deterministic mode (RunConfig.deterministic), grid (B, max_q, Hkv): one program per (lane,
+query, kv-head), decode, prefill and tree verify alike. The decode and extend kernels above do
+not reduce a query's keys the same way: their tiles hold a different number of rows (BLOCK_G vs
+BLOCK_M, so different MMA shapes), the extend loop starts its blocks at the tile's lo, and a
+tree node's ancestors sit at scattered entries (seq_len + node index), while target-only
+decoding holds the same tokens at consecutive entries. The per-query kernel instead walks the
+query's *logical* key sequence, its visible entries in position order:
+
+    linear (decode, prefill)  L -> entry L,                     L in [lo, prefix + i]
+    tree node i               L -> entry L          for L < prefix
+                              L -> prefix + node    of the visible node of rank L - prefix
+                                                    (rank = order by position, ties by index)
+    chunks [lo + c*BLOCK_N, lo + (c+1)*BLOCK_N), lo = max(pos - window + 1, 0) (min prefix)
+
+A tree node at depth k (position p) and a target-only decode at position p then see the same
+tokens in the same order, chunked at the same offsets, through one compiled kernel (BLOCK_G,
+BLOCK_N, HEAD_D fixed by the model): the same bits, given the same K/V bits. No split-KV.
+
 Invariants
   * kv_lens / q_lens / cu_q / positions / rows / table are read on the device only; grids use
     only static ints (B, heads, meta.max_q), so the call is CUDA-graph capturable.
@@ -193,6 +211,78 @@ def _extend_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
              out.to(O.dtype.element_ty), mask=i_ok[:, None])
 
 
+@triton.jit
+def _det_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
+                stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
+                stride_ot, stride_oh, stride_tr, stride_mb, stride_mi,
+                qk_scale, window,
+                GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
+                BLOCK_N: tl.constexpr, MAX_Q: tl.constexpr, HAS_TREE: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """Deterministic mode, grid (B, max_q, Hkv): one program per (lane, query, kv-head).
+    The query's visible entries, in position order, form its logical key sequence
+    L = 0, 1, ...; the loop walks it in BLOCK_N chunks from lo. See paged_attention_triton."""
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    kvh = tl.program_id(2)
+    row = tl.load(Rows + b).to(tl.int64)
+    kv_len = tl.load(KvLens + b).to(tl.int32)
+    q_len = tl.load(QLens + b).to(tl.int32)
+    t = tl.load(CuQ + b).to(tl.int64) + i
+    prefix = kv_len - q_len
+    q_ok = i < q_len
+    live = q_ok.to(tl.int32)       # masks scale by it (no vector & scalar-bool in the interpreter)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, HEAD_D)
+    n = tl.arange(0, BLOCK_N)
+    g_ok = g < GROUP * live
+    hq = kvh * GROUP + g
+    q = tl.load(Q + t * stride_qt + hq[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None], other=0.0)
+    pos = tl.load(Pos + t, mask=q_ok, other=0).to(tl.int32)
+    lo = tl.maximum(pos - window + 1, 0)           # j >= lo <=> pos - j < window (linear part)
+    if HAS_TREE:
+        # Visible tree nodes of query i, ranked by position (ties by node index): the node of
+        # rank k is logical entry prefix + k. Integer work on MAX_Q x MAX_Q, exact.
+        jq = tl.arange(0, MAX_Q)
+        j_in = jq < q_len
+        vis = tl.load(Tree + b * stride_mb + i * stride_mi + jq, mask=jq < q_len * live,
+                      other=0) != 0
+        npos = tl.load(Pos + (t - i) + jq, mask=j_in, other=0).to(tl.int32)
+        before = (npos[None, :] < npos[:, None]) | \
+            ((npos[None, :] == npos[:, None]) & (jq[None, :] < jq[:, None]))
+        rank = tl.sum((vis[None, :] & before).to(tl.int32), 1)                 # [MAX_Q]
+        hi = prefix + tl.sum(vis.to(tl.int32), 0)
+        lo = tl.minimum(lo, prefix)                # the window never hides tree entries
+    else:
+        hi = prefix + i + 1                        # causal: entries [0, prefix + i]
+    hi = tl.where(q_ok, hi, 0)
+
+    m_i = tl.full([BLOCK_G], _NEG_INIT, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        L = start + n
+        l_ok = L < hi
+        if HAS_TREE:
+            k_rank = L - prefix                    # >= 0: the tree node of that rank
+            hit = vis[None, :] & (rank[None, :] == k_rank[:, None])             # [BLOCK_N, MAX_Q]
+            node = tl.sum(tl.where(hit, jq[None, :], 0), 1)
+            j = tl.where(L < prefix, L, prefix + node)
+        else:
+            j = L
+        slot, kt = _load_keys(Table, K, row, j, l_ok, kvh, d, stride_tr, stride_kn, stride_kh)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale              # log2 domain
+        s = tl.where(l_ok[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, V, slot, l_ok, kvh, d,
+                                             stride_vn, stride_vh, DOT_PREC)
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(O + t * stride_ot + hq[:, None] * stride_oh + d[None, :],
+             out.to(O.dtype.element_ty), mask=g_ok[:, None])
+
+
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     d = q.shape[-1]
     if d < 16 or d > 256 or d & (d - 1):
@@ -208,10 +298,12 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Non
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: AttnMeta, sm_scale: float, window: int = 0) -> torch.Tensor:
+                           meta: AttnMeta, sm_scale: float, window: int = 0,
+                           deterministic: bool = False) -> torch.Tensor:
     """q [T,Hq,d], k_cache/v_cache [N,Hkv,d] -> out [T,Hq,d] (dtype of q); see attn_meta.py.
 
-    Decode kernel when meta.max_q == 1 and there is no tree mask, extend kernel otherwise.
+    Decode kernel when meta.max_q == 1 and there is no tree mask, extend kernel otherwise;
+    deterministic=True: the per-query kernel for every shape (see the module docstring).
     """
     _check(q, k_cache, v_cache)
     T, Hq, d = q.shape
@@ -230,11 +322,24 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
                meta.table.stride(0))
     block_n = 64 if d <= 64 else 32
+    block_g = max(16, triton.next_power_of_2(group))
+
+    if deterministic:
+        tree = meta.tree_mask
+        has_tree = tree is not None
+        tree = tree.view(torch.uint8) if has_tree else meta.positions   # unread without a tree
+        tree_strides = (tree.stride(0), tree.stride(1)) if has_tree else (0, 0)
+        _det_kernel[(B, meta.max_q, Hkv)](
+            *common, tree, *strides, *tree_strides, qk_scale, win,
+            GROUP=group, BLOCK_G=block_g, HEAD_D=d, BLOCK_N=block_n,
+            MAX_Q=max(16, triton.next_power_of_2(meta.max_q)) if has_tree else 16,
+            HAS_TREE=has_tree, DOT_PREC=dot_prec)
+        return out
 
     if meta.max_q == 1 and meta.tree_mask is None:
         _decode_kernel[(B, Hkv)](
             *common, *strides, qk_scale, win,
-            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
+            GROUP=group, BLOCK_G=block_g, HEAD_D=d,
             BLOCK_N=block_n, DOT_PREC=dot_prec)
         return out
 

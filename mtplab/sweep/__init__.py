@@ -36,6 +36,8 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               TPOT = per request (last delivery - first delivery) / (tokens - 1)
   acceptance  accept_len (tokens committed per verify, bonus included; NaN without a draft),
               accept_rate_pos<i> (i = 1..num_steps), accept_simulated
+  lossless    diverging_requests, first_divergence_tokens (workload check_lossless=True: the
+              measured prompts re-run target-only, greedy, same numerics; see mtplab/lossless.py)
   stages      stage_<stage>_ms (median per decode step), sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)

@@ -59,6 +59,8 @@ class Workload:
     warmup_output_len_tokens  new tokens of the warm-up generate before the measured one
                             (batch_size requests; 0 = none); warm-up steps are in no figure
     temperature             0 = greedy
+    check_lossless          also run the measured workload target-only (greedy) and count the
+                            requests whose spec output diverges (mtplab/lossless.py)
     fail                    fault injection: the cell's process raises before building the
                             engine (the cell is `failed`)
     sleep_s                 fault injection: the cell's process sleeps this long first (with a
@@ -71,6 +73,7 @@ class Workload:
     output_len_tokens: int = 32
     warmup_output_len_tokens: int = 4
     temperature: float = 0.0
+    check_lossless: bool = False
     fail: bool = False
     sleep_s: float = 0.0
 
@@ -90,6 +93,8 @@ class Workload:
                               f"got {self.warmup_output_len_tokens!r}.")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}.")
+        if self.check_lossless and self.temperature != 0:
+            raise ConfigError("check_lossless compares greedy outputs; set temperature to 0.")
 
     @property
     def requests(self) -> int:

@@ -23,6 +23,7 @@ import random
 from typing import Any
 
 from ..config import RunConfig
+from ..lossless import divergence
 from .grid import Workload
 from .metrics import stage_metrics, trace_metrics
 
@@ -33,6 +34,24 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     """n random prompts of `length` token ids in [3, vocab) (ids 0-2 are special)."""
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def lossless_columns(cfg: RunConfig, ps: list, n: int, outputs: list) -> dict[str, Any]:
+    """check_lossless: the same prompts greedy on a target-only engine of the same numerics
+    -> diverging_requests, first_divergence_tokens (JSON list, diverging requests in order);
+    None for a cell without a real draft (nothing to compare)."""
+    from ..engine import Engine
+
+    if not cfg.speculative or cfg.simulated:
+        return {"diverging_requests": None, "first_divergence_tokens": None}
+    target = Engine(RunConfig(
+        model=cfg.model, page_size=cfg.page_size, max_running_requests=cfg.max_running_requests,
+        context_len=cfg.context_len, cuda_graphs=cfg.cuda_graphs,
+        cuda_graph_max_bs=cfg.cuda_graph_max_bs, attention_backend=cfg.attention_backend,
+        device=cfg.device, dtype=cfg.dtype, deterministic=cfg.deterministic, seed=cfg.seed))
+    n_div, firsts = divergence(outputs, target.generate(ps, max_new_tokens=n, ignore_eos=True))
+    return {"diverging_requests": n_div,
+            "first_divergence_tokens": json.dumps([f for f in firsts if f is not None])}
 
 
 def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
@@ -46,7 +65,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     measured = prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed)
 
     def run(ps, n):
-        eng.generate(ps, max_new_tokens=n, ignore_eos=True, temperature=wl.temperature)
+        return eng.generate(ps, max_new_tokens=n, ignore_eos=True, temperature=wl.temperature)
 
     prof = eng.profiler
     with prof.held() if prof is not None else contextlib.nullcontext():
@@ -54,7 +73,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
             run(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
                 wl.warmup_output_len_tokens)
         with eng.spans.paused():
-            run(measured, wl.output_len_tokens)                     # measured
+            outputs = run(measured, wl.output_len_tokens)           # measured
         st = eng.stats()
         first_step = end_step = 0
         if eng.timeline is not None:
@@ -83,6 +102,8 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     man = cfg.manifest()
     row.update(device_name=man["device_name"], git_commit=man["git_commit"],
                mtplab_version=man["versions"]["mtplab"], torch_version=man["versions"]["torch"])
+    if wl.check_lossless:
+        row.update(lossless_columns(cfg, measured, wl.output_len_tokens, outputs))
     row["run_dir"] = str(eng.run_dir)
     row["manifest_path"] = str(files["manifest"]) if "manifest" in files else None
     row["timeline_path"] = str(files["timeline"]) if "timeline" in files else None

@@ -1,5 +1,6 @@
-"""Triton paged attention vs the torch reference on CUDA (compiled kernels, no interpreter),
-at serving-like shapes, plus CUDA-graph capture/replay of the call."""
+"""Triton paged attention (default and deterministic kernels) vs the torch reference on CUDA
+(compiled kernels, no interpreter), at serving-like shapes, plus CUDA-graph capture/replay of
+the call."""
 from __future__ import annotations
 
 import random
@@ -56,17 +57,18 @@ def test_tree(dtype, Q, window):
                     device="cuda"), window, atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("det", [False, True])  # default kernels, deterministic kernel
 @pytest.mark.parametrize("max_q", [1, 8])      # decode kernel, extend kernel
-def test_cuda_graph_replay_matches_eager(max_q):
+def test_cuda_graph_replay_matches_eager(max_q, det):
     q_lens, kv_lens = lens(32, max_q, seed=7)
     q, k, v, meta = make_case(q_lens, kv_lens, Hq=8, Hkv=2, d=128, page=16,
                               dtype=torch.bfloat16, max_q=max_q, max_kv=2000, device="cuda")
     scale = 128 ** -0.5
-    paged_attention_triton(q, k, v, meta, scale, 256)          # compile outside the capture
+    paged_attention_triton(q, k, v, meta, scale, 256, det)     # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_attention_triton(q, k, v, meta, scale, 256)
+        out = paged_attention_triton(q, k, v, meta, scale, 256, det)
 
     # New contents in every captured input (same q_lens, hence same T and cu_q).
     new = make_case(q_lens, kv_lens_for(q_lens, seed=8), Hq=8, Hkv=2, d=128, page=16,
@@ -77,6 +79,6 @@ def test_cuda_graph_replay_matches_eager(max_q):
         getattr(meta, f).copy_(getattr(new[3], f))
     graph.replay()
     torch.cuda.synchronize()
-    eager = paged_attention_triton(q, k, v, meta, scale, 256)
+    eager = paged_attention_triton(q, k, v, meta, scale, 256, det)
     assert torch.equal(out, eager)
     check((q, k, v, meta), 256, atol=TOL[torch.bfloat16])

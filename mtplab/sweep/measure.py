@@ -6,8 +6,8 @@ write the run folder and derive the figures.
     engine steps:  [warm-up][measured generate][timeline generate][profiled generate(s) ...]
     spans:          on       paused             on                 on
     profiler:      held in `wait` ----------------------------->  wait | warmup | active
-    figures:                tok/s, latency      stage times        bubble fractions, launch
-                                                                   and sync counts (trace)
+    figures:                tok/s, latency      stage times,       bubble fractions, launch
+                                                tok/s with spans   and sync counts (trace)
 This is the one measurement procedure of mtplab: `mtplab sweep`, `mtplab bench` (grid files in
 mtplab/bench_grids/) and the scripts in benchmarks/ all time engine runs through it, one cell
 per process (mtplab.sweep.runner).
@@ -89,10 +89,12 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
             run(measured, wl.output_len_tokens)                     # measured
         st = eng.stats()
         first_step = end_step = 0
+        timeline_tps = float("nan")
         if eng.timeline is not None:
             first_step = eng.timeline.step + 1
             run(measured, wl.output_len_tokens)                     # stage times
             end_step = eng.timeline.step + 1
+            timeline_tps = eng.stats()["decode_tok_per_s"]
     eng.check_invariants()
     if prof is not None:
         while not prof.done:
@@ -119,7 +121,8 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row["run_dir"] = str(eng.run_dir)
     row["manifest_path"] = str(files["manifest"]) if "manifest" in files else None
     row["timeline_path"] = str(files["timeline"]) if "timeline" in files else None
-    row["timeline_first_step"] = first_step
+    row["timeline_first_step"], row["timeline_end_step"] = first_step, end_step
+    row["timeline_decode_tok_per_s"] = timeline_tps       # the same workload, spans on
     if eng.timeline is not None:
         row.update(stage_metrics(eng.timeline_frame(), first_step, end_step))
     row["trace_path"] = str(files["trace0"]) if "trace0" in files else None

@@ -162,3 +162,19 @@ def test_benchmarks_readme_lists_every_script():
     assert scripts
     missing = [s for s in scripts if f"benchmarks/{s}" not in readme]
     assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
+def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
+    script = ROOT / "scripts" / "gpu_check.sh"
+    text = script.read_text()
+    phases = re.findall(r"^phase_(\w+)\(\)", text, re.M)
+    assert {"tests", "bench", "stages", "notebooks"} <= set(phases)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert r.returncode == 2
+    for p in phases:                      # every phase documents itself in the usage
+        assert re.search(rf"^  {p}  ", r.stdout, re.M), p
+    r = subprocess.run(["bash", str(script), "-o", str(tmp_path), "tests", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown phase 'nope'" in r.stdout
+    assert not (tmp_path / "tests.log").exists()          # nothing ran
+    assert "../shared" not in text

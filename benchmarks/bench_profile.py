@@ -236,7 +236,7 @@ def overhead(d: Path, rows: list, reps: int = 5, every: int = 32) -> None:
     for k, g in df.groupby("s.event_timeline_every", sort=False):
         off = statistics.median(g["decode_tok_per_s"])
         on = statistics.median(g["timeline_decode_tok_per_s"])
-        name = "every step" if k == 1 else f"every {k}th step"
+        name = "every step" if k == 1 else f"every {k} steps"
         rows.append(f"| {name} | {off:.0f} | {on:.0f} | {100 * (off - on) / off:.2f}% |")
 
 

@@ -118,14 +118,6 @@ def _med(rows: pd.DataFrame, col: str) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
 
-def _arm_of(settings: dict, arms: list[dict]) -> Optional[int]:
-    """Index of the first arm whose every setting the cell has (arms are crossed last)."""
-    for i, arm in enumerate(arms):
-        if all(k in settings and settings[k] == v for k, v in arm.items()):
-            return i
-    return None
-
-
 def arm_label(arm: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in arm.items()) or "(base)"
 
@@ -133,17 +125,22 @@ def arm_label(arm: dict) -> str:
 def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
     """The markdown ratio table of one group from its results frame (see the module doc).
     Rows follow the grid's order; a grid point's baseline is its first arm."""
-    arms = doc.get("arms") or [{}]
-    point_axes = [a for a in (doc.get("grid") or {}) if a != REPEAT]
+    from .sweep import grid_from_dict
+
+    grid = grid_from_dict(doc)
+    arms = grid.arms or [{}]
+    point_axes = [a for a in grid.axes if a != REPEAT]
+    # A cell's settings as written (settings_json) name its grid point and arm exactly:
+    # Grid.points() lists base + point + arm with the arms innermost.
+    where = {json.dumps(s, sort_keys=True, default=str):
+             (tuple(s.get(a) for a in point_axes), i % len(arms))
+             for i, s in enumerate(grid.points())}
     cells: dict[tuple, list[dict]] = {}
     for rec in df.to_dict("records"):
-        s = json.loads(rec["settings_json"])
         if str(rec.get("error", "")).startswith("excluded by the grid file"):
             continue
-        i = _arm_of(s, arms)
-        if i is None:
-            continue
-        cells.setdefault((tuple(s.get(a) for a in point_axes), i), []).append(rec)
+        if rec["settings_json"] in where:            # not a cell of this grid: left out
+            cells.setdefault(where[rec["settings_json"]], []).append(rec)
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
              "accept len", "bubble % (sync/host_prep/launch/other)", "bound ms", "achieved",

@@ -44,8 +44,8 @@ def test_bench_grids_ship_as_package_data():
 
 
 def _record(settings: dict, status="ok", **metrics) -> dict:
-    return dict(cell_id=json.dumps(settings, sort_keys=True), status=status,
-                error=metrics.pop("error", ""), settings_json=json.dumps(settings),
+    key = json.dumps(settings, sort_keys=True)          # as the sweep runner writes it
+    return dict(cell_id=key, status=status, error=metrics.pop("error", ""), settings_json=key,
                 **metrics)
 
 
@@ -77,6 +77,16 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
     assert r[8] == "25.0 (10.0/5.0/10.0/0.0)"                      # bubble % and its causes
     assert r[9] == "1.500" and r[10] == "75%"                      # bound ms, achieved
     assert r[13] == "2.0000"                                       # 4e9 B / 2e12 B/s, per tok
+
+
+def test_an_arm_whose_settings_another_arm_extends_keeps_its_own_rows():
+    doc = {"grid": {REPEAT: [0]}, "arms": [{"overlap": False}, {"overlap": True},
+                                           {"overlap": True, "zero_bubble": True}]}
+    recs = [_record({"repeat": 0, **arm}, decode_tok_per_s=float(x))
+            for arm, x in zip(doc["arms"], (100, 150, 300))]
+    rows = rows_of(table(pd.DataFrame(recs), doc))
+    assert [(r[0], r[3]) for r in rows] == [("overlap=False", "1.00x"), ("overlap=True", "1.50x"),
+                                            ("overlap=True zero_bubble=True", "3.00x")]
 
 
 def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_out():

@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pandas as pd
 import yaml
@@ -48,7 +48,7 @@ import yaml
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs")
 REPEAT = "repeat"
-# --smoke: every arm of every group for a few steps, on CPU in about a minute.
+# --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
                   profile_active=3)
 SMOKE_MODEL = "random-tiny"           # stands in for every model but tiny-code
@@ -73,8 +73,8 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
     """The grid doc with the command line applied (repeats, batch sizes, device, --smoke)."""
     doc = json.loads(json.dumps(doc))                   # a deep copy
     base, axes = doc.setdefault("base", {}), doc.setdefault("grid", {})
-    axes.pop(REPEAT, None)
-    n = repeats or (1 if smoke else 3)
+    own = axes.pop(REPEAT, [0])
+    n = repeats or (1 if smoke else len(own))
     doc["grid"] = {REPEAT: list(range(n)), **axes}      # outermost: interleaved repeats
     if device != "auto":
         base["device"] = device
@@ -92,7 +92,7 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
     return doc
 
 
-def run_group(group: str, doc: dict, out: Path, timeout_s: Optional[float],
+def run_group(doc: dict, out: Path, timeout_s: Optional[float],
               progress: bool = True) -> pd.DataFrame:
     """Run (or resume) one group's cells; return its results table."""
     from .atomic import atomic_write_text
@@ -188,13 +188,12 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
     return "\n".join(out)
 
 
-def header(frames: dict[str, pd.DataFrame], smoke: bool, repeats: int,
-           bw: Optional[float]) -> str:
+def header(frames: dict[str, pd.DataFrame], smoke: bool, bw: Optional[float]) -> str:
     ok = pd.concat([f[f["status"] == "ok"] for f in frames.values()] or [pd.DataFrame()])
     pick = (lambda c: ", ".join(sorted(set(map(str, ok[c].dropna())))) or "?") \
         if len(ok) else (lambda c: "?")
     return (f"mtplab bench {'--smoke ' if smoke else ''}on {pick('device_name')}; commit "
-            f"{pick('git_commit')}; {time.strftime('%Y-%m-%d')}; repeats {repeats}; HBM copy "
+            f"{pick('git_commit')}; {time.strftime('%Y-%m-%d')}; HBM copy "
             f"bandwidth {'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}")
 
 
@@ -223,7 +222,8 @@ def main_bench(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")
     ap.add_argument("--groups", nargs="+", default=list(GROUPS),
                     help=f"group names {list(GROUPS)} or grid files (default: every group)")
-    ap.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repeats (default: the grid's repeat axis; 1 with --smoke)")
     ap.add_argument("--bs", nargs="+", type=int, default=None, help="batch sizes (the grid's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--timeout", type=float, default=None, help="per-cell seconds (grid's)")
@@ -240,11 +240,11 @@ def main_bench(argv=None) -> int:
     except ConfigError as e:
         print(f"mtplab bench: error: {e}", file=sys.stderr)
         return 2
-    frames = {g: run_group(g, doc, root / g, a.timeout, a.progress) for g, doc in docs.items()}
+    frames = {g: run_group(doc, root / g, a.timeout, a.progress) for g, doc in docs.items()}
     bw = hbm_bandwidth() if a.device != "cpu" else None
-    reps = a.repeats or (1 if a.smoke else 3)
-    text = "\n\n".join([header(frames, a.smoke, reps, bw)] +
-                       [f"### {g}\n\n{table(frames[g], docs[g], bw)}" for g in docs])
+    text = "\n\n".join([header(frames, a.smoke, bw)] +
+                       [f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n"
+                        f"{table(frames[g], docs[g], bw)}" for g in docs])
     text += f"\n\nresults: {root}/<group>/results.parquet"
     print(text)
     if a.out:

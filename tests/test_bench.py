@@ -157,7 +157,7 @@ def test_bench_smoke_runs_every_group_on_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
     for g in GROUPS:
-        assert f"### {g}" in text
+        assert f"### {g} (repeats 1)" in text
         assert (tmp_path / "b" / g / RESULTS_PARQUET).is_file()
     assert "failed:" not in text
     dropped = [ln for ln in text.splitlines() if "dropped:" in ln]

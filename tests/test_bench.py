@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -188,3 +189,34 @@ def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
     assert r.returncode == 2 and "unknown phase 'nope'" in r.stdout
     assert not (tmp_path / "tests.log").exists()          # nothing ran
     assert "../shared" not in text
+
+
+def test_stage_sum_and_bubble_columns_of_the_bench_table():
+    from mtplab.instrument.timeline import COLUMNS
+    from mtplab.sweep.metrics import bubble_columns, stage_metrics
+    nan = float("nan")
+    tl = pd.DataFrame([
+        (0, "step[decode bs=1]", "host", 0, 100, nan, nan),
+        (0, "verify", "forward", 0, 10, 0.0, 3000.0),       # 3 ms
+        (0, "draft", "forward", 10, 20, 3000.0, 4000.0),    # 1 ms
+        (0, "schedule", "host", 20, 30, nan, nan),          # host lane: not GPU time
+        (1, "step[decode bs=1]", "host", 100, 200, nan, nan),
+        (1, "verify", "forward", 100, 110, 5000.0, 7000.0),  # 2 ms
+        (2, "step[decode bs=1]", "host", 200, 300, nan, nan),
+        (2, "verify", "forward", 200, 210, 8000.0, 9000.0),  # 1 ms
+    ], columns=COLUMNS)
+    m = stage_metrics(tl, 0)
+    assert m["stage_sum_gpu_ms"] == pytest.approx(2.0)      # median of 4, 2, 1 ms per step
+    assert m["stage_verify_ms"] == pytest.approx(2.0)
+    cpu = tl.assign(gpu_start_us=nan, gpu_end_us=nan)
+    assert math.isnan(stage_metrics(cpu, 0)["stage_sum_gpu_ms"])
+    steps = pd.DataFrame({"dur_us": [1000.0, 3000.0], "busy_us": [600.0, 1800.0],
+                          "bubble_us": [400.0, 1200.0],
+                          **{f"bubble_{c}_us": [100.0, 300.0]
+                             for c in ("sync", "host_prep", "launch", "other")}})
+    b = bubble_columns(steps, has_device=True)
+    assert b["bubble_frac"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
+    assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0
+    assert b["bubble_steps"] == 2
+    off = bubble_columns(steps, has_device=False)            # a CPU trace: no device figures
+    assert math.isnan(off["bubble_frac"]) and math.isnan(off["device_busy_step_ms"])

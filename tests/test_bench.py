@@ -220,3 +220,14 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
     assert b["bubble_steps"] == 2
     off = bubble_columns(steps, has_device=False)            # a CPU trace: no device figures
     assert math.isnan(off["bubble_frac"]) and math.isnan(off["device_busy_step_ms"])
+
+
+def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    headings = [ln[3:] for ln in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+                if ln.startswith("## ")]
+    named = {n for row in readme.splitlines() if row.startswith("| ")
+             for n in re.findall(r'"([^"]+)"', row.rsplit("|", 2)[-2])}
+    assert named
+    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
+    assert not missing, f"docs/benchmarks.md has no section {missing}"

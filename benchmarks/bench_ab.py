@@ -24,12 +24,15 @@ import yaml
 
 from .common import emit
 
-ARMS = [{"draft": "none", "batch_size": 1},
-        {"draft": "frozen_kv_mtp", "fold_seed": True, "batch_size": 1},
-        {"draft": "frozen_kv_mtp", "fold_seed": True, "batch_size": 8}]
+# Target-only spells out the zero_bubble sub-knobs that exist without a draft (the same
+# resolved config): trees up to b0a315c reject zero_bubble=True without a draft
+# when the sweep re-resolves the config.
+ARMS = [{"draft": "none", "zb_device_seq_lens": True, "batch_size": 1},
+        {"draft": "frozen_kv_mtp", "fold_seed": True, "zero_bubble": True, "batch_size": 1},
+        {"draft": "frozen_kv_mtp", "fold_seed": True, "zero_bubble": True, "batch_size": 8}]
 GRID = {"timeout_s": 600,
-        "base": {"model": "tiny-code", "overlap": True, "zero_bubble": True,
-                 "context_len": 1024, "prompt_len_tokens": 256, "output_len_tokens": 128,
+        "base": {"model": "tiny-code", "overlap": True, "context_len": 1024,
+                 "prompt_len_tokens": 256, "output_len_tokens": 128,
                  "warmup_output_len_tokens": 16, "profile": False},
         "arms": ARMS}
 

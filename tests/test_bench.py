@@ -231,3 +231,14 @@ def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():
     assert named
     missing = [n for n in named if not any(h.startswith(n) for h in headings)]
     assert not missing, f"docs/benchmarks.md has no section {missing}"
+
+
+def test_a_target_only_zero_bubble_arm_survives_the_sweeps_re_resolution():
+    """The sweep places a resolved config (dataclasses.replace runs validation again): a
+    target-only arm with zero_bubble, as in the drafts and overlap groups, must stay valid."""
+    from dataclasses import replace
+
+    from mtplab.config import RunConfig
+    cfg = RunConfig(model="random-tiny", device="cpu", overlap=True, zero_bubble=True)
+    again = replace(cfg, run_name="placed")
+    assert again.zb_device_seq_lens and again.zb_async_d2h and not again.zb_draft_preexec

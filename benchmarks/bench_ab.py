@@ -1,13 +1,17 @@
-"""A/B of decode tok/s between this working tree and an earlier commit (a perf regression
-check): the commit is exported with `git archive` into a temp folder, and each (tree, arm)
-runs in its own process, interleaved A B A B ..., timeline and profiler off.
+"""Did decode get slower or faster since COMMIT? Decode tok/s of the working tree vs an earlier
+commit, each measured by its own tree's `mtplab sweep` (the one measurement procedure).
 
-    python -m benchmarks.bench_ab --commit 409421f [--repeats 3] [--out FILE]
+The commit is exported with `git archive` into a temporary folder; for each repeat, each tree
+runs the same grid (ARMS: tiny-code, overlap + zero_bubble, CUDA graphs, profiler off) in its
+own `mtplab sweep` process tree, so the trees alternate (old, new, old, new, ...) and every
+cell is a fresh process. The grid uses only settings every tree with `mtplab sweep` knows
+(random-token prompts), so COMMIT must have `mtplab sweep`.
+
+    python -m benchmarks.bench_ab --commit b0a315c [--repeats 3] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -15,63 +19,72 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+import yaml
+
 from .common import emit
 
-ARMS = {"target-only bs1": dict(draft="none", bs=1),
-        "frozen bs1": dict(draft="frozen_kv_mtp", fold_seed=True, bs=1),
-        "frozen bs8": dict(draft="frozen_kv_mtp", fold_seed=True, bs=8)}
-
-CHILD = r"""
-import json, sys
-from mtplab import Engine, RunConfig
-from benchmarks.bench_profile import prompts
-arm = json.loads(sys.argv[1]); bs = arm.pop("bs")
-eng = Engine(RunConfig(model="tiny-code", context_len=1024, overlap=True, zero_bubble=True,
-                       max_running_requests=bs, **arm))
-ps = prompts(eng, bs)
-eng.generate(ps, max_new_tokens=16, ignore_eos=True)
-rates = []
-for _ in range(5):
-    eng.generate(ps, max_new_tokens=128, ignore_eos=True)
-    rates.append(eng.stats()["decode_tok_per_s"])
-print(json.dumps(rates))
-"""
+# Target-only spells out the zero_bubble sub-knobs that exist without a draft (the same
+# resolved config): trees up to b0a315c reject zero_bubble=True without a draft
+# when the sweep re-resolves the config.
+ARMS = [{"draft": "none", "zb_device_seq_lens": True, "batch_size": 1},
+        {"draft": "frozen_kv_mtp", "fold_seed": True, "zero_bubble": True, "batch_size": 1},
+        {"draft": "frozen_kv_mtp", "fold_seed": True, "zero_bubble": True, "batch_size": 8}]
+GRID = {"timeout_s": 600,
+        "base": {"model": "tiny-code", "overlap": True, "context_len": 1024,
+                 "prompt_len_tokens": 256, "output_len_tokens": 128,
+                 "warmup_output_len_tokens": 16, "profile": False},
+        "arms": ARMS}
 
 
-def run(tree: Path, arm: dict) -> list:
+def label(arm: dict) -> str:
+    return f"{'target-only' if arm['draft'] == 'none' else 'frozen'} bs{arm['batch_size']}"
+
+
+def sweep_in(tree: Path, grid: Path, out: Path) -> pd.DataFrame:
+    """Run `mtplab sweep` with `tree`'s mtplab; its results table."""
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(arm)], cwd=tree, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "mtplab.cli", "sweep", str(grid), "--out",
+                        str(out), "--no-progress"], cwd=tree, env=env, capture_output=True,
+                       text=True)
     if p.returncode:
-        raise RuntimeError(p.stderr.strip().splitlines()[-1])
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"mtplab sweep in {tree} failed: "
+                           f"{(p.stdout + p.stderr).strip().splitlines()[-1:]}")
+    return pd.read_parquet(out / "results.parquet")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", required=True)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
+    res: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
-        old = Path(d)
+        old = Path(d) / "old"
+        old.mkdir()
         arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
                               capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+        grid = Path(d) / "ab.yaml"
+        grid.write_text(yaml.safe_dump(GRID, sort_keys=False))
         trees = {a.commit: old, "working tree": here}
-        res = {(t, k): [] for t in trees for k in ARMS}
-        for _ in range(a.repeats):
-            for k, arm in ARMS.items():
-                for t, path in trees.items():
-                    res[(t, k)] += run(path, dict(arm))
+        for r in range(a.repeats):
+            for name, tree in trees.items():
+                df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
+                for arm, row in zip(ARMS, df.itertuples()):
+                    if row.status != "ok":
+                        raise RuntimeError(f"{name} {label(arm)}: {row.error}")
+                    res.setdefault((name, label(arm)), []).append(row.decode_tok_per_s)
     rows = [f"Decode tok/s, {a.commit} vs the working tree (tiny-code, overlap + zero_bubble, "
-            f"graphs, timeline off; {a.repeats} interleaved processes x 5 generates; median "
-            "[min-max])", "", f"| arm | {a.commit} | working tree | ratio |", "|---|---|---|---|"]
-    for k in ARMS:
-        o, n = res[(a.commit, k)], res[("working tree", k)]
+            f"graphs, profiler off; {a.repeats} alternating sweeps, one process per cell; "
+            "median [min-max])", "", f"| arm | {a.commit} | working tree | ratio |",
+            "|---|---|---|---|"]
+    for arm in ARMS:
+        o, n = res[(a.commit, label(arm))], res[("working tree", label(arm))]
         mo, mn = statistics.median(o), statistics.median(n)
-        rows.append(f"| {k} | {mo:.0f} [{min(o):.0f}-{max(o):.0f}] | {mn:.0f} "
+        rows.append(f"| {label(arm)} | {mo:.0f} [{min(o):.0f}-{max(o):.0f}] | {mn:.0f} "
                     f"[{min(n):.0f}-{max(n):.0f}] | {mn / mo:.2f}x |")
     emit("\n".join(rows), a.out)
     return 0

@@ -1,21 +1,26 @@
-"""Instrumentation checks on the GPU (issues: Instrumentation, Overlap scheduler).
+"""Can the instruments be trusted, and what do they cost? (GPU)
 
-1. A profiled frozen_kv_mtp run (overlap + zero_bubble, CUDA graphs) per regime (REGIMES:
-   host-bound tiny-code, the same with the stream backlogged, llama3-8b-like@4): every
-   stage on its stream in the Kineto trace (gpu_user_annotation) and in the event timeline;
-   per-stage GPU time from the timeline vs the profiler over the same steps (ratio; target
-   within 5% once the fixed cost of an event pair, measured apart by `pair_costs`, is taken
-   off the timeline, or within the event timer's resolution).
-2. The event timeline's overhead: decode tok/s with it off vs on, interleaved repeats.
-3. Host syncs left per steady decode step, per loop mode (CUDA sync debug mode).
-4. Bubble timelines (PNG) of overlap off vs on for the same workload, and a small real trace
-   for tests/data.
+1. stages: does the event timeline agree with the profiler per stage? A profiled
+   frozen_kv_mtp run (overlap + zero_bubble, CUDA graphs) per regime (REGIMES: host-bound
+   tiny-code, the same with the stream backlogged, llama3-8b-like@4): every stage on its
+   stream in the Kineto trace (gpu_user_annotation) and in the event timeline; per-stage GPU
+   time from the timeline vs the profiler over the same steps (agreement: within 5% once the
+   fixed cost of an event pair, measured apart by `pair_costs`, is taken off the timeline, or
+   within the event timer's resolution). These runs compare two instruments on one engine run
+   and are not timings, so they drive the engine here.
+2. overhead: decode tok/s with the event timeline on (every step, every 32nd step) vs off,
+   from sweep cells (mtplab.sweep: each cell times the workload with spans paused, then the
+   same workload with spans on; repeats interleaved).
+3. syncs: host syncs left per decode step, per loop mode (sweep cells with debug_syncs on).
+4. timelines: bubble timelines (PNG) of overlap off vs on + zero_bubble for the same workload
+   (sweep cells with the profiler on), and a small real trace for tests/data.
 
     python -m benchmarks.bench_profile --out-dir $OUT
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -32,6 +37,8 @@ from mtplab.analysis.bubbles import analyze
 from mtplab.analysis.plots import plot_timeline
 from mtplab.analysis.trace_io import load_trace
 
+from .common import sweep
+
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
 MODES = {"off": dict(overlap=False), "on": dict(overlap=True),
          "on+zb": dict(overlap=True, zero_bubble=True)}
@@ -43,7 +50,7 @@ def prompts(eng, n, nbytes=256):
 
 STAGE_ORDER = ("resolve", "draft", "tree", "verify", "accept", "commit", "publish", "stash", "d2h")
 RESOLUTION_US = 1.0
-"""cudaEventElapsedTime resolves about 0.5 µs (CUDA runtime API docs); a pair has two ends."""
+"""Two ends of cudaEventElapsedTime's resolution (CUDA runtime API docs)."""
 
 # Regimes of the stage check. The two tools bracket different things:
 #
@@ -211,68 +218,60 @@ def stage_check(d: Path, rows: list, regime: str, costs: dict) -> tuple[Path, fl
     return files["trace0"], icpt
 
 
-def overhead(rows: list, reps: int = 5, every: int = 32) -> None:
-    """Decode tok/s with the event timeline off, on every step, and on every `every`-th step
-    (three engines, interleaved repeats)."""
-    arms = {"off": dict(event_timeline=False), "every step": dict(event_timeline=True),
-            f"every {every}th step": dict(event_timeline=True, event_timeline_every=every)}
-    rates = {k: [] for k in arms}
-    engs = {k: Engine(RunConfig(**BASE, **MODES["on+zb"], **kw, max_running_requests=8))
-            for k, kw in arms.items()}
-    ps = prompts(engs["off"], 8)
-    for e in engs.values():
-        e.generate(ps, max_new_tokens=16, ignore_eos=True)
-    for _ in range(reps):
-        for k, e in engs.items():
-            e.generate(ps, max_new_tokens=256, ignore_eos=True)
-            rates[k].append(e.stats()["decode_tok_per_s"])
-    off = statistics.median(rates["off"])
+def workload(bs: int, new_tokens: int) -> dict:
+    return dict(batch_size=bs, prompts="code", prompt_len_tokens=256,
+                output_len_tokens=new_tokens, warmup_output_len_tokens=16)
+
+
+def overhead(d: Path, rows: list, reps: int = 5, every: int = 32) -> None:
+    """Decode tok/s with the event timeline on every step and on every `every`-th step, each
+    against the same cell's timed generate (spans paused: the timeline off)."""
+    df = sweep({"base": {**BASE, **MODES["on+zb"], **workload(8, 256)},
+                "grid": {"repeat": list(range(reps))},
+                "arms": [{"event_timeline_every": 1}, {"event_timeline_every": every}]},
+               d / "overhead")
     rows += ["", f"Event timeline overhead (bs 8, frozen, overlap + zero_bubble, decode tok/s, "
-             f"median of {reps} interleaved repeats):", "",
-             "| timeline | tok/s (median) | overhead vs off |", "|---|---|---|"]
-    for k, r in rates.items():
-        m = statistics.median(r)
-        rows.append(f"| {k} | {m:.0f} | {100 * (off - m) / off:.2f}% |")
+             f"median of {reps} interleaved cells, each timing the workload with spans paused "
+             "then on):", "", "| timeline | tok/s off | tok/s on | overhead |", "|---|---|---|---|"]
+    for k, g in df.groupby("s.event_timeline_every", sort=False):
+        off = statistics.median(g["decode_tok_per_s"])
+        on = statistics.median(g["timeline_decode_tok_per_s"])
+        name = "every step" if k == 1 else f"every {k} steps"
+        rows.append(f"| {name} | {off:.0f} | {on:.0f} | {100 * (off - on) / off:.2f}% |")
 
 
-def syncs(rows: list) -> None:
+def syncs(d: Path, rows: list) -> None:
     rows += ["", "| draft | loop | host syncs per decode step (call site: count/step) |",
              "|---|---|---|"]
-    for draft in ("none", "frozen_kv_mtp"):
-        for mode, kw in MODES.items():
-            cfg = dict(BASE, draft=draft) | ({} if draft != "none" else dict(fold_seed=False))
-            eng = Engine(RunConfig(**cfg, **kw, debug_syncs=True, max_running_requests=4))
-            ps = prompts(eng, 4)
-            eng.generate(ps, max_new_tokens=64, ignore_eos=True)
-            st = eng.stats()
-            n = max(1, st["decode_steps"])
-            per = {k: v / n for k, v in st["host_syncs"].items() if k.startswith("decode")}
-            txt = ", ".join(f"`{k.split(' ', 1)[1]}`: {v:.2f}" for k, v in sorted(per.items())) \
-                or "none flagged"
-            rows.append(f"| {draft} | {mode} | {txt} |")
+    arms = [dict(draft="none", **kw) for kw in MODES.values()] + \
+        [dict(draft="frozen_kv_mtp", fold_seed=True, **kw) for kw in MODES.values()]
+    df = sweep({"base": {**BASE, "fold_seed": False, "debug_syncs": True,
+                         "event_timeline": False, **workload(4, 64)}, "arms": arms},
+               d / "syncs")
+    for mode, arm, row in zip(list(MODES) * 2, arms, df.to_dict("records")):
+        per = json.loads(row["listed_syncs_json"])
+        n = max(1, row["decode_steps"])
+        txt = ", ".join(f"`{k.split(' ', 1)[1]}`: {v / n:.2f}" for k, v in sorted(per.items())) \
+            or "none flagged"
+        rows.append(f"| {arm['draft']} | {mode} | {txt} |")
 
 
 def timelines(d: Path, out: Path, rows: list) -> None:
-    rows += ["", "| loop | bubble % (steady decode steps) | steps |", "|---|---|---|"]
-    for mode in ("off", "on+zb"):
-        eng = Engine(RunConfig(**BASE, **MODES[mode], profile=True, profile_wait=4,
-                               profile_warmup=2, profile_active=6, trace_dir=str(d),
-                               run_name=f"tl-{mode}", max_running_requests=1))
-        ps = prompts(eng, 1)
-        eng.generate(ps, max_new_tokens=64, ignore_eos=True)
-        files = eng.finish()
-        res = analyze(files["trace0"], skip_steps=1)
+    rows += ["", "| loop | bubble % (profiled decode steps) | steps |", "|---|---|---|"]
+    df = sweep({"base": {**BASE, "profile": True, "profile_wait": 1, "profile_warmup": 2,
+                         "profile_active": 6, **workload(1, 64)},
+                "arms": [MODES["off"], MODES["on+zb"]]}, d / "timelines")
+    for mode, row in zip(("off", "on+zb"), df.itertuples()):
         png = out / f"timeline_overlap_{mode.replace('+', '_')}.png"
-        plot_timeline(files["trace0"], res, path=png)
-        rows.append(f"| {mode} | {100 * res.summary['bubble_frac']:.1f} | {res.summary['n_steps']} |")
+        plot_timeline(row.trace_path, analyze(row.trace_path), path=png)
+        rows.append(f"| {mode} | {100 * row.bubble_frac:.1f} | {row.bubble_steps} |")
 
 
 def small_trace(d: Path, out: Path) -> None:
-    eng = Engine(RunConfig(**BASE, **MODES["on+zb"], profile=True, profile_wait=3,
-                           profile_warmup=1, profile_active=3, trace_dir=str(d),
-                           run_name="small", max_running_requests=2))
-    eng.generate(prompts(eng, 2), max_new_tokens=48, ignore_eos=True)
-    shutil.copy(eng.finish()["trace0"], out / "gpu_frozen_overlap.pt.trace.json.gz")
+    df = sweep({"base": {**BASE, **MODES["on+zb"], "profile": True, "profile_wait": 1,
+                         "profile_warmup": 1, "profile_active": 3, **workload(2, 48)}},
+               d / "trace")
+    shutil.copy(df.iloc[0]["trace_path"], out / "gpu_frozen_overlap.pt.trace.json.gz")
 
 
 def main(argv=None) -> int:
@@ -296,9 +295,9 @@ def main(argv=None) -> int:
                 if regime == "tiny":
                     plot_timeline(trace, analyze(trace), path=out / "timeline_frozen_zb.png")
         if "overhead" in want:
-            overhead(rows)
+            overhead(Path(d), rows)
         if "syncs" in want:
-            syncs(rows)
+            syncs(Path(d), rows)
         if "timelines" in want:
             timelines(Path(d), out, rows)
         if "trace" in want:

@@ -1,9 +1,14 @@
-"""Shared tail of the benchmark scripts."""
+"""Shared parts of the benchmark scripts: run a grid through the sweep, print a table."""
 from __future__ import annotations
 
-from typing import Optional
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
 
 from mtplab.atomic import atomic_write_text
+from mtplab.sweep import grid_from_dict, run_sweep
 
 
 def emit(table: str, out: Optional[str]) -> None:
@@ -11,3 +16,19 @@ def emit(table: str, out: Optional[str]) -> None:
     print(table)
     if out:
         atomic_write_text(out, table + "\n")
+
+
+def sweep(doc: dict[str, Any], out: Path | str) -> pd.DataFrame:
+    """Run a grid (a grid file's mapping) with mtplab.sweep.run_sweep, the one measurement
+    procedure (one process per cell, resumable in `out`); return its cells' rows, in the
+    grid's order, with the settings of each cell as columns `s.<key>`. A failed or dropped cell
+    raises with its reason: a benchmark's figures need every cell."""
+    cells = grid_from_dict(doc).cells()
+    df = run_sweep(cells, out, timeout_s=float(doc.get("timeout_s", 600)))
+    df = df.set_index("cell_id").loc[[c.cell_id for c in cells]].reset_index()
+    bad = df[df["status"] != "ok"]
+    if len(bad):
+        raise RuntimeError(f"{len(bad)} cell(s) not ok, first: {bad.iloc[0]['error']} "
+                           f"(see {out})")
+    settings = pd.DataFrame([json.loads(s) for s in df["settings_json"]]).add_prefix("s.")
+    return pd.concat([df, settings], axis=1)

@@ -1,182 +1,200 @@
-"""`mtplab bench`: the standard arms, one process per arm, interleaved, as a ratio table.
+"""`mtplab bench`: the standard comparisons, each a grid file run by the sweep, as ratio tables.
 
-    groups (each a list of arms compared side by side; ratios against the group's first arm)
-      drafts     target-only vs frozen_kv_mtp vs eagle         tiny-code, greedy, bs 1/8/32
-      overlap    overlap off vs on vs on+zero_bubble           tiny-code, target-only and frozen
-      fold_seed  fold_seed off vs on (CUDA graphs)             tiny-code, frozen, bs 1/32
-      page_topk  page_size 1/16/64 x topk 1/4                  tiny-code, frozen, bs 8
-      shape      a shape preset, simulated acceptance 2.0/3.0  frozen vs target-only, bs 1/8
-Each arm process (one engine): warm-up generate, a timed generate with the event timeline on
-(tok/s, TPOT, step time, accept length; the profiler is attached but held in its `wait`
-phase, `ProfilerSession.held`), then profiled generates analysed for the device bubble fraction and its causes
-(steady state: the first profiled step skipped).
-Each arm process times TIMED_RUNS generates (the event timeline sampling every 8th step);
-repeats run the arms of a group in interleaved order (A B C A B C ...). tok/s is reported as
-min/median/max over every timed generate of every repeat, the other figures as medians.
+    mtplab bench                                   # every group, GPU, 3 interleaved repeats
+    mtplab bench --groups drafts overlap --bs 1 8  # some groups, some batch sizes
+    mtplab bench --groups my_grid.yaml             # any grid file with arms and a repeat axis
+    mtplab bench --smoke                           # every group for a few steps (CPU is fine)
+    mtplab bench --dir traces/bench/x              # resume into / re-render an existing run
 
-Bubble-free bound of an arm: its decode step time with zero device bubbles = the device busy
-time per step (union of kernels/memcpy in the profiled steps; kernel durations are not
-inflated by the profiler); achieved = bound / the unprofiled decode step time (p50 of the timed
-run). "stage sum" is the other estimate of the bound: the sum of the stages' GPU intervals from
-the event timeline (event pairs also span the launch latency before a stage's first kernel, so
-it over-estimates). The bubble % column is measured under the profiler, whose per-launch cost
-inflates host time; 1 - achieved is the unprofiled bubble estimate.
-Memory floor: weight bytes read per decode step (target once for verify + the draft S times)
-/ measured HBM bandwidth (a large device copy), per token = per step / accept length.
+A group is a grid file of mtplab/bench_grids/ (GROUPS): `arms` are the settings compared side
+by side, the other axes (batch size, model, draft ...) are the rows' grid points, and the
+outermost axis `repeat: [0, 1, 2]` repeats the whole group, so the arms interleave
+(A B C, A B C, ...). Every cell runs in its own process through mtplab.sweep (`measure`: a
+warm-up generate, the timed generate, a generate with the event timeline, then profiled
+generates); results go to <dir>/<group>/results.parquet and the run resumes where it stopped.
+
+The table (`table`), one row per grid point and arm, from results.parquet alone:
+    tok/s            decode tok/s, min / median / max over the repeats
+    vs baseline      median tok/s / the median tok/s of the first arm at the same grid point
+    TPOT, step ms    TPOT p50 / p90 and the decode step p50 of the timed generate (medians)
+    accept len       tokens committed per verify, bonus included (1 without a draft)
+    bubble %         device bubble fraction of the profiled decode steps, and its causes
+                     (sync / host_prep / launch / other); measured under the profiler, whose
+                     per-launch cost inflates host time
+    bound ms         the bubble-free step time: device busy time per profiled decode step
+    achieved         bound / the unprofiled decode step p50 (1 - achieved: the unprofiled
+                     bubble estimate)
+    stage sum ms     the summed GPU intervals of the stage spans per decode step (event
+                     timeline): the other estimate of the bound, an over-estimate (a pair
+                     also spans the dispatch before its stage's first kernel)
+    draft ms / launches   the draft stages' GPU time (draft.seed + draft) and the CUDA launch
+                     calls inside them, per decode step
+    mem floor        weight bytes read per decode step / the HBM copy bandwidth measured
+                     by this command, per token (/ accept length)
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
-GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape")
-TIMED_RUNS = 5                                        # timed generates per arm process
-BEST = dict(overlap=True, zero_bubble=True)          # the engine's fastest loop
+import pandas as pd
+import yaml
+
+GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
+GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs")
+REPEAT = "repeat"
+# --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
+SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
+                  profile_active=3)
+SMOKE_MODEL = "random-tiny"           # stands in for every model but tiny-code
+SHORT = {"batch_size": "bs"}
 
 
-@dataclass
-class Arm:
-    group: str
-    name: str
-    bs: int
-    cfg: dict
-    new_tokens: int = 128
-    prompt_len: int = 256                              # bytes of held-out stdlib code
-
-    def key(self) -> str:
-        return f"{self.group}/{self.name}/bs{self.bs}"
-
-
-def arms(smoke: bool, groups: tuple = GROUPS, bss: Optional[list] = None) -> list[Arm]:
-    bss = bss or ([1] if smoke else [1, 8, 32])
-    model = "tiny-code"
-    out = []
-    if "drafts" in groups:
-        for bs in bss:
-            out += [Arm("drafts", "target-only", bs, dict(model=model, **BEST)),
-                    Arm("drafts", "frozen_kv_mtp", bs, dict(model=model, draft="frozen_kv_mtp",
-                                                             fold_seed=True, **BEST)),
-                    Arm("drafts", "eagle", bs, dict(model=model, draft="eagle", **BEST))]
-    if "overlap" in groups:
-        for draft in ("none", "frozen_kv_mtp"):
-            d = dict(model=model, draft=draft) | (dict(fold_seed=True) if draft != "none" else {})
-            for bs in bss:
-                out += [Arm("overlap", f"{draft} off", bs, dict(d, overlap=False)),
-                        Arm("overlap", f"{draft} on", bs, dict(d, overlap=True)),
-                        Arm("overlap", f"{draft} on+zb", bs, dict(d, **BEST))]
-    if "fold_seed" in groups:
-        for bs in sorted({bss[0], bss[-1]}):
-            for fold in (False, True):
-                out.append(Arm("fold_seed", f"fold_seed={fold}", bs,
-                               dict(model=model, draft="frozen_kv_mtp", fold_seed=fold, **BEST)))
-    if "page_topk" in groups:
-        bs = bss[min(1, len(bss) - 1)]
-        for P in (1, 16, 64):
-            for K in (1, 4):
-                out.append(Arm("page_topk", f"P={P} K={K}", bs,
-                               dict(model=model, draft="frozen_kv_mtp", fold_seed=True,
-                                    page_size=P, topk=K, num_draft_tokens=None if K == 1 else 8,
-                                    **BEST)))
-    if "shape" in groups:
-        shape = dict(model="random-tiny") if smoke else dict(model="llama3-8b-like", layers=4)
-        for bs in bss[:2]:
-            out.append(Arm("shape", "target-only", bs, dict(shape, **BEST), prompt_len=64))
-            for acc in (2.0, 3.0):
-                out.append(Arm("shape", f"frozen acc={acc}", bs,
-                               dict(shape, draft="frozen_kv_mtp", fold_seed=True,
-                                    simulate_accept_len=acc, **BEST), prompt_len=64))
-    return out
+# -- grids -------------------------------------------------------------------------------------
+def grid_doc(group: str) -> dict:
+    """The grid file of a group name (mtplab/bench_grids/<group>.yaml) or a path."""
+    from .core import ConfigError
+    path = Path(group) if group.endswith((".yaml", ".yml")) else GRID_DIR / f"{group}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"no bench group {group!r}: use one of {list(GROUPS)} or a grid file.")
+    doc = yaml.safe_load(path.read_text()) or {}
+    if not doc.get("arms"):
+        raise ConfigError(f"{path} has no `arms`: a bench group compares arms side by side.")
+    return doc
 
 
-# -- one arm, in its own process -------------------------------------------------------------
-def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
-    import torch
-
-    from .config import RunConfig
-    from .engine import Engine
-    from .models.corpus import heldout_snippets
-    from .analysis.bubbles import analyze
-
-    new = 6 if smoke else arm.new_tokens
-    ctx = 1024
-    t = {"start": time.perf_counter()}
-    with tempfile.TemporaryDirectory() as d:
-        # One engine: the profiler is started before graph capture but is held in its `wait`
-        # phase (not collecting) through the warm-up and the timed runs; the generates after
-        # them are the profiled ones.
-        n_timed = 1 if smoke else TIMED_RUNS
-        cfg = RunConfig(device=device, max_running_requests=max(arm.bs, 1), context_len=ctx,
-                        event_timeline=True, event_timeline_every=1 if smoke else 8,
-                        profile=True, profile_wait=1, profile_warmup=2,
-                        profile_active=3 if smoke else 12, trace_dir=d, run_name="arm",
-                        **arm.cfg)
-        eng = Engine(cfg)
-        t["init"] = time.perf_counter()
-        V = eng.model.config.vocab_size
-        if cfg.model == "tiny-code":
-            prompts = [eng.tokenizer.encode(t) for t in heldout_snippets(arm.bs, arm.prompt_len)]
-        else:
-            g = torch.Generator().manual_seed(arm.bs)
-            prompts = torch.randint(3, V, (arm.bs, arm.prompt_len), generator=g).tolist()
-        runs = []
-        with eng.profiler.held():
-            eng.generate(prompts, max_new_tokens=min(8, new), ignore_eos=True)   # warm-up
-            t["warm"] = time.perf_counter()
-            for _ in range(n_timed):                                             # timed
-                eng.generate(prompts, max_new_tokens=new, ignore_eos=True)
-                runs.append(eng.stats())
-        t["timed"] = time.perf_counter()
-        eng.check_invariants()
-        tl = eng.timeline_frame()
-        res = dict(key=arm.key(), group=arm.group, name=arm.name, bs=arm.bs,
-                   manifest=cfg.manifest(), host_syncs=runs[-1].get("host_syncs"),
-                   decode_tok_per_s_runs=[r["decode_tok_per_s"] for r in runs])
-        for k in ("tok_per_s", "decode_tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
-                  "step_time_p50_ms", "decode_step_p50_ms", "accept_len"):
-            res[k] = med(runs, k)
-        res["accept_len"] = res["accept_len"] or 1.0
-        dev = tl[(tl["stream"] != "host") & ~tl["stage"].str.startswith("step[")]
-        if dev["gpu_start_us"].notna().any():
-            per = (dev["gpu_end_us"] - dev["gpu_start_us"]).groupby(dev["step"]).sum()
-            res["stage_sum_us_per_step"] = float(per.iloc[len(per) // 4:].median())
-        while not eng.profiler.done:
-            eng.generate(prompts, max_new_tokens=new, ignore_eos=True)           # profiled
-        files = eng.finish()
-        t["profiled"] = time.perf_counter()
-        if "trace0" in files:
-            a = analyze(files["trace0"], skip_steps=1 if not smoke else 0)
-            s = a.summary
-            res.update(bubble_frac=s.get("bubble_frac"), n_profiled_steps=s.get("n_steps"))
-            steps = a.steps
-            dec = steps[steps["name"].str.startswith("step[decode")] if len(steps) else steps
-            if len(dec):
-                res["busy_us_per_step"] = float(dec["busy_us"].median())
-                res["step_us_profiled"] = float(dec["dur_us"].median())
-                for c in ("sync", "host_prep", "launch", "other"):
-                    col = f"bubble_{c}_us"
-                    if col in dec:
-                        res[f"bubble_{c}_frac"] = float(dec[col].sum() / dec["dur_us"].sum())
-        res["weight_bytes_per_step"] = weight_bytes(eng)
-    t["analysed"] = time.perf_counter()
-    names = list(t)                       # seconds per phase of this arm's process
-    res["phase_s"] = {b: round(t[b] - t[a], 2) for a, b in zip(names, names[1:])}
-    return res
+def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optional[list],
+                  device: str) -> dict:
+    """The grid doc with the command line applied (repeats, batch sizes, device, --smoke)."""
+    doc = json.loads(json.dumps(doc))                   # a deep copy
+    base, axes = doc.setdefault("base", {}), doc.setdefault("grid", {})
+    own = axes.pop(REPEAT, [0])
+    n = repeats or (1 if smoke else len(own))
+    doc["grid"] = {REPEAT: list(range(n)), **axes}      # outermost: interleaved repeats
+    if device != "auto":
+        base["device"] = device
+    if bs:
+        doc["grid"]["batch_size"] = list(bs)
+    if smoke:
+        base.update(SMOKE_BASE)
+        if "batch_size" in doc["grid"] and not bs:
+            doc["grid"]["batch_size"] = doc["grid"]["batch_size"][:1]
+        if base.get("model", SMOKE_MODEL) not in ("tiny-code", SMOKE_MODEL):
+            base["model"] = SMOKE_MODEL
+            base.pop("layers", None)
+        if "model" in doc["grid"]:
+            doc["grid"]["model"] = [SMOKE_MODEL]
+    return doc
 
 
-def weight_bytes(eng) -> int:
-    n = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    if eng.draft_model is not None:
-        d = sum(p.numel() * p.element_size() for p in eng.draft_model.parameters())
-        n += d * eng.cfg.num_steps
-    return n
+def run_group(doc: dict, out: Path, timeout_s: Optional[float],
+              progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) one group's cells; return its results table."""
+    from .atomic import atomic_write_text
+    from .sweep import grid_from_dict, run_sweep
+
+    grid = grid_from_dict(doc)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "grid.yaml", yaml.safe_dump(doc, sort_keys=False))
+    cells = grid.cells()
+    df = run_sweep(cells, out, timeout_s=timeout_s or grid.timeout_s, progress=progress)
+    return df[df["cell_id"].isin({c.cell_id for c in cells})]   # not older runs' cells
+
+
+# -- the table ---------------------------------------------------------------------------------
+def _fmt(x: Optional[float], spec: str, scale: float = 1.0) -> str:
+    return "-" if x is None or x != x else format(x * scale, spec)
+
+
+def _med(rows: pd.DataFrame, col: str) -> Optional[float]:
+    if col not in rows:
+        return None
+    xs = [float(x) for x in rows[col] if x is not None and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def arm_label(arm: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in arm.items()) or "(base)"
+
+
+def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
+    """The markdown ratio table of one group from its results frame (see the module doc).
+    Rows follow the grid's order; a grid point's baseline is its first arm."""
+    from .sweep import grid_from_dict
+
+    grid = grid_from_dict(doc)
+    arms = grid.arms or [{}]
+    point_axes = [a for a in grid.axes if a != REPEAT]
+    # A cell's settings as written (settings_json) name its grid point and arm exactly:
+    # Grid.points() lists base + point + arm with the arms innermost.
+    where = {json.dumps(s, sort_keys=True, default=str):
+             (tuple(s.get(a) for a in point_axes), i % len(arms))
+             for i, s in enumerate(grid.points())}
+    cells: dict[tuple, list[dict]] = {}
+    for rec in df.to_dict("records"):
+        if str(rec.get("error", "")).startswith("excluded by the grid file"):
+            continue
+        if rec["settings_json"] in where:            # not a cell of this grid: left out
+            cells.setdefault(where[rec["settings_json"]], []).append(rec)
+    head = ([SHORT.get(a, a) for a in point_axes] +
+            ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
+             "accept len", "bubble % (sync/host_prep/launch/other)", "bound ms", "achieved",
+             "stage sum ms", "draft ms / launches", "mem floor ms/tok"])
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    points = list(dict.fromkeys(p for p, _ in cells))
+    for pt in points:
+        base = None
+        for i, arm in enumerate(arms):
+            recs = cells.get((pt, i))
+            if not recs:
+                continue
+            lead = [str(v) for v in pt] + [arm_label(arm)]
+            ok = pd.DataFrame([r for r in recs if r["status"] == "ok"])
+            if ok.empty:
+                why = "; ".join(dict.fromkeys(f"{r['status']}: {r['error']}" for r in recs))
+                out.append("| " + " | ".join(lead + ["0", why]) + " |" * (len(head) - len(lead) - 1))
+                continue
+            tps = [float(x) for x in ok["decode_tok_per_s"]]
+            med = statistics.median(tps)
+            if i == 0:
+                base = med
+            acc = _med(ok, "accept_len") or 1.0
+            bub = _med(ok, "bubble_frac")
+            causes = "-" if bub is None else "/".join(
+                _fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
+                for c in ("sync", "host_prep", "launch", "other"))
+            busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
+            seed, draft = _med(ok, "stage_draft.seed_ms"), _med(ok, "stage_draft_ms")
+            dms = None if seed is None and draft is None else (seed or 0.0) + (draft or 0.0)
+            wb = _med(ok, "weight_bytes_per_step")
+            floor = wb / bw * 1e3 / acc if bw and wb else None
+            out.append("| " + " | ".join(lead + [
+                str(len(ok)),
+                f"{min(tps):.4g} / {med:.4g} / {max(tps):.4g}",
+                "-" if not base else f"{med / base:.2f}x",
+                f"{_fmt(_med(ok, 'tpot_p50_ms'), '.2f')} / {_fmt(_med(ok, 'tpot_p90_ms'), '.2f')}",
+                _fmt(step, ".2f"), f"{acc:.2f}",
+                f"{_fmt(bub, '.1f', 100)} ({causes})",
+                _fmt(busy, ".3f"),
+                "-" if not busy or not step else f"{busy / step:.0%}",
+                _fmt(_med(ok, "stage_sum_gpu_ms"), ".3f"),
+                f"{_fmt(dms, '.3f')} / {_fmt(_med(ok, 'draft_launches_per_step'), '.1f')}",
+                _fmt(floor, ".4f")]) + " |")
+    return "\n".join(out)
+
+
+def header(frames: dict[str, pd.DataFrame], smoke: bool, bw: Optional[float]) -> str:
+    ok = pd.concat([f[f["status"] == "ok"] for f in frames.values()] or [pd.DataFrame()])
+    pick = (lambda c: ", ".join(sorted(set(map(str, ok[c].dropna())))) or "?") \
+        if len(ok) else (lambda c: "?")
+    return (f"mtplab bench {'--smoke ' if smoke else ''}on {pick('device_name')}; commit "
+            f"{pick('git_commit')}; {time.strftime('%Y-%m-%d')}; HBM copy "
+            f"bandwidth {'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}")
 
 
 def hbm_bandwidth() -> Optional[float]:
@@ -196,108 +214,43 @@ def hbm_bandwidth() -> Optional[float]:
     return 2 * x.numel() * 4 * 10 / (time.perf_counter() - t)
 
 
-# -- driver ------------------------------------------------------------------------------------
-def spawn(arm: Arm, device: str, smoke: bool, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "mtplab.bench", "--_arm", json.dumps(arm.__dict__),
-           "--device", device] + (["--smoke"] if smoke else [])
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(key=arm.key(), error=f"timed out after {timeout:.0f} s")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        return dict(key=arm.key(), error=(p.stderr.strip().splitlines() or ["no output"])[-1])
-    return json.loads(lines[-1])
-
-
-def spread(xs: list) -> str:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    return f"{min(xs):.4g} / {statistics.median(xs):.4g} / {max(xs):.4g}"
-
-
-def med(rows: list, k: str) -> Optional[float]:
-    xs = [r[k] for r in rows if r.get(k) is not None]
-    return statistics.median(xs) if xs else None
-
-
-def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
-    out = []
-    for g in dict.fromkeys(a.group for a in all_arms):
-        g_arms = [a for a in all_arms if a.group == g]
-        out += [f"### {g}", "", "| arm | bs | tok/s (min/med/max) | vs first | TPOT p50 / p90 ms | "
-                "step ms | accept len | bubble % (sync/host_prep/launch/other) | "
-                "bound ms | achieved | stage sum ms | mem floor ms/tok |", "|---" * 12 + "|"]
-        base = {}
-        for a in g_arms:
-            rows = [r for r in results.get(a.key(), []) if "error" not in r]
-            if not rows:
-                errs = [r.get("error") for r in results.get(a.key(), [])]
-                out.append(f"| {a.name} | {a.bs} | failed: {errs[:1]} |" + " |" * 9)
-                continue
-            tps = med(rows, "decode_tok_per_s")
-            base.setdefault(a.bs, tps)
-            bub = med(rows, "bubble_frac")
-            bub = None if bub is None or bub != bub else bub            # NaN: no device lanes
-            causes = "/".join(f"{100 * (med(rows, f'bubble_{c}_frac') or 0):.1f}"
-                              for c in ("sync", "host_prep", "launch", "other"))
-            busy = med(rows, "busy_us_per_step") or None                # 0: CPU run
-            step = 1e3 * med(rows, "decode_step_p50_ms")                 # unprofiled run
-            ssum = med(rows, "stage_sum_us_per_step")
-            acc = med(rows, "accept_len") or 1.0
-            floor = (med(rows, "weight_bytes_per_step") / bw * 1e3 / acc) if bw else None
-            out.append(
-                f"| {a.name} | {a.bs} | "
-                f"{spread([x for r in rows for x in r['decode_tok_per_s_runs']])} | "
-                f"{tps / base[a.bs]:.2f}x | {med(rows, 'tpot_p50_ms'):.2f} / "
-                f"{med(rows, 'tpot_p90_ms'):.2f} | {med(rows, 'decode_step_p50_ms'):.2f} | "
-                f"{acc:.2f} | {'-' if bub is None else f'{100 * bub:.1f}'} ({causes}) | "
-                f"{'-' if busy is None else f'{busy / 1e3:.3f}'} | "
-                f"{'-' if not busy or not step else f'{busy / step:.0%}'} | "
-                f"{'-' if not ssum else f'{ssum / 1e3:.3f}'} | "
-                f"{'-' if floor is None else f'{floor:.4f}'} |")
-        out.append("")
-    return "\n".join(out)
-
-
+# -- command line ------------------------------------------------------------------------------
 def main_bench(argv=None) -> int:
+    from .core import ConfigError
+
     ap = argparse.ArgumentParser(prog="mtplab bench", description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")
-    ap.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS)
-    ap.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
-    ap.add_argument("--bs", nargs="+", type=int, default=None, help="batch sizes (1 8 32)")
+    ap.add_argument("--groups", nargs="+", default=list(GROUPS),
+                    help=f"group names {list(GROUPS)} or grid files (default: every group)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repeats (default: the grid's repeat axis; 1 with --smoke)")
+    ap.add_argument("--bs", nargs="+", type=int, default=None, help="batch sizes (the grid's)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--out", default=None, help="write the markdown table (and .json) here")
-    ap.add_argument("--_arm", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=None, help="per-cell seconds (grid's)")
+    ap.add_argument("--dir", default=None,
+                    help="sweep folder, one subfolder per group (default traces/bench/<time>); "
+                         "an existing one resumes: done cells are not run again")
+    ap.add_argument("--out", default=None, help="also write the markdown tables here")
+    ap.add_argument("--no-progress", dest="progress", action="store_false")
     a = ap.parse_args(argv)
-    if a._arm:                                      # child process: one arm
-        print(json.dumps(run_arm(Arm(**json.loads(a._arm)), a.device, a.smoke), default=str))
-        return 0
-    reps = a.repeats or (1 if a.smoke else 3)
-    todo = arms(a.smoke, tuple(a.groups), a.bs)
-    results: dict = {}
-    from tqdm.auto import tqdm
-    bar = tqdm(total=reps * len(todo), desc="bench arms")
-    for g in dict.fromkeys(x.group for x in todo):
-        for _ in range(reps):                        # interleaved: A B C, A B C, ...
-            for arm in (x for x in todo if x.group == g):
-                results.setdefault(arm.key(), []).append(spawn(arm, a.device, a.smoke, a.timeout))
-                bar.update(1)
-    bar.close()
+    root = Path(a.dir or Path("traces") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        docs = {Path(g).stem: effective_doc(grid_doc(g), smoke=a.smoke, repeats=a.repeats,
+                                            bs=a.bs, device=a.device) for g in a.groups}
+    except ConfigError as e:
+        print(f"mtplab bench: error: {e}", file=sys.stderr)
+        return 2
+    frames = {g: run_group(doc, root / g, a.timeout, a.progress) for g, doc in docs.items()}
     bw = hbm_bandwidth() if a.device != "cpu" else None
-    header = (f"mtplab bench {'--smoke ' if a.smoke else ''}on {a.device}; "
-              f"{time.strftime('%Y-%m-%d')}; repeats {reps}; HBM copy bandwidth "
-              f"{'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}")
-    text = header + "\n\n" + table(results, todo, bw)
+    text = "\n\n".join([header(frames, a.smoke, bw)] +
+                       [f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n"
+                        f"{table(frames[g], docs[g], bw)}" for g in docs])
+    text += f"\n\nresults: {root}/<group>/results.parquet"
     print(text)
     if a.out:
         from .atomic import atomic_write_text
         atomic_write_text(a.out, text + "\n")
-        atomic_write_text(os.path.splitext(a.out)[0] + ".json",
-                          json.dumps(results, indent=1, default=str))
-    failed = [k for k, rs in results.items() if all("error" in r for r in rs)]
+    failed = [g for g, f in frames.items() if len(f) and (f["status"] == "failed").any()]
     return 1 if failed else 0
 
 

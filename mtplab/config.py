@@ -177,7 +177,9 @@ class RunConfig:
         results is on by default: it is what the overlap loop is built on, as in SGLang)."""
         subs = ("zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec")
         if self.zero_bubble:
-            off = [n for n in subs if getattr(self, n) is False]
+            # resolved without a draft, zb_draft_preexec is False: re-resolving keeps it valid
+            off = [n for n in subs if getattr(self, n) is False
+                   and (n != "zb_draft_preexec" or self.speculative)]
             if off:
                 raise ConfigError(f"zero_bubble=True turns on {', '.join(subs)}; {off} set to "
                                   "False contradicts it (use zero_bubble=False and pick sub-knobs).")

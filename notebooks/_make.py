@@ -228,7 +228,7 @@ NOTEBOOKS["02_seed_folding"] = [
 how many launches does that save, with and without CUDA graphs?
 
 `cuda_graphs` is swept only on a GPU. Launch counts are CUDA launch calls inside the
-`draft.seed`/`draft` spans of the Kineto trace (as in `benchmarks/bench_spec.py::draft_cost`);
+`draft.seed`/`draft` spans of the Kineto trace (`draft_launches_per_step`, mtplab/sweep/metrics.py);
 on CPU there are no launches, so the aten ops dispatched inside those spans stand in."""),
     ("params", COMMON_PARAMS + '''\
 page_size = 16

@@ -1,88 +1,97 @@
 #!/usr/bin/env bash
-# GPU tests and benchmarks, one device call per phase; tables, logs and figures under $OUT
-# (at most 8 files come back from a device call: each phase writes no more).
-#   bash scripts/gpu_check.sh PHASE [ARGS]
-#     tests             : pytest tests/gpu
-#     check             : tests + host-time breakdown (bench_host) + instrumentation checks
-#                         (bench_profile: stages, timeline overhead, host syncs, overlap
-#                         timelines, a small real trace)                              ~5 min
-#     stages            : tests + the per-stage timeline-vs-profiler check in every regime  ~4 min
-#     bench [GROUP...]  : `mtplab bench` (default: every group; REPEATS=1, BS="1 8 32")
-#                         drafts+overlap ~8 min, fold_seed+page_topk+shape ~5 min at repeats 1
-#     notebooks         : 01_overlap and 03_page_topk under papermill with GPU parameters
-#                         (papermill + ipykernel carried as wheels in .whl)             ~5 min
-#     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
-#     peer              : transformers greedy / assisted generation on the same weights
-#     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
-#     dask2             : examples/grids/gpu_dask2.yaml (8 cells) with `--executor dask` on 2
-#                         GPUs, then on 1; wall times and their ratio (needs a 2-GPU host and
-#                         distributed's wheels in .whl, docs/sweeps.md)               ~8 min
-#     determ            : deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and
-#                         the attention kernels (tests), then its cost and the default mode's
-#                         divergence (bench_deterministic)                            ~7 min
+# GPU tests and benchmarks as phases; each phase's tables, log and figures go under the output
+# folder (-o DIR, else $OUT when set, else ./gpu_out).
+#
+#   bash scripts/gpu_check.sh [-o DIR] PHASE[:ARG,ARG...] [PHASE...]
+#   bash scripts/gpu_check.sh tests bench:drafts,overlap stages
+#   bash scripts/gpu_check.sh all                  # every phase in ALL, in order
+#
+# A phase is a function `phase_NAME` with a `#: NAME  description` line above it; its ARGs
+# arrive as positional arguments. To add one, add such a block (nothing else to register).
+# Environment: REPEATS and BS for `bench` (default: the grid files' repeats and batch sizes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
+OUT_DIR=${OUT:-./gpu_out}
+if [[ ${1:-} == -o ]]; then OUT_DIR=$2; shift 2; fi
+mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then        # wheels missing on the device (orjson, papermill...)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-python3 - <<'PY' | tee "$OUT/device.txt"
-import torch, triton, datetime, subprocess
-print(datetime.date.today(), torch.__version__, "triton", triton.__version__,
-      torch.cuda.get_device_name(), "SMs", torch.cuda.get_device_properties(0).multi_processor_count,
-      "commit", subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                               text=True).stdout.strip() or "?")
-PY
-phase=${1:-}; shift || true
-LOG="$OUT/run.log"
-case $phase in
-  tests)
-    python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$LOG" | tail -15 ;;
-  check)
-    python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$LOG" | tail -15
-    python3 -m benchmarks.bench_host --out "$OUT/bench_host.md" >> "$LOG" 2>&1
-    python3 -m benchmarks.bench_profile --out-dir "$OUT" >> "$LOG" 2>&1
-    grep -h "^#### " "$OUT/bench_host.md"; cat "$OUT/bench_profile.md" ;;
-  stages)
-    python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$LOG" | tail -15
-    python3 -m benchmarks.bench_profile --out-dir "$OUT" --only stages >> "$LOG" 2>&1
-    cat "$OUT/bench_profile.md" ;;
-  bench)
-    python3 -m mtplab.cli bench ${1:+--groups "$@"} --repeats "${REPEATS:-1}" \
-      --bs ${BS:-1 8 32} --out "$OUT/bench.md" > "$LOG" 2>&1; cat "$OUT/bench.md" ;;
-  notebooks)
-    python3 -m papermill notebooks/01_overlap.ipynb "$OUT/01_overlap.ipynb" -p device cuda \
-      -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
-      -p output_len_tokens 128 -y "batch_sizes: [1, 8, 32]" -p out_dir /tmp/nb/01 \
-      --log-level WARNING > "$LOG" 2>&1
-    python3 -m papermill notebooks/03_page_topk.ipynb "$OUT/03_page_topk.ipynb" -p device cuda \
-      -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
-      -p output_len_tokens 128 -p batch_size 8 -y "page_sizes: [1, 16, 64]" \
-      -y "topks: [1, 4]" -p out_dir /tmp/nb/03 --log-level WARNING >> "$LOG" 2>&1
-    for n in 01 03; do cp /tmp/nb/$n/answer.json "$OUT/answer_$n.json" 2>/dev/null; done
-    tail -5 "$LOG" ;;
-  ab)          # decode tok/s of the working tree vs an earlier commit (regression check)
-    python3 -m benchmarks.bench_ab --commit "${1:-HEAD~1}" --out "$OUT/bench_ab.md" > "$LOG" 2>&1
-    cat "$OUT/bench_ab.md" ;;
-  peer)
-    python3 -m benchmarks.bench_peer --out "$OUT/bench_peer.md" 2>&1 | tee "$LOG" | tail -8 ;;
-  decode)
-    python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
-    python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
-    cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  dask2)       # one sweep over both GPUs vs the same sweep on one GPU
+ALL=(tests stages instruments host bench peer notebooks)
+
+#: tests  pytest tests/gpu (every GPU test)
+phase_tests() {
+  python3 -m pytest -q -p no:cacheprovider tests/gpu
+}
+
+#: bench  `mtplab bench` [GROUP,...] (default every group): ratio tables -> bench.md
+phase_bench() {
+  python3 -m mtplab.cli bench --no-progress ${1:+--groups "$@"} ${REPEATS:+--repeats "$REPEATS"} \
+    ${BS:+--bs $BS} --dir "$OUT_DIR/bench" --out "$OUT_DIR/bench.md"
+}
+
+#: stages  per-stage event timeline vs profiler, every regime -> stages/bench_profile.md
+phase_stages() {
+  python3 -m benchmarks.bench_profile --out-dir "$OUT_DIR/stages" --only stages
+}
+
+#: instruments  timeline overhead, host syncs, bubble timelines (PNG), a small real trace
+#:              -> instruments/bench_profile.md
+phase_instruments() {
+  python3 -m benchmarks.bench_profile --out-dir "$OUT_DIR/instruments" \
+    --only overhead syncs timelines trace
+}
+
+#: host  where a decode step's host time goes -> bench_host.md
+phase_host() {
+  python3 -m benchmarks.bench_host --out "$OUT_DIR/bench_host.md"
+}
+
+#: ab  decode tok/s, working tree vs [COMMIT] (default HEAD~1) -> bench_ab.md
+phase_ab() {
+  python3 -m benchmarks.bench_ab --commit "${1:-HEAD~1}" --out "$OUT_DIR/bench_ab.md"
+}
+
+#: peer  transformers greedy / assisted generation on the same weights -> bench_peer.md
+phase_peer() {
+  python3 -m benchmarks.bench_peer --out "$OUT_DIR/bench_peer.md"
+}
+
+#: notebooks  01_overlap and 03_page_topk under papermill with GPU parameters
+phase_notebooks() {
+  python3 -c "import papermill" 2>/dev/null \
+    || { echo "papermill is not installed: pip install -e '.[notebooks]'"; return 1; }
+  local nb="$OUT_DIR/notebooks"; mkdir -p "$nb"
+  python3 -m papermill notebooks/01_overlap.ipynb "$nb/01_overlap.ipynb" -p device cuda \
+    -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
+    -p output_len_tokens 128 -y "batch_sizes: [1, 8, 32]" -p out_dir "$nb/01" \
+    --log-level WARNING || return 1
+  python3 -m papermill notebooks/03_page_topk.ipynb "$nb/03_page_topk.ipynb" -p device cuda \
+    -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
+    -p output_len_tokens 128 -p batch_size 8 -y "page_sizes: [1, 16, 64]" \
+    -y "topks: [1, 4]" -p out_dir "$nb/03" --log-level WARNING
+}
+
+#: determ  deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and the attention
+#:         kernels (GPU tests), then its cost and the default mode's divergence
+#:         -> bench_deterministic.md
+phase_determ() {
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_gpu.py \
+    tests/gpu/test_triton_attention_gpu.py || return 1
+  python3 -m benchmarks.bench_deterministic --out "$OUT_DIR/bench_deterministic.md"
+}
+
+#: dask2  examples/grids/gpu_dask2.yaml (8 cells) with `--executor dask` on 2 GPUs, then on 1:
+#:        wall times and their ratio (a 2-GPU host with distributed installed) -> dask2.md
+phase_dask2() {
     python3 -c "import distributed" 2>/dev/null || {
-      echo "dask2: distributed is missing: carry its wheels in .whl (docs/sweeps.md)"; exit 2; }
-    G=examples/grids/gpu_dask2.yaml; rm -rf /tmp/sw; : > "$LOG"
+      echo "dask2: distributed is not installed: pip install -e '.[distributed]'"; return 2; }
+    G=examples/grids/gpu_dask2.yaml; rm -rf /tmp/sw; : > "$OUT_DIR/dask2_sweeps.log"
     for n in 2 1; do
       t0=$(date +%s.%N)
       python3 -m mtplab.cli sweep "$G" --out /tmp/sw/w$n --executor dask --workers $n \
-        --no-progress >> "$LOG" 2>&1
+        --no-progress >> "$OUT_DIR/dask2_sweeps.log" 2>&1
       echo "$n $(date +%s.%N) $t0" >> /tmp/sw/walls
     done
-    python3 - "$OUT/dask2.md" <<'PY' 2>&1 | tee -a "$LOG"
+    python3 - "$OUT_DIR/dask2.md" <<'PY'
 import sys, pandas as pd
 walls = {int(n): float(t1) - float(t0) for n, t1, t0 in
          (ln.split() for ln in open("/tmp/sw/walls"))}
@@ -103,12 +112,34 @@ lines = [f"# dask2: {len(two)} cells of examples/grids/gpu_dask2.yaml",
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
-    ;;
-  determ)
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_gpu.py \
-      tests/gpu/test_triton_attention_gpu.py 2>&1 | tee "$LOG" | tail -15
-    python3 -m benchmarks.bench_deterministic --out "$OUT/bench_deterministic.md" >> "$LOG" 2>&1
-    cat "$OUT/bench_deterministic.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|dask2|determ"
-     exit 2 ;;
-esac
+}
+
+usage() {
+  echo "usage: bash scripts/gpu_check.sh [-o DIR] PHASE[:ARG,...] [PHASE...] | all"
+  grep -E '^#: ' "$0" | sed 's/^#: /  /'
+}
+
+[[ $# -gt 0 ]] || { usage; exit 2; }
+[[ $1 == all ]] && set -- "${ALL[@]}"
+for spec in "$@"; do                              # every phase named must exist before any runs
+  declare -F "phase_${spec%%:*}" >/dev/null || { echo "unknown phase '${spec%%:*}'"; usage; exit 2; }
+done
+python3 - <<'PY' | tee "$OUT_DIR/device.txt"
+import datetime, subprocess, torch
+dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                        text=True).stdout.strip() or "?"
+print(datetime.date.today(), "torch", torch.__version__, dev, "commit", commit)
+PY
+failed=()
+for spec in "$@"; do
+  name=${spec%%:*}; args=()
+  [[ $spec == *:* ]] && IFS=, read -ra args <<< "${spec#*:}"
+  echo "== $name ${args[*]:-}"
+  t0=$SECONDS
+  "phase_$name" "${args[@]}" 2>&1 | tee "$OUT_DIR/$name.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc, $((SECONDS - t0)) s, log $OUT_DIR/$name.log"
+  [[ $rc == 0 ]] || failed+=("$name")
+done
+[[ ${#failed[@]} == 0 ]] || { echo "failed phases: ${failed[*]}"; exit 1; }

@@ -1,30 +1,244 @@
-"""`mtplab bench --smoke`: every arm for a few steps on CPU, in the table format."""
+"""`mtplab bench`: grid files run by the sweep, the ratio table rendered from results.parquet."""
+from __future__ import annotations
+
+import json
+import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
-from mtplab.bench import GROUPS, arms
+import pandas as pd
+import pytest
 
+from mtplab.bench import GROUPS, REPEAT, arm_label, effective_doc, grid_doc, table
+from mtplab.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid_from_dict
 
-def test_arm_set_covers_the_standard_comparisons():
-    full = arms(smoke=False)
-    groups = {a.group for a in full}
-    assert groups == set(GROUPS)
-    names = {(a.group, a.name) for a in full}
-    assert {("drafts", "target-only"), ("drafts", "frozen_kv_mtp"), ("drafts", "eagle"),
-            ("overlap", "none off"), ("overlap", "frozen_kv_mtp on+zb"),
-            ("fold_seed", "fold_seed=True"), ("page_topk", "P=64 K=4")} <= names
-    assert {a.bs for a in full if a.group == "drafts"} == {1, 8, 32}
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_smoke_runs_every_arm_and_prints_the_table(tmp_path):
+def rows_of(text: str) -> list[list[str]]:
+    """The body rows of a markdown table, as lists of cells."""
+    out = []
+    for ln in text.splitlines():
+        if ln.startswith("| ") and not ln.startswith("|---"):
+            out.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return out[1:]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_is_a_grid_with_interleaved_repeats(group):
+    doc = effective_doc(grid_doc(group), smoke=False, repeats=None, bs=None, device="auto")
+    assert list(doc["grid"])[0] == REPEAT and doc["grid"][REPEAT] == [0, 1, 2]
+    cells = grid_from_dict(doc).cells()
+    n_arms = len(doc["arms"])
+    # arms are crossed innermost: the first n_arms cells are every arm at one grid point
+    for c, arm in zip(cells[:n_arms], doc["arms"]):
+        assert {k: c.settings[k] for k in arm} == arm, arm_label(arm)
+    for c in cells:        # only the grid's excludes and CUDA-only settings may drop a cell
+        assert c.dropped is None or "excluded" in c.dropped or "CUDA" in c.dropped, c.dropped
+
+
+def test_bench_grids_ship_as_package_data():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"bench_grids/*.yaml"' in text
+
+
+def _record(settings: dict, status="ok", **metrics) -> dict:
+    key = json.dumps(settings, sort_keys=True)          # as the sweep runner writes it
+    return dict(cell_id=key, status=status, error=metrics.pop("error", ""), settings_json=key,
+                **metrics)
+
+
+def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
+    doc = {"grid": {REPEAT: [0, 1], "batch_size": [1, 8]},
+           "arms": [{"draft": "none"}, {"draft": "frozen_kv_mtp"}]}
+    tps = {(1, "none"): [100, 120, 110], (1, "frozen_kv_mtp"): [200, 240],
+           (8, "none"): [400, 400], (8, "frozen_kv_mtp"): [300, 500]}
+    recs = []
+    for (bs, draft), xs in tps.items():
+        for r, x in enumerate(xs):
+            recs.append(_record({"repeat": r, "batch_size": bs, "draft": draft},
+                                decode_tok_per_s=float(x), accept_len=float("nan"),
+                                decode_step_time_p50_ms=2.0, device_busy_step_ms=1.5,
+                                bubble_frac=0.25, bubble_sync_frac=0.1,
+                                bubble_host_prep_frac=0.05, bubble_launch_frac=0.1,
+                                bubble_other_frac=0.0, weight_bytes_per_step=4e9))
+    recs.append(_record({"repeat": 1, "batch_size": 8, "draft": "eagle"},   # not an arm
+                        decode_tok_per_s=1.0))
+    got = {(r[0], r[1]): r for r in rows_of(table(pd.DataFrame(recs), doc, bw=2e12))}
+    assert set(got) == {("1", "draft=none"), ("1", "draft=frozen_kv_mtp"),
+                        ("8", "draft=none"), ("8", "draft=frozen_kv_mtp")}
+    assert got[("1", "draft=none")][3] == "100 / 110 / 120"
+    assert got[("1", "draft=none")][4] == "1.00x"
+    assert got[("1", "draft=frozen_kv_mtp")][4] == f"{220 / 110:.2f}x"
+    assert got[("8", "draft=frozen_kv_mtp")][4] == "1.00x"       # 400 vs 400, not vs bs 1
+    r = got[("8", "draft=none")]
+    assert r[2] == "2" and r[7] == "1.00"                          # n repeats; accept len 1
+    assert r[8] == "25.0 (10.0/5.0/10.0/0.0)"                      # bubble % and its causes
+    assert r[9] == "1.500" and r[10] == "75%"                      # bound ms, achieved
+    assert r[13] == "2.0000"                                       # 4e9 B / 2e12 B/s, per tok
+
+
+def test_an_arm_whose_settings_another_arm_extends_keeps_its_own_rows():
+    doc = {"grid": {REPEAT: [0]}, "arms": [{"overlap": False}, {"overlap": True},
+                                           {"overlap": True, "zero_bubble": True}]}
+    recs = [_record({"repeat": 0, **arm}, decode_tok_per_s=float(x))
+            for arm, x in zip(doc["arms"], (100, 150, 300))]
+    rows = rows_of(table(pd.DataFrame(recs), doc))
+    assert [(r[0], r[3]) for r in rows] == [("overlap=False", "1.00x"), ("overlap=True", "1.50x"),
+                                            ("overlap=True zero_bubble=True", "3.00x")]
+
+
+def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_out():
+    doc = {"grid": {REPEAT: [0]}, "arms": [{"overlap": False}, {"overlap": True}]}
+    recs = [_record({"repeat": 0, "overlap": False}, status="failed",
+                    error="RuntimeError: out of memory"),
+            _record({"repeat": 0, "overlap": True}, status="dropped",
+                    error="excluded by the grid file: {'overlap': True}")]
+    rows = rows_of(table(pd.DataFrame(recs), doc))
+    assert len(rows) == 1 and rows[0][1] == "0"
+    assert rows[0][2] == "failed: RuntimeError: out of memory"
+    # a grid point without its baseline arm has no ratio, and missing figures print "-"
+    row = rows_of(table(pd.DataFrame([_record({"repeat": 0, "overlap": True},
+                                              decode_tok_per_s=5.0)]), doc))[0]
+    assert row[2] == "5 / 5 / 5" and row[3] == "-" and row[7] == "- (-)"
+
+
+def test_unknown_group_is_one_sentence(capsys):
+    from mtplab.bench import main_bench
+    assert main_bench(["--groups", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no bench group 'nope'" in err
+
+
+TINY = """
+timeout_s: 300
+base: {model: random-tiny, device: cpu, prompt_len_tokens: 16, output_len_tokens: 6,
+       warmup_output_len_tokens: 2, profile: true, profile_wait: 1, profile_warmup: 1,
+       profile_active: 2}
+grid: {repeat: [0, 1], batch_size: [2]}
+arms: [{overlap: false}, {overlap: true}]
+"""
+
+
+@pytest.mark.slow
+def test_tiny_grid_table_is_rendered_from_results_parquet_and_resumes(tmp_path):
+    grid = tmp_path / "tiny.yaml"
+    grid.write_text(TINY)
+    out = tmp_path / "bench.md"
+    cmd = [sys.executable, "-m", "mtplab.cli", "bench", "--groups", str(grid), "--device", "cpu",
+           "--repeats", "2", "--dir", str(tmp_path / "b"), "--out", str(out), "--no-progress"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    res = tmp_path / "b" / "tiny"
+    df = pd.read_parquet(res / RESULTS_PARQUET)
+    assert (df["status"] == "ok").all() and len(df) == 4
+    # the arms interleave: repeat 0 (off, on), then repeat 1 (off, on)
+    order = [(json.loads(s)["repeat"], json.loads(s)["overlap"]) for s in df["settings_json"]]
+    assert order == [(0, False), (0, True), (1, False), (1, True)]
+    import yaml
+    doc = yaml.safe_load((res / "grid.yaml").read_text())
+    assert table(df, doc) in text                        # the printed table is the frame's
+    rows = rows_of(table(df, doc))
+    assert [r[1] for r in rows] == ["overlap=False", "overlap=True"]
+    assert rows[0][4] == "1.00x" and rows[0][2] == "2"
+    n_lines = len((res / RESULTS_JSONL).read_text().splitlines())
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0 and len((res / RESULTS_JSONL).read_text().splitlines()) == n_lines
+
+
+@pytest.mark.slow
+def test_bench_smoke_runs_every_group_on_cpu(tmp_path):
     out = tmp_path / "bench.md"
     r = subprocess.run([sys.executable, "-m", "mtplab.cli", "bench", "--smoke", "--device", "cpu",
-                        "--out", str(out)], capture_output=True, text=True, timeout=900)
+                        "--dir", str(tmp_path / "b"), "--out", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
     for g in GROUPS:
-        assert f"### {g}" in text
-    assert "failed" not in text
-    n_rows = sum(1 for ln in text.splitlines() if ln.startswith("| ") and "arm |" not in ln)
-    assert n_rows == len(arms(smoke=True))
-    assert (tmp_path / "bench.json").exists()
+        assert f"### {g} (repeats 1)" in text
+        assert (tmp_path / "b" / g / RESULTS_PARQUET).is_file()
+    assert "failed:" not in text
+    dropped = [ln for ln in text.splitlines() if "dropped:" in ln]
+    assert all("CUDA" in ln for ln in dropped)           # only the CUDA-graph arm, on CPU
+    assert re.search(r"\| draft=frozen_kv_mtp fold_seed=True \| 1 \| [\d.]+ / ", text)
+
+
+def test_benchmarks_readme_lists_every_script():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
+                     if p.name not in ("__init__.py", "common.py"))
+    assert scripts
+    missing = [s for s in scripts if f"benchmarks/{s}" not in readme]
+    assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
+def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
+    script = ROOT / "scripts" / "gpu_check.sh"
+    text = script.read_text()
+    phases = re.findall(r"^phase_(\w+)\(\)", text, re.M)
+    assert {"tests", "bench", "stages", "notebooks"} <= set(phases)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert r.returncode == 2
+    for p in phases:                      # every phase documents itself in the usage
+        assert re.search(rf"^  {p}  ", r.stdout, re.M), p
+    r = subprocess.run(["bash", str(script), "-o", str(tmp_path), "tests", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown phase 'nope'" in r.stdout
+    assert not (tmp_path / "tests.log").exists()          # nothing ran
+    assert "../shared" not in text
+
+
+def test_stage_sum_and_bubble_columns_of_the_bench_table():
+    from mtplab.instrument.timeline import COLUMNS
+    from mtplab.sweep.metrics import bubble_columns, stage_metrics
+    nan = float("nan")
+    tl = pd.DataFrame([
+        (0, "step[decode bs=1]", "host", 0, 100, nan, nan),
+        (0, "verify", "forward", 0, 10, 0.0, 3000.0),       # 3 ms
+        (0, "draft", "forward", 10, 20, 3000.0, 4000.0),    # 1 ms
+        (0, "schedule", "host", 20, 30, nan, nan),          # host lane: not GPU time
+        (1, "step[decode bs=1]", "host", 100, 200, nan, nan),
+        (1, "verify", "forward", 100, 110, 5000.0, 7000.0),  # 2 ms
+        (2, "step[decode bs=1]", "host", 200, 300, nan, nan),
+        (2, "verify", "forward", 200, 210, 8000.0, 9000.0),  # 1 ms
+    ], columns=COLUMNS)
+    m = stage_metrics(tl, 0)
+    assert m["stage_sum_gpu_ms"] == pytest.approx(2.0)      # median of 4, 2, 1 ms per step
+    assert m["stage_verify_ms"] == pytest.approx(2.0)
+    cpu = tl.assign(gpu_start_us=nan, gpu_end_us=nan)
+    assert math.isnan(stage_metrics(cpu, 0)["stage_sum_gpu_ms"])
+    steps = pd.DataFrame({"dur_us": [1000.0, 3000.0], "busy_us": [600.0, 1800.0],
+                          "bubble_us": [400.0, 1200.0],
+                          **{f"bubble_{c}_us": [100.0, 300.0]
+                             for c in ("sync", "host_prep", "launch", "other")}})
+    b = bubble_columns(steps, has_device=True)
+    assert b["bubble_frac"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
+    assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0
+    assert b["bubble_steps"] == 2
+    off = bubble_columns(steps, has_device=False)            # a CPU trace: no device figures
+    assert math.isnan(off["bubble_frac"]) and math.isnan(off["device_busy_step_ms"])
+
+
+def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    headings = [ln[3:] for ln in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+                if ln.startswith("## ")]
+    named = {n for row in readme.splitlines() if row.startswith("| ")
+             for n in re.findall(r'"([^"]+)"', row.rsplit("|", 2)[-2])}
+    assert named
+    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
+    assert not missing, f"docs/benchmarks.md has no section {missing}"
+
+
+def test_a_target_only_zero_bubble_arm_survives_the_sweeps_re_resolution():
+    """The sweep places a resolved config (dataclasses.replace runs validation again): a
+    target-only arm with zero_bubble, as in the drafts and overlap groups, must stay valid."""
+    from dataclasses import replace
+
+    from mtplab.config import RunConfig
+    cfg = RunConfig(model="random-tiny", device="cpu", overlap=True, zero_bubble=True)
+    again = replace(cfg, run_name="placed")
+    assert again.zb_device_seq_lens and again.zb_async_d2h and not again.zb_draft_preexec

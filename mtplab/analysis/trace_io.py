@@ -108,7 +108,7 @@ def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
     if streaming is None:
         streaming = p.stat().st_size > (STREAM_ABOVE_GZ_BYTES if gz else STREAM_ABOVE_BYTES)
     # The parse allocates one dict per event and no reference cycles: the cyclic GC would only
-    # rescan the growing document again and again (it took ~75% of the parse time), so it is
+    # rescan the growing document again and again (most of the parse time), so it is
     # paused while the document exists.
     with _gc_paused():
         if streaming:

@@ -25,10 +25,13 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   KV          kv_alloc_per_decode_tokens, kv_reserved_per_req_tokens (reserve per decode step
               per request = cfg.reserve_per_decode), kv_row_width_tokens (req_to_token row)
   workload    batch_size, num_requests, prompt_len_tokens, output_len_tokens,
-              warmup_output_len_tokens, temperature, fail, sleep_s (see grid.Workload)
+              warmup_output_len_tokens, temperature, prompts, repeat, check_lossless,
+              fail, sleep_s (see grid.Workload)
   notebook    param.<key> (grid keys that are neither), nb.<key> (scalars of answer.json)
   throughput  requests, tokens, wall_s, tok_per_s, decode_tok_per_s, steps, decode_steps,
-              prefill_steps, retractions (of the measured generate; warm-up excluded)
+              prefill_steps, retractions (of the measured generate; warm-up excluded),
+              timeline_decode_tok_per_s (the timeline generate: the same workload, spans on),
+              weight_bytes_per_step (target + draft x num_steps: the bytes a step reads)
   latency     step_time_p50_ms (all steps), decode_step_time_p50_ms (decode step wall time),
               itl_p50_ms, itl_p99_ms, tpot_p50_ms, tpot_p90_ms, from Engine.stats(): ITL =
               time between consecutive token deliveries to one request (a speculative step
@@ -38,16 +41,18 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               accept_rate_pos<i> (i = 1..num_steps), accept_simulated
   lossless    diverging_requests, first_divergence_tokens (workload check_lossless=True: the
               measured prompts re-run target-only, greedy, same numerics; see mtplab/lossless.py)
-  stages      stage_<stage>_ms (median per decode step), sync_spans_per_step,
+  stages      stage_<stage>_ms (median per decode step), stage_sum_gpu_ms, sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)
   bubbles     bubble_frac, bubble_sync_frac, bubble_host_prep_frac, bubble_launch_frac,
-              bubble_other_frac, bubble_steps, launches_per_step, draft_launches_per_step,
+              bubble_other_frac, bubble_steps, device_busy_step_ms, step_profiled_ms,
+              launches_per_step, draft_launches_per_step,
               draft_ops_per_step, host_syncs_per_step (from the Kineto trace when profile=True;
               bubble_* NaN on CPU, where the trace has no GPU lanes)
   environment device_name, git_commit, mtplab_version, torch_version
   paths       run_dir, trace_path, timeline_path, manifest_path, log_path, notebook_path,
-              timeline_first_step, trace_skip_steps (first measured step of the timeline;
+              timeline_first_step, timeline_end_step, trace_skip_steps (the timeline
+              generate's steps [first, end);
               steps to skip in the trace: 0, it holds profiled steps only -- with
               profile=True the profiler waits through the warm-up and measured generates
               and records extra generates of the same workload, so tok/s and latency are

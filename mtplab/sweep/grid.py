@@ -59,6 +59,10 @@ class Workload:
     warmup_output_len_tokens  new tokens of the warm-up generate before the measured one
                             (batch_size requests; 0 = none); warm-up steps are in no figure
     temperature             0 = greedy
+    prompts                 "random" (token ids seeded by the config seed) or "code" (held-out
+                            stdlib code through the model's tokenizer: real acceptance)
+    repeat                  index of a repeated measurement: a `repeat: [0, 1, 2]` axis makes
+                            distinct cells of the same run, interleaved in the grid's order
     check_lossless          also run the measured workload target-only (greedy) and count the
                             requests whose spec output diverges (mtplab/lossless.py)
     fail                    fault injection: the cell's process raises before building the
@@ -73,6 +77,8 @@ class Workload:
     output_len_tokens: int = 32
     warmup_output_len_tokens: int = 4
     temperature: float = 0.0
+    prompts: str = "random"
+    repeat: int = 0
     check_lossless: bool = False
     fail: bool = False
     sleep_s: float = 0.0
@@ -91,6 +97,8 @@ class Workload:
         if not isinstance(self.warmup_output_len_tokens, int) or self.warmup_output_len_tokens < 0:
             raise ConfigError("warmup_output_len_tokens must be an integer >= 0, "
                               f"got {self.warmup_output_len_tokens!r}.")
+        if self.prompts not in ("random", "code"):
+            raise ConfigError(f"prompts must be 'random' or 'code', got {self.prompts!r}.")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}.")
         if self.check_lossless and self.temperature != 0:

@@ -6,12 +6,16 @@ write the run folder and derive the figures.
     engine steps:  [warm-up][measured generate][timeline generate][profiled generate(s) ...]
     spans:          on       paused             on                 on
     profiler:      held in `wait` ----------------------------->  wait | warmup | active
-    figures:                tok/s, latency      stage times        bubble fractions, launch
-                                                                   and sync counts (trace)
+    figures:                tok/s, latency      stage times,       bubble fractions, launch
+                                                tok/s with spans   and sync counts (trace)
+This is the one measurement procedure of mtplab: `mtplab sweep`, `mtplab bench` (grid files in
+mtplab/bench_grids/) and the scripts in benchmarks/ all time engine runs through it, one cell
+per process (mtplab.sweep.runner).
+
 Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate
 (per-request token arrival times, see mtplab.sweep's table schema), which neither the
 profiler (no collection, no trace export inside it) nor the spans (paused: an event pair per
-stage costs 15-25% of a small model's decode step on the GPU, docs/benchmarks.md) touch.
+stage has a cost comparable to a small model's kernels, docs/benchmarks.md) touch.
 The event-timeline figures use only the steps of the timeline generate; the trace covers
 profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0).
 """
@@ -54,6 +58,30 @@ def lossless_columns(cfg: RunConfig, ps: list, n: int, outputs: list) -> dict[st
             "first_divergence_tokens": json.dumps([f for f in firsts if f is not None])}
 
 
+def code_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of exactly `length` tokens: the last `length` tokens of held-out stdlib code
+    snippets (mtplab.models.corpus; the prompt ends where the model continues)."""
+    from ..models.corpus import heldout_snippets
+
+    if tokenizer is None:
+        raise ValueError("prompts='code' needs a model with a tokenizer; use prompts='random'.")
+    out = [tokenizer.encode(t)[-length:] for t in heldout_snippets(n, 2 * length + 64)]
+    short = min(len(p) for p in out)
+    if short < length:
+        raise ValueError(f"a held-out code snippet has {short} tokens, fewer than "
+                         f"prompt_len_tokens={length}; shorten prompt_len_tokens.")
+    return out
+
+
+def weight_bytes_per_step(eng) -> int:
+    """Weight bytes a decode step reads: the target once (verify) + the draft once per step."""
+    n = sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    if eng.draft_model is not None:
+        d = sum(p.numel() * p.element_size() for p in eng.draft_model.parameters())
+        n += d * eng.cfg.num_steps
+    return n
+
+
 def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     """Run the cell; return the metric columns of its results row (see mtplab.sweep)."""
     from ..engine import Engine
@@ -62,7 +90,12 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
         raise RuntimeError("workload fail=True: this cell fails on purpose (test hook).")
     eng = Engine(cfg)
     V = eng.model.config.vocab_size
-    measured = prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed)
+    if wl.prompts == "code":
+        measured = code_prompts(eng.tokenizer, wl.requests, wl.prompt_len_tokens)
+        warm = measured[:wl.batch_size]
+    else:
+        measured = prompts(wl.requests, wl.prompt_len_tokens, V, cfg.seed)
+        warm = prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1)
 
     def run(ps, n):
         return eng.generate(ps, max_new_tokens=n, ignore_eos=True, temperature=wl.temperature)
@@ -70,16 +103,17 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     prof = eng.profiler
     with prof.held() if prof is not None else contextlib.nullcontext():
         if wl.warmup_output_len_tokens:
-            run(prompts(wl.batch_size, wl.prompt_len_tokens, V, cfg.seed + 1),
-                wl.warmup_output_len_tokens)
+            run(warm, wl.warmup_output_len_tokens)
         with eng.spans.paused():
             outputs = run(measured, wl.output_len_tokens)           # measured
         st = eng.stats()
         first_step = end_step = 0
+        timeline_tps = float("nan")
         if eng.timeline is not None:
             first_step = eng.timeline.step + 1
             run(measured, wl.output_len_tokens)                     # stage times
             end_step = eng.timeline.step + 1
+            timeline_tps = eng.stats()["decode_tok_per_s"]
     eng.check_invariants()
     if prof is not None:
         while not prof.done:
@@ -97,6 +131,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
                                     if cfg.debug_syncs else float("nan"))
     row["accept_len"] = st.get("accept_len", float("nan"))
     row["accept_simulated"] = bool(st.get("simulated", False))
+    row["weight_bytes_per_step"] = weight_bytes_per_step(eng)
     for i, r in enumerate(st.get("accept_rate_per_pos", []), start=1):
         row[f"accept_rate_pos{i}"] = r
     man = cfg.manifest()
@@ -107,7 +142,8 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row["run_dir"] = str(eng.run_dir)
     row["manifest_path"] = str(files["manifest"]) if "manifest" in files else None
     row["timeline_path"] = str(files["timeline"]) if "timeline" in files else None
-    row["timeline_first_step"] = first_step
+    row["timeline_first_step"], row["timeline_end_step"] = first_step, end_step
+    row["timeline_decode_tok_per_s"] = timeline_tps       # the same workload, spans on
     if eng.timeline is not None:
         row.update(stage_metrics(eng.timeline_frame(), first_step, end_step))
     row["trace_path"] = str(files["trace0"]) if "trace0" in files else None

@@ -5,6 +5,10 @@ generate (the measured workload once more, with spans on; see measure.py):
     stage_<stage>_ms         median over decode steps of the summed time of that stage's spans
                              in the step (0 where a step has none; GPU clock for device lanes
                              on CUDA, else host clock)
+    stage_sum_gpu_ms         median over decode steps of the summed GPU intervals of every
+                             stage span on a device lane (NaN without a GPU clock): an upper
+                             estimate of the bubble-free step time, since an event pair also
+                             spans the dispatch latency before its stage's first kernel
     sync_spans_per_step      mean number of host `sync` spans (blocking waits) per decode step
 
 From the trace (only when the cell profiles; NaN otherwise), over the decode steps of the
@@ -13,6 +17,11 @@ profiler window after warm-up:
                                        per cause (sync, host_prep, launch, other); NaN without
                                        GPU activity (a CPU run)
     bubble_steps                       decode steps the bubble figures cover
+    device_busy_step_ms                median over those steps of the device busy time (union
+                                       of kernels and copies): the step time with zero
+                                       bubbles (kernel durations are not inflated by the
+                                       profiler); NaN on CPU
+    step_profiled_ms                   median wall time of those steps under the profiler
     launches_per_step                  CUDA launch calls (`*Launch*` runtime/driver events)
                                        inside a decode step span (NaN on CPU)
     draft_launches_per_step            launch calls inside `draft.seed` / `draft` spans
@@ -49,13 +58,32 @@ def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None
     per = d.pivot_table(index="step", columns="stage", values="ms", aggfunc="sum", fill_value=0.0)
     per = per.reindex(dec_steps, fill_value=0.0)
     out = {f"stage_{s}_ms": float(per[s].median()) for s in STAGES if s in per.columns}
+    dev = gpu & (tl["stream"] != "host")
+    out["stage_sum_gpu_ms"] = (float(d[dev.to_numpy()].groupby("step")["ms"].sum()
+                                     .reindex(dec_steps, fill_value=0.0).median())
+                               if dev.any() else NAN)
     out["sync_spans_per_step"] = float((d["stage"] == "sync").sum() / len(dec_steps))
+    return out
+
+
+def bubble_columns(steps: pd.DataFrame, has_device: bool) -> dict:
+    """The bubble figures of the profiled decode steps `steps` (rows of `analyze(...).steps`):
+    every `bubble_*` column of the results table is computed here and only here."""
+    out = {"bubble_frac": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES},
+           "bubble_steps": len(steps), "device_busy_step_ms": NAN,
+           "step_profiled_ms": float(steps["dur_us"].median()) / 1e3 if len(steps) else NAN}
+    wall = float(steps["dur_us"].sum()) if len(steps) else 0.0
+    if has_device and wall > 0:
+        out["bubble_frac"] = float(steps["bubble_us"].sum()) / wall
+        for c in CAUSES:
+            out[f"bubble_{c}_frac"] = float(steps[f"bubble_{c}_us"].sum()) / wall
+        out["device_busy_step_ms"] = float(steps["busy_us"].median()) / 1e3
     return out
 
 
 def trace_metrics(trace_path: str, skip_steps: int) -> dict:
     """Bubble fractions and launch/sync counts of the decode steps after `skip_steps`."""
-    out = {"bubble_frac": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES}, "bubble_steps": 0,
+    out = {**bubble_columns(pd.DataFrame(), False),
            "launches_per_step": NAN, "draft_launches_per_step": NAN,
            "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
     tr = load_trace(trace_path)
@@ -64,14 +92,9 @@ def trace_metrics(trace_path: str, skip_steps: int) -> dict:
     except ValueError:          # the profiler window ended inside the warm-up
         return out
     st = res.steps[res.steps["name"].str.startswith("step[decode")]
-    out["bubble_steps"] = len(st)
+    out.update(bubble_columns(st, res.summary.get("device") is not None))
     if st.empty:
         return out
-    wall = float(st["dur_us"].sum())
-    if res.summary.get("device") is not None and wall > 0:
-        out["bubble_frac"] = float(st["bubble_us"].sum()) / wall
-        for c in CAUSES:
-            out[f"bubble_{c}_frac"] = float(st[f"bubble_{c}_us"].sum()) / wall
     n = len(st)
     s0 = st["host_start_us"].to_numpy()
     s1 = s0 + st["host_dur_us"].to_numpy()

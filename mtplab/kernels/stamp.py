@@ -1,0 +1,57 @@
+"""GPU time stamps into a ring buffer: one tiny kernel per stamp, usable eagerly and inside a
+captured CUDA graph (the ring slot is claimed on the device when the kernel runs).
+
+    ring  int64 [capacity, 2]     record = (code, ns)      capacity a power of two
+    count int32 [1]               records ever claimed (wraps the ring: slot = count & (cap-1))
+
+    stamp(ring, count, code):   t   = %globaltimer         (ns, the GPU's global timer)
+                                s   = atomic_add(count, 1) & (capacity - 1)
+                                ring[s] = (code, t)
+Stamps on one stream claim slots in stream order (a stream runs its kernels one after the
+other), so the records of one stream appear in the ring in the order they were issued.
+
+`stamp_ref` is the plain-torch reference of the same function: the caller gives the time
+(host `perf_counter_ns` on CPU). Under TRITON_INTERPRET=1 the `%globaltimer` read (inline PTX)
+cannot run, so the interpreter path takes its time from a tensor (`clock`): the slot and
+buffer logic are the same code.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:          # CPU installs without Triton: the reference path only
+    triton = None
+
+RECORD_WORDS = 2             # (code, ns)
+
+
+def stamp_ref(ring: torch.Tensor, count: torch.Tensor, code: int, now_ns: int) -> None:
+    """Reference: claim the next slot and write (code, now_ns) there."""
+    slot = int(count[0]) & (ring.shape[0] - 1)
+    count[0] += 1
+    ring[slot, 0] = code
+    ring[slot, 1] = now_ns
+
+
+if triton is not None:
+    @triton.jit
+    def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
+        if GLOBALTIMER:
+            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                          is_pure=False, pack=1)
+        else:
+            t = tl.load(clock_ptr)
+        slot = tl.atomic_add(count_ptr, 1) & mask
+        tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
+        tl.store(ring_ptr + 2 * slot + 1, t)
+
+
+def stamp_triton(ring: torch.Tensor, count: torch.Tensor, code: int,
+                 clock: torch.Tensor | None = None) -> None:
+    """Launch one stamp on the current stream. `clock` (an int64 [1] tensor) replaces
+    `%globaltimer` (the interpreter, tests); None reads the GPU's global timer."""
+    _stamp_kernel[(1,)](ring, count, ring if clock is None else clock, code,
+                        ring.shape[0] - 1, GLOBALTIMER=clock is None, num_warps=1)

@@ -14,6 +14,8 @@
 #     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
+#     meter             : bubble meter tests + bench_meter (stamp resolution, planted delays,
+#                         meter vs profiler, overhead; PASS/MISS per target)         ~4 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -66,6 +68,11 @@ case $phase in
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
+  meter)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_meter_gpu.py tests/test_meter.py 2>&1 \
+      | tee "$LOG" | tail -5
+    python3 -m benchmarks.bench_meter --out "$OUT/bench_meter.md" >> "$LOG" 2>&1
+    cat "$OUT/bench_meter.md" ;;
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|meter"
      exit 2 ;;
 esac

@@ -122,7 +122,7 @@ def _per_step_bubble(eng, prompts, n) -> pd.DataFrame:
 def test_planted_host_delay_rises_the_bubble_cpu(overlap, tmp_path):
     """CPU reference clock: a host sleep of d per step lands in the meter's bubble."""
     cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", bubble_meter=True,
-                    overlap=overlap, trace_dir=str(tmp_path), run_name="m")
+                    overlap=overlap, device="cpu", trace_dir=str(tmp_path), run_name="m")
     eng = Engine(cfg)
     prompts = [[5, 6, 7], [8, 9]]
     base = _per_step_bubble(eng, prompts, 10)
@@ -146,7 +146,7 @@ def test_planted_host_delay_rises_the_bubble_cpu(overlap, tmp_path):
 
 
 def test_meter_off_by_default_and_tokens_unchanged():
-    cfg = dict(model="random-tiny", draft="frozen_kv_mtp")
+    cfg = dict(model="random-tiny", draft="frozen_kv_mtp", device="cpu")
     a = Engine(RunConfig(**cfg))
     b = Engine(RunConfig(**cfg, bubble_meter=True))
     p = [[5, 6, 7, 8]]

@@ -126,6 +126,10 @@ class BubbleMeter:
         self.capacity = capacity
         self.ring = torch.zeros(capacity, 2, dtype=torch.long, device=device)
         self.count = torch.zeros(1, dtype=torch.int32, device=device)
+        if self.cuda:        # compile and load the stamp kernel now, never during a capture
+            stamp_triton(self.ring, self.count, 0)
+            torch.cuda.synchronize(self.ring.device)
+            self.count.zero_()
         self.step = -1
         self.names: list[str] = []          # step -> step span name
         self.drains = 0                     # synchronizing reads forced by a half-full ring

@@ -37,7 +37,9 @@ def stamp_ref(ring: torch.Tensor, count: torch.Tensor, code: int, now_ns: int) -
 
 
 if triton is not None:
-    @triton.jit
+    # `code` is not specialized: one compiled variant serves every stamp site (no compile,
+    # hence no module load, can happen later inside a graph capture)
+    @triton.jit(do_not_specialize=["code"])
     def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
         if GLOBALTIMER:
             t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,

@@ -138,7 +138,7 @@ def cause_group(cause):
     """The CAUSES entry of a cause (`host:draft` -> `host`); works on a str or a Series."""
     if isinstance(cause, str):
         return cause.split(":", 1)[0]
-    return cause.str.split(":", n=1).str[0]
+    return cause.map({c: c.split(":", 1)[0] for c in cause.unique()})  # few distinct values
 
 
 def stage_of(name: str) -> str | None:

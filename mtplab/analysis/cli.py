@@ -171,11 +171,18 @@ def to_json(res: Analysis) -> dict[str, Any]:
     """The `--json` object: steps, gaps (device bubbles), streams, summary (NaN becomes null)."""
     gaps = res.device_gaps
     return {
-        "steps": res.steps[list(JSON_STEP_KEYS)].to_dict("records"),
-        "gaps": gaps[list(JSON_GAP_KEYS)].to_dict("records"),
-        "streams": res.streams[list(JSON_STREAM_KEYS)].to_dict("records"),
+        "steps": _records(res.steps, JSON_STEP_KEYS),
+        "gaps": _records(gaps, JSON_GAP_KEYS),
+        "streams": _records(res.streams, JSON_STREAM_KEYS),
         "summary": res.summary,
     }
+
+
+def _records(df, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """`df[keys].to_dict("records")` with plain Python values, column-wise (pandas' row-wise
+    boxing took most of `--json`'s time on large traces); NaN stays a float (JSON null)."""
+    cols = [df[k].to_numpy().tolist() for k in keys]
+    return [dict(zip(keys, row)) for row in zip(*cols)]
 
 
 def format_report(res: Analysis, path: Path, max_rows: int = 20) -> str:

@@ -5,12 +5,14 @@
 
 TRACE is a `.json` / `.json.gz` Kineto trace, or a folder holding exactly one
 (`*.pt.trace.json[.gz]` preferred). Bad input prints one line on stderr and exits with 2.
+A reader that closes the pipe early (`| head`) ends the output quietly (exit 0).
 Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,11 +115,31 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab analyze", str(e))
     if ns.json:
-        sys.stdout.buffer.write(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        sys.stdout.flush()
+        _emit(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
-        print(format_report(res, path))
+        _emit((format_report(res, path) + "\n").encode())
     return 0
+
+
+def _emit(data: bytes) -> None:
+    """Write to stdout; a reader that went away (`| head`) is not an error: the rest of the
+    output is dropped and stdout points at /dev/null so the exit flush stays quiet."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _check_out(out: Path) -> None:
+    """Fail before the work, naming the user's path, when `out` cannot be written."""
+    if out.is_dir():
+        raise _UsageError(f"--out {out} is a folder; pass a file name ending in .png, .svg or .pdf")
+    parent = next((q for q in out.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise _UsageError(f"--out {out}: {parent} is a file, not a folder; pass a path in a folder")
+    if parent is not None and not os.access(parent, os.W_OK):
+        raise _UsageError(f"--out {out}: the folder {parent} is not writable; pass another path")
 
 
 def main_plot(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +151,7 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
         path = resolve_trace(ns.trace)
         steps = _step_range(ns.steps)
         out = Path(ns.out) if ns.out else path.parent / "timeline.png"
+        _check_out(out)
         from .plots import plot_timeline  # matplotlib only on this path
         from .trace_io import load_trace
 
@@ -143,10 +166,14 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
             steps = (mid, mid + DEFAULT_PLOT_STEPS - 1)
             print(f"mtplab plot: drawing steps {steps[0]}:{steps[1]} of {len(have)} "
                   "(--steps A:B for others)", file=sys.stderr)
-        plot_timeline(tr, res, steps=steps, path=out)
+        try:
+            plot_timeline(tr, res, steps=steps, path=out)
+        except OSError as e:       # the error names the temporary file: name the user's path
+            raise _UsageError(f"cannot write the plot to {out} ({e.strerror or e}); check the "
+                              "path and its folder") from None
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab plot", str(e))
-    print(out)
+    _emit(f"{out}\n".encode())
     return 0
 
 

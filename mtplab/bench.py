@@ -19,8 +19,9 @@ time per step (union of kernels/memcpy in the profiled steps; kernel durations a
 inflated by the profiler); achieved = bound / the unprofiled decode step time (p50 of the timed
 run). "stage sum" is the other estimate of the bound: the sum of the stages' GPU intervals from
 the event timeline (event pairs also span the launch latency before a stage's first kernel, so
-it over-estimates). The bubble % column is measured under the profiler, whose per-launch cost
-inflates host time; 1 - achieved is the unprofiled bubble estimate.
+it over-estimates). The bubble % column is the bubble meter's (instrument/meter.py) over the
+unprofiled timed runs; the cause split in parentheses is the profiled run's (shares of its
+step time; `bubble_frac_profiled` in the JSON), whose per-launch cost inflates host time.
 Memory floor: weight bytes read per decode step (target once for verify + the draft S times)
 / measured HBM bandwidth (a large device copy), per token = per step / accept length.
 """
@@ -104,6 +105,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
     from .engine import Engine
     from .models.corpus import heldout_snippets
     from .analysis.bubbles import analyze
+    from .instrument.meter import METER_KEYS
 
     new = 6 if smoke else arm.new_tokens
     ctx = 1024
@@ -117,7 +119,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
                         event_timeline=True, event_timeline_every=1 if smoke else 8,
                         profile=True, profile_wait=1, profile_warmup=2,
                         profile_active=3 if smoke else 12, trace_dir=d, run_name="arm",
-                        **arm.cfg)
+                        bubble_meter=True, **arm.cfg)
         eng = Engine(cfg)
         t["init"] = time.perf_counter()
         V = eng.model.config.vocab_size
@@ -143,6 +145,7 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
                   "step_time_p50_ms", "decode_step_p50_ms", "accept_len"):
             res[k] = med(runs, k)
         res["accept_len"] = res["accept_len"] or 1.0
+        res.update({k: med(runs, k) for k in METER_KEYS})       # the headline bubble_frac
         dev = tl[(tl["stream"] != "host") & ~tl["stage"].str.startswith("step[")]
         if dev["gpu_start_us"].notna().any():
             per = (dev["gpu_end_us"] - dev["gpu_start_us"]).groupby(dev["step"]).sum()
@@ -154,13 +157,13 @@ def run_arm(arm: Arm, device: str, smoke: bool) -> dict:
         if "trace0" in files:
             a = analyze(files["trace0"], skip_steps=1 if not smoke else 0)
             s = a.summary
-            res.update(bubble_frac=s.get("bubble_frac"), n_profiled_steps=s.get("n_steps"))
+            res.update(bubble_frac_profiled=s.get("bubble_frac"), n_profiled_steps=s.get("n_steps"))
             steps = a.steps
             dec = steps[steps["name"].str.startswith("step[decode")] if len(steps) else steps
             if len(dec):
                 res["busy_us_per_step"] = float(dec["busy_us"].median())
                 res["step_us_profiled"] = float(dec["dur_us"].median())
-                for c in ("sync", "host_prep", "launch", "other"):
+                for c in ("sync", "host_prep", "launch", "host", "other"):
                     col = f"bubble_{c}_us"
                     if col in dec:
                         res[f"bubble_{c}_frac"] = float(dec[col].sum() / dec["dur_us"].sum())
@@ -227,7 +230,8 @@ def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
     for g in dict.fromkeys(a.group for a in all_arms):
         g_arms = [a for a in all_arms if a.group == g]
         out += [f"### {g}", "", "| arm | bs | tok/s (min/med/max) | vs first | TPOT p50 / p90 ms | "
-                "step ms | accept len | bubble % (sync/host_prep/launch/other) | "
+                "step ms | accept len | bubble % meter (profiled: sync/host_prep/launch/host/"
+                "other) | "
                 "bound ms | achieved | stage sum ms | mem floor ms/tok |", "|---" * 12 + "|"]
         base = {}
         for a in g_arms:
@@ -241,7 +245,7 @@ def table(results: dict, all_arms: list, bw: Optional[float]) -> str:
             bub = med(rows, "bubble_frac")
             bub = None if bub is None or bub != bub else bub            # NaN: no device lanes
             causes = "/".join(f"{100 * (med(rows, f'bubble_{c}_frac') or 0):.1f}"
-                              for c in ("sync", "host_prep", "launch", "other"))
+                              for c in ("sync", "host_prep", "launch", "host", "other"))
             busy = med(rows, "busy_us_per_step") or None                # 0: CPU run
             step = 1e3 * med(rows, "decode_step_p50_ms")                 # unprofiled run
             ssum = med(rows, "stage_sum_us_per_step")

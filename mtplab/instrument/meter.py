@@ -257,6 +257,17 @@ class BubbleMeter:
                 "meter_steps": int(len(df))}
 
 
+METER_KEYS = ("bubble_frac", "bubble_us_per_step", "meter_wall_us_per_step", "meter_steps")
+
+
+def meter_figures(stats: dict) -> dict:
+    """The meter's figures of an `Engine.stats()` (NaN / 0 when the meter was off): the
+    headline `bubble_frac` of sweeps and `mtplab bench` (the profiled one is
+    `bubble_frac_profiled`)."""
+    nan = float("nan")
+    return {k: stats.get(k, 0 if k == "meter_steps" else nan) for k in METER_KEYS}
+
+
 def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
           dev_ns: np.ndarray) -> list[tuple]:
     """Match ring records to the issue log lane by lane, then pair begin/end stamps (spans

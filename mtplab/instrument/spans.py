@@ -96,12 +96,14 @@ class Spans:
             self.enabled = self._master and step % self.sample_every == 0
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, keep_meter: bool = False):
         """No spans inside, sampled steps included (CUDA graph capture: event records and
-        ranges must not be captured; timed runs: no instrumentation cost)."""
+        ranges must not be captured; timed runs: no instrumentation cost). `keep_meter`: the
+        bubble meter keeps stamping (a timed run that reports the meter's bubble)."""
         was = self.enabled, self._master, self.meter
         self.enabled = self._master = False
-        self.meter = None
+        if not keep_meter:
+            self.meter = None
         try:
             yield
         finally:

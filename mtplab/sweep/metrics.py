@@ -7,11 +7,15 @@ generate (the measured workload once more, with spans on; see measure.py):
                              on CUDA, else host clock)
     sync_spans_per_step      mean number of host `sync` spans (blocking waits) per decode step
 
+From the bubble meter (measure.py; instrument/meter.py), over the measured generate's
+decode steps, unprofiled: the headline
+    bubble_frac, bubble_us_per_step    device time not covered by any stage / step wall time
+
 From the trace (only when the cell profiles; NaN otherwise), over the decode steps of the
-profiler window after warm-up:
-    bubble_frac, bubble_<cause>_frac   device bubble time / device step wall time, in total and
-                                       per cause (sync, host_prep, launch, other); NaN without
-                                       GPU activity (a CPU run)
+profiler window after warm-up (the profiler inflates host time: where/why views):
+    bubble_frac_profiled, bubble_<cause>_frac   device bubble time / device step wall time, in
+                                       total and per cause (sync, host_prep, launch, host,
+                                       other); NaN without GPU activity (a CPU run)
     bubble_steps                       decode steps the bubble figures cover
     launches_per_step                  CUDA launch calls (`*Launch*` runtime/driver events)
                                        inside a decode step span (NaN on CPU)
@@ -55,7 +59,7 @@ def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None
 
 def trace_metrics(trace_path: str, skip_steps: int) -> dict:
     """Bubble fractions and launch/sync counts of the decode steps after `skip_steps`."""
-    out = {"bubble_frac": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES}, "bubble_steps": 0,
+    out = {"bubble_frac_profiled": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES}, "bubble_steps": 0,
            "launches_per_step": NAN, "draft_launches_per_step": NAN,
            "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
     tr = load_trace(trace_path)
@@ -69,7 +73,7 @@ def trace_metrics(trace_path: str, skip_steps: int) -> dict:
         return out
     wall = float(st["dur_us"].sum())
     if res.summary.get("device") is not None and wall > 0:
-        out["bubble_frac"] = float(st["bubble_us"].sum()) / wall
+        out["bubble_frac_profiled"] = float(st["bubble_us"].sum()) / wall
         for c in CAUSES:
             out[f"bubble_{c}_frac"] = float(st[f"bubble_{c}_us"].sum()) / wall
     n = len(st)

@@ -65,6 +65,14 @@ def resolution(rows: list, n: int = 2000) -> None:
              f"min nonzero delta {nz.min() if nz.size else float('nan'):.0f} ns, median delta "
              f"{np.median(d):.0f} ns, {100 * (d == 0).mean():.1f}% of deltas 0 (same timer "
              f"tick), distinct ticks {np.unique(ns).size}."]
+    torch.cuda._sleep(50_000_000)        # host cost of one eager stamp (the stream is held)
+    t = time.perf_counter()
+    for _ in range(n):
+        m.stamp(code)
+    host_us = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    rows += [f"Host cost of one eager stamp: {host_us:.2f} µs per launch (launch path: "
+             f"{'direct compiled launcher' if m._launch.direct else 'Triton JIT'})."]
 
 
 def _decode_bubble(eng, first: int) -> float:

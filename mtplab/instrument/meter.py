@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..kernels.stamp import stamp_ref, stamp_triton
+from ..kernels.stamp import StampLauncher, stamp_ref
 from ..stages import STAGES, STEP_RE
 
 LANES = ("forward", "copy")         # stamped lanes; "host" spans are never stamped
@@ -126,10 +126,8 @@ class BubbleMeter:
         self.capacity = capacity
         self.ring = torch.zeros(capacity, 2, dtype=torch.long, device=device)
         self.count = torch.zeros(1, dtype=torch.int32, device=device)
-        if self.cuda:        # compile and load the stamp kernel now, never during a capture
-            stamp_triton(self.ring, self.count, 0)
-            torch.cuda.synchronize(self.ring.device)
-            self.count.zero_()
+        # compiled and loaded now, never during a graph capture
+        self._launch = StampLauncher(self.ring, self.count) if self.cuda else None
         self.step = -1
         self.names: list[str] = []          # step -> step span name
         self.drains = 0                     # synchronizing reads forced by a half-full ring
@@ -160,14 +158,14 @@ class BubbleMeter:
     def stamp(self, code: int) -> None:
         """One stamp on the current stream, logged for the current step."""
         if self.cuda:
-            stamp_triton(self.ring, self.count, code)
+            self._launch(code)
         else:
             stamp_ref(self.ring, self.count, code, time.perf_counter_ns())
         self._log.append(self._key | code)
 
     def device_stamp(self, code: int) -> None:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""
-        stamp_triton(self.ring, self.count, code)
+        self._launch(code)
 
     def log(self, *codes: int) -> None:
         """A graph replay issued these captured stamps (in this order) for the current step."""

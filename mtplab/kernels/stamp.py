@@ -52,8 +52,40 @@ if triton is not None:
 
 
 def stamp_triton(ring: torch.Tensor, count: torch.Tensor, code: int,
-                 clock: torch.Tensor | None = None) -> None:
+                 clock: torch.Tensor | None = None):
     """Launch one stamp on the current stream. `clock` (an int64 [1] tensor) replaces
-    `%globaltimer` (the interpreter, tests); None reads the GPU's global timer."""
-    _stamp_kernel[(1,)](ring, count, ring if clock is None else clock, code,
-                        ring.shape[0] - 1, GLOBALTIMER=clock is None, num_warps=1)
+    `%globaltimer` (the interpreter, tests); None reads the GPU's global timer. Returns
+    Triton's compiled kernel (the JIT path's return value)."""
+    return _stamp_kernel[(1,)](ring, count, ring if clock is None else clock, code,
+                               ring.shape[0] - 1, GLOBALTIMER=clock is None, num_warps=1)
+
+
+class StampLauncher:
+    """`%globaltimer` stamps into one ring, launched through the compiled kernel's own
+    launcher: no JIT argument binding or cache lookup per stamp (the eager hot path). The
+    first launch goes through the JIT (compile + load); the direct launcher is then tried
+    once and checked (two records with the right codes); where this Triton version's
+    launcher takes other arguments, every stamp goes through the JIT path instead.
+    Leaves the ring and its counter zeroed."""
+
+    def __init__(self, ring: torch.Tensor, count: torch.Tensor):
+        self.ring, self.count, self.mask = ring, count, ring.shape[0] - 1
+        ck = stamp_triton(ring, count, 2)
+        self.direct = None
+        try:
+            run = ck[(1, 1, 1)]
+            run(ring, count, ring, 3, self.mask, True)
+            torch.cuda.synchronize(ring.device)
+            if int(count[0]) == 2 and ring[:2, 0].tolist() == [2, 3]:
+                self.direct = run
+        except Exception:          # another launcher signature: the JIT path stays correct
+            torch.cuda.synchronize(ring.device)
+        count.zero_()
+        ring.zero_()
+        torch.cuda.synchronize(ring.device)
+
+    def __call__(self, code: int) -> None:
+        if self.direct is not None:
+            self.direct(self.ring, self.count, self.ring, code, self.mask, True)
+        else:
+            stamp_triton(self.ring, self.count, code)

@@ -42,3 +42,13 @@ def test_meter_with_graphs_tokens_and_intervals(draft, overlap):
     # graphed verify: its stamps came from the captured graph (one begin/end per step)
     dec = st[st["step"].isin(df.loc[df["name"].str.startswith("step[decode"), "step"])]
     assert (dec[dec["stage"] == "verify"].groupby("step").size() == 1).all()
+
+
+def test_stamp_launcher_writes_the_codes_it_is_given():
+    """Whichever launch path this Triton takes (direct compiled launcher or JIT)."""
+    m = BubbleMeter(torch.device("cuda"), capacity=16)
+    assert int(m.count[0]) == 0 and not m.ring.any()
+    for c in (5, 7, 9):
+        m._launch(c)
+    torch.cuda.synchronize()
+    assert m.ring[:3, 0].tolist() == [5, 7, 9] and int(m.count[0]) == 3

@@ -102,12 +102,11 @@ import pandas as pd
 
 from ..atomic import atomic_path, atomic_write_bytes
 from ..stages import HOST_PREP_STAGES, STAGES
-from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace
+from .trace_io import (CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, GPU_ACTIVITY_CATS,
+                       RUNTIME_CATS, Trace, load_trace)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-CONSECUTIVE_KERNEL_DELAY_US = 30.0
-DEFAULT_WINDOW_US = 10_000.0
 CAUSES = ("sync", "host_prep", "launch", "host", "other")   # "host" groups host:<stage>
 HOST_PYTHON = "python"
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")

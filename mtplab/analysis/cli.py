@@ -15,12 +15,17 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
-from .bubbles import CAUSES, CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, Analysis, analyze, write_analysis
-from .trace_io import TraceError
+from .trace_io import CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, TraceError, load_trace
+
+if TYPE_CHECKING:
+    from .bubbles import Analysis
+
+# pandas (through .bubbles) is imported only once a trace has loaded: usage errors and bad
+# traces answer without it (python -X importtime -m mtplab.cli analyze ...)
 
 EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
@@ -108,7 +113,9 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
         if ns.skip_steps < 0:
             raise _UsageError(f"--skip-steps must be >= 0, got {ns.skip_steps}")
         path = resolve_trace(ns.trace)
-        res = analyze(path, skip_steps=ns.skip_steps, device=ns.device,
+        tr = load_trace(path)
+        from .bubbles import analyze, write_analysis
+        res = analyze(tr, skip_steps=ns.skip_steps, device=ns.device,
                       consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
         if ns.out:
             write_analysis(res, ns.out)
@@ -152,10 +159,10 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
         steps = _step_range(ns.steps)
         out = Path(ns.out) if ns.out else path.parent / "timeline.png"
         _check_out(out)
-        from .plots import plot_timeline  # matplotlib only on this path
-        from .trace_io import load_trace
-
         tr = load_trace(path)
+        from .bubbles import analyze
+        from .plots import plot_timeline  # matplotlib only on this path
+
         res = analyze(tr, device=ns.device)
         have = res.steps["step"]
         if steps is not None:
@@ -194,7 +201,7 @@ def _step_range(text: str | None) -> tuple[int | None, int | None] | None:
     return a, b
 
 
-def to_json(res: Analysis) -> dict[str, Any]:
+def to_json(res: "Analysis") -> dict[str, Any]:
     """The `--json` object: steps, gaps (device bubbles), streams, summary (NaN becomes null)."""
     gaps = res.device_gaps
     return {
@@ -212,8 +219,9 @@ def _records(df, keys: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(keys, row)) for row in zip(*cols)]
 
 
-def format_report(res: Analysis, path: Path, max_rows: int = 20) -> str:
+def format_report(res: "Analysis", path: Path, max_rows: int = 20) -> str:
     """A short human-readable table of the analysis."""
+    from .bubbles import CAUSES
     sm = res.summary
     frac = sm["bubble_frac"]
     lines = [f"trace   {path}",

@@ -156,3 +156,15 @@ def test_meter_off_by_default_and_tokens_unchanged():
     assert "bubble_frac" not in a.stats() and "bubble_frac" in b.stats()
     with pytest.raises(RuntimeError, match="bubble_meter=True"):
         a.meter_frame()
+
+
+def test_frame_from_a_first_step_equals_the_full_frame_tail():
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    us = 1000
+    _synthetic(m, [(k, "verify", "forward", (10 * k + 2) * us, (10 * k + 7) * us)
+                   for k in range(5)])
+    m.collect()
+    full = m.frame()
+    part = m.frame(3)
+    pd.testing.assert_frame_equal(part, full[full["step"] >= 3].reset_index(drop=True))
+    assert m.summary(3)["meter_steps"] == 2

@@ -205,9 +205,13 @@ class BubbleMeter:
             self._t0_ns = min(r[3] for r in self._rows)
 
     # -- tables ------------------------------------------------------------------------------
-    def stages_frame(self) -> pd.DataFrame:
-        """One row per stage interval (collected so far)."""
-        df = pd.DataFrame(self._rows, columns=["step", "stage", "lane", "start_ns", "end_ns"])
+    def stages_frame(self, first_step: int = 0) -> pd.DataFrame:
+        """One row per stage interval (collected so far) of the steps >= first_step."""
+        rows = self._rows
+        if first_step > 0:       # rows are in step order: spans nest inside their step span
+            k = next((i for i in range(len(rows) - 1, -1, -1) if rows[i][0] < first_step), -1)
+            rows = rows[k + 1:]
+        df = pd.DataFrame(rows, columns=["step", "stage", "lane", "start_ns", "end_ns"])
         t0 = self._t0_ns or 0
         out = pd.DataFrame({"step": df["step"].astype(np.int64), "stage": df["stage"],
                             "lane": df["lane"], "start_us": (df["start_ns"] - t0) / 1e3,
@@ -215,9 +219,10 @@ class BubbleMeter:
         out["dur_us"] = out["end_us"] - out["start_us"]
         return out
 
-    def frame(self) -> pd.DataFrame:
-        """One row per step with stage intervals (module docstring for every column)."""
-        st = self.stages_frame()
+    def frame(self, first_step: int = 0) -> pd.DataFrame:
+        """One row per step with stage intervals (module docstring for every column), of the
+        steps >= first_step (the window of the first one starts where step first_step-1 ends)."""
+        st = self.stages_frame(max(0, first_step - 1))
         if st.empty:
             return pd.DataFrame({c: [] for c in STEP_COLUMNS})
         s, e, k = (st["start_us"].to_numpy(), st["end_us"].to_numpy(),
@@ -233,18 +238,18 @@ class BubbleMeter:
         wall = bounds - starts
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.where(wall > 0, (wall - busy) / np.where(wall > 0, wall, 1.0), np.nan)
-        return pd.DataFrame({
+        df = pd.DataFrame({
             "step": steps.astype(np.int64), "name": [self.names[i] for i in steps],
             "start_us": starts, "wall_us": wall, "busy_us": busy,
             "bubble_us": np.maximum(wall - busy, 0.0), "bubble_frac": frac,
             "n_stages": np.bincount(np.searchsorted(steps, k), minlength=steps.size)},
             columns=STEP_COLUMNS)
+        return df[df["step"] >= first_step].reset_index(drop=True)
 
     def summary(self, first_step: int = 0, decode_only: bool = True) -> dict:
         """bubble_frac (bubble / wall) and bubble_us_per_step over the steps >= first_step
         (decode steps only by default: the steady state)."""
-        df = self.frame()
-        df = df[df["step"] >= first_step]
+        df = self.frame(first_step)
         if decode_only:
             df = df[df["name"].str.startswith("step[decode")]
         wall = float(df["wall_us"].sum())

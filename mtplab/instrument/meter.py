@@ -128,6 +128,8 @@ class BubbleMeter:
         self.count = torch.zeros(1, dtype=torch.int32, device=device)
         # compiled and loaded now, never during a graph capture
         self._launch = StampLauncher(self.ring, self.count) if self.cuda else None
+        # CPU: stamp_ref on numpy views of the same memory (no torch op per stamp)
+        self._host = (self.ring.numpy(), self.count.numpy()) if not self.cuda else None
         self.step = -1
         self.names: list[str] = []          # step -> step span name
         self.drains = 0                     # synchronizing reads forced by a half-full ring
@@ -160,7 +162,7 @@ class BubbleMeter:
         if self.cuda:
             self._launch(code)
         else:
-            stamp_ref(self.ring, self.count, code, time.perf_counter_ns())
+            stamp_ref(*self._host, code, time.perf_counter_ns())
         self._log.append(self._key | code)
 
     def device_stamp(self, code: int) -> None:

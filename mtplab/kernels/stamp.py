@@ -28,8 +28,9 @@ except ImportError:          # CPU installs without Triton: the reference path o
 RECORD_WORDS = 2             # (code, ns)
 
 
-def stamp_ref(ring: torch.Tensor, count: torch.Tensor, code: int, now_ns: int) -> None:
-    """Reference: claim the next slot and write (code, now_ns) there."""
+def stamp_ref(ring, count, code: int, now_ns: int) -> None:
+    """Reference: claim the next slot and write (code, now_ns) there (torch tensors or numpy
+    views of them)."""
     slot = int(count[0]) & (ring.shape[0] - 1)
     count[0] += 1
     ring[slot, 0] = code

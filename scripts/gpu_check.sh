@@ -15,7 +15,8 @@
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
 #     meter             : bubble meter tests + bench_meter (stamp resolution, planted delays,
-#                         meter vs profiler, overhead; PASS/MISS per target)         ~4 min
+#                         meter vs profiler, overhead; PASS/MISS per target) + plain PyTorch
+#                         traces of transformers generate (record_plain_trace)        ~6 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -72,7 +73,10 @@ case $phase in
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_meter_gpu.py tests/test_meter.py 2>&1 \
       | tee "$LOG" | tail -5
     python3 -m benchmarks.bench_meter --out "$OUT/bench_meter.md" >> "$LOG" 2>&1
-    cat "$OUT/bench_meter.md" ;;
+    cat "$OUT/bench_meter.md"
+    # plain PyTorch traces (transformers generate): cause split, other <= 10%; the large one
+    # feeds `bench_analyzer --cli --trace` on a machine with HTA
+    python3 -m benchmarks.record_plain_trace --out-dir "$OUT" 2>&1 | grep -v "^\[transformers\]\|USDT" ;;
   *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|meter"
      exit 2 ;;
 esac

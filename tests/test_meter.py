@@ -168,3 +168,28 @@ def test_frame_from_a_first_step_equals_the_full_frame_tail():
     part = m.frame(3)
     pd.testing.assert_frame_equal(part, full[full["step"] >= 3].reset_index(drop=True))
     assert m.summary(3)["meter_steps"] == 2
+
+
+def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypatch):
+    """The %globaltimer path cannot run here; compile it ahead of time for an H100 (PTX):
+    the timer read is there, and the slot claim is one atomic issued by one thread."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from triton.runtime.jit import JITFunction
+
+    import mtplab.kernels.stamp as stamp
+    # under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: compile its Python source
+    jit = JITFunction(stamp._stamp_kernel.fn, do_not_specialize=["code"])
+    sig = {"ring_ptr": "*i64", "count_ptr": "*i32", "clock_ptr": "*i64", "code": "i32",
+           "mask": "i32", "GLOBALTIMER": "constexpr"}
+    try:
+        k = triton.compile(ASTSource(fn=jit, signature=sig, constexprs={"GLOBALTIMER": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    except Exception as e:          # no LLVM/ptxas backend in this Triton install
+        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
+    ptx = k.asm["ptx"]
+    assert "%globaltimer" in ptx
+    atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
+    assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread

@@ -18,9 +18,10 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     vs baseline      median tok/s / the median tok/s of the first arm at the same grid point
     TPOT, step ms    TPOT p50 / p90 and the decode step p50 of the timed generate (medians)
     accept len       tokens committed per verify, bonus included (1 without a draft)
-    bubble %         device bubble fraction of the profiled decode steps, and its causes
-                     (sync / host_prep / launch / other); measured under the profiler, whose
-                     per-launch cost inflates host time
+    bubble %         the bubble meter's device bubble fraction of the unprofiled timed
+                     generate (instrument/meter.py), then in parentheses the profiled decode
+                     steps' cause split (sync / host_prep / launch / host / other, shares of
+                     the profiled step time; the profiler's per-launch cost inflates host time)
     bound ms         the bubble-free step time: device busy time per profiled decode step
     achieved         bound / the unprofiled decode step p50 (1 - achieved: the unprofiled
                      bubble estimate)
@@ -143,7 +144,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             cells.setdefault(where[rec["settings_json"]], []).append(rec)
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
-             "accept len", "bubble % (sync/host_prep/launch/other)", "bound ms", "achieved",
+             "accept len", "bubble % meter (profiled: sync/host_prep/launch/host/other)", "bound ms", "achieved",
              "stage sum ms", "draft ms / launches", "mem floor ms/tok"])
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     points = list(dict.fromkeys(p for p, _ in cells))
@@ -165,9 +166,8 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
                 base = med
             acc = _med(ok, "accept_len") or 1.0
             bub = _med(ok, "bubble_frac")
-            causes = "-" if bub is None else "/".join(
-                _fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
-                for c in ("sync", "host_prep", "launch", "other"))
+            causes = "/".join(_fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
+                              for c in ("sync", "host_prep", "launch", "host", "other"))
             busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
             seed, draft = _med(ok, "stage_draft.seed_ms"), _med(ok, "stage_draft_ms")
             dms = None if seed is None and draft is None else (seed or 0.0) + (draft or 0.0)

@@ -148,7 +148,7 @@ def main(argv: Optional[list] = None) -> int:
         from .bench import main_bench
         return main_bench(argv[1:])
     if argv and argv[0] in ("analyze", "plot"):
-        from .analysis import analyze_cli
+        from .analysis import cli as analyze_cli
         fn = analyze_cli.main_analyze if argv[0] == "analyze" else analyze_cli.main_plot
         return fn(argv[1:])
     args = build_parser().parse_args(argv)

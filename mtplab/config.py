@@ -60,6 +60,7 @@ class RunConfig:
     profile_active: int = 8
     event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
     event_timeline_every: int = 1            # timeline spans on every N-th engine step only
+    bubble_meter: bool = False               # GPU time stamps at stage boundaries (meter.parquet)
     trace_dir: str = "traces"
     run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
     debug_invariants: bool = False           # run the busy invariant check every iteration

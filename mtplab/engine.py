@@ -30,6 +30,7 @@ from .atomic import atomic_path, atomic_write_text
 from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
+from .instrument.meter import BubbleMeter
 from .models.zoo import build_drafts, build_target
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
@@ -93,6 +94,7 @@ class Engine:
                 self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
+        self._steps_done = 0
         self._last_stats: dict = {}
 
     def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
@@ -122,8 +124,11 @@ class Engine:
         self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
             f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
         self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
+        self.meter = BubbleMeter(self.device.torch_device) if cfg.bubble_meter else None
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
-                           annotate=cfg.profile, sample_every=cfg.event_timeline_every)
+                           annotate=cfg.profile, sample_every=cfg.event_timeline_every,
+                           meter=self.meter)
+        self._step_hooks: list = []
         self.profiler = None
         self.profile_note: Optional[str] = None     # why finish() wrote no trace, if so
         if cfg.profile:
@@ -134,7 +139,8 @@ class Engine:
 
     def finish(self) -> dict:
         """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
-        timeline.parquet (atomically). Returns {name: path} of what was written."""
+        timeline.parquet, meter.parquet + meter_stages.parquet (atomically). Returns
+        {name: path} of what was written."""
         written = {}
         self.profile_note = None
         if self.profiler is not None:
@@ -146,6 +152,13 @@ class Engine:
             with atomic_path(self.run_dir / "timeline.parquet") as tmp:
                 self.timeline.to_frame().to_parquet(tmp)
             written["timeline"] = self.run_dir / "timeline.parquet"
+        if self.meter is not None:
+            self.meter.collect()
+            for key, df in (("meter", self.meter.frame()), ("meter_stages",
+                                                            self.meter.stages_frame())):
+                with atomic_path(self.run_dir / f"{key}.parquet") as tmp:
+                    df.to_parquet(tmp)
+                written[key] = self.run_dir / f"{key}.parquet"
         if written or self.profiler is not None:
             written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
                                                     json.dumps(self.cfg.manifest(), indent=2))
@@ -157,12 +170,33 @@ class Engine:
             raise RuntimeError("the event timeline is off; construct with event_timeline=True.")
         return self.timeline.to_frame()
 
+    def meter_frame(self, stages: bool = False):
+        """The bubble meter's table so far: one row per step (wall_us, busy_us, bubble_us,
+        bubble_frac, ...), or with `stages=True` one row per stage interval
+        (instrument/meter.py)."""
+        if self.meter is None:
+            raise RuntimeError("the bubble meter is off; construct with bubble_meter=True.")
+        self.meter.collect()
+        return self.meter.stages_frame() if stages else self.meter.frame()
+
+    def add_step_hook(self, fn) -> None:
+        """Call `fn(step_index)` after every engine step (the scheduler's iteration that
+        launched work), e.g. to plant a host delay; index counts from 0 per Engine."""
+        self._step_hooks.append(fn)
+
+    def _on_step(self) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+        self._steps_done += 1
+        for fn in self._step_hooks:
+            fn(self._steps_done - 1)
+
     def _new_scheduler(self) -> Scheduler:
         hook = self.check_invariants if self.cfg.debug_invariants else None
         return Scheduler(self.worker, self.kv, self.future_map, self.device,
                          max_running=self.cfg.max_running_requests,
                          spans=self.spans,
-                         on_step=self.profiler.step if self.profiler else None,
+                         on_step=self._on_step,
                          reserve_per_decode=self.cfg.reserve_per_decode,
                          alloc_len_per_decode=self.cfg.alloc_len_per_decode,
                          tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook,
@@ -247,6 +281,7 @@ class Engine:
         for r in reqs:
             sched.add(r)
         bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
+        first_meter_step = self.meter.step + 1 if self.meter is not None else 0
         t0 = time.perf_counter()
         try:
             while not sched.idle:
@@ -259,6 +294,9 @@ class Engine:
         cfg = self.cfg
         self._last_stats = collect_stats(reqs, sched.stats, wall, num_steps=cfg.num_steps,
                                          speculative=cfg.speculative, simulated=cfg.simulated)
+        if self.meter is not None:
+            self.meter.collect()
+            self._last_stats.update(self.meter.summary(first_meter_step))
         return [r.output_ids for r in reqs]
 
     def stats(self) -> dict:

@@ -110,7 +110,8 @@ cfg = RunConfig(model=model, draft=draft, device=device, num_steps=num_steps, to
                 page_size=page_size, max_running_requests=batch_size,
                 simulate_accept_len=simulate_accept_len if draft != "none" else None,
                 profile=True, event_timeline=True, profile_wait=2, profile_warmup=2,
-                profile_active=12, trace_dir=str(out), run_name="quickstart")
+                profile_active=12, trace_dir=str(out), run_name="quickstart",
+                bubble_meter=True)
 pd.Series(cfg.manifest()["config"]).to_frame("resolved config")'''),
     ("code", '''\
 eng = Engine(cfg)
@@ -119,8 +120,9 @@ measured = prompts(batch_size, prompt_len_tokens, V, seed=0)
 with eng.profiler.held():                       # the profiler waits: nothing is collected
     eng.generate(prompts(batch_size, prompt_len_tokens, V, seed=1), max_new_tokens=4,
                  ignore_eos=True)                               # warm-up: not measured
-    with eng.spans.paused():                    # no event pairs: they cost GPU step time
+    with eng.spans.paused(keep_meter=True):     # no event pairs (they cost GPU step time);
         eng.generate(measured, max_new_tokens=output_len_tokens, ignore_eos=True)   # measured
+    # the bubble meter's stamps stay: stats["bubble_frac"] is the unprofiled bubble
     stats = eng.stats()
     first_step = eng.timeline.step + 1
     eng.generate(measured, max_new_tokens=output_len_tokens, ignore_eos=True)   # stage times
@@ -167,11 +169,13 @@ write_answer(out, {
     "tok_per_s": stats["tok_per_s"],
     "accept_len": stats.get("accept_len"),
     "top_stages": ", ".join(f"{s} {r.share_of_step:.0%}" for s, r in top.iterrows()),
-    "bubble_frac": res.summary["bubble_frac"],
+    "bubble_frac": stats["bubble_frac"],                    # the meter, measured run
+    "bubble_frac_profiled": res.summary["bubble_frac"],     # the trace (profiler inflates)
     "timeline_png": str(out / "timeline.png"),
 })
 if not on_gpu:
-    print("(CPU run: no GPU lanes, so bubble_frac is NaN; run with device='cuda' for bubbles)")'''),
+    print("(CPU run: no GPU lanes in the trace, so bubble_frac_profiled is NaN; bubble_frac is "
+          "the meter on the host clock; run with device='cuda' for device bubbles)")'''),
 ]
 
 NOTEBOOKS["01_overlap"] = [
@@ -403,7 +407,7 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 from matplotlib.patches import Patch
-from mtplab.analysis.bubbles import CAUSES, analyze, stage_of
+from mtplab.analysis.bubbles import CAUSES, analyze, cause_group, stage_of
 from mtplab.stages import STAGE_COLORS
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.sweep.report import write_answer
@@ -478,7 +482,7 @@ def draw(step, lanes_on, stages_on):
 def gap_table(step, cause):
     g = device_gaps[device_gaps["step"] == step]
     if cause != "all":
-        g = g[g["cause"] == cause]
+        g = g[cause_group(g["cause"]) == cause]        # "host" selects every host:<stage>
     display(g[["start_us", "gap_us", "cause", "before", "after"]].reset_index(drop=True))
 
 

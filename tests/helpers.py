@@ -1,7 +1,11 @@
 """Shared test helpers (not a test module)."""
 from __future__ import annotations
 
+import gzip
 import random
+from pathlib import Path
+
+import orjson
 
 from mtplab.models.reference import dense_greedy
 
@@ -50,3 +54,87 @@ def make_agreeable(engine, eps: float = 0.05) -> None:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         d.norm.weight.copy_(t.model.norm.weight)
+
+
+# ------------------------------------------------------------------ synthetic Kineto traces
+
+BASE = 4463232744698.19  # a real Kineto-sized µs origin with a fractional part
+
+
+class Synth:
+    """Builds a Kineto-shaped trace: host spans, launch calls, GPU activity, GPU-lane annotations."""
+
+    def __init__(self, base: float = BASE, pid: int = 4242, tid: int = 4242, device: int = 0):
+        self.base, self.pid, self.tid, self.device = base, pid, tid, device
+        self.events: list[dict] = [
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+             "tid": "PyTorch Profiler", "ts": base, "dur": 1e6},
+        ]
+        self.corr = 100
+        self.activities: list[dict] = []
+
+    def t(self, x: float) -> float:
+        return self.base + x
+
+    def host(self, name: str, x: float, dur: float, cat: str = "user_annotation") -> dict:
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": self.tid,
+              "ts": self.t(x), "dur": dur, "args": {}}
+        self.events.append(ev)
+        return ev
+
+    def launch(self, x: float, name: str = "cudaLaunchKernel", dur: float = 2.0,
+               tid: int | None = None) -> int:
+        self.corr += 1
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": self.pid,
+                            "tid": self.tid if tid is None else tid, "ts": self.t(x), "dur": dur,
+                            "args": {"correlation": self.corr, "cbid": 211}})
+        return self.corr
+
+    def gpu(self, corr: int, x: float, dur: float, stream: int = 7, cat: str = "kernel",
+            name: str = "kern") -> dict:
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": self.device, "tid": stream,
+              "ts": self.t(x), "dur": dur,
+              "args": {"device": self.device, "stream": stream, "correlation": corr,
+                       "context": 1}}
+        self.events.append(ev)
+        self.activities.append(ev)
+        return ev
+
+    def gpu_ann(self, name: str, x: float, dur: float, stream: int = 7) -> None:
+        self.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": name,
+                            "pid": self.device, "tid": stream, "ts": self.t(x), "dur": dur,
+                            "args": {"External id": 1}})
+
+    def doc(self) -> dict:
+        return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1},
+                "deviceProperties": [], "traceEvents": self.events,
+                "displayTimeUnit": "ms", "baseTimeNanoseconds": 1}
+
+    def write(self, path: Path, gz: bool = False) -> Path:
+        data = orjson.dumps(self.doc())
+        path.write_bytes(gzip.compress(data) if gz else data)
+        return path
+
+
+def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, late_other: bool = False) -> Synth:
+    """A plain-PyTorch-shaped trace (no mtplab spans): ProfilerStep#N, each step a few
+    python_function frames around aten ops; every op launches one short kernel, so the GPU
+    waits on the host between kernels (work issued late while the host runs Python/aten).
+    `late_other`: one extra kernel per step comes from a thread with no host event (idle /
+    untraced), the one kind of gap left unexplained."""
+    s = Synth()
+    t = 0.0
+    for k in range(steps):
+        step0 = t
+        for j in range(ops):
+            s.host("nn.Module: Linear", t + 1, 38, cat="python_function")
+            s.host("aten::linear", t + 4, 30, cat="cpu_op")
+            corr = s.launch(t + 20)
+            s.gpu(corr, t + 26, 6.5)
+            t += 40.0                      # 2 µs of Python between ops with no event
+        if late_other:
+            s.gpu(s.launch(t + 10, tid=777), t + 14, 3.0)
+            t += 20.0
+        s.host(f"ProfilerStep#{k}", step0, t - step0)
+    return s

@@ -215,11 +215,11 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
                           **{f"bubble_{c}_us": [100.0, 300.0]
                              for c in ("sync", "host_prep", "launch", "other")}})
     b = bubble_columns(steps, has_device=True)
-    assert b["bubble_frac"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
+    assert b["bubble_frac_profiled"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
     assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0
     assert b["bubble_steps"] == 2
     off = bubble_columns(steps, has_device=False)            # a CPU trace: no device figures
-    assert math.isnan(off["bubble_frac"]) and math.isnan(off["device_busy_step_ms"])
+    assert math.isnan(off["bubble_frac_profiled"]) and math.isnan(off["device_busy_step_ms"])
 
 
 def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():

@@ -1,7 +1,6 @@
 """Bubble analysis on synthetic Kineto traces with planted gaps (exact float µs)."""
 from __future__ import annotations
 
-import gzip
 import math
 from pathlib import Path
 
@@ -11,63 +10,7 @@ import pandas as pd
 import pytest
 
 from mtplab.analysis.bubbles import analyze, stage_of, write_analysis
-
-BASE = 4463232744698.19  # a real Kineto-sized µs origin with a fractional part
-
-
-class Synth:
-    """Builds a Kineto-shaped trace: host spans, launch calls, GPU activity, GPU-lane annotations."""
-
-    def __init__(self, base: float = BASE, pid: int = 4242, tid: int = 4242, device: int = 0):
-        self.base, self.pid, self.tid, self.device = base, pid, tid, device
-        self.events: list[dict] = [
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
-            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
-             "tid": "PyTorch Profiler", "ts": base, "dur": 1e6},
-        ]
-        self.corr = 100
-        self.activities: list[dict] = []
-
-    def t(self, x: float) -> float:
-        return self.base + x
-
-    def host(self, name: str, x: float, dur: float, cat: str = "user_annotation") -> dict:
-        ev = {"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": self.tid,
-              "ts": self.t(x), "dur": dur, "args": {}}
-        self.events.append(ev)
-        return ev
-
-    def launch(self, x: float, name: str = "cudaLaunchKernel", dur: float = 2.0) -> int:
-        self.corr += 1
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": self.pid,
-                            "tid": self.tid, "ts": self.t(x), "dur": dur,
-                            "args": {"correlation": self.corr, "cbid": 211}})
-        return self.corr
-
-    def gpu(self, corr: int, x: float, dur: float, stream: int = 7, cat: str = "kernel",
-            name: str = "kern") -> dict:
-        ev = {"ph": "X", "cat": cat, "name": name, "pid": self.device, "tid": stream,
-              "ts": self.t(x), "dur": dur,
-              "args": {"device": self.device, "stream": stream, "correlation": corr,
-                       "context": 1}}
-        self.events.append(ev)
-        self.activities.append(ev)
-        return ev
-
-    def gpu_ann(self, name: str, x: float, dur: float, stream: int = 7) -> None:
-        self.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": name,
-                            "pid": self.device, "tid": stream, "ts": self.t(x), "dur": dur,
-                            "args": {"External id": 1}})
-
-    def doc(self) -> dict:
-        return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1},
-                "deviceProperties": [], "traceEvents": self.events,
-                "displayTimeUnit": "ms", "baseTimeNanoseconds": 1}
-
-    def write(self, path: Path, gz: bool = False) -> Path:
-        data = orjson.dumps(self.doc())
-        path.write_bytes(gzip.compress(data) if gz else data)
-        return path
+from tests.helpers import Synth, plain_pytorch_trace
 
 
 def end(ev: dict) -> float:
@@ -103,9 +46,10 @@ def planted() -> tuple[Synth, list[tuple]]:
     d = s.gpu(s.launch(165), 172, 18)
     s.gpu_ann("verify", 172, 18)
     e = s.gpu(s.launch(175), 195, 3, stream=13)
-    # step 2: an 'other' gap across the host step boundary (stage only on the host: fallback),
+    # step 2: work issued late while the host was in its `verify` span (host:verify; the
+    # gap crosses the host step boundary; the stage after is on the host only: fallback),
     # a memset overlapping, a cross-stream event wait (not a host block), an .item() sync
-    s.host("verify", 203, 5)
+    s.host("verify", 196, 12)
     f = s.gpu(s.launch(205), 210, 30)
     s.host("stash", 218, 4)
     m = s.gpu(s.launch(220, "cudaMemsetAsync"), 230, 20, stream=20, cat="gpu_memset")
@@ -114,14 +58,14 @@ def planted() -> tuple[Synth, list[tuple]]:
     s.gpu_ann("accept", 260, 10)
     s.host("aten::item", 262, 18, cat="cpu_op")
     h = s.gpu(s.launch(282), 285, 5)
-    # step 3: a gap nobody explains
-    i = s.gpu(s.launch(301), 310, 20)
+    # step 3: a gap nobody explains: the work has no launch call in the trace
+    i = s.gpu(99_999, 310, 20)
     expected = [
         (0, end(g1), g2["ts"], "launch", "verify", "verify"),
         (1, end(g2), b["ts"], "sync", "verify", "draft"),
         (1, end(b), d["ts"], "host_prep", "draft", "verify"),
         (1, end(d), e["ts"], "launch", "verify", "unknown"),
-        (2, end(e), f["ts"], "other", "unknown", "verify"),
+        (2, end(e), f["ts"], "host:verify", "unknown", "verify"),
         (2, end(m), gk["ts"], "launch", "stash", "accept"),
         (2, end(gk), h["ts"], "sync", "accept", "unknown"),
         (3, end(h), i["ts"], "other", "unknown", "unknown"),
@@ -163,7 +107,8 @@ def test_steps_tile_the_device_timeline(planted_trace):
     bub = {k: sum(g1 - g0 for kk, g0, g1, *_ in expected if kk == k) for k in range(4)}
     assert list(st["bubble_us"]) == pytest.approx([bub[k] for k in range(4)], abs=1e-9)
     assert list(st["n_gaps"]) == [1, 3, 3, 1]
-    causes = st[["bubble_sync_us", "bubble_host_prep_us", "bubble_launch_us", "bubble_other_us"]]
+    causes = st[["bubble_sync_us", "bubble_host_prep_us", "bubble_launch_us", "bubble_host_us",
+                 "bubble_other_us"]]
     np.testing.assert_allclose(causes.sum(axis=1), st["bubble_us"], atol=1e-9)
     sm = res.summary
     assert sm["n_steps"] == 4 and sm["bubble_us"] == pytest.approx(sum(bub.values()))
@@ -184,7 +129,7 @@ def _independent_stream_idle(s: Synth, delay_us: float = 30.0) -> dict[int, dict
             if gap == 0:
                 continue
             tot["idle"] += gap
-            if launch[nxt["args"]["correlation"]] > end(prev):
+            if launch.get(nxt["args"]["correlation"], math.nan) > end(prev):  # NaN: no launch
                 tot["host_wait"] += gap
             elif gap < delay_us:
                 tot["kernel_wait"] += gap
@@ -275,7 +220,7 @@ def test_graph_replay_owned_by_launching_step_with_host_stage(tmp_path):
     got = [(r.step, r.gap_us, r.cause, r.before, r.after) for r in res.device_gaps.itertuples()]
     assert got == [(0, ks[1]["ts"] - end(ks[0]), "launch", "verify", "verify"),
                    (0, ks[2]["ts"] - end(ks[1]), "launch", "verify", "verify"),
-                   (1, nxt["ts"] - end(ks[2]), "other", "verify", "unknown")]
+                   (1, nxt["ts"] - end(ks[2]), "host:python", "verify", "unknown")]
     assert res.steps["start_us"].tolist() == [s.t(60), end(ks[2])]
 
 
@@ -393,3 +338,55 @@ def test_atomic_path_keeps_old_file_on_failure(tmp_path):
     assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["a.json"]
     atomic_write_text(p, "new")
     assert p.read_text() == "new" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_host_cause_names_the_stage_running_when_the_gap_began(tmp_path):
+    """Work issued late: host:<stage> (innermost stage span of the issuing thread at the
+    gap's start), host:python (host events but no stage), other (the thread had none)."""
+    s = Synth()
+    s.host("step[decode bs=1]", 0, 300)
+    a = s.gpu(s.launch(1), 5, 10)                       # ends at 15
+    s.host("draft", 10, 30)
+    s.host("draft.step", 12, 20)                        # innermost at 15: draft.step
+    b = s.gpu(s.launch(35), 40, 10)                     # issued after the gap began
+    s.host("aten::add", 45, 20, cat="cpu_op")           # in the step span, no stage
+    c = s.gpu(s.launch(60), 65, 10)
+    d = s.gpu(s.launch(100, tid=777), 110, 5)           # a thread with nothing at 75
+    res = analyze(s.write(tmp_path / "h.json"))
+    got = [(r.gap_us, r.cause) for r in res.device_gaps.itertuples()]
+    assert got == [(b["ts"] - end(a), "host:draft.step"), (c["ts"] - end(b), "host:python"),
+                   (d["ts"] - end(c), "other")]
+    sm = res.summary
+    assert sm["bubble_host_us"] == pytest.approx(got[0][0] + got[1][0])
+    assert sm["bubble_other_us"] == pytest.approx(got[2][0])
+    assert sm["bubble_by_cause_us"]["host:draft.step"] == pytest.approx(got[0][0])
+    assert res.steps["bubble_host_us"].sum() == pytest.approx(sm["bubble_host_us"])
+
+
+def test_host_cause_keeps_the_priority_of_sync_prep_and_launch(tmp_path):
+    s = Synth()
+    s.host("step[decode bs=1]", 0, 200)
+    s.gpu(s.launch(1), 5, 10)
+    s.host("verify", 10, 30)
+    s.host("process_result", 14, 3)                     # overlaps the gap: host_prep wins
+    s.gpu(s.launch(30), 35, 5)                          # ends at 40
+    s.host("verify", 36, 30)                            # busy in verify at 40, but ...
+    s.gpu(s.launch(38), 60, 5)                          # ... issued before the gap: launch
+    causes = list(analyze(s.write(tmp_path / "p.json")).device_gaps["cause"])
+    assert causes == ["host_prep", "launch"]
+
+
+@pytest.mark.parametrize("late_other", [False, True])
+def test_plain_pytorch_trace_bubble_is_explained(tmp_path, late_other):
+    """A plain PyTorch program (ProfilerStep#N, aten ops, no mtplab spans): the host-bound
+    gaps are host:python; `other` keeps only the planted unexplained gaps, <= 10%."""
+    s = plain_pytorch_trace(late_other=late_other)
+    res = analyze(s.write(tmp_path / "plain.json"))
+    sm = res.summary
+    assert sm["step_source"] == "ProfilerStep#N"
+    by = sm["bubble_by_cause_us"]
+    assert set(by) <= {"host:python", "other", "launch"}
+    assert by["host:python"] / sm["bubble_us"] > 0.85
+    planted_other = 4 * 21.5 if late_other else 0.0      # 4 steps x one 21.5 µs gap
+    assert sm["bubble_other_us"] == pytest.approx(planted_other)
+    assert sm["bubble_other_us"] <= 0.10 * sm["bubble_us"]

@@ -25,7 +25,8 @@ ALLOWED = {
     "device": {"core"},
     "kernels": {"core", "device"},
     "analysis": {"stages", "atomic"},
-    "instrument": {"core", "stages", "atomic", "device"},
+    # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
+    "instrument": {"core", "stages", "atomic", "device", "kernels"},
     "mem": {"core", "device"},
     "models": {"core", "kernels", "atomic", "device"},
     "graphs": {"core", "device"},

@@ -34,8 +34,8 @@ DOCUMENTED = [
     "step_time_p50_ms", "decode_step_time_p50_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
     "tpot_p90_ms", "accept_len", "accept_rate_pos1", "accept_rate_pos3", "accept_simulated",
     "stage_verify_ms", "sync_spans_per_step", "listed_syncs_per_step", "listed_syncs_json",
-    "bubble_frac", "bubble_sync_frac", "bubble_host_prep_frac", "bubble_launch_frac",
-    "bubble_other_frac", "bubble_steps", "launches_per_step", "draft_launches_per_step",
+    "bubble_frac", "bubble_us_per_step", "bubble_frac_profiled", "bubble_sync_frac",
+    "bubble_host_prep_frac", "bubble_launch_frac", "bubble_host_frac", "bubble_other_frac", "bubble_steps", "launches_per_step", "draft_launches_per_step",
     "draft_ops_per_step", "host_syncs_per_step",
     "device_name", "git_commit", "mtplab_version", "torch_version",
     "run_dir", "trace_path", "timeline_path", "manifest_path", "log_path",
@@ -99,7 +99,9 @@ def test_results_table_columns_and_values(swept):
     # a chunk carries accept_len tokens, so a token takes less than a chunk interval
     assert (ok["tpot_p50_ms"] < ok["itl_p50_ms"]).all() and (ok["itl_p50_ms"] > 0).all()
     assert (ok["itl_p99_ms"] >= ok["itl_p50_ms"]).all()
-    assert ok["bubble_frac"].isna().all()           # CPU: no GPU lanes in the trace
+    assert ok["bubble_frac_profiled"].isna().all()  # CPU: no GPU lanes in the trace
+    assert ((ok["bubble_frac"] > 0) & (ok["bubble_frac"] < 1)).all()   # the meter: host clock
+    assert (ok["meter_steps"] > 0).all()
     assert (ok["bubble_steps"] > 0).all() and (ok["requests"] == ok["batch_size"]).all()
     assert (ok["cfg.max_running_requests"] == ok["batch_size"]).all()
     for _, r in ok.iterrows():

@@ -118,3 +118,32 @@ def test_nan_literals_accepted(tmp_path):
     p.write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1,'
                   b' "ts": 1.5, "dur": 2, "args": {"x": NaN}}]}')
     assert load_trace(p).ts.tolist() == [1.5]
+
+
+def _one_kernel(ts, dur=b"2.0", stream=b"7", corr=b"5"):
+    return (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, '
+            b'"ts": ' + ts + b', "dur": ' + dur + b', "args": {"stream": ' + stream +
+            b', "device": 0, "correlation": ' + corr + b'}}]}')
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("field", ["stream", "corr"])
+def test_ids_beyond_int64_one_line_naming_the_trace(tmp_path, field, streaming):
+    big = str(2 ** 64 + 3).encode()
+    p = tmp_path / "big.json"
+    p.write_bytes(_one_kernel(b"1.5", **{field: big}))
+    with pytest.raises(TraceError) as e:
+        load_trace(p, streaming=streaming)
+    msg = str(e.value)
+    assert str(p) in msg and "beyond int64" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("ts,dur", [(b"NaN", b"2"), (b"1e300", b"2"), (b"1.5", b"Infinity"),
+                                    (b"-1e19", b"2"), (b"1.5", b"1e200")])
+def test_nan_or_huge_times_one_line_naming_the_trace(tmp_path, ts, dur):
+    p = tmp_path / "t.json"
+    p.write_bytes(_one_kernel(ts, dur))
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    msg = str(e.value)
+    assert str(p) in msg and "NaN, infinite or beyond" in msg and "\n" not in msg

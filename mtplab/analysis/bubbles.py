@@ -45,7 +45,15 @@ Causes (exactly one per bubble, the first that applies; "overlaps" means with po
     `launch`    the launch call (by correlation) of the work that ends the bubble started no
                 later than the bubble began: the work was already issued, the delay is driver /
                 queue latency (a gap inside one graph replay lands here).
-    `other`     none of these (e.g. a cross-stream event wait, or a host gap with no span).
+    `host:<stage>`  the work was issued late (its launch call started after the bubble began)
+                while the thread that issued it was busy when the bubble began: `<stage>` is
+                the innermost stage-named host span of that thread at the bubble's start
+                (`host:draft`, `host:verify`, ...), or `python` when the thread was inside
+                host events none of which names a stage (aten ops, Python functions, a step
+                or ProfilerStep#N span: a plain PyTorch program's host code).
+    `other`     none of these: no launch call in the trace for the work, or the issuing thread
+                had no host event at the bubble's start (e.g. a cross-stream event wait, a
+                host thread idle or untraced).
     The priority is literal: a host block or host-prep span overlapping a bubble wins even when
     the work that ends the bubble was already issued. Host spans count only from the processes
     whose launch calls drive the analysed device (merged multi-rank traces stay separate).
@@ -68,11 +76,12 @@ Streams (cross-check with HTA's idle-time breakdown)
     cause and stages.
 
 Tables (`Analysis`): `steps` (step, name, start_us, dur_us, busy_us, bubble_us, bubble_frac,
-n_gaps, bubble_{sync,host_prep,launch,other}_us, host_start_us, host_dur_us); `gaps` (step,
+n_gaps, bubble_{sync,host_prep,launch,host,other}_us (`host` sums every `host:<stage>`),
+host_start_us, host_dur_us); `gaps` (step,
 start_us, end_us, gap_us, cause, before, after, scope "device"|"stream", stream (-1 for device),
 idle_category); `streams` (stream, busy_us, idle_us, idle_{host_wait,kernel_wait,other}_us,
 n_activities); `summary` (wall_us, busy_us, bubble_us, bubble_frac, n_steps, n_gaps, the cause
-split, step_source, device, skip_steps, consecutive_kernel_delay_us, notes). Times are absolute
+split, `bubble_by_cause_us` (every cause, `host:<stage>` ones apart), step_source, device, skip_steps, consecutive_kernel_delay_us, notes). Times are absolute
 trace µs (`ts` units).
 
 No device activity (a CPU-only profile): steps keep their host spans as windows, busy and
@@ -93,13 +102,13 @@ import pandas as pd
 
 from ..atomic import atomic_path, atomic_write_bytes
 from ..stages import HOST_PREP_STAGES, STAGES
-from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace
+from .trace_io import (CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, GPU_ACTIVITY_CATS,
+                       RUNTIME_CATS, Trace, load_trace)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-CONSECUTIVE_KERNEL_DELAY_US = 30.0
-DEFAULT_WINDOW_US = 10_000.0
-CAUSES = ("sync", "host_prep", "launch", "other")
+CAUSES = ("sync", "host_prep", "launch", "host", "other")   # "host" groups host:<stage>
+HOST_PYTHON = "python"
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 UNKNOWN = "unknown"
 SYNC_CALLS = frozenset({
@@ -117,11 +126,18 @@ _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 STEP_COLUMNS = ["step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac",
                 "n_gaps", "bubble_sync_us", "bubble_host_prep_us", "bubble_launch_us",
-                "bubble_other_us", "host_start_us", "host_dur_us"]
+                "bubble_host_us", "bubble_other_us", "host_start_us", "host_dur_us"]
 GAP_COLUMNS = ["step", "start_us", "end_us", "gap_us", "cause", "before", "after", "scope",
                "stream", "idle_category"]
 STREAM_COLUMNS = ["stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_kernel_wait_us",
                   "idle_other_us", "n_activities"]
+
+
+def cause_group(cause):
+    """The CAUSES entry of a cause (`host:draft` -> `host`); works on a str or a Series."""
+    if isinstance(cause, str):
+        return cause.split(":", 1)[0]
+    return cause.map({c: c.split(":", 1)[0] for c in cause.unique()})  # few distinct values
 
 
 def stage_of(name: str) -> str | None:
@@ -241,6 +257,16 @@ class _Ctx:
     gpu_tl: dict[int, _StageTimeline]
     host_tl: dict[tuple[int, int], _StageTimeline]
     trace: Trace
+    host_busy: dict = field(default_factory=dict)   # (pid, tid) -> union of its host events
+
+    def thread_busy(self, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Union of every host event of one thread (computed once per thread)."""
+        key = (pid, tid)
+        if key not in self.host_busy:
+            tr = self.trace
+            m = np.flatnonzero(self.host & (tr.pid == pid) & (tr.tid == tid))
+            self.host_busy[key] = union_intervals(tr.ts[m], tr.end[m])
+        return self.host_busy[key]
 
 
 def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
@@ -428,11 +454,12 @@ def _stages(ctx: _Ctx, idx: np.ndarray) -> list[str]:
 
 
 def _classify(ctx: _Ctx, g0: np.ndarray, g1: np.ndarray, after: np.ndarray,
-              s: np.ndarray, launch_ts: np.ndarray) -> np.ndarray:
-    """Cause of each gap by priority sync > host_prep > launch > other.
+              s: np.ndarray, launch_ts: np.ndarray, launch_row: np.ndarray) -> np.ndarray:
+    """Cause of each gap by priority sync > host_prep > launch > host:<stage> > other.
 
-    `s`, `launch_ts` are the (sorted) activity starts and launch times the `after` indices refer
-    to; every activity starting exactly at g1 counts as work ending the gap.
+    `s`, `launch_ts`, `launch_row` are the (sorted) activity starts, launch times and launch
+    rows the `after` indices refer to; every activity starting exactly at g1 counts as work
+    ending the gap (the host thread is the one that launched the activity at `after`).
     """
     sync = _overlaps(*ctx.sync_u, g0, g1)
     prep = _overlaps(*ctx.prep_u, g0, g1)
@@ -443,7 +470,26 @@ def _classify(ctx: _Ctx, g0: np.ndarray, g1: np.ndarray, after: np.ndarray,
         launched = first_launch <= g0
     else:
         launched = np.zeros(0, bool)
-    return np.select([sync, prep, launched], ["sync", "host_prep", "launch"], "other")
+    late = ~(sync | prep | launched) & (launch_row[after] >= 0)
+    host = np.full(g0.size, None, dtype=object)
+    if late.any():
+        idx = np.flatnonzero(late)
+        rows = launch_row[after[idx]]
+        pid, tid = ctx.trace.pid[rows], ctx.trace.tid[rows]
+        for p, t in set(zip(pid.tolist(), tid.tolist())):
+            m = (pid == p) & (tid == t)
+            at = g0[idx[m]]
+            tl = ctx.host_tl.get((p, t))
+            stage = tl.at(at) if tl is not None else np.full(at.size, None, dtype=object)
+            us, ue = ctx.thread_busy(p, t)
+            k = np.searchsorted(us, at, side="right") - 1
+            busy = (k >= 0) & (ue[np.clip(k, 0, None)] > at) if us.size else np.zeros(at.size, bool)
+            host[idx[m]] = [f"host:{st}" if st is not None else
+                            (f"host:{HOST_PYTHON}" if b else None) for st, b in zip(stage, busy)]
+    out = np.select([sync, prep, launched], ["sync", "host_prep", "launch"], "other").astype(object)
+    has_host = host != None  # noqa: E711 (elementwise)
+    out[has_host] = host[has_host]
+    return out
 
 
 def _gap_table(ctx: _Ctx, b_lo: float, bounds: np.ndarray, delay_us: float) -> pd.DataFrame:
@@ -468,7 +514,7 @@ def _gap_rows(ctx: _Ctx, g0, g1, before, after, sel, scope: str, stream: int, b_
     step = np.searchsorted(bounds, g1, side="left")
     ok = (g1 > b_lo) & (step < bounds.size)
     g0, g1, before, after, step = g0[ok], g1[ok], before[ok], after[ok], step[ok]
-    cause = _classify(ctx, g0, g1, after, ctx.s[sel], ctx.launch_ts[sel])
+    cause = _classify(ctx, g0, g1, after, ctx.s[sel], ctx.launch_ts[sel], ctx.launch_row[sel])
     nxt_launch = ctx.launch_ts[sel][after]
     gap = g1 - g0
     cat = np.select([nxt_launch > g0, gap < delay_us], ["host_wait", "kernel_wait"], "other")
@@ -488,7 +534,8 @@ def _step_table(ctx: _Ctx, names: list[str], starts: np.ndarray, bounds: np.ndar
     busy = _busy_until(us, ue, bounds) - _busy_until(us, ue, starts)
     dg = gaps[gaps["scope"] == "device"]
     n = bounds.size
-    st, gl, cause = dg["step"].to_numpy(), dg["gap_us"].to_numpy(), dg["cause"].to_numpy()
+    st, gl = dg["step"].to_numpy(), dg["gap_us"].to_numpy()
+    cause = cause_group(dg["cause"]).to_numpy() if len(dg) else np.zeros(0, dtype=object)
     per = {c: np.bincount(st[cause == c], weights=gl[cause == c], minlength=n)[:n] for c in CAUSES}
     bubble = np.bincount(st, weights=gl, minlength=n)[:n]
     dur = bounds - starts
@@ -528,10 +575,20 @@ def _summary(steps: pd.DataFrame, gaps: pd.DataFrame, source: str, device: int |
         "bubble_frac": bubble / wall if wall > 0 else float("nan"), "n_steps": int(len(steps)),
         "n_gaps": int((gaps["scope"] == "device").sum()) if len(gaps) else 0,
         **{f"bubble_{c}_us": float(steps[f"bubble_{c}_us"].sum()) for c in CAUSES},
+        "bubble_by_cause_us": _by_cause(steps, gaps),
         "step_source": source, "device": device, "skip_steps": skip,
         "consecutive_kernel_delay_us": delay_us, "notes": notes,
     }
     return out
+
+
+def _by_cause(steps: pd.DataFrame, gaps: pd.DataFrame) -> dict[str, float]:
+    """Device bubble time per cause (host:<stage> apart) over the kept steps, largest first."""
+    if not len(gaps):
+        return {}
+    dg = gaps[(gaps["scope"] == "device") & gaps["step"].isin(steps["step"])]
+    by = dg.groupby("cause")["gap_us"].sum().sort_values(ascending=False)
+    return {str(k): float(v) for k, v in by.items()}
 
 
 def _cpu_only(names: list[str], host_ts: np.ndarray, host_end: np.ndarray, skip: int,

@@ -5,20 +5,27 @@
 
 TRACE is a `.json` / `.json.gz` Kineto trace, or a folder holding exactly one
 (`*.pt.trace.json[.gz]` preferred). Bad input prints one line on stderr and exits with 2.
+A reader that closes the pipe early (`| head`) ends the output quietly (exit 0).
 Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
-from .bubbles import CAUSES, CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, Analysis, analyze, write_analysis
-from .trace_io import TraceError
+from .trace_io import CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, TraceError, load_trace
+
+if TYPE_CHECKING:
+    from .bubbles import Analysis
+
+# pandas (through .bubbles) is imported only once a trace has loaded: usage errors and bad
+# traces answer without it (python -X importtime -m mtplab.cli analyze ...)
 
 EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
@@ -106,18 +113,40 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
         if ns.skip_steps < 0:
             raise _UsageError(f"--skip-steps must be >= 0, got {ns.skip_steps}")
         path = resolve_trace(ns.trace)
-        res = analyze(path, skip_steps=ns.skip_steps, device=ns.device,
+        tr = load_trace(path)
+        from .bubbles import analyze, write_analysis
+        res = analyze(tr, skip_steps=ns.skip_steps, device=ns.device,
                       consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
         if ns.out:
             write_analysis(res, ns.out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab analyze", str(e))
     if ns.json:
-        sys.stdout.buffer.write(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        sys.stdout.flush()
+        _emit(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
-        print(format_report(res, path))
+        _emit((format_report(res, path) + "\n").encode())
     return 0
+
+
+def _emit(data: bytes) -> None:
+    """Write to stdout; a reader that went away (`| head`) is not an error: the rest of the
+    output is dropped and stdout points at /dev/null so the exit flush stays quiet."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _check_out(out: Path) -> None:
+    """Fail before the work, naming the user's path, when `out` cannot be written."""
+    if out.is_dir():
+        raise _UsageError(f"--out {out} is a folder; pass a file name ending in .png, .svg or .pdf")
+    parent = next((q for q in out.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise _UsageError(f"--out {out}: {parent} is a file, not a folder; pass a path in a folder")
+    if parent is not None and not os.access(parent, os.W_OK):
+        raise _UsageError(f"--out {out}: the folder {parent} is not writable; pass another path")
 
 
 def main_plot(argv: Sequence[str] | None = None) -> int:
@@ -129,10 +158,11 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
         path = resolve_trace(ns.trace)
         steps = _step_range(ns.steps)
         out = Path(ns.out) if ns.out else path.parent / "timeline.png"
-        from .plots import plot_timeline  # matplotlib only on this path
-        from .trace_io import load_trace
-
+        _check_out(out)
         tr = load_trace(path)
+        from .bubbles import analyze
+        from .plots import plot_timeline  # matplotlib only on this path
+
         res = analyze(tr, device=ns.device)
         have = res.steps["step"]
         if steps is not None:
@@ -143,10 +173,14 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
             steps = (mid, mid + DEFAULT_PLOT_STEPS - 1)
             print(f"mtplab plot: drawing steps {steps[0]}:{steps[1]} of {len(have)} "
                   "(--steps A:B for others)", file=sys.stderr)
-        plot_timeline(tr, res, steps=steps, path=out)
+        try:
+            plot_timeline(tr, res, steps=steps, path=out)
+        except OSError as e:       # the error names the temporary file: name the user's path
+            raise _UsageError(f"cannot write the plot to {out} ({e.strerror or e}); check the "
+                              "path and its folder") from None
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab plot", str(e))
-    print(out)
+    _emit(f"{out}\n".encode())
     return 0
 
 
@@ -167,19 +201,27 @@ def _step_range(text: str | None) -> tuple[int | None, int | None] | None:
     return a, b
 
 
-def to_json(res: Analysis) -> dict[str, Any]:
+def to_json(res: "Analysis") -> dict[str, Any]:
     """The `--json` object: steps, gaps (device bubbles), streams, summary (NaN becomes null)."""
     gaps = res.device_gaps
     return {
-        "steps": res.steps[list(JSON_STEP_KEYS)].to_dict("records"),
-        "gaps": gaps[list(JSON_GAP_KEYS)].to_dict("records"),
-        "streams": res.streams[list(JSON_STREAM_KEYS)].to_dict("records"),
+        "steps": _records(res.steps, JSON_STEP_KEYS),
+        "gaps": _records(gaps, JSON_GAP_KEYS),
+        "streams": _records(res.streams, JSON_STREAM_KEYS),
         "summary": res.summary,
     }
 
 
-def format_report(res: Analysis, path: Path, max_rows: int = 20) -> str:
+def _records(df, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """`df[keys].to_dict("records")` with plain Python values, column-wise (pandas' row-wise
+    boxing took most of `--json`'s time on large traces); NaN stays a float (JSON null)."""
+    cols = [df[k].to_numpy().tolist() for k in keys]
+    return [dict(zip(keys, row)) for row in zip(*cols)]
+
+
+def format_report(res: "Analysis", path: Path, max_rows: int = 20) -> str:
     """A short human-readable table of the analysis."""
+    from .bubbles import CAUSES
     sm = res.summary
     frac = sm["bubble_frac"]
     lines = [f"trace   {path}",

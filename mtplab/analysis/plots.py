@@ -24,14 +24,15 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..atomic import atomic_path  # noqa: E402
-from .bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, Analysis, analyze, stage_of  # noqa: E402
+from .bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, Analysis, analyze, cause_group, stage_of  # noqa: E402
 from ..stages import STAGE_COLORS  # noqa: E402
 from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 GAP_COLOR = "#d62728"
 ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
-CAUSE_COLORS = {"sync": "#d62728", "host_prep": "#7f7f7f", "launch": "#ff9896", "other": "#1f77b4"}
+CAUSE_COLORS = {"sync": "#d62728", "host_prep": "#7f7f7f", "launch": "#ff9896", "host": "#ff7f0e",
+                "other": "#1f77b4"}
 
 
 def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
@@ -211,7 +212,8 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
     if "scope" in gaps.columns:
         gaps = gaps[gaps["scope"] == "device"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    data = [gaps["gap_us"][gaps["cause"] == c].to_numpy() for c in CAUSES]
+    group = cause_group(gaps["cause"])
+    data = [gaps["gap_us"][group == c].to_numpy() for c in CAUSES]
     ax.hist(data, bins=bins, stacked=True, label=list(CAUSES),
             color=[CAUSE_COLORS[c] for c in CAUSES])
     ax.set_xlabel("bubble length gap_us (µs)")

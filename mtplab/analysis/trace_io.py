@@ -46,6 +46,9 @@ RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 # Older Kineto spellings, normalised to the current ones.
 _CAT_ALIASES = {"memcpy": "gpu_memcpy", "memset": "gpu_memset", "runtime": "cuda_runtime",
                 "driver": "cuda_driver", "operator": "cpu_op"}
+CONSECUTIVE_KERNEL_DELAY_US = 30.0     # HTA's kernel-wait threshold (bubbles.py; the CLI's default)
+DEFAULT_WINDOW_US = 10_000.0          # step windows of a trace without step spans (bubbles.py)
+MAX_ABS_US = 2.0 ** 63 / 1e3          # |ts|, dur beyond this are not times (int64 ns overflow)
 STREAM_ABOVE_BYTES = 1 << 30          # plain JSON larger than this is streamed by default
 STREAM_ABOVE_GZ_BYTES = 128 << 20      # gzip files larger than this are streamed by default
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -152,6 +155,10 @@ def iter_events(path: PathLike) -> Iterator[dict]:
         with opener(p, "rb") as f:
             yield from ijson.items(f, "traceEvents.item", use_float=True)
     except (ijson.JSONError, ijson.IncompleteJSONError) as e:
+        if "integer overflow" in str(e):     # yajl parses integers as int64
+            raise TraceError(f"{p} holds an integer beyond int64 (a stream, device, pid, tid, "
+                             "correlation or External id); the file is corrupt, re-export the "
+                             "trace.") from None
         raise TraceError(f"{p} is not valid JSON (corrupt or truncated: {_short(e)}); "
                          "re-export the trace from the profiler.") from None
     except (EOFError, OSError, zlib.error) as e:
@@ -276,10 +283,22 @@ def _build(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
     """
     if isinstance(events, list):
         try:
-            return _build_columns(p, events, meta)
+            return _check_times(_build_columns(p, events, meta))
         except (_NotSimple, OverflowError):  # e.g. an id beyond int64: the loop reports it
             pass
-    return _build_loop(p, events, meta)
+    return _check_times(_build_loop(p, events, meta))
+
+
+def _check_times(tr: Trace) -> Trace:
+    """Every ts and dur is a finite time within ±MAX_ABS_US (NaN, infinities and absurd values
+    would silently corrupt every interval computed from them)."""
+    bad = ~(np.abs(tr.ts) <= MAX_ABS_US) | ~(tr.dur <= MAX_ABS_US)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"{tr.path} has {int(bad.sum())} events whose time is NaN, infinite or "
+                         f"beyond {MAX_ABS_US:.3g} µs (first: {tr.name_of(i)!r}, ts={tr.ts[i]!r}, "
+                         f"dur={tr.dur[i]!r}); the file is corrupt, re-export the trace.")
+    return tr
 
 
 def _build_columns(p: Path, events: list, meta: dict[str, Any]) -> Trace:
@@ -364,38 +383,44 @@ def _build_loop(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
     name_codes: dict[str, int] = {}
     gpu_lane = set(GPU_LANE_CATS)
     n_seen = 0
-    for idx, e in enumerate(events):
-        n_seen += 1
-        if not isinstance(e, dict):
-            raise TraceError(f"{p} traceEvents item #{idx} is not an object; the file is not a "
-                             "Kineto trace, pass one written by torch.profiler.")
-        if e.get("ph") != "X":
-            continue
-        c = str(e.get("cat", "")).lower()
-        c = _CAT_ALIASES.get(c, c)
-        if c == "trace":
-            continue
-        args = e.get("args")
-        if not isinstance(args, dict):
-            args = {}
-        ts.append(_as_float(e.get("ts"), "ts", idx, p))
-        d = e.get("dur", 0.0)
-        dur.append(max(_as_float(d, "dur", idx, p), 0.0) if d is not None else 0.0)
-        cat.append(cat_codes.setdefault(c, len(cat_codes)))
-        n = e.get("name", "")
-        name.append(name_codes.setdefault(n if isinstance(n, str) else str(n), len(name_codes)))
-        pid.append(_as_int(e.get("pid")))
-        tid.append(_as_int(e.get("tid")))
-        if c in gpu_lane:
-            s = args.get("stream")
-            stream.append(_as_int(s) if s is not None else tid[-1])
-            dv = args.get("device")
-            device.append(_as_int(dv) if dv is not None else pid[-1])
-        else:
-            stream.append(-1)
-            device.append(-1)
-        corr.append(_as_int(args.get("correlation", -1)))
-        ext.append(_as_int(args.get("External id", -1)))
+    idx = -1
+    try:
+        for idx, e in enumerate(events):
+            n_seen += 1
+            if not isinstance(e, dict):
+                raise TraceError(f"{p} traceEvents item #{idx} is not an object; the file is not a "
+                                 "Kineto trace, pass one written by torch.profiler.")
+            if e.get("ph") != "X":
+                continue
+            c = str(e.get("cat", "")).lower()
+            c = _CAT_ALIASES.get(c, c)
+            if c == "trace":
+                continue
+            args = e.get("args")
+            if not isinstance(args, dict):
+                args = {}
+            ts.append(_as_float(e.get("ts"), "ts", idx, p))
+            d = e.get("dur", 0.0)
+            dur.append(max(_as_float(d, "dur", idx, p), 0.0) if d is not None else 0.0)
+            cat.append(cat_codes.setdefault(c, len(cat_codes)))
+            n = e.get("name", "")
+            name.append(name_codes.setdefault(n if isinstance(n, str) else str(n), len(name_codes)))
+            pid.append(_as_int(e.get("pid")))
+            tid.append(_as_int(e.get("tid")))
+            if c in gpu_lane:
+                s = args.get("stream")
+                stream.append(_as_int(s) if s is not None else tid[-1])
+                dv = args.get("device")
+                device.append(_as_int(dv) if dv is not None else pid[-1])
+            else:
+                stream.append(-1)
+                device.append(-1)
+            corr.append(_as_int(args.get("correlation", -1)))
+            ext.append(_as_int(args.get("External id", -1)))
+    except OverflowError:  # array('q') refuses it
+        raise TraceError(f"{p} event #{idx} holds an integer beyond int64 (a stream, device, "
+                         "pid, tid, correlation or External id); the file is corrupt, re-export "
+                         "the trace.") from None
     if not ts:
         what = "no traceEvents at all" if n_seen == 0 else f"{n_seen} traceEvents but no timed ('X') events"
         raise TraceError(f"{p} holds {what}; with a profiler schedule, export the trace from "

@@ -11,6 +11,10 @@ written in place once made (a batch's rows and sampling parameters): while the c
 the same tensor object as on the previous replay, it is not copied again. `clone=False`
 returns views of the graph's output buffers: valid until this runner's next replay, so only
 for values consumed by work queued on the same stream before that replay.
+`meter` + `stage` (a BubbleMeter, instrument/meter.py): every captured graph is
+    [stamp begin(stage), fn's kernels, stamp end(stage)]
+so a replay carries its stage's device time stamps with no extra host launch; `run` logs
+them for the meter's current step (the warm-up runs before capture are not stamped).
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 """
@@ -28,8 +32,12 @@ def default_buckets(max_bs: int) -> list[int]:
 
 class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
-                 pad_values: dict[str, int], buckets: list[int], sticky: tuple = ()):
+                 pad_values: dict[str, int], buckets: list[int], sticky: tuple = (),
+                 meter=None, stage: str = ""):
         self.fn = fn
+        self.meter = meter
+        self.stamps = (meter.stamp_code(stage, "forward", False),
+                       meter.stamp_code(stage, "forward", True)) if meter is not None else ()
         self.sticky = sticky
         self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs
@@ -55,7 +63,11 @@ class GraphRunner:
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
+                if self.stamps:
+                    self.meter.device_stamp(self.stamps[0])
                 out = self.fn(**args)
+                if self.stamps:
+                    self.meter.device_stamp(self.stamps[1])
             self.graphs[bs] = (g, out)
         torch.cuda.synchronize()
 
@@ -91,6 +103,8 @@ class GraphRunner:
             self._copy_in(k, v, bs, b)
         g, out = self.graphs[b]
         g.replay()
+        if self.stamps:
+            self.meter.log(*self.stamps)
         if isinstance(out, torch.Tensor):
             return out[:bs].clone() if clone else out[:bs]
         return tuple(o[:bs].clone() if clone else o[:bs] for o in out)

@@ -1,15 +1,18 @@
-"""Stage spans: one call site per stage, three outputs at once when enabled.
+"""Stage spans: one call site per stage, up to four outputs at once.
 
     with spans.stage("verify"):          # a name from stages.py
         ...
 emits (1) an NVTX range (Nsight Systems) and (2) `torch.profiler.record_function` (Kineto
 shows it on the host and mirrors it on the GPU lane of each stream it launched work on as
 `gpu_user_annotation`) when profiling, and (3) a CUDA event pair on the current stream plus
-host perf_counter times into the EventTimeline (when one is attached). Disabled spans return one shared
-nullcontext: no allocation, no call into torch.
+host perf_counter times into the EventTimeline (when one is attached), and (4) with a
+BubbleMeter attached, device time stamps at the stage's boundaries (instrument/meter.py; the
+meter runs on every step, independent of `enabled` and of timeline sampling). Disabled spans
+without a meter return one shared nullcontext: no allocation, no call into torch.
 
 Inside a CUDA graph nothing of this runs (a replay is one host call): the graph replay itself
-is wrapped as its stage (e.g. `draft` covers the whole draft graph, the folded seed included),
+is wrapped as its stage (e.g. `draft` covers the whole draft graph, the folded seed included;
+`graphed=True` says so, and the meter's stamps are then inside the graph instead),
 and Kineto still lists every replayed kernel on its stream. Stage boundaries inside a graph
 are therefore not visible; split a segment into its own graph to see it.
 """
@@ -39,10 +42,12 @@ def _check(name: str) -> None:
 class _Span:
     """One enabled span (a plain context manager: cheaper than a generator-based one)."""
 
-    __slots__ = ("spans", "name", "stream", "rec", "mark")
+    __slots__ = ("spans", "name", "stream", "rec", "mark", "meter")
 
-    def __init__(self, spans: "Spans", name: str, stream: str):
+    def __init__(self, spans: "Spans", name: str, stream: str, graphed: bool):
         self.spans, self.name, self.stream = spans, name, stream
+        m = spans.meter
+        self.meter = m.span(name, stream, graphed) if m is not None else _NULL
 
     def __enter__(self):
         sp = self.spans
@@ -53,10 +58,12 @@ class _Span:
             self.rec.__enter__()
         tl = sp.timeline
         self.mark = tl.begin(self.name, self.stream) if tl is not None else None
+        self.meter.__enter__()
         return self
 
     def __exit__(self, *exc):
         sp = self.spans
+        self.meter.__exit__(None, None, None)
         if self.mark is not None:
             sp.timeline.end(self.mark)
         if self.rec is not None:
@@ -73,8 +80,9 @@ class Spans:
     only (`begin_step`); the other steps pay one attribute test per span."""
 
     def __init__(self, enabled: bool = False, timeline=None, annotate: bool = True,
-                 stream_name: str = "forward", sample_every: int = 1):
+                 stream_name: str = "forward", sample_every: int = 1, meter=None):
         self.enabled = enabled
+        self.meter = meter
         self.timeline = timeline
         self.annotate = annotate
         self.nvtx = annotate and torch.cuda.is_available()
@@ -88,22 +96,27 @@ class Spans:
             self.enabled = self._master and step % self.sample_every == 0
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, keep_meter: bool = False):
         """No spans inside, sampled steps included (CUDA graph capture: event records and
-        ranges must not be captured; timed runs: no instrumentation cost)."""
-        was = self.enabled, self._master
+        ranges must not be captured; timed runs: no instrumentation cost). `keep_meter`: the
+        bubble meter keeps stamping (a timed run that reports the meter's bubble)."""
+        was = self.enabled, self._master, self.meter
         self.enabled = self._master = False
+        if not keep_meter:
+            self.meter = None
         try:
             yield
         finally:
-            self.enabled, self._master = was
+            self.enabled, self._master, self.meter = was
 
-    def stage(self, name: str, stream: Optional[str] = None):
-        """Context manager for one stage (or step) span; `stream` labels the timeline lane."""
+    def stage(self, name: str, stream: Optional[str] = None, graphed: bool = False):
+        """Context manager for one stage (or step) span; `stream` labels the timeline lane.
+        `graphed`: the body is one replay of a graph captured with the meter's stamps."""
         if not self.enabled:
-            return _NULL
+            m = self.meter
+            return _NULL if m is None else m.span(name, stream or self.stream_name, graphed)
         _check(name)
-        return _Span(self, name, stream or self.stream_name)
+        return _Span(self, name, stream or self.stream_name, graphed)
 
 
 NO_SPANS = Spans(enabled=False)

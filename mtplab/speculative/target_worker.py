@@ -90,9 +90,11 @@ class TargetWorker:
         new_len = seq + 1
         args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
-        with self.spans.stage("verify"):          # the target forward of a one-node tree
-            if self.decode_graph is not None and x.rows.shape[0] <= self.decode_graph.max_bs:
-                tok = self.decode_graph.run(args)
+        g = self.decode_graph
+        graphed = g is not None and x.rows.shape[0] <= g.max_bs
+        with self.spans.stage("verify", graphed=graphed):   # the forward of a one-node tree
+            if graphed:
+                tok = g.run(args)
             else:
                 tok = self._decode_fn(x.max_kv)(**args)
         with self.spans.stage("publish"):
@@ -115,7 +117,8 @@ class TargetWorker:
         pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0)
         runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width)), static, pad,
                              default_buckets(max_bs), sticky=("rows", "temperature", "top_p",
-                                                              "seeds"))
+                                                              "seeds"),
+                             meter=self.spans.meter, stage="verify")
         with self.spans.paused():
             runner.capture()
         return runner

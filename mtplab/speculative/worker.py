@@ -168,9 +168,10 @@ class SpecWorker:
         """One segment as its stage span: a graph replay when captured, else eager. Replay
         outputs are views of the graph's buffers (consumed later in this step, on this stream)
         except accept's, which leave the step (D2H, the scheduler's results)."""
-        with self.spans.stage(name):
-            g = self.graphs.get(name)
-            if g is not None and args["rows"].shape[0] <= g.max_bs:
+        g = self.graphs.get(name)
+        graphed = g is not None and args["rows"].shape[0] <= g.max_bs
+        with self.spans.stage(name, graphed=graphed):
+            if graphed:
                 return g.run(args, clone=name == "accept")
             return make_fn(max_kv)(**args)
 
@@ -261,7 +262,8 @@ class SpecWorker:
         buckets = default_buckets(max_bs)
 
         def runner(name, fn, static):
-            r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets)
+            r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets,
+                            meter=self.spans.meter, stage=name)
             with self.spans.paused():
                 r.capture()
             self.graphs[name] = r

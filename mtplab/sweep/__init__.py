@@ -44,11 +44,16 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   stages      stage_<stage>_ms (median per decode step), stage_sum_gpu_ms, sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)
-  bubbles     bubble_frac, bubble_sync_frac, bubble_host_prep_frac, bubble_launch_frac,
-              bubble_other_frac, bubble_steps, device_busy_step_ms, step_profiled_ms,
-              launches_per_step, draft_launches_per_step,
-              draft_ops_per_step, host_syncs_per_step (from the Kineto trace when profile=True;
-              bubble_* NaN on CPU, where the trace has no GPU lanes)
+  bubbles     bubble_frac, bubble_us_per_step, meter_wall_us_per_step, meter_steps: the
+              headline, from the bubble meter over the measured generate's decode steps
+              (unprofiled; instrument/meter.py; on CPU its host reference clock);
+              bubble_frac_profiled, bubble_sync_frac, bubble_host_prep_frac,
+              bubble_launch_frac, bubble_host_frac, bubble_other_frac, bubble_steps,
+              device_busy_step_ms, step_profiled_ms, launches_per_step,
+              draft_launches_per_step, draft_ops_per_step,
+              host_syncs_per_step: from the Kineto trace when profile=True (the profiler
+              inflates host time: the where/why view; NaN on CPU, where the trace has no GPU
+              lanes)
   environment device_name, git_commit, mtplab_version, torch_version
   paths       run_dir, trace_path, timeline_path, manifest_path, log_path, notebook_path,
               timeline_first_step, timeline_end_step, trace_skip_steps (the timeline

@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 from ..config import RunConfig
 from ..lossless import divergence
 from .grid import Workload
+from ..instrument.meter import meter_figures
 from .metrics import stage_metrics, trace_metrics
 
 LATENCY_KEYS = ("tpot_p50_ms", "tpot_p90_ms", "itl_p50_ms", "itl_p99_ms")
@@ -88,6 +90,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
 
     if wl.fail:
         raise RuntimeError("workload fail=True: this cell fails on purpose (test hook).")
+    cfg = replace(cfg, bubble_meter=True)         # the headline bubble_frac (instrument/meter.py)
     eng = Engine(cfg)
     V = eng.model.config.vocab_size
     if wl.prompts == "code":
@@ -104,7 +107,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     with prof.held() if prof is not None else contextlib.nullcontext():
         if wl.warmup_output_len_tokens:
             run(warm, wl.warmup_output_len_tokens)
-        with eng.spans.paused():
+        with eng.spans.paused(keep_meter=True):
             outputs = run(measured, wl.output_len_tokens)           # measured
         st = eng.stats()
         first_step = end_step = 0
@@ -129,6 +132,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row["listed_syncs_json"] = json.dumps(sites) if cfg.debug_syncs else None
     row["listed_syncs_per_step"] = (sum(sites.values()) / max(1, st["decode_steps"])
                                     if cfg.debug_syncs else float("nan"))
+    row.update(meter_figures(st))
     row["accept_len"] = st.get("accept_len", float("nan"))
     row["accept_simulated"] = bool(st.get("simulated", False))
     row["weight_bytes_per_step"] = weight_bytes_per_step(eng)

@@ -11,11 +11,15 @@ generate (the measured workload once more, with spans on; see measure.py):
                              spans the dispatch latency before its stage's first kernel
     sync_spans_per_step      mean number of host `sync` spans (blocking waits) per decode step
 
+From the bubble meter (measure.py; instrument/meter.py), over the measured generate's
+decode steps, unprofiled: the headline
+    bubble_frac, bubble_us_per_step    device time not covered by any stage / step wall time
+
 From the trace (only when the cell profiles; NaN otherwise), over the decode steps of the
-profiler window after warm-up:
-    bubble_frac, bubble_<cause>_frac   device bubble time / device step wall time, in total and
-                                       per cause (sync, host_prep, launch, other); NaN without
-                                       GPU activity (a CPU run)
+profiler window after warm-up (the profiler inflates host time: where/why views):
+    bubble_frac_profiled, bubble_<cause>_frac   device bubble time / device step wall time, in
+                                       total and per cause (sync, host_prep, launch, host,
+                                       other); NaN without GPU activity (a CPU run)
     bubble_steps                       decode steps the bubble figures cover
     device_busy_step_ms                median over those steps of the device busy time (union
                                        of kernels and copies): the step time with zero
@@ -69,12 +73,12 @@ def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None
 def bubble_columns(steps: pd.DataFrame, has_device: bool) -> dict:
     """The bubble figures of the profiled decode steps `steps` (rows of `analyze(...).steps`):
     every `bubble_*` column of the results table is computed here and only here."""
-    out = {"bubble_frac": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES},
+    out = {"bubble_frac_profiled": NAN, **{f"bubble_{c}_frac": NAN for c in CAUSES},
            "bubble_steps": len(steps), "device_busy_step_ms": NAN,
            "step_profiled_ms": float(steps["dur_us"].median()) / 1e3 if len(steps) else NAN}
     wall = float(steps["dur_us"].sum()) if len(steps) else 0.0
     if has_device and wall > 0:
-        out["bubble_frac"] = float(steps["bubble_us"].sum()) / wall
+        out["bubble_frac_profiled"] = float(steps["bubble_us"].sum()) / wall
         for c in CAUSES:
             out[f"bubble_{c}_frac"] = float(steps[f"bubble_{c}_us"].sum()) / wall
         out["device_busy_step_ms"] = float(steps["busy_us"].median()) / 1e3

@@ -1,0 +1,321 @@
+"""Bubble meter: the GPU stamps its own time at stage boundaries; per step, the device time
+not covered by any stage is the bubble. No profiler, no host sync per step.
+
+    stage span (eager)      stamp kernel (begin) ... the stage's work ... stamp kernel (end)
+    stage graph (captured)  [stamp begin, the stage's kernels, stamp end] in one replay
+    step span               names the step; every stamp issued inside it belongs to it
+Each stamp writes (code, %globaltimer ns) into a device ring (kernels/stamp.py); the ring is
+read back once per `generate` (`collect`, after the engine's end-of-call synchronize), or
+earlier with one synchronize when half the ring is pending. Records are matched to the host's
+issue log lane by lane (one lane = one stream; a stream claims slots in issue order), so a
+graph's stamps, whose code is fixed at capture, get their step from the replay that issued
+them. Only device lanes are stamped (`forward`, `copy`); `host` spans (schedule, prepare,
+sync, process_result) are not GPU work. On CPU the same ring is written by `stamp_ref` with
+host `perf_counter_ns` times: a stage's interval is then its host execution time.
+
+Per step (device timeline, as the trace analyser defines it, docs/design.md "Bubbles"):
+    end[k]    = end of step k's last stage interval (running maximum over steps)
+    window k  = (end[k-1], end[k]]      the first step starts at its first stamp
+    wall_us   = window length           busy_us = union of ALL stage intervals (any step,
+    bubble_us = wall_us - busy_us       any lane) inside the window: overlap counted once
+A bubble thus belongs to the step whose work it delayed (a host sleep between steps k and
+k+1 lands in step k+1).
+
+What it cannot see (measure it against the profiler: benchmarks/bench_meter.py):
+
+    GPU  |[b verify-graph: k1  k2 ... k9 e]|      |[b publish e]|
+                           ^^ idle between kernels inside one stage counts as busy here
+              ^ the stamp kernels' own time counts as busy
+                                            ^^^^^^ idle between stages: the meter's bubble
+    - idle inside one stage (between the kernels of a graph or an eager stage: launch gaps
+      of an eager stage, dependency stalls inside a graph) is covered by the stage interval;
+    - GPU work issued outside every device-lane stage (e.g. the schedule stream's input
+      H2D in `prepare`) is not covered, so it counts as bubble;
+    - a stage interval starts when the stream reaches its begin stamp, which includes any
+      wait of that stream (an event wait before the stage's first kernel).
+Frames: `frame()` one row per step (step, name, start_us, wall_us, busy_us, bubble_us,
+bubble_frac, n_stages); `stages_frame()` one row per stage interval (step, stage, lane,
+start_us, end_us, dur_us). Times are µs since the meter's first stamp (device clock).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..kernels.stamp import StampLauncher, stamp_ref
+from ..stages import STAGES, STEP_RE
+
+LANES = ("forward", "copy")         # stamped lanes; "host" spans are never stamped
+_STAGE_ID = {s: i + 1 for i, s in enumerate(STAGES)}      # 1-based: codes are never 0 or 1
+_STAGE_OF = {i: s for s, i in _STAGE_ID.items()}
+_LANE_ID = {lane: i for i, lane in enumerate(LANES)}
+_CODE_BITS = 16                     # host log entry = step << 16 | code
+STEP_COLUMNS = ["step", "name", "start_us", "wall_us", "busy_us", "bubble_us", "bubble_frac",
+                "n_stages"]
+STAGE_COLUMNS = ["step", "stage", "lane", "start_us", "end_us", "dur_us"]
+
+
+def stamp_code(stage: str, lane: str, end: bool) -> int:
+    """code = lane << 8 | stage id << 1 | end (stage ids from mtplab/stages.py)."""
+    if stage not in _STAGE_ID:
+        raise ValueError(f"{stage!r} is not a stage name of docs/design.md (mtplab/stages.py).")
+    if lane not in _LANE_ID:
+        raise ValueError(f"lane {lane!r} is not stamped; use one of {LANES}.")
+    return _LANE_ID[lane] << 8 | _STAGE_ID[stage] << 1 | int(end)
+
+
+class _StampSpan:
+    """An eager stage on a device lane: one stamp at each boundary (stateless, cached)."""
+
+    __slots__ = ("meter", "begin", "end")
+
+    def __init__(self, meter: "BubbleMeter", begin: int, end: int):
+        self.meter, self.begin, self.end = meter, begin, end
+
+    def __enter__(self):
+        self.meter.stamp(self.begin)
+        return self
+
+    def __exit__(self, *exc):
+        self.meter.stamp(self.end)
+        return False
+
+
+class _StepSpan:
+    """The step span: opens the meter's next step (stateless, cached per name)."""
+
+    __slots__ = ("meter", "name")
+
+    def __init__(self, meter: "BubbleMeter", name: str):
+        self.meter, self.name = meter, name
+
+    def __enter__(self):
+        self.meter.begin_step(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Null:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+
+
+class BubbleMeter:
+    """Device stamps at stage boundaries -> per-step wall, stage intervals and bubble."""
+
+    stamp_code = staticmethod(stamp_code)     # graphs/runner.py codes its captured stamps
+
+    def __init__(self, device: torch.device, capacity: int = 1 << 16):
+        if capacity < 4 or capacity & (capacity - 1):
+            raise ValueError(f"meter capacity must be a power of two >= 4, got {capacity}.")
+        self.cuda = torch.device(device).type == "cuda"
+        self.capacity = capacity
+        self.ring = torch.zeros(capacity, 2, dtype=torch.long, device=device)
+        self.count = torch.zeros(1, dtype=torch.int32, device=device)
+        # compiled and loaded now, never during a graph capture
+        self._launch = StampLauncher(self.ring, self.count) if self.cuda else None
+        # CPU: stamp_ref on numpy views of the same memory (no torch op per stamp)
+        self._host = (self.ring.numpy(), self.count.numpy()) if not self.cuda else None
+        self.step = -1
+        self.names: list[str] = []          # step -> step span name
+        self.drains = 0                     # synchronizing reads forced by a half-full ring
+        self._log: list[int] = []           # issue order: step << 16 | code
+        self._key = 0                       # current step << 16
+        self._read = 0                      # ring records consumed so far
+        self._t0_ns: Optional[int] = None
+        self._spans: dict = {}
+        self._rows: list[tuple] = []        # (step, stage, lane, start_ns, end_ns)
+
+    # -- issue (hot path) ------------------------------------------------------------------
+    def span(self, name: str, lane: str, graphed: bool = False):
+        """The meter's context manager for a span: stamps for an eager device-lane stage,
+        a step opener for a step span, nothing for host spans and graphed stages (their
+        graph carries its own stamps)."""
+        key = (name, lane, graphed)
+        sp = self._spans.get(key)
+        if sp is None:
+            if lane not in _LANE_ID:
+                sp = _StepSpan(self, name) if STEP_RE.match(name) else _NULL
+            elif graphed:
+                sp = _NULL
+            else:
+                sp = _StampSpan(self, stamp_code(name, lane, False), stamp_code(name, lane, True))
+            self._spans[key] = sp
+        return sp
+
+    def stamp(self, code: int) -> None:
+        """One stamp on the current stream, logged for the current step."""
+        if self.cuda:
+            self._launch(code)
+        else:
+            stamp_ref(*self._host, code, time.perf_counter_ns())
+        self._log.append(self._key | code)
+
+    def device_stamp(self, code: int) -> None:
+        """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""
+        self._launch(code)
+
+    def log(self, *codes: int) -> None:
+        """A graph replay issued these captured stamps (in this order) for the current step."""
+        for c in codes:
+            self._log.append(self._key | c)
+
+    def begin_step(self, name: str) -> None:
+        if len(self._log) > self.capacity // 2:      # read before the ring could wrap
+            self.drains += 1
+            self.collect()
+        self.step += 1
+        self.names.append(name)
+        self._key = self.step << _CODE_BITS
+
+    # -- read back ---------------------------------------------------------------------------
+    def collect(self) -> None:
+        """Read the ring (one synchronize) and turn its records into stage intervals."""
+        if self.cuda:
+            torch.cuda.synchronize(self.ring.device)
+        n = int(self.count[0])
+        new = n - self._read
+        if new != len(self._log):
+            raise RuntimeError(f"bubble meter: {new} stamps reached the ring but "
+                               f"{len(self._log)} were issued; a stamp ran outside the meter's "
+                               "log (e.g. a graph captured with stamps replayed by hand).")
+        if new > self.capacity:
+            raise RuntimeError(f"bubble meter: {new} stamps since the last read overflowed the "
+                               f"ring of {self.capacity}; construct it with a larger capacity.")
+        if new == 0:
+            return
+        slots = (self._read + torch.arange(new)) & (self.capacity - 1)
+        rec = self.ring.cpu().numpy()[slots.numpy()]
+        log = np.asarray(self._log, dtype=np.int64)
+        self._read, self._log = n, []
+        self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
+        if self._t0_ns is None and self._rows:
+            self._t0_ns = min(r[3] for r in self._rows)
+
+    # -- tables ------------------------------------------------------------------------------
+    def stages_frame(self, first_step: int = 0) -> pd.DataFrame:
+        """One row per stage interval (collected so far) of the steps >= first_step."""
+        rows = self._rows
+        if first_step > 0:       # rows are in step order: spans nest inside their step span
+            k = next((i for i in range(len(rows) - 1, -1, -1) if rows[i][0] < first_step), -1)
+            rows = rows[k + 1:]
+        df = pd.DataFrame(rows, columns=["step", "stage", "lane", "start_ns", "end_ns"])
+        t0 = self._t0_ns or 0
+        out = pd.DataFrame({"step": df["step"].astype(np.int64), "stage": df["stage"],
+                            "lane": df["lane"], "start_us": (df["start_ns"] - t0) / 1e3,
+                            "end_us": (df["end_ns"] - t0) / 1e3}, columns=STAGE_COLUMNS)
+        out["dur_us"] = out["end_us"] - out["start_us"]
+        return out
+
+    def frame(self, first_step: int = 0) -> pd.DataFrame:
+        """One row per step with stage intervals (module docstring for every column), of the
+        steps >= first_step (the window of the first one starts where step first_step-1 ends)."""
+        st = self.stages_frame(max(0, first_step - 1))
+        if st.empty:
+            return pd.DataFrame({c: [] for c in STEP_COLUMNS})
+        s, e, k = (st["start_us"].to_numpy(), st["end_us"].to_numpy(),
+                   st["step"].to_numpy())
+        steps = np.unique(k)
+        last = np.full(steps.size, -np.inf)
+        np.maximum.at(last, np.searchsorted(steps, k), e)
+        lo = float(s[k == steps[0]].min())
+        bounds = np.maximum.accumulate(np.maximum(last, lo))
+        starts = np.concatenate(([lo], bounds[:-1]))
+        us, ue = _union(s, e)
+        busy = _covered(us, ue, bounds) - _covered(us, ue, starts)
+        wall = bounds - starts
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(wall > 0, (wall - busy) / np.where(wall > 0, wall, 1.0), np.nan)
+        df = pd.DataFrame({
+            "step": steps.astype(np.int64), "name": [self.names[i] for i in steps],
+            "start_us": starts, "wall_us": wall, "busy_us": busy,
+            "bubble_us": np.maximum(wall - busy, 0.0), "bubble_frac": frac,
+            "n_stages": np.bincount(np.searchsorted(steps, k), minlength=steps.size)},
+            columns=STEP_COLUMNS)
+        return df[df["step"] >= first_step].reset_index(drop=True)
+
+    def summary(self, first_step: int = 0, decode_only: bool = True) -> dict:
+        """bubble_frac (bubble / wall) and bubble_us_per_step over the steps >= first_step
+        (decode steps only by default: the steady state)."""
+        df = self.frame(first_step)
+        if decode_only:
+            df = df[df["name"].str.startswith("step[decode")]
+        wall = float(df["wall_us"].sum())
+        nan = float("nan")
+        return {"bubble_frac": float(df["bubble_us"].sum()) / wall if wall > 0 else nan,
+                "bubble_us_per_step": float(df["bubble_us"].mean()) if len(df) else nan,
+                "meter_wall_us_per_step": float(df["wall_us"].mean()) if len(df) else nan,
+                "meter_steps": int(len(df))}
+
+
+METER_KEYS = ("bubble_frac", "bubble_us_per_step", "meter_wall_us_per_step", "meter_steps")
+
+
+def meter_figures(stats: dict) -> dict:
+    """The meter's figures of an `Engine.stats()` (NaN / 0 when the meter was off): the
+    headline `bubble_frac` of sweeps and `mtplab bench` (the profiled one is
+    `bubble_frac_profiled`)."""
+    nan = float("nan")
+    return {k: stats.get(k, 0 if k == "meter_steps" else nan) for k in METER_KEYS}
+
+
+def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
+          dev_ns: np.ndarray) -> list[tuple]:
+    """Match ring records to the issue log lane by lane, then pair begin/end stamps (spans
+    on one lane nest) -> (step, stage, lane, start_ns, end_ns) per stage interval."""
+    ns = np.empty(code.size, np.int64)
+    for lid in np.unique(code >> 8).tolist():
+        h = np.flatnonzero((code >> 8) == lid)
+        d = np.flatnonzero((dev_code >> 8) == lid)
+        if h.size != d.size or not np.array_equal(code[h], dev_code[d]):
+            raise RuntimeError(f"bubble meter: the stamps of lane {LANES[lid]!r} reached the "
+                               "ring in another order than they were issued (a lane ran on "
+                               "more than one stream).")
+        ns[h] = dev_ns[d]
+    rows, open_ = [], {}
+    for st, c, t in zip(step.tolist(), code.tolist(), ns.tolist()):
+        lane, stage = c >> 8, (c >> 1) & 0x7F
+        stack = open_.setdefault(lane, [])
+        if not c & 1:
+            stack.append((st, stage, t))
+            continue
+        if not stack or stack[-1][1] != stage:
+            raise RuntimeError(f"bubble meter: an end stamp of {_STAGE_OF[stage]!r} without its "
+                               "begin on its lane (spans must nest).")
+        s0, _, t0 = stack.pop()
+        rows.append((s0, _STAGE_OF[stage], LANES[lane], t0, t))
+    return rows
+
+
+def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted disjoint union of intervals (touching ones merge)."""
+    o = np.lexsort((e, s))
+    s, e = s[o], e[o]
+    run = np.maximum.accumulate(e)
+    new = np.ones(s.size, bool)
+    new[1:] = s[1:] > run[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], run[np.append(idx[1:] - 1, s.size - 1)]
+
+
+def _covered(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Length of the union (us, ue) inside (-inf, t], for each t."""
+    cum = np.concatenate(([0.0], np.cumsum(ue - us)))
+    k = np.searchsorted(us, t, side="right")
+    j = np.clip(k - 1, 0, None)
+    part = np.where(k > 0, np.clip(np.minimum(t, ue[j]) - us[j], 0.0, None), 0.0)
+    return np.where(k > 0, cum[j], 0.0) + part

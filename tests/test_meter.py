@@ -1,0 +1,195 @@
+"""Bubble meter: the stamp kernel against its reference, the ring/log matching and pairing,
+the per-step table, and planted host delays on CPU (the reference clock).
+
+The `%globaltimer` read is inline PTX, which the Triton interpreter cannot run: under
+TRITON_INTERPRET=1 the kernel's clock comes from a tensor, and the slot claim (atomic
+counter), ring wrap and record layout are checked against `stamp_ref`. The GPU clock path
+runs in benchmarks/bench_meter.py (scripts/gpu_check.sh meter).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from mtplab.engine import Engine, RunConfig
+from mtplab.instrument.meter import BubbleMeter, stamp_code
+from mtplab.instrument.spans import Spans
+from mtplab.kernels.stamp import stamp_ref, stamp_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_stamp_kernel_matches_reference_and_wraps():
+    ring = torch.zeros(8, 2, dtype=torch.long, device=DEVICE)
+    count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    ref_ring, ref_count = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
+    for i in range(13):                                  # wraps the ring of 8 once
+        t = 10**15 + 7919 * i                            # ns-sized values, beyond int32
+        stamp_triton(ring, count, 2 + i, torch.tensor([t], device=DEVICE))
+        stamp_ref(ref_ring, ref_count, 2 + i, t)
+    assert int(count[0]) == int(ref_count[0]) == 13
+    assert torch.equal(ring.cpu(), ref_ring)
+    assert ref_ring[12 & 7, 0] == 2 + 12                  # the last record: slot 12 & 7
+
+
+def test_codes_and_spans():
+    assert stamp_code("verify", "forward", False) != stamp_code("verify", "copy", False)
+    assert stamp_code("d2h", "copy", True) & 1 and stamp_code("d2h", "copy", True) > 1
+    with pytest.raises(ValueError, match="not a stage name"):
+        stamp_code("verfy", "forward", False)
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    sp = Spans(enabled=False, meter=m)
+    with sp.stage("step[decode bs=1]", "host"):
+        with sp.stage("schedule", "host"):           # host spans: not stamped
+            pass
+        with sp.stage("verify"), sp.stage("draft.step"):
+            pass
+        with sp.stage("tree", graphed=True):        # a graph carries its own stamps
+            pass
+        with sp.paused(), sp.stage("accept"):        # capture: nothing
+            pass
+    assert m.step == 0 and m.names == ["step[decode bs=1]"] and int(m.count[0]) == 4
+    m.collect()
+    st = m.stages_frame()
+    assert list(st["stage"]) == ["draft.step", "verify"]     # inner ends first
+    assert (st["step"] == 0).all() and (st["dur_us"] >= 0).all()
+
+
+def _synthetic(meter: BubbleMeter, plan) -> None:
+    """Write ring records and the issue log by hand: plan = [(step, stage, lane, t0, t1)]
+    in issue order per lane (ns)."""
+    for st, stage, lane, t0, t1 in plan:
+        meter._key = st << 16
+        for code, t in ((stamp_code(stage, lane, False), t0), (stamp_code(stage, lane, True), t1)):
+            stamp_ref(meter.ring, meter.count, code, t)
+            meter._log.append(meter._key | code)
+    meter.step = max(p[0] for p in plan)
+    meter.names = ["step[decode bs=1]" for _ in range(meter.step + 1)]
+
+
+def test_frame_windows_busy_and_bubble():
+    """Two steps, overlapping lanes; the copy lane's d2h overlaps the next step's work."""
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    us = 1000
+    _synthetic(m, [(0, "verify", "forward", 0, 10 * us), (0, "stash", "forward", 12 * us, 14 * us),
+                   (0, "d2h", "copy", 15 * us, 20 * us),
+                   (1, "verify", "forward", 18 * us, 30 * us), (1, "d2h", "copy", 35 * us, 36 * us)])
+    m.collect()
+    df = m.frame()
+    # step 0: window [0, 20]: covered 10 + 2 + 5 -> bubble 3 (10..12, 14..15)
+    # step 1: window (20, 36]: covered 20..30 + 35..36 = 11 -> bubble 5
+    assert df["wall_us"].tolist() == pytest.approx([20.0, 16.0])
+    assert df["bubble_us"].tolist() == pytest.approx([3.0, 5.0])
+    np.testing.assert_allclose(df["busy_us"] + df["bubble_us"], df["wall_us"])
+    s = m.summary()
+    assert s["bubble_frac"] == pytest.approx(8 / 36) and s["meter_steps"] == 2
+
+
+def test_lane_order_mismatch_is_reported():
+    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    _synthetic(m, [(0, "verify", "forward", 0, 5)])
+    m._log.reverse()                  # the host believes another order
+    with pytest.raises(RuntimeError, match="begin|order"):
+        m.collect()
+    m2 = BubbleMeter(torch.device("cpu"), capacity=16)
+    _synthetic(m2, [(0, "verify", "forward", 0, 5)])
+    m2._log.pop()
+    with pytest.raises(RuntimeError, match="1 were issued"):
+        m2.collect()
+
+
+def test_half_full_ring_is_drained_between_steps():
+    m = BubbleMeter(torch.device("cpu"), capacity=8)
+    sp = Spans(enabled=False, meter=m)
+    for _ in range(6):
+        with sp.stage("step[decode bs=1]", "host"), sp.stage("verify"), sp.stage("stash"):
+            pass
+    m.collect()
+    assert m.drains >= 2 and len(m.frame()) == 6 and (m.frame()["n_stages"] == 2).all()
+
+
+def _per_step_bubble(eng, prompts, n) -> pd.DataFrame:
+    eng.generate(prompts, max_new_tokens=n, ignore_eos=True)
+    df = eng.meter_frame()
+    return df[df["name"].str.startswith("step[decode")]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_planted_host_delay_rises_the_bubble_cpu(overlap, tmp_path):
+    """CPU reference clock: a host sleep of d per step lands in the meter's bubble."""
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", bubble_meter=True,
+                    overlap=overlap, device="cpu", trace_dir=str(tmp_path), run_name="m")
+    eng = Engine(cfg)
+    prompts = [[5, 6, 7], [8, 9]]
+    base = _per_step_bubble(eng, prompts, 10)
+    d_ms = 40.0
+    eng.add_step_hook(lambda i: time.sleep(d_ms / 1e3))
+    first = eng.meter.step + 1
+    eng.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    df = eng.meter_frame()
+    slept = df[(df["step"] > first) & df["name"].str.startswith("step[decode")]
+    eng.check_invariants()
+    # every step after a hook call holds the whole sleep (CPU: nothing runs while it sleeps)
+    assert (slept["bubble_us"] >= d_ms * 1e3).all(), slept
+    rise = slept["bubble_us"].median() - base["bubble_us"].median()
+    assert d_ms * 1e3 * 0.95 <= rise <= d_ms * 1e3 + 20e3, rise
+    st = eng.stats()
+    assert st["bubble_us_per_step"] >= d_ms * 1e3 and 0 < st["bubble_frac"] < 1
+    written = eng.finish()
+    got = pd.read_parquet(written["meter"])
+    assert {"step", "wall_us", "busy_us", "bubble_us", "bubble_frac"} <= set(got.columns)
+    assert len(pd.read_parquet(written["meter_stages"])) > 0
+
+
+def test_meter_off_by_default_and_tokens_unchanged():
+    cfg = dict(model="random-tiny", draft="frozen_kv_mtp", device="cpu")
+    a = Engine(RunConfig(**cfg))
+    b = Engine(RunConfig(**cfg, bubble_meter=True))
+    p = [[5, 6, 7, 8]]
+    assert a.generate(p, max_new_tokens=6) == b.generate(p, max_new_tokens=6)
+    a.check_invariants()
+    b.check_invariants()
+    assert "bubble_frac" not in a.stats() and "bubble_frac" in b.stats()
+    with pytest.raises(RuntimeError, match="bubble_meter=True"):
+        a.meter_frame()
+
+
+def test_frame_from_a_first_step_equals_the_full_frame_tail():
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    us = 1000
+    _synthetic(m, [(k, "verify", "forward", (10 * k + 2) * us, (10 * k + 7) * us)
+                   for k in range(5)])
+    m.collect()
+    full = m.frame()
+    part = m.frame(3)
+    pd.testing.assert_frame_equal(part, full[full["step"] >= 3].reset_index(drop=True))
+    assert m.summary(3)["meter_steps"] == 2
+
+
+def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypatch):
+    """The %globaltimer path cannot run here; compile it ahead of time for an H100 (PTX):
+    the timer read is there, and the slot claim is one atomic issued by one thread."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from triton.runtime.jit import JITFunction
+
+    import mtplab.kernels.stamp as stamp
+    # under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: compile its Python source
+    jit = JITFunction(stamp._stamp_kernel.fn, do_not_specialize=["code"])
+    sig = {"ring_ptr": "*i64", "count_ptr": "*i32", "clock_ptr": "*i64", "code": "i32",
+           "mask": "i32", "GLOBALTIMER": "constexpr"}
+    try:
+        k = triton.compile(ASTSource(fn=jit, signature=sig, constexprs={"GLOBALTIMER": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    except Exception as e:          # no LLVM/ptxas backend in this Triton install
+        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
+    ptx = k.asm["ptx"]
+    assert "%globaltimer" in ptx
+    atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
+    assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread

@@ -166,8 +166,9 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
                 base = med
             acc = _med(ok, "accept_len") or 1.0
             bub = _med(ok, "bubble_frac")
-            causes = "/".join(_fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
-                              for c in ("sync", "host_prep", "launch", "host", "other"))
+            causes = "-" if _med(ok, "bubble_frac_profiled") is None else "/".join(
+                _fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
+                for c in ("sync", "host_prep", "launch", "host", "other"))
             busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
             seed, draft = _med(ok, "stage_draft.seed_ms"), _med(ok, "stage_draft_ms")
             dms = None if seed is None and draft is None else (seed or 0.0) + (draft or 0.0)

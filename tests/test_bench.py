@@ -61,9 +61,11 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
             recs.append(_record({"repeat": r, "batch_size": bs, "draft": draft},
                                 decode_tok_per_s=float(x), accept_len=float("nan"),
                                 decode_step_time_p50_ms=2.0, device_busy_step_ms=1.5,
-                                bubble_frac=0.25, bubble_sync_frac=0.1,
+                                bubble_frac=0.25, bubble_frac_profiled=0.3,
+                                bubble_sync_frac=0.1,
                                 bubble_host_prep_frac=0.05, bubble_launch_frac=0.1,
-                                bubble_other_frac=0.0, weight_bytes_per_step=4e9))
+                                bubble_host_frac=0.02, bubble_other_frac=0.0,
+                                weight_bytes_per_step=4e9))
     recs.append(_record({"repeat": 1, "batch_size": 8, "draft": "eagle"},   # not an arm
                         decode_tok_per_s=1.0))
     got = {(r[0], r[1]): r for r in rows_of(table(pd.DataFrame(recs), doc, bw=2e12))}
@@ -75,7 +77,7 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
     assert got[("8", "draft=frozen_kv_mtp")][4] == "1.00x"       # 400 vs 400, not vs bs 1
     r = got[("8", "draft=none")]
     assert r[2] == "2" and r[7] == "1.00"                          # n repeats; accept len 1
-    assert r[8] == "25.0 (10.0/5.0/10.0/0.0)"                      # bubble % and its causes
+    assert r[8] == "25.0 (10.0/5.0/10.0/2.0/0.0)"                  # meter bubble %; causes
     assert r[9] == "1.500" and r[10] == "75%"                      # bound ms, achieved
     assert r[13] == "2.0000"                                       # 4e9 B / 2e12 B/s, per tok
 
@@ -213,7 +215,7 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
     steps = pd.DataFrame({"dur_us": [1000.0, 3000.0], "busy_us": [600.0, 1800.0],
                           "bubble_us": [400.0, 1200.0],
                           **{f"bubble_{c}_us": [100.0, 300.0]
-                             for c in ("sync", "host_prep", "launch", "other")}})
+                             for c in ("sync", "host_prep", "launch", "host", "other")}})
     b = bubble_columns(steps, has_device=True)
     assert b["bubble_frac_profiled"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
     assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0

@@ -75,6 +75,7 @@ def test_mapping_is_what_sglang_parses(model_dirs, kw):
     assert (a.page_size, a.attention_backend, a.device) == (c.page_size, "triton", "cpu")
     assert (a.cuda_graph_max_bs_decode, a.random_seed, a.max_running_requests) == (8, 5, 32)
     assert a.enable_deterministic_inference and a.load_format == "dummy"
+    assert a.skip_tokenizer_init
     if c.simulate_accept_len:
         assert float(sl.env["SGLANG_SIMULATE_ACC_LEN"]) == c.simulate_accept_len
 
@@ -116,7 +117,8 @@ def test_knobs_sglang_lacks_are_refused(kw, spec, match):
 def test_dry_run_prints_env_and_one_shell_line(capsys):
     rc = main_sglang(["launch", "--dry-run", "--model-path", "/m/t x", "--draft", "eagle",
                       "--draft-model-path", "/m/d", "--topk", "2", "--num-draft-tokens", "5",
-                      "--no-overlap", "--simulate-accept-len", "2.5", "--python", "python3"])
+                      "--no-overlap", "--simulate-accept-len", "2.5", "--python", "python3",
+                      "--extra-args", "--mem-fraction-static 0.6"])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[:2] == ["export SGLANG_SIMULATE_ACC_LEN=2.5",
@@ -126,9 +128,10 @@ def test_dry_run_prints_env_and_one_shell_line(capsys):
     cmd = words[2:]
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "/m/t x"
-    assert "--disable-overlap-schedule" in cmd
+    assert "--disable-overlap-schedule" in cmd and "--skip-tokenizer-init" in cmd
     assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "5"
     assert cmd[cmd.index("--cuda-graph-max-bs-decode") + 1] == "32"
+    assert cmd[-2:] == ["--mem-fraction-static", "0.6"]
 
 
 def test_dry_run_refusal_is_one_line(capsys):

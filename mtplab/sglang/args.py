@@ -12,6 +12,7 @@
     simulate_accept_len m          env SGLANG_SIMULATE_ACC_LEN=m, _METHOD=match-expected
     seed                           --random-seed
     (ServerSpec) device, backend   --device, --attention-backend: always explicit
+    (always)                       --skip-tokenizer-init: the driver sends token ids
     (ServerSpec) deterministic     --enable-deterministic-inference
     (ServerSpec) dummy weights     --load-format dummy --speculative-draft-load-format dummy
     (ServerSpec) cuda_graphs       overrides cfg.cuda_graphs (RunConfig resolves for this host)
@@ -113,7 +114,7 @@ def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:
          "--attention-backend", spec.attention_backend, "--host", spec.host,
          "--port", str(spec.port), "--page-size", str(cfg.page_size),
          "--max-running-requests", str(cfg.max_running_requests),
-         "--random-seed", str(cfg.seed)]
+         "--random-seed", str(cfg.seed), "--skip-tokenizer-init"]
     env = {}
     if cfg.speculative:
         a += ["--speculative-algorithm", ALGORITHMS[cfg.draft],

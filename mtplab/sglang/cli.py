@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--profile-steps", type=int, default=20, help="0: no trace")
     a.add_argument("--trace-dir", default="traces")
     a.add_argument("--run-name", default="sglang")
+    a.add_argument("--extra-args", default="", help="more server flags, one shell-quoted string")
     a.add_argument("--python", default=sys.executable)
     a.add_argument("--dry-run", action="store_true", help="print env + command line and exit")
     return p
@@ -69,7 +71,7 @@ def config_from_args(args) -> tuple[RunConfig, ServerSpec]:
                       version=args.sglang_version, device=args.device,
                       attention_backend=args.attention_backend, port=args.port,
                       dummy_weights=args.dummy_weights, deterministic=args.deterministic,
-                      cuda_graphs=args.cuda_graphs)
+                      cuda_graphs=args.cuda_graphs, extra_args=tuple(shlex.split(args.extra_args)))
     return cfg, spec
 
 

@@ -149,7 +149,10 @@ FAKE_SERVER = textwrap.dedent('''
     if argv[:2] == ["-m", "sglang.launch_server"]:
         argv = argv[2:]
     port = int(argv[argv.index("--port") + 1])
-    TRACE = os.environ["FAKE_TRACE"]
+    TRACE = os.environ.get("FAKE_TRACE")
+    if os.environ.get("FAKE_STARTS"):
+        with open(os.environ["FAKE_STARTS"], "a") as f:
+            f.write(" ".join(argv) + "\\n")
 
     class H(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -232,6 +235,51 @@ def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys):
     steps = (tmp_path / "traces" / "r1" / "analysis")
     assert any(steps.iterdir())
     assert 0 < m["bubble_frac"] < 1
+
+
+def fake_python(tmp_path) -> Path:
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    py = tmp_path / "fakepython"
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return py
+
+
+@pytest.mark.slow
+def test_sweep_cells_with_backend_sglang_share_a_server(tmp_path, monkeypatch):
+    """Two arms with equal server arguments (they differ only in the workload) share one
+    server, the third starts another; the guard ends the last one after sglang_idle_s."""
+    from mtplab.sweep.grid import grid_from_dict
+    from mtplab.sweep.runner import run_sweep
+    starts = tmp_path / "starts.txt"
+    monkeypatch.setenv("FAKE_STARTS", str(starts))
+    base = {"backend": "sglang", "sglang_model_path": "m", "sglang_draft_model_path": "d",
+            "sglang_python": str(fake_python(tmp_path)), "sglang_port": free_port(),
+            "sglang_idle_s": 15, "draft": "eagle", "device": "cpu", "prompt_len_tokens": 8,
+            "warmup_output_len_tokens": 0, "batch_size": 2}
+    grid = grid_from_dict({"base": base, "arms": [{"output_len_tokens": 4},
+                                                  {"output_len_tokens": 7},
+                                                  {"output_len_tokens": 4, "num_steps": 2}]})
+    cells = grid.cells()
+    bad = grid_from_dict({"base": {**base, "sglang_modle_path": "x"}}).cells()[0]
+    assert "sglang_modle_path" in bad.dropped
+    df = run_sweep(cells, tmp_path / "sweep", progress=False)
+    assert list(df["status"]) == ["ok"] * 3, df["error"].tolist()
+    assert list(df["sglang.server_started"]) == [True, False, True]
+    assert list(df["sglang.completion_tokens"]) == [8, 14, 8]
+    assert len(starts.read_text().splitlines()) == 2
+    state = json.loads((tmp_path / "sweep" / "cells" / "sglang" / "server.json").read_text())
+    for _ in range(300):                                   # the guard stops it when idle
+        try:
+            os.kill(state["pid"], 0)
+        except OSError:
+            break
+        import time
+        time.sleep(0.1)
+    else:
+        os.killpg(state["pid"], 15)
+        pytest.fail("the server outlived its idle time")
 
 
 def test_launch_reports_a_server_that_dies(tmp_path, capsys):

@@ -310,3 +310,18 @@ def test_analyser_reads_sglang_step_spans(tmp_path):
     assert list(res.steps["name"]) == ["step[TARGET_VERIFY bs=2]", "step[DRAFT bs=2]",
                                        "step[TARGET_VERIFY bs=2]"]
     assert res.summary["step_source"] == "step spans"
+
+
+def test_gemma4_config_only_dirs_load_as_target_and_assistant(tmp_path):
+    """The Frozen-KV model directories load back through transformers' AutoConfig with the
+    architectures SGLang keys on (Gemma4AssistantForCausalLM -> FROZEN_KV_MTP)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    from transformers import AutoConfig
+
+    from mtplab.sglang.models import write_gemma4_frozen_dirs
+    t, a = write_gemma4_frozen_dirs(tmp_path, hidden_size=128, assistant_hidden_size=64)
+    tc, ac = AutoConfig.from_pretrained(t), AutoConfig.from_pretrained(a)
+    assert tc.architectures == ["Gemma4ForCausalLM"] and tc.hidden_size == 128
+    assert ac.architectures == ["Gemma4AssistantForCausalLM"]
+    assert ac.backbone_hidden_size == 128 and ac.get_text_config().hidden_size == 64
+    assert sorted(p.name for p in t.iterdir()) == ["config.json"]

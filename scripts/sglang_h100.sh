@@ -108,7 +108,7 @@ pair() {
       --draft eagle --draft-model-path "$STAGE/models/draft" --num-steps 3 --topk 1 \
       --dummy-weights --simulate-accept-len 2.5 $flag --prompts 32 --prompt-len 256 \
       --max-new-tokens 128 --concurrency 16 --profile-steps 20 \
-      --run-name "sglang_h100_$arm" --extra-args "--skip-tokenizer-init --sampling-backend pytorch --mem-fraction-static 0.6"
+      --run-name "sglang_h100_$arm" --extra-args "--sampling-backend pytorch --mem-fraction-static 0.6"
   done
 }
 

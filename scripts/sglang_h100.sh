@@ -5,11 +5,12 @@
 # warm).
 #
 # Here (CPU, network):
-#   echo /.sglang_carry/ >> .git/info/exclude; echo /.sglang_stage/ >> .git/info/exclude
+#   for d in .sglang_wheels .sglang_carry .sglang_stage; do echo /$d/ >> .git/info/exclude; done
 #   scripts/sglang_h100.sh stage          # download wheels, split into <= 60 MiB parts
-#   scripts/sglang_h100.sh batches        # prints which parts go in which call
-# On the device, one call per batch, back to back (carry: [".sglang_carry"]):
-#   scripts/sglang_h100.sh receive        # moves this call's parts into .sglang_stage/
+#   scripts/sglang_h100.sh batches        # how many calls (N) the parts need
+# Then for n in 1..N, back to back: here `scripts/sglang_h100.sh next n` (puts batch n in
+# .sglang_carry/), and on the device, carry [".sglang_carry"]:
+#   scripts/sglang_h100.sh receive        # copies this call's parts into .sglang_stage/
 # After the last batch, in the next call:
 #   scripts/sglang_h100.sh install && scripts/sglang_h100.sh pair
 # `pair` prints one metrics JSON per arm (overlap on / off, simulated acceptance 2.5, EAGLE
@@ -41,28 +42,37 @@ SERVER_WHEELS=(
 stage() {
   mkdir -p "$WHEELS" "$CARRY"
   python3 -m pip download --no-deps "${PIP_PLATFORM[@]}" -d "$WHEELS" "${SERVER_WHEELS[@]}"
-  rm -rf "$CARRY"/parts && mkdir -p "$CARRY"/parts
-  (cd "$WHEELS" && sha256sum ./*.whl > "$CARRY"/parts/MANIFEST.sha256)
+  rm -rf "$WHEELS"/parts && mkdir -p "$WHEELS"/parts
+  (cd "$WHEELS" && sha256sum ./*.whl > "$WHEELS"/parts/MANIFEST.sha256)
   for w in "$WHEELS"/*.whl; do
-    split -b "$PART" -d -a 3 "$w" "$CARRY/parts/$(basename "$w").part-"
+    split -b "$PART" -d -a 3 "$w" "$WHEELS/parts/$(basename "$w").part-"
   done
-  du -sh "$WHEELS" "$CARRY"/parts
+  du -sh "$WHEELS"/parts
 }
 
 batches() {
   # Greedy packing of parts into calls of <= 62 MiB (the working tree rides along too).
-  python3 - "$CARRY/parts" <<'EOF'
+  python3 - "$WHEELS/parts" "${1:-0}" <<'EOF'
 import os, sys
-d = sys.argv[1]
+d, want = sys.argv[1], int(sys.argv[2])
 parts = sorted(f for f in os.listdir(d) if ".part-" in f)
 batch, size, n = [], 0, 1
 for f in parts:
     s = os.path.getsize(os.path.join(d, f))
     if batch and size + s > 62 * 2**20:
-        print(f"call {n}: {' '.join(batch)}"); batch, size, n = [], 0, n + 1
+        if want in (0, n):
+            print(f"call {n}: " * (want == 0) + " ".join(batch))
+        batch, size, n = [], 0, n + 1
     batch.append(f); size += s
-print(f"call {n}: {' '.join(batch)} MANIFEST.sha256")
+if want in (0, n):
+    print(f"call {n}: " * (want == 0) + " ".join(batch + ["MANIFEST.sha256"]))
 EOF
+}
+
+next_batch() {
+  rm -rf "$CARRY"/parts && mkdir -p "$CARRY"/parts
+  for f in $(batches "$1"); do cp "$WHEELS/parts/$f" "$CARRY/parts/"; done
+  du -sh "$CARRY"/parts
 }
 
 receive() {
@@ -113,6 +123,7 @@ pair() {
 }
 
 case "${1:-}" in
-  stage) stage ;; batches) batches ;; receive) receive ;; install) install ;; pair) pair ;;
-  *) echo "usage: $0 stage|batches|receive|install|pair" >&2; exit 2 ;;
+  stage) stage ;; batches) batches ;; next) next_batch "$2" ;; receive) receive ;;
+  install) install ;; pair) pair ;;
+  *) echo "usage: $0 stage|batches|next N|receive|install|pair" >&2; exit 2 ;;
 esac

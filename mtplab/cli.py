@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sweep", help="grids of runs, one process per cell", add_help=False)
     sub.add_parser("analyze", help="bubble analysis of a Kineto trace", add_help=False)
     sub.add_parser("plot", help="bubble timeline plot of a Kineto trace", add_help=False)
+    sub.add_parser("sglang", help="drive a real SGLang server with the same knobs", add_help=False)
     return p
 
 
@@ -147,6 +148,9 @@ def main(argv: Optional[list] = None) -> int:
     if argv and argv[0] == "bench":
         from .bench import main_bench
         return main_bench(argv[1:])
+    if argv and argv[0] == "sglang":
+        from .sglang.cli import main_sglang
+        return main_sglang(argv[1:])
     if argv and argv[0] in ("analyze", "plot"):
         from .analysis import cli as analyze_cli
         fn = analyze_cli.main_analyze if argv[0] == "analyze" else analyze_cli.main_plot

@@ -105,3 +105,12 @@ def test_the_checker_sees_a_forbidden_edge(tmp_path):
         assert "speculative" not in ALLOWED["sched"]
     finally:
         f.unlink()
+
+
+def test_sglang_adapter_never_imports_the_engine():
+    """mtplab.sglang drives an external server: config, core, atomic and the analyser only."""
+    allowed = {"config", "core", "atomic", "analysis", "sglang"}
+    bad = [f"{p.relative_to(PKG.parent)}:{line} -> {mod[1]}"
+           for p in sorted((PKG / "sglang").rglob("*.py"))
+           for line, mod in mtplab_imports(p) if len(mod) > 1 and mod[1] not in allowed]
+    assert not bad, bad

@@ -117,10 +117,13 @@ SYNC_CALLS = frozenset({
     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
 })
 SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
-_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Z][A-Z_]*)\b")
-_SGLANG_MODE_STAGE = {"VERIFY": "verify", "TARGET_VERIFY": "verify", "DRAFT": "draft",
-                      "DRAFT_LOOP": "draft", "DRAFT_EXTEND": "draft_extend",
-                      "DRAFT_EXTEND_V2": "draft_extend", "EXTEND": "prefill", "PREFILL": "prefill"}
+_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Z][A-Z0-9_]*)\b")
+# SGLang 0.5.23 `step[DRAFT|VERIFY|EXTEND|DECODE|DRAFT_LOOP ...]` and 0.5.17
+# `step[{ForwardMode.name} bs=N]`; DECODE is a target decode, a one-node verify (stages.py).
+_SGLANG_MODE_STAGE = {"VERIFY": "verify", "TARGET_VERIFY": "verify", "DECODE": "verify",
+                      "DRAFT": "draft", "DRAFT_LOOP": "draft", "DRAFT_EXTEND": "draft_extend",
+                      "DRAFT_EXTEND_V2": "draft_extend", "EXTEND": "prefill", "PREFILL": "prefill",
+                      "MIXED": "prefill", "SPLIT_PREFILL": "prefill"}
 _STAGE_SET = frozenset(STAGES)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 

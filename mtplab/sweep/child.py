@@ -81,6 +81,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return run_notebook(spec)
     from ..config import RunConfig
     from .grid import Workload
+    if spec["params"].get("backend") == "sglang":      # a real SGLang server (mtplab.sglang)
+        from ..sglang.sweep import run_cell
+        w = Workload(**spec["workload"])
+        return run_cell(RunConfig(**spec["config"]), w.batch_size, w.requests,
+                        w.prompt_len_tokens, w.output_len_tokens, w.warmup_output_len_tokens,
+                        spec["params"], Path(spec["cell_dir"]).parent / "sglang")
     from .measure import measure
     return measure(RunConfig(**spec["config"]), Workload(**spec["workload"]))
 

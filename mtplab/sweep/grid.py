@@ -239,7 +239,12 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
     for rule in exclude or []:
         if all(k in settings and settings[k] == v for k, v in rule.items()):
             return Cell(raw_id, settings, params=params, dropped=f"excluded by the grid file: {rule}")
-    if params and notebook is None:
+    if notebook is None and params.get("backend") == "sglang":   # mtplab/sglang/sweep.py
+        from ..sglang.sweep import check_params
+        reason = check_params(params)
+        if reason:
+            return Cell(raw_id, settings, params=params, dropped=reason)
+    elif params and notebook is None:
         return Cell(raw_id, settings, params=params, dropped=(
             f"unknown settings {sorted(params)}: not RunConfig or workload fields (notebook "
             "parameters need --notebook)."))

@@ -1,0 +1,148 @@
+"""RunConfig -> `python -m sglang.launch_server` arguments and environment, keyed by version.
+
+    RunConfig knob                 SGLang (>= 0.5.17)                         (< 0.5.17)
+    draft none/eagle/frozen_kv_mtp --speculative-algorithm EAGLE|FROZEN_KV_MTP (same)
+    num_steps, topk, D             --speculative-num-steps / -eagle-topk / -num-draft-tokens
+    page_size                      --page-size
+    max_running_requests           --max-running-requests
+    overlap=False                  --disable-overlap-schedule
+    cuda_graphs=True, max bs N     --cuda-graph-max-bs-decode N              --cuda-graph-max-bs N
+    cuda_graphs=False              --cuda-graph-backend-{decode,prefill}     --disable-cuda-graph
+                                   disabled
+    simulate_accept_len m          env SGLANG_SIMULATE_ACC_LEN=m, _METHOD=match-expected
+    seed                           --random-seed
+    (ServerSpec) device, backend   --device, --attention-backend: always explicit
+    (always)                       --skip-tokenizer-init: the driver sends token ids
+    (ServerSpec) deterministic     --enable-deterministic-inference
+    (ServerSpec) dummy weights     --load-format dummy --speculative-draft-load-format dummy
+    (ServerSpec) cuda_graphs       overrides cfg.cuda_graphs (RunConfig resolves for this host)
+
+Knobs SGLang has no equivalent for are refused (ConfigError, one sentence), and so are the
+FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..config import RunConfig
+from ..core import ConfigError
+
+ALGORITHMS = {"eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
+# SGLang's allow-list for topk > 1 with page > 1 (_handle_eagle_family), which it skips for
+# FROZEN_KV_MTP; and the Frozen-KV draft backends for topk > 1 (_init_draft_attn_backend).
+PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+FROZEN_TOPK_BACKENDS = ("triton", "trtllm_mha")
+DECODE_FLAG_RENAME = (0, 5, 17)   # first version with --cuda-graph-max-bs-decode
+
+
+def parse_version(v: str) -> tuple:
+    try:
+        return tuple(int(x) for x in v.split(".")[:3])
+    except ValueError:
+        raise ConfigError(f"sglang version {v!r} is not of the form X.Y.Z, e.g. 0.5.17.") from None
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What RunConfig does not say: where the model is and how the server runs."""
+    model_path: str
+    draft_model_path: Optional[str] = None
+    version: str = "0.5.17"
+    device: str = "cuda"
+    attention_backend: str = "triton"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    dummy_weights: bool = False
+    deterministic: bool = False
+    mem_fraction_static: Optional[float] = None
+    # CUDA graphs on the server; None -> cfg.cuda_graphs (RunConfig resolves graphs for the
+    # local device, which may be a CPU that cannot say True).
+    cuda_graphs: Optional[bool] = None
+    extra_args: tuple = ()
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    argv: tuple                     # arguments after `python -m sglang.launch_server`
+    env: dict = field(default_factory=dict)
+
+    def command(self, python: str = "python") -> list:
+        return [python, "-m", "sglang.launch_server", *self.argv]
+
+    def shell_line(self, python: str = "python") -> str:
+        """One line a shell runs as is: env assignments, then the quoted command."""
+        envs = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(envs + [shlex.join(self.command(python))])
+
+    def key(self) -> tuple:
+        """Cells with equal keys can share one server."""
+        return (self.argv, tuple(sorted(self.env.items())))
+
+
+def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
+    """ConfigError for knobs SGLang lacks and for Frozen-KV settings its worker cannot run."""
+    if cfg.draft == "frozen_kv_mtp" and not cfg.fold_seed:
+        raise ConfigError("SGLang's Frozen-KV worker always runs the seed step inside its draft "
+                          "graph; set fold_seed=True to compare like with like.")
+    for name in ("zero_bubble", "zb_device_seq_lens", "zb_draft_preexec"):
+        if getattr(cfg, name):
+            raise ConfigError(f"SGLang has no {name} mode; set {name}=False for an SGLang run.")
+    if getattr(cfg, "zb_async_d2h", True) is False:
+        raise ConfigError("SGLang always copies results back asynchronously; leave zb_async_d2h "
+                          "at its default for an SGLang run.")
+    if cfg.simulate_accept_rates is not None:
+        raise ConfigError("SGLang simulates only a mean accept length (SGLANG_SIMULATE_ACC_LEN);"
+                          " use simulate_accept_len instead of simulate_accept_rates.")
+    if cfg.speculative and spec.draft_model_path is None:
+        raise ConfigError(f"draft={cfg.draft!r} needs a draft model directory; pass "
+                          "draft_model_path.")
+    if cfg.draft == "frozen_kv_mtp" and cfg.topk > 1:
+        if spec.attention_backend not in FROZEN_TOPK_BACKENDS:
+            raise ConfigError(f"SGLang's Frozen-KV draft with topk={cfg.topk} runs only on "
+                              f"{FROZEN_TOPK_BACKENDS}; set the attention backend to triton.")
+        if cfg.page_size > 1 and spec.attention_backend not in PAGE_TREE_BACKENDS:
+            raise ConfigError(f"topk>1 with page_size>1 needs one of {PAGE_TREE_BACKENDS}; "
+                              "set the attention backend to triton.")
+
+
+def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:
+    refuse_unsupported(cfg, spec)
+    ver = parse_version(spec.version)
+    a = ["--model-path", spec.model_path, "--device", spec.device,
+         "--attention-backend", spec.attention_backend, "--host", spec.host,
+         "--port", str(spec.port), "--page-size", str(cfg.page_size),
+         "--max-running-requests", str(cfg.max_running_requests),
+         "--random-seed", str(cfg.seed), "--skip-tokenizer-init"]
+    env = {}
+    if cfg.speculative:
+        a += ["--speculative-algorithm", ALGORITHMS[cfg.draft],
+              "--speculative-draft-model-path", spec.draft_model_path,
+              "--speculative-num-steps", str(cfg.num_steps),
+              "--speculative-eagle-topk", str(cfg.topk),
+              "--speculative-num-draft-tokens", str(cfg.num_draft_tokens)]
+        if cfg.simulate_accept_len is not None:
+            env["SGLANG_SIMULATE_ACC_LEN"] = repr(float(cfg.simulate_accept_len))
+            env["SGLANG_SIMULATE_ACC_METHOD"] = "match-expected"
+    if not cfg.overlap:
+        a.append("--disable-overlap-schedule")
+    new = ver >= DECODE_FLAG_RENAME
+    graphs = cfg.cuda_graphs if spec.cuda_graphs is None else spec.cuda_graphs
+    if graphs:
+        a += ["--cuda-graph-max-bs-decode" if new else "--cuda-graph-max-bs",
+              str(cfg.cuda_graph_max_bs)]
+    elif new:
+        a += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    else:
+        a.append("--disable-cuda-graph")
+    if spec.dummy_weights:
+        a += ["--load-format", "dummy"]
+        if cfg.speculative:
+            a += ["--speculative-draft-load-format", "dummy"]
+    if spec.deterministic:
+        a.append("--enable-deterministic-inference")
+    if spec.mem_fraction_static is not None:
+        a += ["--mem-fraction-static", str(spec.mem_fraction_static)]
+    a += list(spec.extra_args)
+    return ServerLaunch(argv=tuple(a), env=env)

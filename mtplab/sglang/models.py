@@ -1,0 +1,44 @@
+"""Config-only model directories for SGLang runs with `--load-format dummy` (random weights):
+a Gemma-4 target and its Frozen-KV MTP assistant (SGLang promotes an EAGLE/NEXTN draft whose
+architecture is `Gemma4AssistantForCausalLM` to FROZEN_KV_MTP). The configs come from
+transformers' own Gemma-4 classes (transformers is needed here, imported on call), so every
+key SGLang reads has the library's default. A Llama target needs no helper: `Engine.save_target`
+writes an HF-style directory.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+from ..atomic import atomic_write_text
+
+PathLike = Union[str, Path]
+
+
+def write_gemma4_frozen_dirs(root: PathLike, *, hidden_size: int = 256, layers: int = 4,
+                             heads: int = 4, kv_heads: int = 1, head_dim: int = 64,
+                             vocab_size: int = 1024, assistant_hidden_size: int = 128,
+                             assistant_layers: int = 2) -> tuple[Path, Path]:
+    """(target_dir, assistant_dir) under `root`, each holding only config.json."""
+    from transformers import Gemma4AssistantConfig, Gemma4TextConfig
+
+    text = dict(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab_size,
+                intermediate_size=4 * hidden_size)
+    target = Gemma4TextConfig(**text).to_dict()
+    target["architectures"] = ["Gemma4ForCausalLM"]
+    a_text = Gemma4TextConfig(**{**text, "hidden_size": assistant_hidden_size,
+                                 "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+                                 "num_hidden_layers": assistant_layers,
+                                 "intermediate_size": 4 * assistant_hidden_size}).to_dict()
+    assistant = Gemma4AssistantConfig(text_config=a_text,
+                                      backbone_hidden_size=hidden_size).to_dict()
+    assistant["architectures"] = ["Gemma4AssistantForCausalLM"]
+    out = []
+    for name, cfg in (("target", target), ("assistant", assistant)):
+        d = Path(root) / name
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, default=str))
+        out.append(d)
+    return out[0], out[1]

@@ -1,0 +1,327 @@
+"""mtplab.sglang: RunConfig -> SGLang server arguments (validated by SGLang's own parser where
+installed), refusals, `mtplab sglang launch` (dry run, and a full run against a fake server
+speaking SGLang's endpoints), and the analyser's SGLang span names."""
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import os
+import shlex
+import stat
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from mtplab.analysis.bubbles import analyze, stage_of
+from mtplab.config import RunConfig
+from mtplab.core import ConfigError
+from mtplab.sglang import client
+from mtplab.sglang.args import ServerSpec, server_launch
+from mtplab.sglang.cli import main_sglang
+from tests.sglang_fixtures import sglang_module
+from tests.test_bubbles import Synth
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 512,
+         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32"}
+
+
+@pytest.fixture
+def model_dirs(tmp_path):
+    t, d = tmp_path / "target", tmp_path / "draft"
+    t.mkdir(), d.mkdir()
+    (t / "config.json").write_text(json.dumps(LLAMA))
+    (d / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 1,
+                                               "architectures": ["LlamaForCausalLMEagle"]}))
+    return str(t), str(d)
+
+
+def cfg(**kw):
+    kw.setdefault("device", "cpu")
+    return RunConfig(**kw)
+
+
+CASES = [
+    dict(draft="eagle", topk=4, num_draft_tokens=8, page_size=1, overlap=False),
+    dict(draft="eagle", topk=1, page_size=16, simulate_accept_len=2.5, overlap=False),
+    dict(draft="frozen_kv_mtp", topk=1, fold_seed=True, simulate_accept_len=3.0, overlap=False),
+    dict(draft="none", overlap=True),
+]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: f"{kw['draft']}-k{kw.get('topk', 1)}")
+def test_mapping_is_what_sglang_parses(model_dirs, kw):
+    sa = sglang_module("sglang.srt.server_args")
+    c = cfg(num_steps=3, cuda_graph_max_bs=8, seed=5, **kw)
+    sl = server_launch(c, ServerSpec(model_path=model_dirs[0], draft_model_path=model_dirs[1],
+                                     device="cpu", dummy_weights=True, deterministic=True,
+                                     cuda_graphs=True))
+    a = sa.prepare_server_args(list(sl.argv))
+    if hasattr(a, "resolve_once"):      # >= 0.5.18 validates here, 0.5.17 in __post_init__
+        a.resolve_once()
+    algo = {"none": None, "eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}[c.draft]
+    assert a.speculative_algorithm == algo
+    if algo:
+        assert (a.speculative_num_steps, a.speculative_eagle_topk,
+                a.speculative_num_draft_tokens) == (3, c.topk, c.num_draft_tokens)
+    else:   # overlap stays on for a plain decode (SGLang forces spec v2 synchronous on CPU)
+        assert a.disable_overlap_schedule is False
+    assert (a.page_size, a.attention_backend, a.device) == (c.page_size, "triton", "cpu")
+    assert (a.cuda_graph_max_bs_decode, a.random_seed, a.max_running_requests) == (8, 5, 32)
+    assert a.enable_deterministic_inference and a.load_format == "dummy"
+    assert a.skip_tokenizer_init
+    if c.simulate_accept_len:
+        assert float(sl.env["SGLANG_SIMULATE_ACC_LEN"]) == c.simulate_accept_len
+
+
+def test_flag_names_follow_the_version(model_dirs):
+    c = cfg(draft="none")
+    old = server_launch(c, ServerSpec(model_path="m", version="0.5.16", cuda_graphs=True)).argv
+    new = server_launch(c, ServerSpec(model_path="m", version="0.5.17", cuda_graphs=True)).argv
+    assert "--cuda-graph-max-bs" in old and "--cuda-graph-max-bs-decode" in new
+    off_old = server_launch(c, ServerSpec(model_path="m", version="0.5.16")).argv
+    off_new = server_launch(c, ServerSpec(model_path="m", version="0.5.23")).argv
+    assert "--disable-cuda-graph" in off_old
+    assert off_new[off_new.index("--cuda-graph-backend-decode") + 1] == "disabled"
+    for flag in ("--device", "--attention-backend"):   # always explicit
+        assert flag in new
+    with pytest.raises(ConfigError, match="X.Y.Z"):
+        server_launch(c, ServerSpec(model_path="m", version="latest"))
+
+
+@pytest.mark.parametrize("kw,spec,match", [
+    (dict(draft="frozen_kv_mtp", fold_seed=False), {}, "fold_seed=True"),
+    (dict(draft="eagle", zero_bubble=True), {}, "zero_bubble"),
+    (dict(draft="eagle", zb_draft_preexec=True), {}, "zb_draft_preexec"),
+    (dict(draft="eagle", num_steps=2, simulate_accept_rates=(0.5, 0.5)), {},
+     "simulate_accept_len"),
+    (dict(draft="frozen_kv_mtp", fold_seed=True, topk=4), {"attention_backend": "flashmla"},
+     "triton"),
+    (dict(draft="frozen_kv_mtp", fold_seed=True, topk=4, page_size=16),
+     {"attention_backend": "trtllm_mha"}, "page_size>1"),
+    (dict(draft="eagle"), {"draft_model_path": None}, "draft model directory"),
+])
+def test_knobs_sglang_lacks_are_refused(kw, spec, match):
+    s = {"model_path": "m", "draft_model_path": "d", **spec}
+    with pytest.raises(ConfigError, match=match) as e:
+        server_launch(cfg(**kw), ServerSpec(**s))
+    assert str(e.value).count(". ") == 0 and str(e.value).endswith(".")   # one sentence
+
+
+def test_dry_run_prints_env_and_one_shell_line(capsys):
+    rc = main_sglang(["launch", "--dry-run", "--model-path", "/m/t x", "--draft", "eagle",
+                      "--draft-model-path", "/m/d", "--topk", "2", "--num-draft-tokens", "5",
+                      "--no-overlap", "--simulate-accept-len", "2.5", "--python", "python3",
+                      "--extra-args", "--mem-fraction-static 0.6"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:2] == ["export SGLANG_SIMULATE_ACC_LEN=2.5",
+                         "export SGLANG_SIMULATE_ACC_METHOD=match-expected"]
+    words = shlex.split(lines[2])
+    assert words[:2] == ["SGLANG_SIMULATE_ACC_LEN=2.5", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
+    cmd = words[2:]
+    assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--model-path") + 1] == "/m/t x"
+    assert "--disable-overlap-schedule" in cmd and "--skip-tokenizer-init" in cmd
+    assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "5"
+    assert cmd[cmd.index("--cuda-graph-max-bs-decode") + 1] == "32"
+    assert cmd[-2:] == ["--mem-fraction-static", "0.6"]
+
+
+def test_dry_run_refusal_is_one_line(capsys):
+    rc = main_sglang(["launch", "--dry-run", "--model-path", "m", "--draft", "frozen_kv_mtp",
+                      "--draft-model-path", "d", "--no-fold-seed"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtplab sglang: error:") and "\n" not in err
+
+
+# ------------------------------------------------------------------ a fake SGLang server
+FAKE_SERVER = textwrap.dedent('''
+    import http.server, json, os, shutil, sys
+    argv = sys.argv[1:]
+    if argv[:2] == ["-m", "sglang.launch_server"]:
+        argv = argv[2:]
+    port = int(argv[argv.index("--port") + 1])
+    TRACE = os.environ.get("FAKE_TRACE")
+    if os.environ.get("FAKE_STARTS"):
+        with open(os.environ["FAKE_STARTS"], "a") as f:
+            f.write(" ".join(argv) + "\\n")
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def _json(self):
+            n = int(self.headers.get("Content-Length", 0))
+            return json.loads(self.rfile.read(n) or b"{}")
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def do_POST(self):
+            body = self._json()
+            if self.path == "/generate":
+                n = body["sampling_params"]["max_new_tokens"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                done, ver = 0, 0
+                while done < n:
+                    step = min(3, n - done)      # 2 accepted drafts + bonus per verify
+                    done, ver = done + step, ver + 1
+                    meta = {"completion_tokens": done, "spec_verify_ct": ver}
+                    chunk = {"output_ids": list(range(done)), "meta_info": meta}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\\n\\n")
+            elif self.path == "/start_profile":
+                out = body["output_dir"]
+                shutil.copy(TRACE, os.path.join(out, body["profile_id"] + "-TP-0.trace.json.gz"))
+                self.send_response(200)
+                self.end_headers()
+            elif self.path == "/stop_profile":
+                self.send_response(200)
+                self.end_headers()
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+def sglang_steps_trace(path: Path) -> Path:
+    """Two verify steps in SGLang 0.5.17 names, one 0.5.23 DRAFT step, kernels inside."""
+    s = Synth()
+    x = 0.0
+    for name in ("step[TARGET_VERIFY bs=2]", "step[DRAFT bs=2]", "step[TARGET_VERIFY bs=2]"):
+        s.host(name, x, 100.0)
+        c = s.launch(x + 5)
+        s.gpu(c, x + 10, 60.0)
+        x += 120.0
+    return s.write(path, gz=True)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    py = tmp_path / "fakepython"
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
+    rc = main_sglang(["launch", "--model-path", "m", "--draft", "eagle", "--draft-model-path",
+                      "d", "--port", str(free_port()), "--prompts", "4", "--prompt-len", "8",
+                      "--max-new-tokens", "7", "--concurrency", "2", "--profile-steps", "5",
+                      "--trace-dir", str(tmp_path / "traces"), "--run-name", "r1",
+                      "--python", str(py)])
+    assert rc == 0
+    m = orjson.loads((tmp_path / "traces" / "r1" / "metrics.json").read_bytes())
+    assert m["requests"] == 4 and m["completion_tokens"] == 28
+    assert m["accept_len"] == pytest.approx(7 / 3)       # 3 + 3 + 1 tokens in 3 verifies
+    assert m["tok_per_s"] > 0 and m["tpot_ms"] >= 0 and m["itl_p50_ms"] >= 0
+    assert m["trace"].endswith("r1-TP-0.trace.json.gz")
+    steps = (tmp_path / "traces" / "r1" / "analysis")
+    assert any(steps.iterdir())
+    assert 0 < m["bubble_frac"] < 1
+
+
+def fake_python(tmp_path) -> Path:
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    py = tmp_path / "fakepython"
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return py
+
+
+@pytest.mark.slow
+def test_sweep_cells_with_backend_sglang_share_a_server(tmp_path, monkeypatch):
+    """Two arms with equal server arguments (they differ only in the workload) share one
+    server, the third starts another; the guard ends the last one after sglang_idle_s."""
+    from mtplab.sweep.grid import grid_from_dict
+    from mtplab.sweep.runner import run_sweep
+    starts = tmp_path / "starts.txt"
+    monkeypatch.setenv("FAKE_STARTS", str(starts))
+    base = {"backend": "sglang", "sglang_model_path": "m", "sglang_draft_model_path": "d",
+            "sglang_python": str(fake_python(tmp_path)), "sglang_port": free_port(),
+            "sglang_idle_s": 15, "draft": "eagle", "device": "cpu", "prompt_len_tokens": 8,
+            "warmup_output_len_tokens": 0, "batch_size": 2}
+    grid = grid_from_dict({"base": base, "arms": [{"output_len_tokens": 4},
+                                                  {"output_len_tokens": 7},
+                                                  {"output_len_tokens": 4, "num_steps": 2}]})
+    cells = grid.cells()
+    bad = grid_from_dict({"base": {**base, "sglang_modle_path": "x"}}).cells()[0]
+    assert "sglang_modle_path" in bad.dropped
+    df = run_sweep(cells, tmp_path / "sweep", progress=False)
+    assert list(df["status"]) == ["ok"] * 3, df["error"].tolist()
+    assert list(df["sglang.server_started"]) == [True, False, True]
+    assert list(df["sglang.completion_tokens"]) == [8, 14, 8]
+    assert len(starts.read_text().splitlines()) == 2
+    state = json.loads((tmp_path / "sweep" / "cells" / "sglang" / "server.json").read_text())
+    for _ in range(300):                                   # the guard stops it when idle
+        try:
+            os.kill(state["pid"], 0)
+        except OSError:
+            break
+        import time
+        time.sleep(0.1)
+    else:
+        os.killpg(state["pid"], 15)
+        pytest.fail("the server outlived its idle time")
+
+
+def test_launch_reports_a_server_that_dies(tmp_path, capsys):
+    py = tmp_path / "deadpython"
+    py.write_text("#!/bin/sh\nexit 3\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    rc = main_sglang(["launch", "--model-path", "m", "--port", str(free_port()),
+                      "--python", str(py), "--trace-dir", str(tmp_path)])
+    assert rc == 2
+    assert "exited before" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ analyser span names
+@pytest.mark.parametrize("name,stage", [
+    ("step[DRAFT bs=4]", "draft"), ("step[VERIFY bs=4]", "verify"),
+    ("step[EXTEND bs=2 toks=128]", "prefill"), ("step[DECODE bs=8]", "verify"),
+    ("step[DRAFT_LOOP raw_bs=3 bs=4 topk=2]", "draft"), ("draft", "draft"),
+    ("draft_extend", "draft_extend"), ("step[TARGET_VERIFY bs=4]", "verify"),
+    ("step[DRAFT_EXTEND_V2 bs=4]", "draft_extend"), ("step[MIXED bs=4]", "prefill"),
+    ("step[IDLE bs=0]", None), ("scheduler.recv_requests", None),
+])
+def test_sglang_span_names_map_to_stages(name, stage):
+    assert stage_of(name) == stage
+
+
+def test_analyser_reads_sglang_step_spans(tmp_path):
+    res = analyze(sglang_steps_trace(tmp_path / "s.trace.json.gz"))
+    assert list(res.steps["name"]) == ["step[TARGET_VERIFY bs=2]", "step[DRAFT bs=2]",
+                                       "step[TARGET_VERIFY bs=2]"]
+    assert res.summary["step_source"] == "step spans"
+
+
+def test_gemma4_config_only_dirs_load_as_target_and_assistant(tmp_path):
+    """The Frozen-KV model directories load back through transformers' AutoConfig with the
+    architectures SGLang keys on (Gemma4AssistantForCausalLM -> FROZEN_KV_MTP)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    from transformers import AutoConfig
+
+    from mtplab.sglang.models import write_gemma4_frozen_dirs
+    t, a = write_gemma4_frozen_dirs(tmp_path, hidden_size=128, assistant_hidden_size=64)
+    tc, ac = AutoConfig.from_pretrained(t), AutoConfig.from_pretrained(a)
+    assert tc.architectures == ["Gemma4ForCausalLM"] and tc.hidden_size == 128
+    assert ac.architectures == ["Gemma4AssistantForCausalLM"]
+    assert ac.backbone_hidden_size == 128 and ac.get_text_config().hidden_size == 64
+    assert sorted(p.name for p in t.iterdir()) == ["config.json"]

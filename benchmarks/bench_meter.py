@@ -146,7 +146,9 @@ def vs_profiler(rows: list, d: Path) -> None:
                                max_running_requests=8))
         if regime == "backlogged":
             cycles = _sleep_cycles(5.0)
-            b, e = (eng.meter.stamp_code("launch", "forward", x) for x in (False, True))
+            # The planted work carries a stage interval so the meter counts it busy, as the
+            # profiler does; which stage name labels it does not matter to either tool.
+            b, e = (eng.meter.stamp_code("stash", "forward", x) for x in (False, True))
 
             def hold(_step):     # planted GPU work, stamped so that both tools count it busy
                 with torch.cuda.stream(eng.scheduler.forward_stream):

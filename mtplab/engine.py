@@ -55,8 +55,8 @@ class Engine:
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
-        model, self.tokenizer = build_target(cfg.model, cfg.seed)
-        self.model = model.to(dev, cfg.torch_dtype)
+        model, self.tokenizer = build_target(cfg.model, cfg.seed, dev, cfg.torch_dtype)
+        self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         mc = self.model.config
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
@@ -89,11 +89,11 @@ class Engine:
         cfg, dev, mc = self.cfg, self.device.torch_device, self.model.config
         assistant, eagle = build_drafts(self.model, cfg.seed)
         if cfg.draft == "frozen_kv_mtp":
-            self.draft_model = assistant.to(dev, cfg.torch_dtype)
+            self.draft_model = assistant.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
             draft = FrozenDraftWorker(self.draft_model, self.kv_cache, self.pool.table, attn,
                                       cfg.num_steps, cfg.topk, self.spans)
         else:
-            self.draft_model = eagle.to(dev, cfg.torch_dtype)
+            self.draft_model = eagle.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
             self.draft_kv = KVCache.allocate(1, num_slots, mc.num_key_value_heads, mc.head_dim,
                                              cfg.torch_dtype, dev)
             draft = EagleDraftWorker(self.draft_model, self.draft_kv, self.pool.table, attn,

@@ -118,7 +118,7 @@ def test_a_failing_kernel_falls_back_once_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(fo, "_failed", set())
     with caplog.at_level(logging.WARNING, logger="mtplab"):
         for _ in range(3):
-            assert fo._dispatch("probe", broken, lambda *a: "ref", FakeCuda()) == "ref"
+            assert fo.dispatch("probe", broken, lambda *a: "ref", FakeCuda()) == "ref"
     assert len(calls) == 1
     warnings = [r for r in caplog.records if "probe" in r.getMessage()]
     assert len(warnings) == 1 and "torch reference" in warnings[0].getMessage()

@@ -33,7 +33,7 @@ def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
 
 
-def _dispatch(name: str, kernel, ref, *args):
+def dispatch(name: str, kernel, ref, *args):
     """kernel(*args) on CUDA tensors (ref after a failure, logged once), ref(*args) otherwise."""
     if args[0].is_cuda and name not in _failed:
         try:
@@ -97,7 +97,7 @@ def add_rmsnorm_triton(x: torch.Tensor, residual: Optional[torch.Tensor], weight
 def add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (normed, x + residual): the residual add and the RMSNorm in one kernel on CUDA."""
-    return _dispatch("add_rmsnorm", add_rmsnorm_triton, add_rmsnorm_ref, x, residual, weight,
+    return dispatch("add_rmsnorm", add_rmsnorm_triton, add_rmsnorm_ref, x, residual, weight,
                      eps)
 
 
@@ -209,7 +209,7 @@ def rope_qkv_cache_triton(qkv: torch.Tensor, positions: torch.Tensor, cos: torch
 def rope_qkv_cache(qkv, positions, cos, sin, nq, nkv, k_cache, v_cache, out_loc):
     """RoPE on q (and k) plus the KV-cache write of k and v in one kernel on CUDA (see
     `rope_qkv_cache_ref`)."""
-    return _dispatch("rope_qkv_cache", rope_qkv_cache_triton, rope_qkv_cache_ref, qkv,
+    return dispatch("rope_qkv_cache", rope_qkv_cache_triton, rope_qkv_cache_ref, qkv,
                      positions, cos, sin, nq, nkv, k_cache, v_cache, out_loc)
 
 
@@ -247,4 +247,4 @@ def silu_mul_triton(gu: torch.Tensor) -> torch.Tensor:
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up in one kernel on CUDA (see `silu_mul_ref`)."""
-    return _dispatch("silu_mul", silu_mul_triton, silu_mul_ref, gu)
+    return dispatch("silu_mul", silu_mul_triton, silu_mul_ref, gu)

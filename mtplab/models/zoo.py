@@ -210,11 +210,14 @@ def build_target(name: str, seed: int = 0, device: torch.device | str | None = N
                  dtype: torch.dtype | None = None) -> tuple[LlamaForCausalLM, ByteTokenizer]:
     """The target model and its tokenizer: on the CPU in float32, except a shape preset asked
     for on a CUDA `device` with a `dtype`, which is built and initialised there (module doc).
-    `init_device` marks where the random init ran (build_drafts initialises there too)."""
+    `init_device` marks the device of an on-device build (None: a CPU build); build_drafts
+    builds random drafts the same way."""
     cfg = model_config(name)
     if _shape_of(name) is not None and _on_device(device, dtype):
         dev = torch.device(device)
         model = _empty_on(lambda: LlamaForCausalLM(cfg), dev, dtype)
+        if cfg.tie_word_embeddings:     # to_empty gives each module its own new parameter
+            model.lm_head.weight = model.model.embed_tokens.weight
         # The RoPE tables are buffers, not parameters: compute them as a CPU build does.
         model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings).to(dev)
         init_random(model, seed)
@@ -222,7 +225,7 @@ def build_target(name: str, seed: int = 0, device: torch.device | str | None = N
     elif name in PRESETS or _shape_of(name) is not None:
         model = LlamaForCausalLM(cfg)
         init_random(model, seed)
-        model.init_device = torch.device("cpu")
+        model.init_device = None
     else:
         from .weights import load_model
         trained = _trained_dir(name)
@@ -244,12 +247,12 @@ def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
 def build_drafts(target: LlamaForCausalLM, seed: int = 0):
     """(Frozen-KV assistant, EAGLE draft) for any target: the shipped trained weights when
     the target was built from a trained preset (its `trained_dir` mark), CPU float32; else
-    random init from the config seed where the target's init ran (its `init_device` mark:
-    on a CUDA device in the target's dtype, else the CPU in float32)."""
+    random init from the config seed, built the way the target was (its `init_device` mark:
+    on that device in the target's dtype, else on the CPU in float32)."""
     trained = getattr(target, "trained_dir", None)
     if trained is None:
-        dev = getattr(target, "init_device", torch.device("cpu"))
-        if dev.type == "cpu":
+        dev = getattr(target, "init_device", None)
+        if dev is None:
             assistant = FrozenKVAssistant(assistant_config(target.config), target)
             eagle = EagleDraft(target)
         else:

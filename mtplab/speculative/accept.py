@@ -13,16 +13,19 @@ AcceptResult (S+1 = the longest possible path, root included):
                            node k (a draft token for k < accept_lens-1, then the bonus), -1 padded
     bonus        [B]       tokens[accept_lens-1]; its KV is written by the next verify (as root)
 
-Static shapes, no host synchronisation (CUDA-graph capturable).
+Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA the greedy walk is
+one Triton kernel (kernels/fused_spec.py); `_walk` is its reference and the fallback.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..kernels.fused_ops import dispatch
+from ..kernels.fused_spec import accept_greedy_triton
 from ..kernels.sampling import target_probs
 from .tree import DraftTree
 
@@ -62,8 +65,14 @@ def _walk(tree: DraftTree, choose: Callable[[int, torch.Tensor], torch.Tensor]) 
 
 def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
     """target_argmax [B, D]: the target's greedy token after each node."""
+    return AcceptResult(*dispatch("accept_greedy", accept_greedy_triton, _accept_greedy_torch,
+                                  tree.tokens, tree.parents, target_argmax, tree.num_steps))
+
+
+def _accept_greedy_torch(tokens, parents, target_argmax, num_steps):
     am = target_argmax.long()
-    return _walk(tree, lambda k, cur: am.gather(1, cur[:, None])[:, 0])
+    tree = DraftTree(tokens, parents, None, None, None, None, None, num_steps)
+    return astuple(_walk(tree, lambda k, cur: am.gather(1, cur[:, None])[:, 0]))
 
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor,

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .config import ConfigError, RunConfig
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
+from .kernels.fused_ops import references
 from .mem.allocator import PagedAllocator
 from .mem.invariants import check_kv_invariants
 from .mem.kv_cache import KVCache
@@ -73,14 +74,18 @@ class Engine:
             cfg.torch_dtype, self.device, with_topk=cfg.draft == "eagle",
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
-        self.target_worker = TargetWorker(self.model, self.kv_cache, self.pool.table, attn,
-                                          cfg.cuda_graphs and not cfg.speculative,
-                                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
-                                          self.future_map, self.spans)
-        self.worker = self.target_worker
-        self.draft_model = None
-        if cfg.speculative:
-            self.worker = self._spec_worker(num_slots, attn)
+        # fused=False: the model's unfused path and the torch bodies of every fused op
+        # (speculative stages included), in eager steps and captured graphs alike.
+        with references(not cfg.fused):
+            self.target_worker = TargetWorker(
+                self.model, self.kv_cache, self.pool.table, attn,
+                cfg.cuda_graphs and not cfg.speculative,
+                min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
+                self.spans)
+            self.worker = self.target_worker
+            self.draft_model = None
+            if cfg.speculative:
+                self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
@@ -196,9 +201,10 @@ class Engine:
             sched.add(r)
         bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
         t0 = time.perf_counter()
-        while not sched.idle:
-            sched.step()
-            bar.update(len(sched.finished) - bar.n)
+        with references(not self.cfg.fused):
+            while not sched.idle:
+                sched.step()
+                bar.update(len(sched.finished) - bar.n)
         self.device.synchronize()
         wall = time.perf_counter() - t0
         bar.close()

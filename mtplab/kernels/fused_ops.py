@@ -5,6 +5,8 @@ exact arithmetic of the unfused model path in models/llama.py); tests compare th
 public functions (`add_rmsnorm`, `rope_qkv_cache`, `silu_mul`) run the kernel on CUDA tensors
 and the reference elsewhere. A kernel that fails to compile or launch is logged once at
 WARNING and that op runs its reference from then on (same function, torch arithmetic).
+`dispatch` is shared with the speculative-stage kernels (fused_spec.py); inside
+`references()` every dispatched op runs its reference (the engine's unfused mode).
 
 Rounding follows the unfused path step by step, so bf16 results differ from it only by the
 order of the RMSNorm reduction and by fused multiply-adds:
@@ -17,6 +19,7 @@ capturable.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Optional
 
@@ -27,15 +30,29 @@ import triton.language as tl
 
 logger = logging.getLogger("mtplab")
 _failed: set[str] = set()       # ops whose kernel failed once: they run the reference
+_references = 0                 # > 0 inside `references()`
 
 
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
 
 
+@contextlib.contextmanager
+def references(on: bool = True):
+    """While inside (and `on`), every dispatched op runs its torch reference; CUDA graphs
+    captured inside keep the reference ops."""
+    global _references
+    _references += bool(on)
+    try:
+        yield
+    finally:
+        _references -= bool(on)
+
+
 def dispatch(name: str, kernel, ref, *args):
-    """kernel(*args) on CUDA tensors (ref after a failure, logged once), ref(*args) otherwise."""
-    if args[0].is_cuda and name not in _failed:
+    """kernel(*args) on CUDA tensors (ref after a failure, logged once, or inside
+    `references()`), ref(*args) otherwise."""
+    if args[0].is_cuda and not _references and name not in _failed:
         try:
             return kernel(*args)
         except Exception as e:   # a compile/launch failure: fall back, loudly, once

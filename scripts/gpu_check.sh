@@ -14,6 +14,9 @@
 #     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
+#     kernels           : fused kernels vs references (tests/gpu/test_fused_gpu.py), then
+#                         bench_kernels: HBM floor ratios, kernels per layer / per step,
+#                         busy per spec step fused vs unfused, bf16 divergence   ~7 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mtplab-gpu}; mkdir -p "$OUT"
@@ -66,6 +69,11 @@ case $phase in
     python3 -m benchmarks.bench_decode --out "$OUT/bench_decode.md" > "$LOG" 2>&1
     python3 -m benchmarks.bench_spec --out "$OUT/bench_spec.md" >> "$LOG" 2>&1
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
-  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode"
+  kernels)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fused_gpu.py 2>&1 | tee "$LOG" | tail -8
+    timeout 420 python3 -m benchmarks.bench_kernels --budget-s 330 --out "$OUT/bench_kernels.md" \
+      2>&1 | tee -a "$LOG" | grep -E "PASS|MISS|divergence|ERROR|SKIPPED|bandwidth" ;
+    cat "$OUT/bench_kernels.md" ;;
+  *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|kernels"
      exit 2 ;;
 esac

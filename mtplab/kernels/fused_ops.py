@@ -213,13 +213,14 @@ def rope_qkv_cache_triton(qkv: torch.Tensor, positions: torch.Tensor, cos: torch
         raise ValueError("rope_qkv_cache: the KV caches must be contiguous in head_dim.")
     if T:
         half = d // 2
+        tile = triton.next_power_of_2(nq) * triton.next_power_of_2(half)
         _rope_kv_kernel[(T,)](
             qkv, positions, cos, sin, q, kc, vc, loc,
             qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), sin.stride(0),
             kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
             NQ=nq, NKV=nkv if write else 0, HALF=half,
             BLOCK_HQ=triton.next_power_of_2(nq), BLOCK_HK=triton.next_power_of_2(max(nkv, 1)),
-            BLOCK_D=triton.next_power_of_2(half), WRITE_KV=write, num_warps=4)
+            BLOCK_D=triton.next_power_of_2(half), WRITE_KV=write, num_warps=_warps(tile))
     return q
 
 

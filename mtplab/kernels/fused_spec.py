@@ -75,15 +75,15 @@ def _build_tree_kernel(SelTok, SelPar, Bonus, Seq, Tok, Par, Depth, Pos, Mask, N
     bonus = tl.load(Bonus + b)
     tok = tl.where(i == 0, bonus.to(tl.int64), tok.to(tl.int64))
     j = i[None, :]
-    anc = (j == i[:, None])
+    anc = (j == i[:, None]).to(tl.int32)            # int32, not i1, as a loop-carried value
     depth = tl.zeros([BLOCK_D], dtype=tl.int32)
     cur = par
     for _ in range(0, D - 1):
-        anc = anc | (j == cur[:, None])
+        anc = anc | (j == cur[:, None]).to(tl.int32)
         depth += (cur >= 0).to(tl.int32)
         nxt = tl.load(SelPar + b * stride_sel_p + cur - 1, mask=cur > 0, other=-1).to(tl.int32)
         cur = tl.where(cur > 0, nxt, -1)
-    anc = anc & (j < D) & ok[:, None]
+    anc = (anc != 0) & (j < D) & ok[:, None]
     child = (par[None, :] == i[:, None]) & (j < D)           # [i, j]: j is a child of i
     first_child = tl.min(tl.where(child, j, BLOCK_D), axis=1)
     sib = (par[None, :] == par[:, None]) & (j > i[:, None]) & (j < D)

@@ -66,3 +66,20 @@ def test_accept_greedy_kernel_matches_torch(B, K, S, D):
             assert torch.equal(x, w), (trial, name)
     # Off CUDA the stage function runs the torch body.
     assert all(torch.equal(a, b) for a, b in zip(astuple(accept.accept_greedy(t, argmax)), want))
+
+
+@pytest.mark.parametrize("B,K,S,D", CASES)
+def test_accept_chain_kernel_matches_torch(B, K, S, D):
+    scores, tokens, parents = candidates(B, K, S, seed=B * K + 1)
+    t = tree.build_tree(tree.DraftSelection(*tree._organize_torch(scores, tokens, parents,
+                                                                  D - 1), S),
+                        torch.zeros(B, dtype=torch.long), torch.full((B,), 9))
+    g = torch.Generator().manual_seed(B)
+    argmax = torch.randint(0, 50, (B, D), generator=g)
+    for n_val in range(1, S + 2):
+        n = torch.randint(1, S + 2, (B,), generator=g) if n_val == S + 1 else \
+            torch.full((B,), n_val)
+        want = accept._accept_chain_torch(t.tokens, t.retrieve_next_token, argmax, n, S)
+        got = fs.accept_chain_triton(t.tokens, t.retrieve_next_token, argmax, n, S)
+        for name, w, x in zip(("index", "lens", "tokens", "bonus"), want, got):
+            assert torch.equal(x, w), (n_val, name)

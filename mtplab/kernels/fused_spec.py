@@ -1,5 +1,5 @@
-"""Speculative stages as a few kernels each: tree organize, tree build, greedy and simulated
-accept walks. One program per request; every array of a request fits one block (BLOCK_C
+"""Speculative stages as a few kernels each: tree organize, tree build, greedy accept walk,
+simulated-accept chain. One program per request; every array of a request fits one block (BLOCK_C
 candidates, BLOCK_D tree nodes), so the kernels are plain loads, compares and reductions.
 
 The semantics (and the plain-torch references the tests compare against) are the stage
@@ -166,4 +166,51 @@ def accept_greedy_triton(tokens: torch.Tensor, parents: torch.Tensor, argmax: to
         _accept_greedy_kernel[(B,)](tokens.contiguous(), parents.contiguous(),
                                     argmax.contiguous(), index, lens, out, bonus, D, S=S,
                                     BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1)
+    return index, lens, out, bonus
+
+
+@triton.jit
+def _accept_chain_kernel(Tok, Next, Argmax, N, Index, Lens, Out, Bonus, D,
+                         S: tl.constexpr):
+    """Simulated acceptance: the first n nodes of the first chain (first children from the
+    root), n clipped to the chain's length; then the bonus = argmax at the last of them."""
+    b = tl.program_id(0).to(tl.int64)
+    row = b * D
+    base = b * (S + 1)
+    cur = tl.full([], 0, tl.int64)
+    m = tl.full([], 1, tl.int64)                       # chain length (nodes)
+    for _ in tl.static_range(S):
+        nxt = tl.load(Next + row + cur)
+        m += (nxt >= 0).to(tl.int64)
+        cur = tl.where(nxt >= 0, nxt, cur)
+    n = tl.minimum(tl.load(N + b).to(tl.int64), m)
+    cur = tl.full([], 0, tl.int64)
+    bonus = tl.full([], 0, tl.int64)
+    for k in tl.static_range(S + 1):
+        nxt = tl.load(Next + row + cur)
+        am = tl.load(Argmax + row + cur).to(tl.int64)
+        dtok = tl.load(Tok + row + tl.maximum(nxt, 0)).to(tl.int64)
+        tl.store(Index + base + k, tl.where(k < n, cur, -1))
+        tl.store(Out + base + k, tl.where(k < n - 1, dtok, tl.where(k == n - 1, am, -1)))
+        bonus = tl.where(k == n - 1, am, bonus)
+        cur = tl.where((k + 1 < n) & (nxt >= 0), nxt, cur)
+    tl.store(Lens + b, n)
+    tl.store(Bonus + b, bonus)
+
+
+def accept_chain_triton(tokens: torch.Tensor, next_token: torch.Tensor, argmax: torch.Tensor,
+                        n: torch.Tensor, num_steps: int):
+    """-> (accept_index [B,S+1], accept_lens [B], tokens [B,S+1], bonus [B]) int64, as the
+    chain part of accept.accept_simulated (tokens/next_token/argmax [B, D], n [B])."""
+    B, D = tokens.shape
+    dev = tokens.device
+    S = num_steps
+    index = torch.empty(B, S + 1, dtype=torch.long, device=dev)
+    out = torch.empty(B, S + 1, dtype=torch.long, device=dev)
+    lens = torch.empty(B, dtype=torch.long, device=dev)
+    bonus = torch.empty(B, dtype=torch.long, device=dev)
+    if B:
+        _accept_chain_kernel[(B,)](tokens.contiguous(), next_token.contiguous(),
+                                   argmax.contiguous(), n.contiguous(), index, lens, out, bonus,
+                                   D, S=S, num_warps=1)
     return index, lens, out, bonus

@@ -254,13 +254,19 @@ def busy_per_step(fused: bool, bs: int) -> tuple[float, float, int]:
         eng.generate(prompts(320, bs, 48), max_new_tokens=96, ignore_eos=True)
         eng.check_invariants()
         files = eng.finish()
-        res = analyze(files["trace0"])
-        steps = res.steps[res.steps["name"].str.startswith("step[decode")]
-        tr = load_trace(files["trace0"])
-        ks = np.sort(tr.ts[tr.cat_mask(*GPU_CATS)])
-        lo = np.searchsorted(ks, steps["start_us"].to_numpy())
-        hi = np.searchsorted(ks, (steps["start_us"] + steps["dur_us"]).to_numpy())
         del eng
+        return decode_step_figures(files["trace0"])
+
+
+def decode_step_figures(trace_path) -> tuple[float, float, int]:
+    """(median device busy µs, median GPU activities (kernels_per_step), number) of the
+    decode steps of a profiled engine trace (steps and busy time as `mtplab analyze`)."""
+    steps = analyze(trace_path).steps
+    steps = steps[steps["name"].str.startswith("step[decode")]
+    tr = load_trace(trace_path)
+    ks = np.sort(tr.ts[tr.cat_mask(*GPU_CATS)])
+    lo = np.searchsorted(ks, steps["start_us"].to_numpy())
+    hi = np.searchsorted(ks, (steps["start_us"] + steps["dur_us"]).to_numpy())
     return float(steps["busy_us"].median()), float(np.median(hi - lo)), len(steps)
 
 

@@ -99,6 +99,8 @@ def add_rmsnorm_triton(x: torch.Tensor, residual: Optional[torch.Tensor], weight
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `add_rmsnorm_ref`: x/residual [T, N] (last dim contiguous)."""
     T, N = x.shape
+    x, weight = x.contiguous(), weight.contiguous()
+    residual = residual.contiguous() if residual is not None else None
     y = torch.empty_like(x)
     has_res = residual is not None
     ro = torch.empty_like(x) if has_res else x
@@ -206,9 +208,10 @@ def rope_qkv_cache_triton(qkv: torch.Tensor, positions: torch.Tensor, cos: torch
         raise ValueError("rope_qkv_cache: head_dim must be even and rows contiguous.")
     q = qkv.new_empty(T, nq, d)
     write = out_loc is not None
+    positions = positions.contiguous()          # read with unit stride
     kc = k_cache if write else q
     vc = v_cache if write else q
-    loc = out_loc if write else positions
+    loc = out_loc.contiguous() if write else positions
     if write and (kc.stride(-1) != 1 or vc.stride(-1) != 1):
         raise ValueError("rope_qkv_cache: the KV caches must be contiguous in head_dim.")
     if T:

@@ -97,6 +97,9 @@ def test_fused_views_survive_load_state_dict_and_to():
     q, k = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
     assert (attn.qkv_weight[q:q + k] == 0.5).all()
     assert (mlp.gate_up_weight[mlp.gate_proj.weight.shape[0]:] == -0.25).all()
+    fused = attn.qkv_weight
+    model.set_fused(True)
+    assert attn.qkv_weight is fused             # re-fusing keeps the tensor graphs read
     model.to(torch.float64)
     assert attn.qkv_weight.dtype == torch.float64
     assert attn.k_proj.weight.untyped_storage().data_ptr() == \

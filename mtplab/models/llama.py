@@ -69,9 +69,15 @@ class Rope(nn.Module):
         return apply_rope(x, self.cos, self.sin, positions)
 
 
-def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
+def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Tensor:
     """One [sum(out), in] tensor holding the linears' weights stacked by rows; each linear's
-    weight becomes a row-slice view of it (same values, same parameter object and name)."""
+    weight becomes a row-slice view of it (same values, same parameter object and name).
+    `fused` is returned as is when the weights already are its views: re-fusing never moves
+    weights that a captured CUDA graph reads."""
+    if fused is not None and all(
+            lin.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+            for lin in linears):
+        return fused
     fused = torch.cat([lin.weight.detach() for lin in linears], 0)
     start = 0
     for lin in linears:
@@ -114,7 +120,8 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(T, self.nq * self.d))
 
     def fuse(self) -> None:
-        self.qkv_weight = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = fuse_linears(getattr(self, "qkv_weight", None), self.q_proj,
+                                       self.k_proj, self.v_proj)
 
     def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
                       attn_fn: AttnFn) -> torch.Tensor:
@@ -136,7 +143,8 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fuse(self) -> None:
-        self.gate_up_weight = fuse_linears(self.gate_proj, self.up_proj)
+        self.gate_up_weight = fuse_linears(getattr(self, "gate_up_weight", None),
+                                           self.gate_proj, self.up_proj)
 
     def forward_fused(self, h):
         return self.down_proj(silu_mul(F.linear(h, self.gate_up_weight)))

@@ -71,7 +71,7 @@ case $phase in
     cat "$OUT/bench_decode.md" "$OUT/bench_spec.md" ;;
   kernels)
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fused_gpu.py 2>&1 | tee "$LOG" | tail -8
-    timeout 420 python3 -m benchmarks.bench_kernels --budget-s 330 --out "$OUT/bench_kernels.md" \
+    timeout 400 python3 -m benchmarks.bench_kernels --budget-s 300 --out "$OUT/bench_kernels.md" \
       2>&1 | tee -a "$LOG" | grep -E "PASS|MISS|divergence|ERROR|SKIPPED|bandwidth" ;
     cat "$OUT/bench_kernels.md" ;;
   *) echo "usage: bash scripts/gpu_check.sh tests|check|stages|bench [GROUP...]|notebooks|ab [COMMIT]|peer|decode|kernels"

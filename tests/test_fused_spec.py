@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtplab.kernels import fused_spec as fs
-from mtplab.speculative import accept, tree
+from mtplab.speculative import accept, commit, tree
 from mtplab.speculative.draft_select import branch_topk, select_root, select_step
 
 
@@ -83,3 +83,22 @@ def test_accept_chain_kernel_matches_torch(B, K, S, D):
         got = fs.accept_chain_triton(t.tokens, t.retrieve_next_token, argmax, n, S)
         for name, w, x in zip(("index", "lens", "tokens", "bonus"), want, got):
             assert torch.equal(x, w), (n_val, name)
+
+
+@pytest.mark.parametrize("B,K,S,D", CASES)
+def test_commit_kernels_match_torch(B, K, S, D):
+    g = torch.Generator().manual_seed(D)
+    table = torch.randperm(6 * 64, generator=g).view(6, 64).int()
+    rows = torch.randperm(6, generator=g)[:B]
+    seq = torch.randint(0, 64 - D, (B,), generator=g)
+    want_w = commit._window_slots_torch(table, rows, seq, D)
+    assert torch.equal(fs.window_slots_triton(table, rows, seq, D), want_w)
+    index = torch.full((B, S + 1), -1)
+    for b in range(B):                      # increasing accepted paths of random lengths
+        n = int(torch.randint(1, min(S + 1, D) + 1, (1,), generator=g))
+        index[b, :n] = torch.cat([torch.zeros(1, dtype=torch.long),
+                                  torch.randperm(D - 1, generator=g)[:n - 1].sort().values + 1])
+    want = commit._accept_moves_torch(want_w, index)
+    got = fs.accept_moves_triton(want_w, index)
+    for name, w, x in zip(("src", "dst", "valid", "row_index"), want, got):
+        assert torch.equal(x, w), name

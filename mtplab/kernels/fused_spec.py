@@ -1,5 +1,5 @@
 """Speculative stages as a few kernels each: tree organize, tree build, greedy accept walk,
-simulated-accept chain. One program per request; every array of a request fits one block (BLOCK_C
+simulated-accept chain, verify-window slots and accept compaction moves. One program per request; every array of a request fits one block (BLOCK_C
 candidates, BLOCK_D tree nodes), so the kernels are plain loads, compares and reductions.
 
 The semantics (and the plain-torch references the tests compare against) are the stage
@@ -214,3 +214,60 @@ def accept_chain_triton(tokens: torch.Tensor, next_token: torch.Tensor, argmax: 
                                    argmax.contiguous(), n.contiguous(), index, lens, out, bonus,
                                    D, S=S, num_warps=1)
     return index, lens, out, bonus
+
+
+@triton.jit
+def _window_slots_kernel(Table, Rows, Seq, Out, stride_t, D, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    ok = i < D
+    row = tl.load(Rows + b).to(tl.int64)
+    seq = tl.load(Seq + b).to(tl.int64)
+    slot = tl.load(Table + row * stride_t + seq + i, mask=ok, other=0)
+    tl.store(Out + b * D + i, slot.to(tl.int64), mask=ok)
+
+
+def window_slots_triton(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+                        num_draft_tokens: int) -> torch.Tensor:
+    """[B, D] int64 req_to_token[rows, seq_lens + 0..D-1] (commit.window_slots)."""
+    B, D = rows.shape[0], num_draft_tokens
+    out = torch.empty(B, D, dtype=torch.long, device=rows.device)
+    if B:
+        _window_slots_kernel[(B,)](req_to_token, rows.contiguous(), seq_lens.contiguous(), out,
+                                   req_to_token.stride(0), D,
+                                   BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1)
+    return out
+
+
+@triton.jit
+def _accept_moves_kernel(Window, Index, Src, Dst, Valid, RowIdx, D, L,
+                         BLOCK_L: tl.constexpr):
+    """Lane k: valid = index[k] >= 0; src = window[index[k]], dst = window[k] (k < D), the
+    root slot window[0] on invalid lanes; row_index = b*D + node (root if invalid)."""
+    b = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK_L)
+    ok = k < L
+    idx = tl.load(Index + b * L + k, mask=ok, other=-1).to(tl.int64)
+    valid = idx >= 0
+    node = tl.where(valid, idx, 0)
+    root = tl.load(Window + b * D)
+    src = tl.load(Window + b * D + node, mask=ok, other=0)
+    front = tl.load(Window + b * D + k, mask=ok & (k < D), other=0)
+    tl.store(Src + b * L + k, tl.where(valid, src, root), mask=ok)
+    tl.store(Dst + b * L + k, tl.where(valid & (k < D), front, root), mask=ok)
+    tl.store(Valid + b * L + k, valid.to(tl.uint8), mask=ok)
+    tl.store(RowIdx + b * L + k, b * D + node, mask=ok)
+
+
+def accept_moves_triton(window: torch.Tensor, accept_index: torch.Tensor):
+    """-> (src_slots, dst_slots, valid, row_index) [B, S+1] (commit.accept_moves)."""
+    B, D = window.shape
+    L = accept_index.shape[1]
+    dev = window.device
+    src, dst, row = (torch.empty(B, L, dtype=torch.long, device=dev) for _ in range(3))
+    valid = torch.empty(B, L, dtype=torch.bool, device=dev)
+    if B:
+        _accept_moves_kernel[(B,)](window.contiguous(), accept_index.contiguous(), src, dst,
+                                   valid.view(torch.uint8), row, D, L,
+                                   BLOCK_L=max(16, triton.next_power_of_2(L)), num_warps=1)
+    return src, dst, valid, row

@@ -9,7 +9,7 @@ from mtplab import Engine, RunConfig
 from mtplab.kernels import fused_ops as fo
 from mtplab.kernels import fused_spec as fs
 from mtplab.models.llama import Rope
-from mtplab.speculative import accept, tree
+from mtplab.speculative import accept, commit, tree
 from tests.helpers import random_prompts
 from tests.test_fused_spec import CASES, candidates
 
@@ -81,6 +81,17 @@ def test_spec_stage_kernels(B, K, S, D):
     assert all(torch.equal(a, b) for a, b in zip(
         fs.accept_greedy_triton(t.tokens, t.parents, argmax, S),
         accept._accept_greedy_torch(t.tokens, t.parents, argmax, S)))
+    n = torch.randint(1, S + 2, (B,), device="cuda")
+    assert all(torch.equal(a, b) for a, b in zip(
+        fs.accept_chain_triton(t.tokens, t.retrieve_next_token, argmax, n, S),
+        accept._accept_chain_torch(t.tokens, t.retrieve_next_token, argmax, n, S)))
+    table = torch.randperm(8 * 64, device="cuda").view(8, 64).int()
+    rows = torch.randperm(8, device="cuda")[:B]
+    window = commit._window_slots_torch(table, rows, seq, D)
+    assert torch.equal(fs.window_slots_triton(table, rows, seq, D), window)
+    index = accept._accept_greedy_torch(t.tokens, t.parents, argmax, S)[0]
+    assert all(torch.equal(a, b) for a, b in zip(fs.accept_moves_triton(window, index),
+                                                 commit._accept_moves_torch(window, index)))
 
 
 def test_no_kernel_fell_back(caplog):

@@ -122,3 +122,18 @@ def test_a_failing_kernel_falls_back_once_with_a_warning(monkeypatch, caplog):
     assert len(calls) == 1
     warnings = [r for r in caplog.records if "probe" in r.getMessage()]
     assert len(warnings) == 1 and "torch reference" in warnings[0].getMessage()
+
+
+def test_references_context_selects_the_torch_body():
+    class FakeCuda:
+        is_cuda = True
+
+    kernel = lambda *a: "kernel"     # noqa: E731
+    ref = lambda *a: "ref"           # noqa: E731
+    assert fo.dispatch("probe2", kernel, ref, FakeCuda()) == "kernel"
+    with fo.references():
+        assert fo.dispatch("probe2", kernel, ref, FakeCuda()) == "ref"
+        with fo.references(False):
+            assert fo.dispatch("probe2", kernel, ref, FakeCuda()) == "ref"
+    with fo.references(False):
+        assert fo.dispatch("probe2", kernel, ref, FakeCuda()) == "kernel"

@@ -19,7 +19,9 @@ Figures (each printed as it is measured, then one table: figure | value | target
                forward's kernel table (where the time goes)
   busy         tiny-code frozen_kv_mtp (fold + overlap + zero_bubble), bs 1 and 32: device busy
                per decode step (union of kernel intervals, mtplab analyze) and kernels_per_step,
-               fused vs unfused (target: unfused / fused >= 2)
+               fused vs unfused (target: unfused / fused >= 2). Unfused = RunConfig(fused=False):
+               the op-by-op model and the torch bodies of tree/accept/commit (the engine before
+               issue 16)
   bf16         tiny-code target-only, bf16, fused vs unfused greedy over 256 tokens: the first
                divergent token (if any) is printed, never hidden
 Each figure runs under a shared time budget; a figure not reached prints SKIPPED and MISS.

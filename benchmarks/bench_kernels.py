@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -312,11 +313,14 @@ def fig_bf16(rep: Report, tokens: int = 256) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None, help="also write the markdown table here")
+    ap.add_argument("--out", default=None, help="also write the markdown table here "
+                    "(default: $OUT/bench_kernels.md when OUT is set)")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="time box for the whole run; figures not reached print SKIPPED")
     ap.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
     a = ap.parse_args(argv)
+    if a.out is None and os.environ.get("OUT"):
+        a.out = str(Path(os.environ["OUT"]) / "bench_kernels.md")
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device.", file=sys.stderr)
         return 2

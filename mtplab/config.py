@@ -46,6 +46,8 @@ class RunConfig:
     zb_device_seq_lens: Optional[bool] = None  # no host read of seq_lens (None -> zero_bubble)
     zb_draft_preexec: Optional[bool] = None  # draft k+1 right after commit k (None -> zero_bubble)
     attention_backend: str = "auto"          # auto | torch | triton
+    fused: Optional[bool] = None             # fused decoder layer (models/llama.py); None ->
+                                             #   True on CUDA (Triton), False on CPU
     simulate_accept_len: Optional[float] = None      # mean tokens per verify (bonus incl.)
     simulate_accept_rates: Optional[tuple] = None    # or per-position acceptance [S]
     # device and numerics
@@ -149,6 +151,8 @@ class RunConfig:
         self._resolve_zero_bubble()
         if self.cuda_graphs is None:
             self.cuda_graphs = dev.is_cuda
+        if self.fused is None:
+            self.fused = dev.is_cuda
         if self.cuda_graphs and not dev.is_cuda:
             raise ConfigError("cuda_graphs=True needs a CUDA device; set cuda_graphs=False on CPU.")
         if self.num_draft_tokens is None:

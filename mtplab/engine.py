@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from .config import ConfigError, RunConfig
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
+from .kernels.fused_ops import references
 from .mem.allocator import PagedAllocator
 from .mem.invariants import check_kv_invariants
 from .mem.kv_cache import KVCache
@@ -63,8 +64,8 @@ class Engine:
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
-        model, self.tokenizer = build_target(cfg.model, cfg.seed)
-        self.model = model.to(dev, cfg.torch_dtype)
+        model, self.tokenizer = build_target(cfg.model, cfg.seed, dev, cfg.torch_dtype)
+        self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         mc = self.model.config
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
@@ -82,7 +83,7 @@ class Engine:
             with_topk=cfg.speculative and DRAFT_WORKERS[cfg.draft].extend_forward,
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
-        with self.numerics():                 # graphs capture the batch-invariant kernels
+        with self.numerics():                 # graphs capture the kernels in force
             self.target_worker = TargetWorker(
                 self.model, self.kv_cache, self.pool.table, attn,
                 cfg.cuda_graphs and not cfg.speculative,
@@ -103,20 +104,25 @@ class Engine:
             build_drafts(self.model, cfg.seed), self.kv_cache, self.pool.table, attn,
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
-        self.draft_model = draft.model
+        self.draft_model = draft.model.set_fused(cfg.fused)
         params = SpecParams(cfg.num_steps, cfg.topk, cfg.num_draft_tokens, cfg.fold_seed,
                             cfg.zb_draft_preexec, cfg.simulate_accept_len,
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
 
+    @contextlib.contextmanager
     def numerics(self):
-        """The scope of the engine's forwards: batch-invariant aten kernels when
-        cfg.deterministic (kernels/batch_invariant.py), torch's own outside it."""
-        if not self.cfg.deterministic:
-            return contextlib.nullcontext()
-        from .kernels.batch_invariant import batch_invariant_mode
-        return batch_invariant_mode(self.device.torch_device.type)
+        """The scope of the engine's forwards (graph capture and every step):
+        batch-invariant aten kernels when cfg.deterministic (kernels/batch_invariant.py), and
+        with fused=False the torch bodies of every fused op (kernels/fused_ops.py), in eager
+        steps and captured graphs alike. Outside it, torch's own kernels."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(references(not self.cfg.fused))
+            if self.cfg.deterministic:
+                from .kernels.batch_invariant import batch_invariant_mode
+                stack.enter_context(batch_invariant_mode(self.device.torch_device.type))
+            yield
 
     # -- profiling -----------------------------------------------------------------------
     def _start_profiling(self) -> None:

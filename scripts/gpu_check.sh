@@ -124,6 +124,15 @@ phase_meter() {
   python3 -m benchmarks.record_plain_trace --out-dir "$OUT_DIR"
 }
 
+#: kernels  fused kernels: GPU tests, then bench_kernels (HBM-floor ratios, kernels per layer,
+#:          device busy per spec step fused vs unfused, preset build time, bf16 divergence;
+#:          PASS/MISS per target) -> bench_kernels.md
+phase_kernels() {
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fused_gpu.py || return 1
+  timeout 400 python3 -m benchmarks.bench_kernels --budget-s 300 \
+    --out "$OUT_DIR/bench_kernels.md"
+}
+
 usage() {
   echo "usage: bash scripts/gpu_check.sh [-o DIR] PHASE[:ARG,...] [PHASE...] | all"
   grep -E '^#: ' "$0" | sed 's/^#: /  /'

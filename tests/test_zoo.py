@@ -173,3 +173,25 @@ def test_random_tiny_unchanged():
     assert not hasattr(model, "trained_dir") or model.trained_dir is None
     want = torch.tensor([-1.493876, 2.005404, 0.058486, 0.058926])
     assert torch.allclose(model.model.embed_tokens.weight[3, :4], want, atol=1e-5)
+
+
+def test_shape_preset_device_build_path_matches_the_cpu_build(monkeypatch):
+    """The on-device build (meta device -> empty storage in the run dtype -> seeded init where
+    the weights live) exercised on the CPU: there it draws from the same CPU generator, so the
+    weights, the tied embedding and the RoPE tables equal a plain CPU build's; the drafts are
+    initialised where the target was."""
+    shape = zoo.ShapePreset("narrow-like", dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=True), 6, 12, True, "test stand-in")
+    monkeypatch.setitem(zoo.SHAPES, "narrow-like", shape)
+    want, _ = zoo.build_target("narrow-like@3", seed=4)
+    monkeypatch.setattr(zoo, "_on_device", lambda device, dtype: True)
+    got, _ = zoo.build_target("narrow-like@3", seed=4, device="cpu", dtype=torch.float32)
+    assert got.lm_head.weight is got.model.embed_tokens.weight
+    sd_w, sd_g = want.state_dict(), got.state_dict()
+    assert sd_w.keys() == sd_g.keys() and all(torch.equal(sd_w[k], sd_g[k]) for k in sd_w)
+    assert torch.equal(got.rope.cos, want.rope.cos) and torch.equal(got.rope.sin, want.rope.sin)
+    for a, b in zip(zoo.build_drafts(want, 4), zoo.build_drafts(got, 4)):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                      b.state_dict().values()))

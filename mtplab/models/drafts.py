@@ -11,6 +11,9 @@ Frozen-KV MTP assistant (owns no KV):
 EAGLE draft (owns a one-layer KV pool sharing slot ids with the target):
     x = fc( embed(token) ⊕ hidden ) ; x = decoder_layer(x) (writes its own KV) ; h' = x
     logits = target.lm_head(norm(h'))
+
+Both have the target's fused path (`set_fused`, models/llama.py): their blocks run
+`Block.forward_fused` (the assistant's q-only attention rotates q and writes no KV).
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ import torch
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
-from .llama import MLP, AttnFn, DecoderLayer, KVView, LlamaForCausalLM, RMSNorm, Rope
+from ..kernels.fused_ops import add_rmsnorm, rope_qkv_cache
+from .llama import (MLP, AttnFn, Block, DecoderLayer, FusableModel, KVView, LlamaForCausalLM,
+                    RMSNorm, Rope)
 from .llama_config import LlamaConfig
 
 
@@ -49,18 +54,24 @@ class FrozenAttention(nn.Module):
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
         return self.o_proj(o.reshape(T, self.nq * self.d))
 
+    def fuse(self) -> None:
+        """Nothing to concatenate: the q projection is the only one."""
 
-class FrozenLayer(nn.Module):
+    def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta, window, attn_fn):
+        T = h.shape[0]
+        q = rope_qkv_cache(self.q_proj(h), positions, rope.cos, rope.sin, self.nq, 0, None,
+                           None, None)
+        o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
+        return self.o_proj(o.reshape(T, self.nq * self.d))
+
+
+class FrozenLayer(Block):
     def __init__(self, Ha: int, I: int, tcfg: LlamaConfig):
         super().__init__()
         self.self_attn = FrozenAttention(Ha, tcfg)
         self.mlp = MLP(Ha, I)
         self.input_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
-
-    def forward(self, x, positions, rope, kv, meta, window, attn_fn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta, window, attn_fn)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 def last_layer_of_type(tcfg: LlamaConfig, layer_type: str) -> int:
@@ -70,7 +81,7 @@ def last_layer_of_type(tcfg: LlamaConfig, layer_type: str) -> int:
     return idx[-1]
 
 
-class FrozenKVAssistant(nn.Module):
+class FrozenKVAssistant(FusableModel):
     def __init__(self, acfg: AssistantConfig, target: LlamaForCausalLM):
         super().__init__()
         tcfg = target.config
@@ -96,6 +107,14 @@ class FrozenKVAssistant(nn.Module):
         t = self.target
         e = t.model.embed_tokens(tokens) * self.embed_scale
         x = self.pre_projection(torch.cat([e, hidden.to(e.dtype)], -1))
+        if self.fused:
+            delta = None
+            for layer, li in zip(self.layers, self.acfg.kv_layers):
+                x, delta = layer.forward_fused(x, delta, positions, t.rope,
+                                               KVView(kv_k[li], kv_v[li], None), meta,
+                                               self.tcfg.window_of(li), attn_fn)
+            h = self.post_projection(x if delta is None else x + delta)
+            return h, t.lm_head(add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]).float()
         for layer, li in zip(self.layers, self.acfg.kv_layers):
             x = layer(x, positions, t.rope, KVView(kv_k[li], kv_v[li], None), meta,
                       self.tcfg.window_of(li), attn_fn)
@@ -103,7 +122,7 @@ class FrozenKVAssistant(nn.Module):
         return h, t.lm_head(self.norm(h)).float()
 
 
-class EagleDraft(nn.Module):
+class EagleDraft(FusableModel):
     def __init__(self, target: LlamaForCausalLM):
         super().__init__()
         tcfg = target.config
@@ -123,7 +142,13 @@ class EagleDraft(nn.Module):
         """Like a one-layer target forward; kv_k/kv_v are the draft pool [1, N, Hkv, d]."""
         t = self.target
         x = self.fc(torch.cat([t.model.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], -1))
-        x = self.layer(x, positions, t.rope, KVView(kv_k[0], kv_v[0], out_loc), meta,
-                       self.window, attn_fn)
+        kv = KVView(kv_k[0], kv_v[0], out_loc)
+        if self.fused:
+            res, delta = self.layer.forward_fused(x, None, positions, t.rope, kv, meta,
+                                                  self.window, attn_fn)
+            normed, x = add_rmsnorm(res, delta, self.norm.weight, self.norm.eps)
+            h = normed if logits_idx is None else normed[logits_idx]
+            return x, t.lm_head(h).float()
+        x = self.layer(x, positions, t.rope, kv, meta, self.window, attn_fn)
         h = x if logits_idx is None else x[logits_idx]
         return x, t.lm_head(self.norm(h)).float()

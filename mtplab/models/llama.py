@@ -8,6 +8,23 @@ One forward over T packed tokens:
     x = embed(ids) ; per layer: x += o(attn(rope(q), rope(k)->cache[out_loc], v->cache[out_loc]))
                                 x += down(silu(gate(h)) * up(h))
     hidden = x (pre final norm: what drafts consume), logits = lm_head(norm(hidden[logits_idx]))
+
+Two paths compute that same function (`set_fused`):
+    unfused  the formula above op by op (the reference path; training uses it)
+    fused    q/k/v and gate/up as one GEMM each over concatenated weights; the residual add
+             folded into the next RMSNorm; RoPE + KV write in one op; SiLU * up in one op
+             (kernels/fused_ops.py: Triton on CUDA, the torch references elsewhere):
+
+        (res, delta) -> h, res = add_rmsnorm(res, delta)        delta = None before layer 0
+                        q = rope_qkv_cache(h @ Wqkv^T)  -> k, v into the cache at out_loc
+                        h, res = add_rmsnorm(res, o_proj(attn(q)))
+                        delta = down(silu_mul(h @ Wgu^T))
+        hidden, h = add_rmsnorm(res, delta, final norm)  ; logits = lm_head(h[logits_idx])
+
+Concatenated weights keep the Hugging Face names: each of q/k/v_proj.weight (gate/up_proj)
+is a row-slice view of the one fused tensor (`fuse_linears`), so named_parameters, state_dict,
+load_state_dict (in-place copies) and save_target are unchanged, and no weight is stored twice.
+Moving or casting the model (`.to`) re-makes the views (`_apply`).
 """
 from __future__ import annotations
 
@@ -19,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
+from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache, silu_mul
 from .llama_config import LlamaConfig
 
 AttnFn = Callable[..., torch.Tensor]   # (q, k_cache, v_cache, meta, sm_scale, window) -> out
@@ -48,12 +66,25 @@ class Rope(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        xf = x.float()
-        half = xf.shape[-1] // 2
-        rot = torch.cat([-xf[..., half:], xf[..., :half]], -1)
-        return (xf * cos + rot * sin).to(x.dtype)
+        return apply_rope(x, self.cos, self.sin, positions)
+
+
+def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Tensor:
+    """One [sum(out), in] tensor holding the linears' weights stacked by rows; each linear's
+    weight becomes a row-slice view of it (same values, same parameter object and name).
+    `fused` is returned as is when the weights already are its views: re-fusing never moves
+    weights that a captured CUDA graph reads."""
+    if fused is not None and all(
+            lin.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+            for lin in linears):
+        return fused
+    fused = torch.cat([lin.weight.detach() for lin in linears], 0)
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = fused[start:start + n]
+        start += n
+    return fused
 
 
 @dataclass
@@ -88,6 +119,18 @@ class Attention(nn.Module):
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
         return self.o_proj(o.reshape(T, self.nq * self.d))
 
+    def fuse(self) -> None:
+        self.qkv_weight = fuse_linears(getattr(self, "qkv_weight", None), self.q_proj,
+                                       self.k_proj, self.v_proj)
+
+    def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
+                      attn_fn: AttnFn) -> torch.Tensor:
+        T = h.shape[0]
+        q = rope_qkv_cache(F.linear(h, self.qkv_weight), positions, rope.cos, rope.sin, self.nq,
+                           self.nkv, kv.k, kv.v, kv.out_loc)
+        o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
+        return self.o_proj(o.reshape(T, self.nq * self.d))
+
 
 class MLP(nn.Module):
     def __init__(self, H: int, I: int):
@@ -99,8 +142,36 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
+    def fuse(self) -> None:
+        self.gate_up_weight = fuse_linears(getattr(self, "gate_up_weight", None),
+                                           self.gate_proj, self.up_proj)
 
-class DecoderLayer(nn.Module):
+    def forward_fused(self, h):
+        return self.down_proj(silu_mul(F.linear(h, self.gate_up_weight)))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: `self_attn`, `mlp` and two RMSNorms (set by subclasses)."""
+
+    def forward(self, x, positions, rope, kv, meta, window, attn_fn):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta, window, attn_fn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+
+    def forward_fused(self, res, delta, positions, rope, kv, meta, window, attn_fn):
+        """(residual stream, the last block's output not yet added (None before the first))
+        -> (residual stream, this block's MLP output not yet added)."""
+        eps = self.input_layernorm.eps
+        h, res = add_rmsnorm(res, delta, self.input_layernorm.weight, eps)
+        a = self.self_attn.forward_fused(h, positions, rope, kv, meta, window, attn_fn)
+        h, res = add_rmsnorm(res, a, self.post_attention_layernorm.weight, eps)
+        return res, self.mlp.forward_fused(h)
+
+
+class DecoderLayer(Block):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -108,9 +179,28 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv, meta, window, attn_fn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta, window, attn_fn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+
+class FusableModel(nn.Module):
+    """A model whose forward has a fused path: `set_fused(True)` concatenates the weights of
+    every Block (views, see the module doc) and selects it; `.to()` keeps the views."""
+    fused = False
+
+    def blocks(self) -> list:
+        return [m for m in self.modules() if isinstance(m, Block)]
+
+    def set_fused(self, on: bool) -> "FusableModel":
+        self.fused = bool(on)
+        if self.fused:
+            for b in self.blocks():
+                b.fuse()
+        return self
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        if self.fused:                  # the conversion made each weight its own tensor
+            for b in self.blocks():
+                b.fuse()
+        return out
 
 
 class LlamaModel(nn.Module):
@@ -121,7 +211,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(FusableModel):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.config = cfg
@@ -136,12 +226,26 @@ class LlamaForCausalLM(nn.Module):
                 logits_idx: Optional[torch.Tensor] = None):
         """input_ids/positions/out_loc [T]; kv_k/kv_v [L, N, Hkv, d]. Returns (hidden [T,H]
         before the final norm, logits [len(logits_idx) or T, V] in float32)."""
+        if self.fused:
+            return self._forward_fused(input_ids, positions, kv_k, kv_v, out_loc, meta, attn_fn,
+                                       logits_idx)
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, positions, self.rope, KVView(kv_k[i], kv_v[i], out_loc), meta,
                       self.config.window_of(i), attn_fn)
         h = x if logits_idx is None else x[logits_idx]
         return x, self.logits(h)
+
+    def _forward_fused(self, input_ids, positions, kv_k, kv_v, out_loc, meta, attn_fn,
+                       logits_idx):
+        res, delta = self.model.embed_tokens(input_ids), None
+        for i, layer in enumerate(self.model.layers):
+            res, delta = layer.forward_fused(res, delta, positions, self.rope,
+                                             KVView(kv_k[i], kv_v[i], out_loc), meta,
+                                             self.config.window_of(i), attn_fn)
+        normed, hidden = add_rmsnorm(res, delta, self.model.norm.weight, self.model.norm.eps)
+        h = normed if logits_idx is None else normed[logits_idx]
+        return hidden, self.lm_head(h).float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(hidden)).float()

@@ -5,6 +5,11 @@ init) or loaded from a local Hugging Face Llama-format directory.
     random-tiny-swa  same width, layers sliding/sliding/full/sliding with window 16
     random-medium    8-layer, hidden 1024, GQA 16:4, vocab 32000 (timing at a larger width)
 
+Random presets initialise on the CPU (fp32, a CPU generator: the same weights on every machine
+and device). Shape presets are GBs: on a CUDA device they are built on the meta device, given
+storage on the device in the run's dtype and initialised there with a generator on that device
+(seeded, the same parameter order; values differ from a CPU build of the same preset).
+
 Shape presets (seeded random init, for timing with simulated acceptance; depth selectable as
 `<preset>@<layers>`, see `with_layers`; every layer uses one head_dim and one KV-head count):
     gemma4-26b-a4b-like  hidden 2816, 16 q / 8 kv heads, head_dim 256, window 1024, 5:1
@@ -33,7 +38,7 @@ import torch
 from safetensors.torch import load_file
 
 from .drafts import AssistantConfig, EagleDraft, FrozenKVAssistant, last_layer_of_type
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, Rope
 from .llama_config import FULL, SLIDING, LlamaConfig
 from .tokenizer import ByteTokenizer
 
@@ -171,9 +176,11 @@ def model_config(name: str) -> LlamaConfig:
 
 @torch.no_grad()
 def init_random(model: torch.nn.Module, seed: int) -> None:
-    """Seeded init on a CPU generator in a fixed parameter order: identical on every machine.
-    Embeddings ~N(0,1), projections ~N(0, 1/fan_in), lm_head ~N(0, 4/H), norms = 1."""
-    g = torch.Generator().manual_seed(seed)
+    """Seeded init in a fixed parameter order, on a generator on the parameters' device: on
+    the CPU identical on every machine. Embeddings ~N(0,1), projections ~N(0, 1/fan_in),
+    lm_head ~N(0, 4/H), norms = 1."""
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         if name.endswith("norm.weight"):
             p.fill_(1.0)
@@ -181,15 +188,44 @@ def init_random(model: torch.nn.Module, seed: int) -> None:
         std = 1.0 if "embed" in name else 1.0 / math.sqrt(p.shape[1])
         if name.startswith("lm_head"):
             std = 2.0 / math.sqrt(p.shape[1])
-        p.copy_(torch.randn(p.shape, generator=g) * std)
+        if dev.type == "cpu":
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+        else:
+            p.normal_(0.0, std, generator=g)
 
 
-def build_target(name: str, seed: int = 0) -> tuple[LlamaForCausalLM, ByteTokenizer]:
-    """The target model (CPU, float32) and its tokenizer."""
+def _empty_on(make, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """make() built on the meta device, then given uninitialised storage on `device` in
+    `dtype`: no CPU init and no float32 copy. The caller initialises every parameter."""
+    with torch.device("meta"):
+        module = make()
+    return module.to(dtype).to_empty(device=device)
+
+
+def _on_device(device, dtype) -> bool:
+    return device is not None and torch.device(device).type != "cpu" and dtype is not None
+
+
+def build_target(name: str, seed: int = 0, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> tuple[LlamaForCausalLM, ByteTokenizer]:
+    """The target model and its tokenizer: on the CPU in float32, except a shape preset asked
+    for on a CUDA `device` with a `dtype`, which is built and initialised there (module doc).
+    `init_device` marks the device of an on-device build (None: a CPU build); build_drafts
+    builds random drafts the same way."""
     cfg = model_config(name)
-    if name in PRESETS or _shape_of(name) is not None:
+    if _shape_of(name) is not None and _on_device(device, dtype):
+        dev = torch.device(device)
+        model = _empty_on(lambda: LlamaForCausalLM(cfg), dev, dtype)
+        if cfg.tie_word_embeddings:     # to_empty gives each module its own new parameter
+            model.lm_head.weight = model.model.embed_tokens.weight
+        # The RoPE tables are buffers, not parameters: compute them as a CPU build does.
+        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings).to(dev)
+        init_random(model, seed)
+        model.init_device = dev
+    elif name in PRESETS or _shape_of(name) is not None:
         model = LlamaForCausalLM(cfg)
         init_random(model, seed)
+        model.init_device = None
     else:
         from .weights import load_model
         trained = _trained_dir(name)
@@ -209,14 +245,22 @@ def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
 
 
 def build_drafts(target: LlamaForCausalLM, seed: int = 0):
-    """(Frozen-KV assistant, EAGLE draft) for any target, CPU float32: the shipped trained
-    weights when the target was built from a trained preset (its `trained_dir` mark), else
-    random init from the config seed."""
+    """(Frozen-KV assistant, EAGLE draft) for any target: the shipped trained weights when
+    the target was built from a trained preset (its `trained_dir` mark), CPU float32; else
+    random init from the config seed, built the way the target was (its `init_device` mark:
+    on that device in the target's dtype, else on the CPU in float32)."""
     trained = getattr(target, "trained_dir", None)
     if trained is None:
-        assistant = FrozenKVAssistant(assistant_config(target.config), target)
+        dev = getattr(target, "init_device", None)
+        if dev is None:
+            assistant = FrozenKVAssistant(assistant_config(target.config), target)
+            eagle = EagleDraft(target)
+        else:
+            dtype = target.lm_head.weight.dtype
+            assistant = _empty_on(lambda: FrozenKVAssistant(assistant_config(target.config),
+                                                            target), dev, dtype)
+            eagle = _empty_on(lambda: EagleDraft(target), dev, dtype)
         init_random(assistant, seed + 1)
-        eagle = EagleDraft(target)
         init_random(eagle, seed + 2)
         return assistant.eval(), eagle.eval()
     acfg = json.loads((trained / "assistant" / "config.json").read_text())

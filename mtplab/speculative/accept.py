@@ -13,16 +13,20 @@ AcceptResult (S+1 = the longest possible path, root included):
                            node k (a draft token for k < accept_lens-1, then the bonus), -1 padded
     bonus        [B]       tokens[accept_lens-1]; its KV is written by the next verify (as root)
 
-Static shapes, no host synchronisation (CUDA-graph capturable).
+Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA the greedy walk is
+one Triton kernel and so is the simulated chain (kernels/fused_spec.py); `_walk` and
+`_accept_chain_torch` are their references and the fallbacks.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..kernels.fused_ops import dispatch
+from ..kernels.fused_spec import accept_chain_triton, accept_greedy_triton
 from ..kernels.sampling import target_probs
 from .tree import DraftTree
 
@@ -62,8 +66,14 @@ def _walk(tree: DraftTree, choose: Callable[[int, torch.Tensor], torch.Tensor]) 
 
 def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
     """target_argmax [B, D]: the target's greedy token after each node."""
+    return AcceptResult(*dispatch("accept_greedy", accept_greedy_triton, _accept_greedy_torch,
+                                  tree.tokens, tree.parents, target_argmax, tree.num_steps))
+
+
+def _accept_greedy_torch(tokens, parents, target_argmax, num_steps):
     am = target_argmax.long()
-    return _walk(tree, lambda k, cur: am.gather(1, cur[:, None])[:, 0])
+    tree = DraftTree(tokens, parents, None, None, None, None, None, num_steps)
+    return astuple(_walk(tree, lambda k, cur: am.gather(1, cur[:, None])[:, 0]))
 
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor,
@@ -111,8 +121,6 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
     Tokens are the chain's draft tokens then target_argmax at the last accepted node (bonus).
     For topk > 1 the first chain is only one of the tree's paths: a performance proxy."""
     S = tree.num_steps
-    B = tree.tokens.shape[0]
-    dev = tree.tokens.device
     u = uniforms.float()
     if (mean_accept_len is None) == (accept_rates is None):
         raise ValueError("accept_simulated needs exactly one of mean_accept_len, accept_rates.")
@@ -129,11 +137,18 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
         # Python-float comparisons: no host-to-device copy inside a captured graph.
         ok = torch.stack([u[:, i] < rates[i] for i in range(S)], dim=1).long()   # [B, S]
         n = 1 + torch.cumprod(ok, dim=1).sum(dim=1)
+    return AcceptResult(*dispatch("accept_chain", accept_chain_triton, _accept_chain_torch,
+                                  tree.tokens, tree.retrieve_next_token, target_argmax, n, S))
+
+
+def _accept_chain_torch(tree_tokens, next_token, target_argmax, n, S):
+    """Accept the first n nodes of the first chain (n clipped to the chain's length)."""
+    B, dev = tree_tokens.shape[0], tree_tokens.device
     # The first chain: chain[k] = node at depth k along first children, -1 past its end.
     chain = [torch.zeros(B, dtype=torch.long, device=dev)]
     for _ in range(S):
         prev = chain[-1]
-        nxt = tree.retrieve_next_token.gather(1, prev.clamp(min=0)[:, None])[:, 0]
+        nxt = next_token.gather(1, prev.clamp(min=0)[:, None])[:, 0]
         chain.append(torch.where(prev >= 0, nxt, -1))
     chain = torch.stack(chain, dim=1)                                       # [B, S+1]
     n = torch.minimum(n, (chain >= 0).sum(dim=1))
@@ -142,7 +157,7 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
     last = chain.gather(1, (n - 1)[:, None])[:, 0]
     bonus = target_argmax.long().gather(1, last[:, None])[:, 0]
     after = torch.cat([chain[:, 1:], torch.full_like(chain[:, :1], -1)], dim=1)
-    draft_tok = tree.tokens.gather(1, after.clamp(min=0))
+    draft_tok = tree_tokens.gather(1, after.clamp(min=0))
     tokens = torch.where(k < (n - 1)[:, None], draft_tok,
                          torch.where(k == (n - 1)[:, None], bonus[:, None], -1))
-    return AcceptResult(accept_index=accept_index, accept_lens=n, tokens=tokens, bonus=bonus)
+    return accept_index, n, tokens, bonus

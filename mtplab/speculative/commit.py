@@ -15,6 +15,8 @@ lower lane writes: apply as gather-then-scatter (`kv[:, dst] = kv[:, src]`), nev
 
 The window's slots are taken once, at verify time (`window_slots`), and reused here: under
 overlap a finished request's row may be reassigned before its in-flight compaction runs.
+On CUDA window_slots and accept_moves are one Triton kernel each (kernels/fused_spec.py); the
+torch bodies are their reference and fallback.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.fused_ops import dispatch
+from ..kernels.fused_spec import accept_moves_triton, window_slots_triton
 from .accept import AcceptResult
 
 
@@ -37,16 +41,26 @@ class AcceptMoves:
 def window_slots(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
                  num_draft_tokens: int) -> torch.Tensor:
     """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1]."""
+    return dispatch("window_slots", window_slots_triton, _window_slots_torch, req_to_token,
+                    rows, seq_lens, num_draft_tokens)
+
+
+def _window_slots_torch(req_to_token, rows, seq_lens, num_draft_tokens):
     entries = seq_lens.long()[:, None] + torch.arange(num_draft_tokens, device=rows.device)
     return req_to_token[rows.long()[:, None], entries].long()
 
 
 def accept_moves(window: torch.Tensor, accept: AcceptResult) -> AcceptMoves:
     """window [B, D] (window_slots) + accept result -> the compaction moves [B, S+1]."""
+    return AcceptMoves(*dispatch("accept_moves", accept_moves_triton, _accept_moves_torch,
+                                 window, accept.accept_index))
+
+
+def _accept_moves_torch(window, accept_index):
     B, D = window.shape
-    L = accept.accept_index.shape[1]
-    valid = accept.accept_index >= 0
-    node = torch.where(valid, accept.accept_index, 0)
+    L = accept_index.shape[1]
+    valid = accept_index >= 0
+    node = torch.where(valid, accept_index, 0)
     root = window[:, :1].expand(B, L)
     front = window[:, :min(L, D)]
     if L > D:   # D < S+1 (topk > 1): a path has at most D nodes, lanes >= D are never valid
@@ -54,7 +68,7 @@ def accept_moves(window: torch.Tensor, accept: AcceptResult) -> AcceptMoves:
     src = torch.where(valid, window.gather(1, node), root)
     dst = torch.where(valid, front, root)
     row_index = torch.arange(B, device=window.device)[:, None] * D + node
-    return AcceptMoves(src_slots=src, dst_slots=dst, valid=valid, row_index=row_index)
+    return src, dst, valid, row_index
 
 
 def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMoves) -> None:

@@ -84,6 +84,10 @@ def select_step(branches: DraftBranches, logp: torch.Tensor, tokens: torch.Tenso
     scores = (branches.scores[:, :, None] + logp.float()).reshape(B, K * K)
     toks = tokens.long().reshape(B, K * K)
     parents = branches.cand[:, :, None].expand(B, K, K).reshape(B, K * K)
+    if K == 1:   # the chain: the one candidate is the next branch (no sort, no gathers)
+        nxt = DraftBranches(tokens=toks, scores=scores, cand=torch.full_like(toks, offset),
+                            lane=torch.zeros_like(toks))
+        return nxt, StepCandidates(tokens=toks, scores=scores, parents=parents)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :K]
     nxt = DraftBranches(tokens=toks.gather(1, order), scores=scores.gather(1, order),
                         cand=order + offset, lane=torch.div(order, K, rounding_mode="floor"))

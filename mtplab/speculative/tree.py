@@ -14,7 +14,9 @@ The verify tree: D nodes per request, node 0 = root (the previous bonus token).
     retrieve_next_sibling[b, i] = next sibling of i (next higher index, same parent), -1 none
 Children are ordered by node index, i.e. by selection order.
 
-Static shapes, no host synchronisation (CUDA-graph capturable).
+Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA, organize and
+build_tree are one Triton kernel each (kernels/fused_spec.py); the torch bodies below are
+their reference and the fallback (kernels/fused_ops.dispatch).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from ..kernels.fused_ops import dispatch
+from ..kernels.fused_spec import MAX_CANDIDATES, build_tree_triton, organize_triton
 from .draft_select import StepCandidates
 
 
@@ -37,20 +41,31 @@ class DraftSelection:
 def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
     """The best D-1 candidates over all steps (see the module sketch), in tree order."""
     n = num_draft_tokens - 1
-    scores = torch.cat([s.scores for s in steps], dim=1)       # [B, C]
-    tokens = torch.cat([s.tokens for s in steps], dim=1)
-    parents = torch.cat([s.parents for s in steps], dim=1)
+    if len(steps) == 1:
+        scores, tokens, parents = steps[0].scores, steps[0].tokens, steps[0].parents
+    else:
+        scores = torch.cat([s.scores for s in steps], dim=1)       # [B, C]
+        tokens = torch.cat([s.tokens for s in steps], dim=1)
+        parents = torch.cat([s.parents for s in steps], dim=1)
     if not 0 <= n <= scores.shape[1]:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} needs {n} draft nodes but "
                          f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
+    if scores.shape[1] <= MAX_CANDIDATES:
+        tok, par = dispatch("organize", organize_triton, _organize_torch, scores, tokens,
+                            parents, n)
+    else:
+        tok, par = _organize_torch(scores, tokens, parents, n)
+    return DraftSelection(tokens=tok, parents=par, num_steps=len(steps))
+
+
+def _organize_torch(scores, tokens, parents, n):
     best = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :n]
     sel = torch.sort(best, dim=-1).values                      # [B, n] candidate indices, asc
     par_c = parents.gather(1, sel)
     # The parent is selected (module invariant), so its position in `sel` is its node - 1.
     pos = torch.searchsorted(sel.contiguous(), par_c.clamp(min=0).contiguous())
     tree_parents = torch.where(par_c < 0, torch.zeros_like(pos), pos + 1)
-    return DraftSelection(tokens=tokens.gather(1, sel), parents=tree_parents,
-                          num_steps=len(steps))
+    return tokens.gather(1, sel).long(), tree_parents
 
 
 @dataclass
@@ -78,11 +93,20 @@ def _first_true(m: torch.Tensor) -> torch.Tensor:
 
 
 def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+    if sel.tokens.shape[1] < MAX_CANDIDATES:
+        fields = dispatch("build_tree", build_tree_triton, _build_tree_torch, sel.tokens,
+                          sel.parents, bonus, seq_lens)
+    else:
+        fields = _build_tree_torch(sel.tokens, sel.parents, bonus, seq_lens)
+    return DraftTree(*fields, num_steps=sel.num_steps)
+
+
+def _build_tree_torch(sel_tokens, sel_parents, bonus, seq_lens):
     B = bonus.shape[0]
     dev = bonus.device
-    tokens = torch.cat([bonus.long()[:, None], sel.tokens.long()], dim=1)
+    tokens = torch.cat([bonus.long()[:, None], sel_tokens.long()], dim=1)
     parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev),
-                         sel.parents.long()], dim=1)
+                         sel_parents.long()], dim=1)
     D = tokens.shape[1]
     idx = torch.arange(D, device=dev)
     # Ancestor-or-self closure by repeated squaring: after t rounds it covers chains of
@@ -95,8 +119,5 @@ def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor)
     depth = reach.sum(dim=-1) - 1
     is_child = parents[:, None, :] == idx[None, :, None]            # [b, i, j]: j child of i
     is_next_sib = (parents[:, None, :] == parents[:, :, None]) & (idx[None, None, :] > idx[:, None])
-    return DraftTree(tokens=tokens, parents=parents, depth=depth,
-                     positions=seq_lens.long()[:, None] + depth, mask=reach,
-                     retrieve_next_token=_first_true(is_child),
-                     retrieve_next_sibling=_first_true(is_next_sib),
-                     num_steps=sel.num_steps)
+    return (tokens, parents, depth, seq_lens.long()[:, None] + depth, reach,
+            _first_true(is_child), _first_true(is_next_sib))

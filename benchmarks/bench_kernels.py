@@ -1,0 +1,355 @@
+"""Production-class decode (issue 16): the HBM floor, kernels per layer and per step, fused vs
+unfused side by side in one run on one GPU.
+
+    python -m benchmarks.bench_kernels [--out table.md] [--budget-s 300] [--only NAME ...]
+
+Figures (each printed as it is measured, then one table: figure | value | target | PASS/MISS):
+  bandwidth    device-to-device copy, bytes read + written / time (the floor's bandwidth)
+  build        llama3-8b-like@16 build_target on the device (target <= 10 s)
+  floor        target-only decode at bs 1, overlap + zero_bubble, CUDA graphs, fused:
+               floor = weight bytes / bandwidth; ratio = floor / step (target >= 0.85) for
+               llama3-8b-like@16 and gemma4-31b-like@8
+  frozen       frozen_kv_mtp (fold_seed, S=3) with simulated accept 3.0 on llama3-8b-like@16:
+               floor per token = (target bytes + S * (assistant + LM head bytes)) / accept_len
+               / bandwidth; ratio = floor / measured ms per token (target >= 0.80)
+  layers       (measured on the llama3-8b-like@16 engine of `floor`)
+               kernels (GPU activities: kernels, memcpy, memset) per decoder layer per forward,
+               from torch.profiler traces of one eager decode forward at two depths:
+               (k(L) - k(L/2)) / (L - L/2), fused vs unfused (target <= 12); the fused
+               forward's kernel table (where the time goes)
+  busy         tiny-code frozen_kv_mtp (fold + overlap + zero_bubble), bs 1 and 32: device busy
+               per decode step (union of kernel intervals, mtplab analyze) and kernels_per_step,
+               fused vs unfused (target: unfused / fused >= 2). Unfused = RunConfig(fused=False):
+               the op-by-op model and the torch bodies of tree/accept/commit (the engine before
+               issue 16)
+  bf16         tiny-code target-only, bf16, fused vs unfused greedy over 256 tokens: the first
+               divergent token (if any) is printed, never hidden
+Each figure runs under a shared time budget; a figure not reached prints SKIPPED and MISS.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import emit
+from mtplab import Engine, RunConfig
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.trace_io import load_trace
+
+FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16")
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+BASE = dict(page_size=16, context_len=1024, overlap=True, zero_bubble=True)
+
+
+class Report:
+    def __init__(self, budget_s: float):
+        self.rows: list[tuple] = []
+        self.notes: list[str] = []
+        self.deadline = time.perf_counter() + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def add(self, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
+        verdict = "" if ok is None else ("PASS" if ok else "MISS")
+        self.rows.append((figure, value, target, verdict))
+        print(f"{figure}: {value}" + (f"  (target {target}) {verdict}" if target else ""),
+              flush=True)
+
+    def table(self) -> str:
+        lines = ["| figure | value | target | verdict |", "|---|---|---|---|"]
+        lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in self.rows]
+        return "\n".join(lines + ([""] + self.notes if self.notes else []))
+
+
+def free():
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the module's parameters, each storage once (a tied embedding counts once)."""
+    seen, n = set(), 0
+    for p in module.parameters():
+        key = p.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            n += p.untyped_storage().nbytes()
+    return n
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    bw = 2 * nbytes * iters / (s.elapsed_time(e) / 1e3)
+    del a, b
+    free()
+    return bw
+
+
+def prompts(V: int, bs: int, n: int = 64, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed + bs)
+    return torch.randint(3, V, (bs, n), generator=g).tolist()
+
+
+def decode_ms_per_token(eng: Engine, bs: int, new_tokens: int) -> tuple[float, dict]:
+    V = eng.model.config.vocab_size
+    eng.generate(prompts(V, bs), max_new_tokens=16, ignore_eos=True)          # warm-up
+    eng.generate(prompts(V, bs, seed=1), max_new_tokens=new_tokens, ignore_eos=True)
+    eng.check_invariants()
+    st = eng.stats()
+    return 1e3 * bs / st["decode_tok_per_s"], st
+
+
+# -- figures -------------------------------------------------------------------------------
+def fig_build(rep: Report) -> None:
+    from mtplab.models.zoo import build_target
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model, _ = build_target("llama3-8b-like@16", 0, torch.device("cuda"), torch.bfloat16)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    rep.add("build llama3-8b-like@16 on the device", f"{dt:.1f} s "
+            f"({weight_bytes(model) / 1e9:.2f} GB)", "<= 10 s", dt <= 10.0)
+    del model
+    free()
+
+
+def fig_floor(rep: Report, bw: float, model: str, unfused_too: bool, layers: bool) -> None:
+    arms = [True, False] if unfused_too else [True]
+    for fused in arms:
+        if rep.left() < 45:
+            rep.add(f"floor {model} fused={fused}", "SKIPPED (time box)", ">= 0.85", False)
+            continue
+        eng = Engine(RunConfig(model=model, max_running_requests=1, fused=fused, **BASE))
+        floor_ms = 1e3 * weight_bytes(eng.model) / bw
+        step_ms, _ = decode_ms_per_token(eng, 1, 96)
+        ratio = floor_ms / step_ms
+        label = f"target-only {model} bs 1 fused={fused}: floor/step"
+        rep.add(label, f"{ratio:.3f} (floor {floor_ms:.2f} ms, step {step_ms:.2f} ms)",
+                ">= 0.85" if fused else "", ratio >= 0.85 if fused else None)
+        if fused and layers:
+            layer_table(rep, eng, model)
+        del eng
+        free()
+
+
+def fig_frozen(rep: Report, bw: float) -> None:
+    model = "llama3-8b-like@16"
+    S = 3
+    eng = Engine(RunConfig(model=model, max_running_requests=1, draft="frozen_kv_mtp",
+                           fold_seed=True, num_steps=S, simulate_accept_len=3.0, fused=True,
+                           **BASE))
+    tgt = weight_bytes(eng.model)
+    draft = weight_bytes(eng.draft_model) + eng.model.lm_head.weight.untyped_storage().nbytes()
+    ms_tok, st = decode_ms_per_token(eng, 1, 120)
+    acc = st["accept_len"]
+    floor_tok = 1e3 * (tgt + S * draft) / acc / bw
+    ratio = floor_tok / ms_tok
+    rep.add(f"frozen_kv_mtp {model} accept {acc:.2f}: floor/token", f"{ratio:.3f} "
+            f"(floor {floor_tok:.3f} ms/token, measured {ms_tok:.3f} ms/token)", ">= 0.80",
+            ratio >= 0.80)
+    del eng
+    free()
+
+
+@contextmanager
+def depth(model, n: int):
+    """The target forward over its first n layers only (kernel counting)."""
+    layers = model.model.layers
+    model.model.layers = layers[:n]
+    try:
+        yield
+    finally:
+        model.model.layers = layers
+
+
+def gpu_activities(fn) -> tuple[int, dict]:
+    """(GPU activities of one call of fn, {kernel name: (count, total µs)}) from a trace."""
+    fn()
+    torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as p:
+            fn()
+            torch.cuda.synchronize()
+        path = Path(d) / "t.json"
+        p.export_chrome_trace(str(path))
+        tr = load_trace(path)
+    sel = np.flatnonzero(tr.cat_mask(*GPU_CATS))
+    names: dict = {}
+    for i in sel:
+        c, t = names.get(tr.name_of(i), (0, 0.0))
+        names[tr.name_of(i)] = (c + 1, t + float(tr.dur[i]))
+    return len(sel), names
+
+
+def decode_forward(eng: Engine):
+    """One bs-1 decode forward + sampling of the target worker, eager (no graph)."""
+    dev = eng.device.torch_device
+    z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)  # noqa: E731
+    fn = eng.target_worker._decode_fn(64)
+    args = dict(input_ids=z(), rows=z(), kv_lens=z() + 1, temperature=z(torch.float32),
+                top_p=z(torch.float32) + 1, seeds=z())
+    return lambda: fn(**args)
+
+
+def layer_table(rep: Report, eng: Engine, model: str) -> None:
+    """Kernels per decoder layer per forward, fused vs unfused, on this engine's model."""
+    if rep.left() < 20:
+        rep.add("kernels per layer", "SKIPPED (time box)", "<= 12", False)
+        return
+    L = eng.model.config.num_hidden_layers
+    half = max(1, L // 2)
+    fn = decode_forward(eng)
+    was = eng.model.fused
+    per = {}
+    with torch.no_grad():
+        for fused in (True, False):
+            eng.model.set_fused(fused)
+            full, names = gpu_activities(fn)
+            with depth(eng.model, half):
+                part, _ = gpu_activities(fn)
+            per[fused] = ((full - part) / (L - half), full - L * (full - part) / (L - half))
+            if fused:
+                kernel_names = names
+    eng.model.set_fused(was)
+    rep.add(f"kernels per decoder layer per forward, {model}, fused", f"{per[True][0]:.1f} "
+            f"(+ {per[True][1]:.0f} outside the layers)", "<= 12", per[True][0] <= 12)
+    rep.add(f"kernels per decoder layer per forward, {model}, unfused",
+            f"{per[False][0]:.1f} (+ {per[False][1]:.0f} outside the layers)")
+    total = sum(t for _, t in kernel_names.values()) or 1.0
+    rows = sorted(kernel_names.items(), key=lambda kv: -kv[1][1])[:14]
+    rep.notes += [f"Kernel table, {model}, fused, one eager bs-1 decode forward + sampling "
+                  f"({sum(c for c, _ in kernel_names.values())} GPU activities, "
+                  f"{total:.0f} µs):", "", "| kernel | count | µs | share |", "|---|---|---|---|"]
+    rep.notes += [f"| {n[:90]} | {c} | {t:.1f} | {t / total:.1%} |" for n, (c, t) in rows]
+    rep.notes.append("")
+
+
+def busy_per_step(fused: bool, bs: int) -> tuple[float, float, int]:
+    """(median device busy µs per decode step, kernels per decode step, steps) of tiny-code
+    frozen_kv_mtp, fold + overlap + zero_bubble, from a profiled window."""
+    with tempfile.TemporaryDirectory() as d:
+        eng = Engine(RunConfig(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True,
+                               max_running_requests=bs, fused=fused, profile=True,
+                               profile_wait=6, profile_warmup=2, profile_active=10,
+                               trace_dir=d, run_name="busy", **BASE))
+        eng.generate(prompts(320, bs, 48), max_new_tokens=96, ignore_eos=True)
+        eng.check_invariants()
+        files = eng.finish()
+        del eng
+        return decode_step_figures(files["trace0"])
+
+
+def decode_step_figures(trace_path) -> tuple[float, float, int]:
+    """(median device busy µs, median GPU activities (kernels_per_step), number) of the
+    decode steps of a profiled engine trace (steps and busy time as `mtplab analyze`)."""
+    steps = analyze(trace_path).steps
+    steps = steps[steps["name"].str.startswith("step[decode")]
+    tr = load_trace(trace_path)
+    ks = np.sort(tr.ts[tr.cat_mask(*GPU_CATS)])
+    lo = np.searchsorted(ks, steps["start_us"].to_numpy())
+    hi = np.searchsorted(ks, (steps["start_us"] + steps["dur_us"]).to_numpy())
+    return float(steps["busy_us"].median()), float(np.median(hi - lo)), len(steps)
+
+
+def fig_busy(rep: Report) -> None:
+    for bs in (1, 32):
+        if rep.left() < 40:
+            rep.add(f"tiny-code busy per spec step bs {bs}", "SKIPPED (time box)", ">= 2x",
+                    False)
+            continue
+        got = {f: busy_per_step(f, bs) for f in (False, True)}
+        (bu, ku, n), (bf, kf, _) = got[False], got[True]
+        rep.add(f"tiny-code frozen bs {bs}: kernels_per_step unfused / fused",
+                f"{ku:.0f} / {kf:.0f}")
+        rep.add(f"tiny-code frozen bs {bs}: device busy per spec step unfused / fused",
+                f"{bu / bf:.2f}x ({bu:.0f} µs / {bf:.0f} µs, {n} steps)", ">= 2x",
+                bu / bf >= 2.0)
+        free()
+
+
+def fig_bf16(rep: Report, tokens: int = 256) -> None:
+    outs = {}
+    for fused in (False, True):
+        eng = Engine(RunConfig(model="tiny-code", max_running_requests=4, fused=fused,
+                               dtype="bfloat16", **BASE))
+        ps = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n",
+              "# Licensed under"]
+        outs[fused] = eng.generate(ps, max_new_tokens=tokens, ignore_eos=True)
+        eng.check_invariants()
+        del eng
+    firsts = []
+    for i, (a, b) in enumerate(zip(outs[False], outs[True])):
+        d = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        firsts.append(d)
+        print(f"bf16 request {i}: first divergence "
+              f"{'none' if d is None else f'at token {d}: unfused {a[d]} fused {b[d]}'}")
+    same = sum(d is None for d in firsts)
+    rep.add(f"bf16 tiny-code fused vs unfused greedy, {tokens} tokens x 4",
+            f"{same}/4 identical; first divergence per request: "
+            f"{['none' if d is None else d for d in firsts]}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="also write the markdown table here "
+                    "(default: $OUT/bench_kernels.md when OUT is set)")
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="time box for the whole run; figures not reached print SKIPPED")
+    ap.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
+    a = ap.parse_args(argv)
+    if a.out is None and os.environ.get("OUT"):
+        a.out = str(Path(os.environ["OUT"]) / "bench_kernels.md")
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA device.", file=sys.stderr)
+        return 2
+    rep = Report(a.budget_s)
+    bw = copy_bandwidth()
+    rep.add("device-to-device copy bandwidth", f"{bw / 1e12:.3f} TB/s")
+    steps = [("build", lambda: fig_build(rep)),
+             ("floor", lambda: fig_floor(rep, bw, "llama3-8b-like@16", unfused_too=True,
+                                         layers="layers" in a.only)),
+             ("frozen", lambda: fig_frozen(rep, bw)),
+             ("floor", lambda: fig_floor(rep, bw, "gemma4-31b-like@8", unfused_too=False,
+                                         layers=False)),
+             ("busy", lambda: fig_busy(rep)),
+             ("bf16", lambda: fig_bf16(rep))]
+    for name, run in steps:
+        if name not in a.only:
+            continue
+        if rep.left() < 45:
+            rep.add(name, "SKIPPED (time box)", "", False)
+            continue
+        try:
+            run()
+        except Exception as e:     # one figure failing must not hide the others
+            rep.add(name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}", "",
+                    False)
+            free()
+    emit(rep.table(), a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

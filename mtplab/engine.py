@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from tqdm.auto import tqdm
-
 from .config import ConfigError, RunConfig
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
@@ -24,6 +22,7 @@ from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
 from .models.weights import save_model
+from .progress import TokenProgress
 from .atomic import atomic_path, atomic_write_text
 from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
@@ -194,11 +193,12 @@ class Engine:
         sched = self.scheduler = self._new_scheduler()
         for r in reqs:
             sched.add(r)
-        bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
+        bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         t0 = time.perf_counter()
         while not sched.idle:
             sched.step()
-            bar.update(len(sched.finished) - bar.n)
+            if progress:
+                bar.update(sum(len(r.output_ids) for r in reqs), len(sched.finished))
         self.device.synchronize()
         wall = time.perf_counter() - t0
         bar.close()

@@ -82,7 +82,7 @@ class RunConfig:
     event_timeline_every: int = knob(1, "timeline spans on every N-th engine step only")
     trace_dir: str = knob("traces", "output root of run folders")
     run_name: Optional[str] = knob(None, "run folder under trace_dir "
-                                   "(None: timestamp-model-draft)")
+                                   "(None: named after the time, model and draft)")
     debug_invariants: bool = knob(False, "run the KV invariant check after every iteration")
     debug_future_map: bool = knob(False, "poison consumed future-map rows (consume-once check)")
     debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")

@@ -283,6 +283,7 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
         ax.axvline(start - t0, color="black", linestyle=":", linewidth=0.6)
         ax.text(start - t0, -0.5, f" {step}", fontsize=7, va="bottom")
     ax.set_yticks(range(len(lanes)), labels=list(lanes))
+    ax.set_xlim(0, span / scale)
     ax.set_ylim(len(lanes) - 0.5, -0.8)      # first lane on top, room for the step numbers
     ax.set_xlabel(f"{unit} ({clock} clock) from the start of step {int(df['step'].min())}")
     shown = (f"steps {int(df['step'].min())}–{int(df['step'].max())} of {n_all} "

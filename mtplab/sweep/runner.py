@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..atomic import atomic_path, atomic_write_text
+from ..progress import tqdm
 from .grid import Cell, Workload, place
 from .kernel import local_kernel
 

@@ -101,7 +101,8 @@ def _check_workload(args) -> None:
         raise ValueError(f"--min-prompt-len must be >= 1, got {args.min_prompt_len}.")
     if args.min_prompt_len > args.max_prompt_len:
         raise ValueError(f"--min-prompt-len {args.min_prompt_len} is larger than "
-                         f"--max-prompt-len {args.max_prompt_len}; make the minimum <= the maximum.")
+                         f"--max-prompt-len {args.max_prompt_len}; make the minimum <= the "
+                         "maximum.")
 
 
 def cmd_run(args) -> int:

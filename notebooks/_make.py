@@ -231,9 +231,9 @@ how many launches does that save, with and without CUDA graphs?
 on CPU there are no launches, so the aten ops dispatched inside those spans stand in.
 
 **On CPU** the question has no real answer: without CUDA graphs folding cannot merge
-launches, so the draft-time ratio is host compute of the same work (about 1, noise
-included) and `launches_saved` counts aten ops, where the folded seed dispatches a few more
-bookkeeping ops than the eager one (the saving can be negative). The figures show that the arms run
+launches, so the draft-time ratio compares host compute of the same work (its spread is
+timing noise, not a saving) and `launches_saved` counts aten ops, where the folded seed
+dispatches a few more bookkeeping ops than the eager one (the saving can be negative). The figures show that the arms run
 and what they measure; run with `device="cuda"` for the saving itself."""),
     ("params", COMMON_PARAMS + '''\
 page_size = 16
@@ -267,8 +267,9 @@ for (bs, graphs), g in df.groupby(["batch_size", "cfg.cuda_graphs"]):
     ans[f"launches_saved_{key}"] = off[launch_col] - on[launch_col]
 if not on_gpu:
     ans["note"] = ("CPU run: no launches or graphs to save. launches_saved counts aten ops "
-                   "(it can be negative: the folded seed may dispatch a few more) and draft_ms_ratio is "
-                   "host compute of the same work. Run with device='cuda' for the saving.")
+                   "(it can be negative: the folded seed may dispatch a few more) and "
+                   "draft_ms_ratio compares host compute of the same work (noise, not a "
+                   "saving). Run with device='cuda' for the saving.")
 write_answer(out, ans);'''),
 ]
 

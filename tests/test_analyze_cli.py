@@ -79,7 +79,8 @@ def test_default_warmup_skip_is_stated_and_shared(trace, capsys):
     assert [s["step"] for s in obj["steps"]] == [1, 2, 3] and obj["summary"]["skip_steps"] == 1
     assert analyze_run(path).summary["skip_steps"] == 1      # the demo's call: the same rule
     assert main_analyze([str(path)]) == 0
-    assert "first 1 skipped as warm-up (default; --skip-steps 0 keeps it)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "first 1 skipped as warm-up (default; --skip-steps 0 keeps it)" in out
     assert main_analyze([str(path), "--skip-steps", "0"]) == 0
     assert "steps   4 from step spans, no step skipped" in capsys.readouterr().out
 

@@ -84,7 +84,8 @@ def _parser_analyze() -> argparse.ArgumentParser:
         "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each "
         "(sync, host_prep, launch, other) and per-stream idle time. Definitions: "
         "help(mtplab.analysis.bubbles)."))
-    ap.add_argument("trace", nargs="?", help="a .json/.json.gz Kineto trace, or a folder holding one")
+    ap.add_argument("trace", nargs="?",
+                    help="a .json/.json.gz Kineto trace, or a folder holding one")
     ap.add_argument("--example", action="store_true",
                     help="analyse the H100 example run shipped with mtplab")
     ap.add_argument("--json", action="store_true",
@@ -161,7 +162,8 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab analyze", str(e))
     if ns.json:
-        sys.stdout.buffer.write(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        sys.stdout.buffer.write(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY)
+                                + b"\n")
         sys.stdout.flush()
     else:
         print(format_report(res, path, default_skip=ns.skip_steps is None))

@@ -135,7 +135,7 @@ def cmd_demo(args) -> int:
     import time
 
     from .analysis.bubbles import write_analysis
-    from .analysis.cli import WARMUP_STEPS, analyze_run
+    from .analysis.cli import WARMUP_STEPS, analyze_run, time_unit
     from .analysis.example import EXAMPLE_TRACE
     from .analysis.plots import plot_event_timeline, plot_timeline
     from .config import RunConfig
@@ -161,7 +161,9 @@ def cmd_demo(args) -> int:
     skipped = (f"first {s['skip_steps']} skipped as warm-up, as `mtplab analyze` does"
                if s["skip_steps"] else f"none skipped: warm-up is skipped only past "
                f"{WARMUP_STEPS + 1} steps")
-    print(f"profiled steps: {s['n_steps']} analysed ({skipped}), wall {s['wall_us'] / 1e3:.2f} ms")
+    unit, per = time_unit([s["wall_us"]])
+    print(f"profiled steps: {s['n_steps']} analysed ({skipped}), wall "
+          f"{s['wall_us'] / per:.3f} {unit}")
     if s.get("device") is not None:
         plot_timeline(files["trace0"], res, path=png)
         print(f"device bubble: {s['bubble_frac']:.1%} of device wall time "

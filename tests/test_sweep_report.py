@@ -62,6 +62,8 @@ def test_heatmap_labels_readable_on_yellow():
     ax = heatmap(df, "x", "y", "v")
     colors = {t.get_text(): t.get_color() for t in ax.texts}
     assert colors["3"] == "black" and colors["0"] == "white"     # viridis: yellow top, purple low
+    flat = heatmap(df.assign(v=2.58), "x", "y", "v")               # one value: drawn mid-scale
+    assert {t.get_color() for t in flat.texts} == {"black"}        # on viridis' mid teal
     plt.close("all")
 
 

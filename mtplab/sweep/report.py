@@ -129,7 +129,8 @@ def heatmap(df: pd.DataFrame, x: str, y: str, value: str, *, ax: Axes | None = N
                              layout="constrained")
     data = table.to_numpy(dtype=float)
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto")
-    face = im.cmap(im.norm(np.nan_to_num(data)))        # each cell's RGBA
+    ax.figure.colorbar(im, ax=ax, label=value)   # first: it widens a flat norm (one value)
+    face = im.to_rgba(np.nan_to_num(data))        # each cell's RGBA as drawn
     ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
     ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
     ax.set_xlabel(x.removeprefix("cfg."))
@@ -138,7 +139,6 @@ def heatmap(df: pd.DataFrame, x: str, y: str, value: str, *, ax: Axes | None = N
         if not math.isnan(v):
             ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
                     color=label_color(face[i, j]))
-    ax.figure.colorbar(im, ax=ax, label=value)
     ax.set_title(value, fontsize=9)
     return ax
 

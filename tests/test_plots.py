@@ -86,3 +86,5 @@ def test_event_timeline_title_step_marks_and_present_stages(tmp_path):
     fig = plot_event_timeline(_event_frame().query("stage != 'verify'"), steps=(0, 0))
     assert "verify" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert fig.axes[0].get_xlabel().startswith("µs")
+    fig = plot_event_timeline(_event_frame(), steps=(0, 0), unit="ms")
+    assert fig.axes[0].get_xlim() == pytest.approx((0.0, 0.9))

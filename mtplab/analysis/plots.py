@@ -236,11 +236,12 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
 
 def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = None,
                         clock: str = "auto", path: PathLike | None = None,
-                        width: float = 14.0, title: str | None = None) -> Figure:
+                        width: float = 14.0, title: str | None = None,
+                        unit: str | None = None) -> Figure:
     """Lanes from an mtplab event timeline (timeline.parquet; no profiler needed): one lane per
     `stream` label (`host`, `forward`, ...), stage spans coloured with `STAGE_COLORS`, step
-    spans outlined and numbered at their start; the x unit (µs, ms, s) follows the window's
-    length. `clock`: `gpu` (CUDA event times), `host`
+    spans outlined and numbered at their start; the x `unit` (µs, ms, s; None: by the window's
+    length; give one to compare figures). `clock`: `gpu` (CUDA event times), `host`
     (perf_counter) or `auto` (gpu when the timeline has GPU times, else host — a CPU run).
     Lanes are the y tick labels; the legend lists the stages drawn; the title names the steps
     shown (prefixed by `title`)."""
@@ -260,7 +261,9 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
         s0 = s0.where(df["stream"] != "host", np.nan)
     t0 = float(np.nanmin(s0))
     span = float(np.nanmax(s1.where(s0.notna()))) - t0
-    unit, scale = ("µs", 1.0) if span < 2e3 else ("ms", 1e3) if span < 2e6 else ("s", 1e6)
+    if unit is None:
+        unit = "µs" if span < 2e3 else "ms" if span < 2e6 else "s"
+    scale = {"µs": 1.0, "ms": 1e3, "s": 1e6}[unit]
     s0, s1, t0 = s0 / scale, s1 / scale, t0 / scale
     lanes = sorted(df["stream"].unique(), key=lambda s: (s != "host", s))
     fig, ax = plt.subplots(figsize=(width, 1.2 + 0.7 * len(lanes)))

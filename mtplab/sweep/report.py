@@ -182,7 +182,7 @@ def _timeline(row, n_steps: int) -> Figure:
     dec = sorted(tl.loc[(tl["step"] >= first) & tl["stage"].str.startswith("step[decode"),
                         "step"].unique())
     a = int(dec[min(1, len(dec) - 1)])
-    return plot_event_timeline(tl, steps=(a, a + n_steps - 1))
+    return plot_event_timeline(tl, steps=(a, a + n_steps - 1), unit="ms")   # one x scale
 
 
 def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,

@@ -11,6 +11,8 @@
 #                         drafts+overlap ~8 min, fold_seed+page_topk+shape ~5 min at repeats 1
 #     notebooks         : 01_overlap and 03_page_topk under papermill with GPU parameters
 #                         (papermill + ipykernel carried as wheels in .whl)             ~5 min
+#     front             : `mtplab demo` on the GPU, then `mtplab analyze` and `mtplab plot` of
+#                         its run folder (the two must agree on steps and wall)     ~2 min
 #     ab [COMMIT]       : decode tok/s, working tree vs COMMIT (git archive), interleaved
 #     peer              : transformers greedy / assisted generation on the same weights
 #     decode            : eager vs CUDA-graph decode and the spec arms (bench_decode, bench_spec)
@@ -57,6 +59,14 @@ case $phase in
       -y "topks: [1, 4]" -p out_dir /tmp/nb/03 --log-level WARNING >> "$LOG" 2>&1
     for n in 01 03; do cp /tmp/nb/$n/answer.json "$OUT/answer_$n.json" 2>/dev/null; done
     tail -5 "$LOG" ;;
+  front)       # the demo, then analyze and plot of its run folder: one warm-up rule, same steps
+    rm -rf /tmp/front && python3 -m mtplab.cli demo --trace-dir /tmp/front > "$OUT/demo.txt" 2>&1
+    run=$(ls -d /tmp/front/demo-* | tail -1)
+    python3 -m mtplab.cli analyze "$run" > "$OUT/analyze.txt" 2>&1
+    python3 -m mtplab.cli plot "$run" --out "$OUT/plot_run.png" > "$LOG" 2>&1
+    cp "$run/timeline.png" "$OUT/demo_timeline.png"
+    grep -E "profiled steps|device bubble|USDT" "$OUT/demo.txt"; head -4 "$OUT/analyze.txt"
+    tail -2 "$LOG" ;;
   ab)          # decode tok/s of the working tree vs an earlier commit (regression check)
     python3 -m benchmarks.bench_ab --commit "${1:-HEAD~1}" --out "$OUT/bench_ab.md" > "$LOG" 2>&1
     cat "$OUT/bench_ab.md" ;;

@@ -34,6 +34,8 @@ def test_results_table_has_axes_and_metrics():
     assert body[1].split() == ["c1", "ok", "True", "1", "200", "2.5", "25.0%"]
     assert body[0].split()[-1] == "-" and body[4].split()[:2] == ["c4", "failed"]
     assert results_table(results().iloc[:0]) == "(no cells)"
+    unprofiled = results_table(results().drop(columns="bubble_frac")).splitlines()
+    assert unprofiled[0].split()[-1] == "bubble" and unprofiled[2].split()[-1] == "-"
 
 
 def test_bars_keep_row_order_and_a_compact_legend():

@@ -206,12 +206,14 @@ def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,
 
 def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> str:
     """The compact text table of a sweep: one row per cell (cell id, status, the varying
-    settings, tok/s, accept_len, bubble fraction); `-` where a value is missing."""
+    settings, tok/s, accept_len, bubble fraction); `-` where a value is missing (a failed
+    cell, no draft, no profile, no GPU)."""
     if df.empty:
         return "(no cells)"
     axes = varying(df) if (df["status"] == "ok").any() else []
-    cols = ["cell_id", "status", *axes, *[m for m in metrics if m in df.columns]]
-    t = df[cols].copy()
+    df = df.assign(**{m: float("nan") for m in metrics if m not in df.columns})
+    t = df[["cell_id", "status", *axes, *metrics]].copy()
+    cols = list(t.columns)
     t[axes] = t[axes].map(_text)
     t.columns = [c.removeprefix("cfg.").removeprefix("param.") for c in cols]
     if "bubble_frac" in t:

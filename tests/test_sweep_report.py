@@ -3,6 +3,7 @@ and legend, heatmap label colours, and where a notebook's out_dir lands."""
 from __future__ import annotations
 
 import json
+import os
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -71,9 +72,9 @@ def test_heatmap_labels_readable_on_yellow():
 
 def test_notebook_out_resolves_from_the_repo_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    p = notebook_out("traces/notebooks/_probe")
+    p = notebook_out(f"traces/_probe_{os.getpid()}")       # traces/ is in the repository
     try:
-        assert p == report.REPO_ROOT / "traces" / "notebooks" / "_probe" and p.is_dir()
+        assert p == report.REPO_ROOT / "traces" / f"_probe_{os.getpid()}" and p.is_dir()
         assert (report.REPO_ROOT / "pyproject.toml").is_file()
         assert not (tmp_path / "traces").exists()
     finally:

@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -22,52 +22,77 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 
 
+def knob(default, help: str, choices: Optional[tuple] = None):
+    """A RunConfig field with its one-line meaning (and allowed values) as metadata:
+    `mtplab run --help` is built from it, so the meaning lives in one place."""
+    meta = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class RunConfig:
     # model and draft
-    model: str = "random-tiny"
-    layers: Optional[int] = None             # depth of a shape preset (-> "<preset>@<layers>")
-    draft: str = "none"                      # none | frozen_kv_mtp | eagle
-    num_steps: int = 3                       # S: draft steps per iteration
-    topk: int = 1                            # K: branches per draft step
-    num_draft_tokens: Optional[int] = None   # D: tree nodes incl. root; None -> S+1 (K=1) / S*K+1
+    model: str = knob("random-tiny", "a zoo preset (tiny-code: trained, real acceptance; "
+                      "random-tiny, random-medium, *-like shape presets) or a local HF Llama dir")
+    layers: Optional[int] = knob(None, "depth of a shape preset (model becomes <preset>@<layers>)")
+    draft: str = knob("none", "none | frozen_kv_mtp (assistant reading the target's KV) | "
+                      "eagle (own KV)", DRAFTS)
+    num_steps: int = knob(3, "S: draft steps per iteration")
+    topk: int = knob(1, "K: branches per draft step")
+    num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
+                                           "(None: S+1 for K=1, else S*K+1)")
     # memory and scheduling
-    page_size: int = 1                       # P: KV page size, a power of two
-    max_running_requests: int = 32
-    max_total_tokens: Optional[int] = None   # KV budget in token slots; None -> fits every row
-    context_len: Optional[int] = None        # None -> the model's max_position_embeddings
+    page_size: int = knob(1, "P: KV page size, a power of two")
+    max_running_requests: int = knob(32, "decode batch limit (= req_to_token rows)")
+    max_total_tokens: Optional[int] = knob(None, "KV budget in token slots "
+                                           "(None: fits every row at full context)")
+    context_len: Optional[int] = knob(None, "longest prompt + output "
+                                      "(None: the model's max_position_embeddings)")
     # scheduling ablations
-    overlap: bool = False
-    fold_seed: bool = False
-    cuda_graphs: Optional[bool] = None       # None -> True on CUDA, False on CPU
-    cuda_graph_max_bs: int = 32
-    zero_bubble: bool = False                # all three sub-knobs below on
-    zb_async_d2h: Optional[bool] = None      # results -> pinned async copies (None -> True)
-    zb_device_seq_lens: Optional[bool] = None  # no host read of seq_lens (None -> zero_bubble)
-    zb_draft_preexec: Optional[bool] = None  # draft k+1 right after commit k (None -> zero_bubble)
-    attention_backend: str = "auto"          # auto | torch | triton
-    fused: Optional[bool] = None             # fused decoder layer (models/llama.py); None ->
-                                             #   True on CUDA (Triton), False on CPU
-    simulate_accept_len: Optional[float] = None      # mean tokens per verify (bonus incl.)
-    simulate_accept_rates: Optional[tuple] = None    # or per-position acceptance [S]
+    overlap: bool = knob(False, "overlap scheduler: launch step k+1 before processing k")
+    fold_seed: bool = knob(False, "run the Frozen-KV seed step inside the draft graph")
+    cuda_graphs: Optional[bool] = knob(None, "decode stages as CUDA graph replays "
+                                       "(None: True on CUDA, False on CPU)")
+    cuda_graph_max_bs: int = knob(32, "largest captured batch bucket")
+    zero_bubble: bool = knob(False, "turn on all three zb_* sub-knobs")
+    zb_async_d2h: Optional[bool] = knob(None, "results copied to pinned memory asynchronously "
+                                        "(None: True)")
+    zb_device_seq_lens: Optional[bool] = knob(None, "no host read of seq_lens on the decode path "
+                                              "(None: = zero_bubble)")
+    zb_draft_preexec: Optional[bool] = knob(None, "draft k+1 runs right after commit k "
+                                            "(None: = zero_bubble)")
+    attention_backend: str = knob("auto", "attention kernels (auto: triton on CUDA, torch on CPU)",
+                                  BACKENDS)
+    fused: Optional[bool] = knob(None, "fused decoder layer (one QKV and one gate/up GEMM, "
+                                 "add+RMSNorm, RoPE+KV write, SiLU*mul) and single-kernel "
+                                 "tree/accept stages (None: True on CUDA, False on CPU)")
+    simulate_accept_len: Optional[float] = knob(None, "simulated mean tokens per verify, bonus "
+                                                "incl. (target and draft still run)")
+    simulate_accept_rates: Optional[tuple] = knob(None, "or simulated per-position acceptance "
+                                                  "rates, num_steps values in [0, 1]")
     # device and numerics
-    device: str = "auto"                     # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"                      # auto (bf16 on CUDA, fp32 on CPU) | float32 | ...
-    deterministic: bool = False              # batch-invariant kernels (docs/deterministic.md)
-    seed: int = 0
+    device: str = knob("auto", "auto | cpu | cuda | cuda:N (auto: cuda when present)")
+    dtype: str = knob("auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
+                      DTYPES)
+    deterministic: bool = knob(False, "batch-invariant kernels: greedy spec == target-only "
+                               "token for token at any batch size (docs/deterministic.md)")
+    seed: int = knob(0, "weights of random presets and the sampling seed base")
     # profiling and debugging
-    profile: bool = False                    # torch.profiler session with Kineto traces
-    profile_wait: int = 2                    # profiler schedule, in engine steps
-    profile_warmup: int = 2
-    profile_active: int = 8
-    event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
-    event_timeline_every: int = 1            # timeline spans on every N-th engine step only
-    bubble_meter: bool = False               # GPU time stamps at stage boundaries (meter.parquet)
-    trace_dir: str = "traces"
-    run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
-    debug_invariants: bool = False           # run the busy invariant check every iteration
-    debug_future_map: bool = False           # poison consumed future-map rows (consume-once)
-    debug_syncs: bool = False                # list host syncs per step (CUDA sync debug mode)
+    profile: bool = knob(False, "torch.profiler session; Kineto trace under trace_dir/run_name/")
+    profile_wait: int = knob(2, "profiler schedule: engine steps skipped before warm-up")
+    profile_warmup: int = knob(2, "profiler schedule: warm-up steps (collected, then dropped)")
+    profile_active: int = knob(8, "profiler schedule: engine steps recorded in the trace")
+    event_timeline: bool = knob(False, "always-on CUDA-event timeline (timeline.parquet), "
+                                "no profiler")
+    event_timeline_every: int = knob(1, "timeline spans on every N-th engine step only")
+    bubble_meter: bool = knob(False, "GPU time stamps at stage boundaries: per-step wall, stage "
+                              "intervals and bubble without the profiler (meter.parquet)")
+    trace_dir: str = knob("traces", "output root of run folders")
+    run_name: Optional[str] = knob(None, "run folder under trace_dir "
+                                   "(None: named after the time, model and draft)")
+    debug_invariants: bool = knob(False, "run the KV invariant check after every iteration")
+    debug_future_map: bool = knob(False, "poison consumed future-map rows (consume-once check)")
+    debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")
 
     def __post_init__(self):
         self._validate_static()

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from tqdm.auto import tqdm
-
 from .config import ConfigError, RunConfig
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
@@ -27,6 +25,7 @@ from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
 from .models.weights import save_model
+from .progress import TokenProgress
 from .atomic import atomic_path, atomic_write_text
 from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
@@ -286,13 +285,15 @@ class Engine:
         sched.stats = StepStats()
         for r in reqs:
             sched.add(r)
-        bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
+        bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
         t0 = time.perf_counter()
         try:
             while not sched.idle:
                 self.step()
-                bar.update(sum(r.finished for r in reqs) - bar.n)
+                if progress:
+                    bar.update(sum(len(r.output_ids) for r in reqs),
+                               sum(r.finished for r in reqs))
             self.device.synchronize()
         finally:
             bar.close()

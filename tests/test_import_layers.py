@@ -2,7 +2,7 @@
 mtplab module, at module level or inside a function, must follow the allowed edges below;
 a new sideways or upward edge fails this test with the file and the line.
 
-    leaf      core  stages  atomic  lossless          (import nothing of mtplab)
+    leaf      core  stages  atomic  lossless  progress          (import nothing of mtplab)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (never torch)
@@ -17,10 +17,10 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
-LEAVES = {"core", "stages", "atomic", "lossless"}
+LEAVES = {"core", "stages", "atomic", "lossless", "progress"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
-    "core": set(), "stages": set(), "atomic": set(),
+    "core": set(), "stages": set(), "atomic": set(), "progress": set(),
     "lossless": set(),             # output comparison (spec vs target-only), used by sweep
     "device": {"core"},
     "kernels": {"core", "device"},

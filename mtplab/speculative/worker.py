@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..graphs.runner import GraphRunner, default_buckets
-from ..kernels.sampling import counter_uniform
+from ..kernels.sampling import SIMULATE, position_uniform
 from .commit import accept_moves, apply_kv_moves, window_slots
 from .draft_select import StepCandidates, num_candidates
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
@@ -163,7 +163,8 @@ class SpecWorker:
             if not p.simulated:
                 acc = accept_greedy(tree, argmax)
             else:
-                u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
+                # level k decides position seq_len + 1 + k (not keyed by the step)
+                u = position_uniform(seeds, seq_lens + 1, p.num_steps + 1, SIMULATE)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
                                       accept_rates=p.simulate_accept_rates)
             return astuple(acc)
@@ -195,7 +196,8 @@ class SpecWorker:
                 rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
                 next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
         with self.spans.stage("accept"):   # target-only tree sampling (eager)
-            u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
+            # level k decides position seq + 1 + k: the uniform target-only sampling uses there
+            u = position_uniform(s.seeds, seq + 1, p.num_steps + 1)
             return accept_sample(tree, logits, s.temperature, s.top_p, u)
 
     def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):

@@ -37,6 +37,7 @@ from .speculative.draft_eagle import EagleDraftWorker
 from .speculative.draft_frozen import FrozenDraftWorker
 from .speculative.worker import SpecParams, SpecWorker
 from .speculative.target_worker import TargetWorker
+from .validate import check_generate_args
 
 Prompt = Union[str, Sequence[int]]
 logger = logging.getLogger("mtplab")
@@ -180,11 +181,11 @@ class Engine:
         """Generate for every prompt (token-id lists or strings); returns output ids in order.
         Greedy when temperature == 0. Each request i samples with seed `seed + i` (default:
         the config seed). Stops at EOS (unless ignore_eos), at `stop_ids`, or at the limit."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-        if isinstance(prompts, str):
-            raise ValueError("generate takes a list of prompts; wrap a single string in [ ].")
-        stops = set(stop_ids or ())
+        prompts, stop_ids = check_generate_args(prompts, max_new_tokens, temperature, top_p,
+                                                seed, stop_ids, ignore_eos, progress,
+                                                vocab_size=self.model.config.vocab_size,
+                                                default_seed=self.cfg.seed)
+        stops = set(stop_ids)
         eos = self.tokenizer.eos_token_id
         if not ignore_eos and eos is not None:
             stops.add(eos)

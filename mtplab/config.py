@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import ConfigError, ModelLoadError
-from .validate import check_device, check_fields, check_min, check_run_name, check_seed
+from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
+                       is_real)
 
 DRAFTS = ("none", "frozen_kv_mtp", "eagle")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -128,7 +129,7 @@ class RunConfig:
                               f"[1, num_steps+1={self.num_steps + 1}] (tokens per verify).")
         if self.simulate_accept_rates is not None:
             rates = self.simulate_accept_rates
-            if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rates):
+            if not all(is_real(r) for r in rates):
                 raise ConfigError(f"simulate_accept_rates={rates!r} must hold numbers, e.g. "
                                   "(0.8, 0.6, 0.4).")
             self.simulate_accept_rates = tuple(float(r) for r in rates)

@@ -26,11 +26,11 @@ SEED_LIMIT = 2 ** 32          # seeds are in [0, SEED_LIMIT)
 
 
 # -- types ------------------------------------------------------------------------------------
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _is_real(v) -> bool:
+def is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
@@ -81,7 +81,7 @@ def check_value(name: str, value: Any, tp: Any) -> Any:
         raise ConfigError(f"{name} must be True or False, got {value!r} "
                           f"({type(value).__name__}).")
     if base is int:
-        if _is_int(value):
+        if is_int(value):
             return int(value)
         if isinstance(value, str):
             raise ConfigError(f"{name} is an integer but got the string {value!r}; "
@@ -91,7 +91,7 @@ def check_value(name: str, value: Any, tp: Any) -> Any:
                else "give a whole number")
         raise ConfigError(f"{name} must be an integer, got {what}; {fix}.")
     if base is float:
-        if _is_real(value):
+        if is_real(value):
             return float(value)
         if isinstance(value, str):
             raise ConfigError(f"{name} is a number but got the string {value!r}; "
@@ -131,7 +131,7 @@ def check_min(obj, minimum: dict) -> None:
 
 def check_seed(name: str, seed, count: int = 1) -> None:
     """seed .. seed + count - 1 must lie in [0, 2**32) (one seed per request)."""
-    if not _is_int(seed):
+    if not is_int(seed):
         raise ValueError(f"{name} must be an integer in [0, 2**32), got {seed!r} "
                          f"({type(seed).__name__}).")
     if not 0 <= seed <= SEED_LIMIT - count:
@@ -171,7 +171,7 @@ def _token_ids(what: str, ids, vocab_size: int) -> list[int]:
         raise ValueError(f"{what} must be a list of token ids, got {type(ids).__name__}.")
     out = []
     for t in ids:
-        if not _is_int(t):
+        if not is_int(t):
             raise ValueError(f"{what} holds {t!r} ({type(t).__name__}); token ids are "
                              "integers (int or a numpy integer), not floats, bools or strings.")
         if not 0 <= t < vocab_size:
@@ -195,12 +195,12 @@ def check_generate_args(prompts, max_new_tokens, temperature, top_p, seed, stop_
                          f"{type(prompts).__name__}.")
     out = [p if isinstance(p, str) else _token_ids(f"prompt {i}", p, vocab_size)
            for i, p in enumerate(prompts)]
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got "
                          f"{temperature!r}.")
-    if not _is_real(top_p) or not 0 < top_p <= 1:
+    if not is_real(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}.")
     check_seed("seed" if seed is not None else "the config seed",
                default_seed if seed is None else seed, max(1, len(prompts)))

@@ -2,7 +2,9 @@
 
 Construction resolves every 'auto' to what is in force on this machine (device, dtype,
 attention backend, CUDA graphs, context length, KV budget), so `asdict(cfg)` *is* the resolved
-configuration. Invalid values raise `ConfigError` with one sentence naming the fix.
+configuration. Invalid values raise `ConfigError` with one sentence naming the fix: first
+every field against its declared type (one generic check, mtplab/validate.py: a new knob is
+covered by its annotation), then ranges (`_MIN`), then the relations between knobs.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-from .core import ConfigError
+from .errors import ConfigError, ModelLoadError
+from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
+                       is_real)
 
 DRAFTS = ("none", "frozen_kv_mtp", "eagle")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -27,6 +31,13 @@ def knob(default, help: str, choices: Optional[tuple] = None):
     `mtplab run --help` is built from it, so the meaning lives in one place."""
     meta = {"help": help} if choices is None else {"help": help, "choices": choices}
     return field(default=default, metadata=meta)
+
+
+# Smallest allowed value per numeric field (None, an unset Optional, always passes).
+_MIN = {"num_steps": 1, "topk": 1, "page_size": 1, "max_running_requests": 1,
+        "cuda_graph_max_bs": 1, "profile_active": 1, "event_timeline_every": 1,
+        "profile_wait": 0, "profile_warmup": 0, "layers": 1, "num_draft_tokens": 1,
+        "max_total_tokens": 1, "context_len": 2}
 
 
 @dataclass
@@ -95,18 +106,24 @@ class RunConfig:
     debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")
 
     def __post_init__(self):
+        check_fields(self)
+        check_min(self, _MIN)
         self._validate_static()
         self._resolve()
 
     # -- validation --------------------------------------------------------------------
     def _validate_static(self):
+        if not self.model.strip():
+            raise ConfigError("model is empty; name a preset (e.g. 'random-tiny') or a model "
+                              "directory.")
         if self.draft not in DRAFTS:
             raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
-        for name in ("num_steps", "topk", "page_size", "max_running_requests",
-                     "cuda_graph_max_bs", "profile_active", "event_timeline_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
+        check_device(self.device)
+        check_run_name(self.run_name)
+        try:
+            check_seed("seed", self.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         P = self.page_size
         if P & (P - 1):
             raise ConfigError(f"page_size={P} is not a power of two; use 1, 2, 4, 8, 16, ...")
@@ -121,8 +138,6 @@ class RunConfig:
             if D > self.num_steps * self.topk + 1:
                 raise ConfigError(f"num_draft_tokens={D} exceeds the {self.num_steps * self.topk + 1}"
                                   " nodes the draft can propose (num_steps*topk+1).")
-        if self.profile_wait < 0 or self.profile_warmup < 0:
-            raise ConfigError("profile_wait and profile_warmup must be >= 0 steps.")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
         if self.attention_backend not in BACKENDS:
@@ -142,13 +157,15 @@ class RunConfig:
             raise ConfigError(f"simulate_accept_len={self.simulate_accept_len} must lie in "
                               f"[1, num_steps+1={self.num_steps + 1}] (tokens per verify).")
         if self.simulate_accept_rates is not None:
-            self.simulate_accept_rates = tuple(float(r) for r in self.simulate_accept_rates)
+            rates = self.simulate_accept_rates
+            if not all(is_real(r) for r in rates):
+                raise ConfigError(f"simulate_accept_rates={rates!r} must hold numbers, e.g. "
+                                  "(0.8, 0.6, 0.4).")
+            self.simulate_accept_rates = tuple(float(r) for r in rates)
             if len(self.simulate_accept_rates) != self.num_steps or \
                     not all(0 <= r <= 1 for r in self.simulate_accept_rates):
                 raise ConfigError(f"simulate_accept_rates needs num_steps={self.num_steps} "
                                   "probabilities in [0, 1].")
-        if self.context_len is not None and self.context_len < 2:
-            raise ConfigError(f"context_len must be at least 2, got {self.context_len}.")
 
     def _resolve(self):
         from .device import resolve_device
@@ -187,8 +204,13 @@ class RunConfig:
             if self.layers is not None:
                 self.model = with_layers(self.model, self.layers)
             mcfg = model_config(self.model)
+        except ModelLoadError:
+            raise
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None
+        if self.topk > mcfg.vocab_size:
+            raise ConfigError(f"topk={self.topk} is larger than the vocabulary of {self.model} "
+                              f"({mcfg.vocab_size} tokens); use topk <= {mcfg.vocab_size}.")
         if self.context_len is None:
             self.context_len = mcfg.max_position_embeddings
         if self.context_len > mcfg.max_position_embeddings:

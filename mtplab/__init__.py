@@ -1,10 +1,10 @@
 """mtplab: a workbench for spec-v2 speculative decoding with MTP drafts.
 
-    from mtplab import Engine, RunConfig
+    from mtplab import Engine, RunConfig, ConfigError, ModelLoadError
 """
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "RunConfig", "__version__"]
+__all__ = ["Engine", "RunConfig", "ConfigError", "ModelLoadError", "__version__"]
 
 
 def __getattr__(name):
@@ -15,4 +15,7 @@ def __getattr__(name):
     if name == "RunConfig":
         from .config import RunConfig
         return RunConfig
+    if name in ("ConfigError", "ModelLoadError"):
+        from . import errors                  # torch-free leaf
+        return getattr(errors, name)
     raise AttributeError(name)

@@ -2,7 +2,9 @@
 
 Construction resolves every 'auto' to what is in force on this machine (device, dtype,
 attention backend, CUDA graphs, context length, KV budget), so `asdict(cfg)` *is* the resolved
-configuration. Invalid values raise `ConfigError` with one sentence naming the fix.
+configuration. Invalid values raise `ConfigError` with one sentence naming the fix: first
+every field against its declared type (one generic check, mtplab/validate.py: a new knob is
+covered by its annotation), then ranges (`_MIN`), then the relations between knobs.
 """
 from __future__ import annotations
 
@@ -11,77 +13,117 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-from .core import ConfigError
+from .errors import ConfigError, ModelLoadError
+from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
+                       is_real)
 
 DRAFTS = ("none", "frozen_kv_mtp", "eagle")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 
 
+def knob(default, help: str, choices: Optional[tuple] = None):
+    """A RunConfig field with its one-line meaning (and allowed values) as metadata:
+    `mtplab run --help` is built from it, so the meaning lives in one place."""
+    meta = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+# Smallest allowed value per numeric field (None, an unset Optional, always passes).
+_MIN = {"num_steps": 1, "topk": 1, "page_size": 1, "max_running_requests": 1,
+        "cuda_graph_max_bs": 1, "profile_active": 1, "event_timeline_every": 1,
+        "profile_wait": 0, "profile_warmup": 0, "layers": 1, "num_draft_tokens": 1,
+        "max_total_tokens": 1, "context_len": 2}
+
+
 @dataclass
 class RunConfig:
     # model and draft
-    model: str = "random-tiny"
-    layers: Optional[int] = None             # depth of a shape preset (-> "<preset>@<layers>")
-    draft: str = "none"                      # none | frozen_kv_mtp | eagle
-    num_steps: int = 3                       # S: draft steps per iteration
-    topk: int = 1                            # K: branches per draft step
-    num_draft_tokens: Optional[int] = None   # D: tree nodes incl. root; None -> S+1 (K=1) / S*K+1
+    model: str = knob("random-tiny", "a zoo preset (tiny-code: trained, real acceptance; "
+                      "random-tiny, random-medium, *-like shape presets) or a local HF Llama dir")
+    layers: Optional[int] = knob(None, "depth of a shape preset (model becomes <preset>@<layers>)")
+    draft: str = knob("none", "none | frozen_kv_mtp (assistant reading the target's KV) | "
+                      "eagle (own KV)", DRAFTS)
+    num_steps: int = knob(3, "S: draft steps per iteration")
+    topk: int = knob(1, "K: branches per draft step")
+    num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
+                                           "(None: S+1 for K=1, else S*K+1)")
     # memory and scheduling
-    page_size: int = 1                       # P: KV page size, a power of two
-    max_running_requests: int = 32
-    max_total_tokens: Optional[int] = None   # KV budget in token slots; None -> fits every row
-    context_len: Optional[int] = None        # None -> the model's max_position_embeddings
+    page_size: int = knob(1, "P: KV page size, a power of two")
+    max_running_requests: int = knob(32, "decode batch limit (= req_to_token rows)")
+    max_total_tokens: Optional[int] = knob(None, "KV budget in token slots "
+                                           "(None: fits every row at full context)")
+    context_len: Optional[int] = knob(None, "longest prompt + output "
+                                      "(None: the model's max_position_embeddings)")
     # scheduling ablations
-    overlap: bool = False
-    fold_seed: bool = False
-    cuda_graphs: Optional[bool] = None       # None -> True on CUDA, False on CPU
-    cuda_graph_max_bs: int = 32
-    zero_bubble: bool = False                # all three sub-knobs below on
-    zb_async_d2h: Optional[bool] = None      # results -> pinned async copies (None -> True)
-    zb_device_seq_lens: Optional[bool] = None  # no host read of seq_lens (None -> zero_bubble)
-    zb_draft_preexec: Optional[bool] = None  # draft k+1 right after commit k (None -> zero_bubble)
-    attention_backend: str = "auto"          # auto | torch | triton
-    fused: Optional[bool] = None             # fused decoder layer (models/llama.py); None ->
-                                             #   True on CUDA (Triton), False on CPU
-    simulate_accept_len: Optional[float] = None      # mean tokens per verify (bonus incl.)
-    simulate_accept_rates: Optional[tuple] = None    # or per-position acceptance [S]
+    overlap: bool = knob(False, "overlap scheduler: launch step k+1 before processing k")
+    fold_seed: bool = knob(False, "run the Frozen-KV seed step inside the draft graph")
+    cuda_graphs: Optional[bool] = knob(None, "decode stages as CUDA graph replays "
+                                       "(None: True on CUDA, False on CPU)")
+    cuda_graph_max_bs: int = knob(32, "largest captured batch bucket")
+    zero_bubble: bool = knob(False, "turn on all three zb_* sub-knobs")
+    zb_async_d2h: Optional[bool] = knob(None, "results copied to pinned memory asynchronously "
+                                        "(None: True)")
+    zb_device_seq_lens: Optional[bool] = knob(None, "no host read of seq_lens on the decode path "
+                                              "(None: = zero_bubble)")
+    zb_draft_preexec: Optional[bool] = knob(None, "draft k+1 runs right after commit k "
+                                            "(None: = zero_bubble)")
+    attention_backend: str = knob("auto", "attention kernels (auto: triton on CUDA, torch on CPU)",
+                                  BACKENDS)
+    fused: Optional[bool] = knob(None, "fused decoder layer (one QKV and one gate/up GEMM, "
+                                 "add+RMSNorm, RoPE+KV write, SiLU*mul) and single-kernel "
+                                 "tree/accept stages (None: True on CUDA, False on CPU)")
+    simulate_accept_len: Optional[float] = knob(None, "simulated mean tokens per verify, bonus "
+                                                "incl. (target and draft still run)")
+    simulate_accept_rates: Optional[tuple] = knob(None, "or simulated per-position acceptance "
+                                                  "rates, num_steps values in [0, 1]")
     # device and numerics
-    device: str = "auto"                     # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"                      # auto (bf16 on CUDA, fp32 on CPU) | float32 | ...
-    deterministic: bool = False              # batch-invariant kernels (docs/deterministic.md)
-    seed: int = 0
+    device: str = knob("auto", "auto | cpu | cuda | cuda:N (auto: cuda when present)")
+    dtype: str = knob("auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
+                      DTYPES)
+    deterministic: bool = knob(False, "batch-invariant kernels: greedy spec == target-only "
+                               "token for token at any batch size (docs/deterministic.md)")
+    seed: int = knob(0, "weights of random presets and the sampling seed base")
     # profiling and debugging
-    profile: bool = False                    # torch.profiler session with Kineto traces
-    profile_wait: int = 2                    # profiler schedule, in engine steps
-    profile_warmup: int = 2
-    profile_active: int = 8
-    event_timeline: bool = False             # always-on CUDA-event timeline (no profiler)
-    event_timeline_every: int = 1            # timeline spans on every N-th engine step only
-    bubble_meter: bool = False               # GPU time stamps at stage boundaries (meter.parquet)
-    trace_dir: str = "traces"
-    run_name: Optional[str] = None           # folder under trace_dir; None -> timestamped
-    debug_invariants: bool = False           # run the busy invariant check every iteration
-    debug_future_map: bool = False           # poison consumed future-map rows (consume-once)
-    debug_syncs: bool = False                # list host syncs per step (CUDA sync debug mode)
+    profile: bool = knob(False, "torch.profiler session; Kineto trace under trace_dir/run_name/")
+    profile_wait: int = knob(2, "profiler schedule: engine steps skipped before warm-up")
+    profile_warmup: int = knob(2, "profiler schedule: warm-up steps (collected, then dropped)")
+    profile_active: int = knob(8, "profiler schedule: engine steps recorded in the trace")
+    event_timeline: bool = knob(False, "always-on CUDA-event timeline (timeline.parquet), "
+                                "no profiler")
+    event_timeline_every: int = knob(1, "timeline spans on every N-th engine step only")
+    bubble_meter: bool = knob(False, "GPU time stamps at stage boundaries: per-step wall, stage "
+                              "intervals and bubble without the profiler (meter.parquet)")
+    trace_dir: str = knob("traces", "output root of run folders")
+    run_name: Optional[str] = knob(None, "run folder under trace_dir "
+                                   "(None: named after the time, model and draft)")
+    debug_invariants: bool = knob(False, "run the KV invariant check after every iteration")
+    debug_future_map: bool = knob(False, "poison consumed future-map rows (consume-once check)")
+    debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")
 
     def __post_init__(self):
+        check_fields(self)
+        check_min(self, _MIN)
         self._validate_static()
         self._resolve()
 
     # -- validation --------------------------------------------------------------------
     def _validate_static(self):
+        if not self.model.strip():
+            raise ConfigError("model is empty; name a preset (e.g. 'random-tiny') or a model "
+                              "directory.")
         if self.draft not in DRAFTS:
             raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
-        for name in ("num_steps", "topk", "page_size", "max_running_requests",
-                     "cuda_graph_max_bs", "profile_active", "event_timeline_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
+        check_device(self.device)
+        check_run_name(self.run_name)
+        try:
+            check_seed("seed", self.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         P = self.page_size
         if P & (P - 1):
             raise ConfigError(f"page_size={P} is not a power of two; use 1, 2, 4, 8, 16, ...")
@@ -96,8 +138,6 @@ class RunConfig:
             if D > self.num_steps * self.topk + 1:
                 raise ConfigError(f"num_draft_tokens={D} exceeds the {self.num_steps * self.topk + 1}"
                                   " nodes the draft can propose (num_steps*topk+1).")
-        if self.profile_wait < 0 or self.profile_warmup < 0:
-            raise ConfigError("profile_wait and profile_warmup must be >= 0 steps.")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
         if self.attention_backend not in BACKENDS:
@@ -117,13 +157,15 @@ class RunConfig:
             raise ConfigError(f"simulate_accept_len={self.simulate_accept_len} must lie in "
                               f"[1, num_steps+1={self.num_steps + 1}] (tokens per verify).")
         if self.simulate_accept_rates is not None:
-            self.simulate_accept_rates = tuple(float(r) for r in self.simulate_accept_rates)
+            rates = self.simulate_accept_rates
+            if not all(is_real(r) for r in rates):
+                raise ConfigError(f"simulate_accept_rates={rates!r} must hold numbers, e.g. "
+                                  "(0.8, 0.6, 0.4).")
+            self.simulate_accept_rates = tuple(float(r) for r in rates)
             if len(self.simulate_accept_rates) != self.num_steps or \
                     not all(0 <= r <= 1 for r in self.simulate_accept_rates):
                 raise ConfigError(f"simulate_accept_rates needs num_steps={self.num_steps} "
                                   "probabilities in [0, 1].")
-        if self.context_len is not None and self.context_len < 2:
-            raise ConfigError(f"context_len must be at least 2, got {self.context_len}.")
 
     def _resolve(self):
         from .device import resolve_device
@@ -162,8 +204,13 @@ class RunConfig:
             if self.layers is not None:
                 self.model = with_layers(self.model, self.layers)
             mcfg = model_config(self.model)
+        except ModelLoadError:
+            raise
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None
+        if self.topk > mcfg.vocab_size:
+            raise ConfigError(f"topk={self.topk} is larger than the vocabulary of {self.model} "
+                              f"({mcfg.vocab_size} tokens); use topk <= {mcfg.vocab_size}.")
         if self.context_len is None:
             self.context_len = mcfg.max_position_embeddings
         if self.context_len > mcfg.max_position_embeddings:

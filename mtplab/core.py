@@ -1,11 +1,11 @@
-"""Shared types: the leaf every layer imports and that imports nothing of mtplab.
+"""Shared types: the leaf every layer imports; it imports nothing of mtplab but errors.py.
 
     requests      SamplingParams, ReqKV, Req                      (host, per request)
     hot path      PrefillInputs, DecodeInputs, SamplingTensors    scheduler -> worker
                   DecodeOut                                       worker -> scheduler (d2h)
                   DraftInputs                                     one iteration -> the next,
                                                                   through the future map
-    errors        ConfigError
+    errors        ConfigError (defined in the torch-free leaf errors.py)
 
 Live-request identity (checked in every engine test): len(prompt_ids) + len(output_ids) ==
 kv_committed_len + 1 -- every token but the last output has its KV written.
@@ -19,9 +19,7 @@ from typing import Optional
 
 import torch
 
-
-class ConfigError(ValueError):
-    """An invalid setting; the message is one sentence with the fix."""
+from .errors import ConfigError  # noqa: F401  (re-exported: the historical home)
 
 
 # -- requests ---------------------------------------------------------------------------------

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from tqdm.auto import tqdm
-
 from .config import ConfigError, RunConfig
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
@@ -27,6 +25,7 @@ from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
 from .models.weights import save_model
+from .progress import TokenProgress
 from .atomic import atomic_path, atomic_write_text
 from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
@@ -43,6 +42,7 @@ from .speculative.draft_frozen import FrozenDraftWorker
 from .speculative.draft_worker import DraftWorker
 from .speculative.worker import SpecParams, SpecWorker
 from .speculative.target_worker import TargetWorker
+from .validate import check_generate_args
 
 Prompt = Union[str, Sequence[int]]
 # RunConfig.draft -> its DraftWorker (speculative/draft_worker.py); "none" runs target-only.
@@ -217,7 +217,10 @@ class Engine:
                     top_p: float = 1.0, seed: Optional[int] = None,
                     stop_ids: Optional[Sequence[int]] = None, ignore_eos: bool = False) -> Req:
         """Queue one request (token ids or a string); returns its handle (`.rid`,
-        `.output_ids`, `.finished_reason`), filled in as `step()` runs it."""
+        `.output_ids`, `.finished_reason`), filled in as `step()` runs it. The arguments are
+        checked as `generate` checks them (validate.check_generate_args)."""
+        (prompt,), stop_ids = self._check_args([prompt], max_new_tokens, temperature, top_p,
+                                               seed, stop_ids, ignore_eos, False)
         req = self._make_request(prompt, max_new_tokens, temperature=temperature, top_p=top_p,
                                  seed=self.cfg.seed if seed is None else seed,
                                  stop_ids=stop_ids, ignore_eos=ignore_eos)
@@ -244,11 +247,19 @@ class Engine:
         """No request waiting, running or in flight."""
         return self.scheduler.idle
 
+    def _check_args(self, prompts, max_new_tokens, temperature, top_p, seed, stop_ids,
+                    ignore_eos, progress) -> tuple[list, list[int]]:
+        """validate.check_generate_args against this engine's vocabulary and config seed:
+        (prompts as str or list[int], stop ids as list[int]); raises before anything is queued."""
+        return check_generate_args(prompts, max_new_tokens, temperature, top_p, seed, stop_ids,
+                                   ignore_eos, progress, vocab_size=self.model.config.vocab_size,
+                                   default_seed=self.cfg.seed)
+
     def _make_request(self, prompt: Prompt, max_new_tokens: int, *, temperature: float,
                       top_p: float, seed: int, stop_ids, ignore_eos: bool) -> Req:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        """A Req from arguments already checked by `_check_args` (types, max_new_tokens,
+        sampling, seeds, token ids); what is left depends on the prompt's tokens."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("a prompt must hold at least one token.")
         V = self.model.config.vocab_size
@@ -274,10 +285,11 @@ class Engine:
         """Generate for every prompt (token-id lists or strings); returns output ids in order.
         Greedy when temperature == 0. Each request i samples with seed `seed + i` (default:
         the config seed). Stops at EOS (unless ignore_eos), at `stop_ids`, or at the limit.
-        Every request is validated before any is queued; an error or Ctrl-C inside a step
-        aborts them all and frees their KV before it propagates (the engine stays usable)."""
-        if isinstance(prompts, str):
-            raise ValueError("generate takes a list of prompts; wrap a single string in [ ].")
+        Every argument and request is validated before any is queued; an error or Ctrl-C
+        inside a step aborts them all and frees their KV before it propagates (the engine
+        stays usable)."""
+        prompts, stop_ids = self._check_args(prompts, max_new_tokens, temperature, top_p, seed,
+                                             stop_ids, ignore_eos, progress)
         base = self.cfg.seed if seed is None else seed
         reqs = [self._make_request(p, max_new_tokens, temperature=temperature, top_p=top_p,
                                    seed=base + i, stop_ids=stop_ids, ignore_eos=ignore_eos)
@@ -286,13 +298,15 @@ class Engine:
         sched.stats = StepStats()
         for r in reqs:
             sched.add(r)
-        bar = tqdm(total=len(reqs), disable=not progress, desc="requests", leave=False)
+        bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
         t0 = time.perf_counter()
         try:
             while not sched.idle:
                 self.step()
-                bar.update(sum(r.finished for r in reqs) - bar.n)
+                if progress:
+                    bar.update(sum(len(r.output_ids) for r in reqs),
+                               sum(r.finished for r in reqs))
             self.device.synchronize()
         finally:
             bar.close()

@@ -32,11 +32,10 @@ import pandas as pd
 from mtplab import RunConfig
 from mtplab.config import ConfigError
 from mtplab.sweep import grid_from_dict, run_sweep
-from mtplab.sweep.report import bars, heatmap, timelines, write_answer
+from mtplab.sweep.report import bars, heatmap, notebook_out, timelines, write_answer
 %matplotlib inline
 
-out = Path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
+out = notebook_out(out_dir)
 on_gpu = RunConfig(device=device).device.startswith("cuda")
 print("device:", RunConfig(device=device).device, "| output:", out.resolve())
 '''
@@ -90,7 +89,7 @@ num_steps = 3
 topk = 1
 page_size = 16
 batch_size = 4
-out_dir = "../traces/notebooks/00_quickstart"   # relative to this notebook's folder
+out_dir = "traces/notebooks/00_quickstart"   # relative to the repository root
 '''),
     ("code", '''\
 from pathlib import Path
@@ -102,10 +101,10 @@ from mtplab.analysis.plots import plot_event_timeline, plot_timeline
 from mtplab.stages import STAGES
 from mtplab.sweep.measure import prompts
 from mtplab.sweep.metrics import stage_metrics
-from mtplab.sweep.report import write_answer
+from mtplab.sweep.report import notebook_out, write_answer
 %matplotlib inline
 
-out = Path(out_dir)
+out = notebook_out(out_dir)
 cfg = RunConfig(model=model, draft=draft, device=device, num_steps=num_steps, topk=topk,
                 page_size=page_size, max_running_requests=batch_size,
                 simulate_accept_len=simulate_accept_len if draft != "none" else None,
@@ -193,7 +192,7 @@ draft = "frozen_kv_mtp"
 page_size = 16
 batch_sizes = [1, 4]
 ''' + SWEEP_PARAMS + '''\
-out_dir = "../traces/notebooks/01_overlap"
+out_dir = "traces/notebooks/01_overlap"   # relative to the repository root
 '''),
     ("code", SETUP),
     ("code", sweep_cell(BASE, '[{"overlap": False}, {"overlap": True},\n        '
@@ -233,12 +232,18 @@ how many launches does that save, with and without CUDA graphs?
 
 `cuda_graphs` is swept only on a GPU. Launch counts are CUDA launch calls inside the
 `draft.seed`/`draft` spans of the Kineto trace (`draft_launches_per_step`, mtplab/sweep/metrics.py);
-on CPU there are no launches, so the aten ops dispatched inside those spans stand in."""),
+on CPU there are no launches, so the aten ops dispatched inside those spans stand in.
+
+**On CPU** the question has no real answer: without CUDA graphs folding cannot merge
+launches, so the draft-time ratio compares host compute of the same work (its spread is
+timing noise, not a saving) and `launches_saved` counts aten ops, where the folded seed
+dispatches a few more bookkeeping ops than the eager one (the saving can be negative). The figures show that the arms run
+and what they measure; run with `device="cuda"` for the saving itself."""),
     ("params", COMMON_PARAMS + '''\
 page_size = 16
 batch_sizes = [1, 4]
 ''' + SWEEP_PARAMS + '''\
-out_dir = "../traces/notebooks/02_seed_folding"
+out_dir = "traces/notebooks/02_seed_folding"   # relative to the repository root
 '''),
     ("code", SETUP + 'draft = "frozen_kv_mtp"\n'),
     ("code", sweep_cell(BASE, '[{"fold_seed": False}, {"fold_seed": True}]',
@@ -264,6 +269,11 @@ for (bs, graphs), g in df.groupby(["batch_size", "cfg.cuda_graphs"]):
     key = f"bs{bs}_graphs{graphs}"
     ans[f"draft_ms_ratio_{key}"] = on["draft_ms_per_step"] / off["draft_ms_per_step"]
     ans[f"launches_saved_{key}"] = off[launch_col] - on[launch_col]
+if not on_gpu:
+    ans["note"] = ("CPU run: no launches or graphs to save. launches_saved counts aten ops "
+                   "(it can be negative: the folded seed may dispatch a few more) and "
+                   "draft_ms_ratio compares host compute of the same work (noise, not a "
+                   "saving). Run with device='cuda' for the saving.")
 write_answer(out, ans);'''),
 ]
 
@@ -287,7 +297,7 @@ page_sizes = [1, 16]
 topks = [1, 2]
 drafts = ["frozen_kv_mtp", "eagle"]
 ''' + SWEEP_PARAMS + '''\
-out_dir = "../traces/notebooks/03_page_topk"
+out_dir = "traces/notebooks/03_page_topk"   # relative to the repository root
 '''),
     ("code", SETUP + 'draft, page_size = drafts[0], page_sizes[0]\n'),
     ("code", sweep_cell(BASE.replace("profile=True)", "profile=True,\n            "
@@ -337,7 +347,7 @@ draft = "frozen_kv_mtp"
 page_size = 16
 batch_size = 4
 ''' + SWEEP_PARAMS + '''\
-out_dir = "../traces/notebooks/04_zero_bubble"
+out_dir = "traces/notebooks/04_zero_bubble"   # relative to the repository root
 '''),
     ("code", SETUP),
     ("code", 'OFF = {"zero_bubble": False, "zb_async_d2h": False, "zb_device_seq_lens": False,\n'
@@ -384,19 +394,22 @@ NOTEBOOKS["05_trace_explorer"] = [
 **Question.** In a given Kineto trace, which steps have the largest bubbles, and what causes
 them?
 
-Load any Kineto trace (mtplab, SGLang, vLLM or plain PyTorch; `trace_path`), or leave it
-`None` to record a small one first. Explore one step at a time: the slider picks the step,
-the toggles pick host threads / GPU streams and stages, the table lists that step's bubbles
-(device gaps) filtered by cause. Under papermill the widgets render once and nothing blocks;
-the static figure below them shows the first analysed step."""),
+Load any Kineto trace (mtplab, SGLang, vLLM or plain PyTorch; `trace_path`). Left at `None`,
+it records a small run on a GPU; on a CPU it opens the H100 run shipped with mtplab
+(`mtplab.analysis.example`), so real per-stream bubbles show on a laptop (`"record"` records
+a CPU run instead: host lanes only, no bubbles). Explore one step at a time: the slider picks
+the step, the toggles pick host threads / GPU streams and stages (the step's time axis stays
+put), the table lists that step's bubbles (device gaps) filtered by cause. Under papermill the
+widgets render once and nothing blocks; the static figure below them shows the first analysed
+step."""),
     ("params", '''\
-trace_path = None               # a .pt.trace.json(.gz) file (None: record a small run first)
-skip_steps = 1                  # leading steps to drop from the analysis (warm-up)
+trace_path = None               # a .pt.trace.json(.gz) file, "record", or None (see above)
+skip_steps = None               # leading steps to drop (None: the warm-up rule of mtplab analyze)
 device = "auto"
 model = "random-tiny"
 draft = "frozen_kv_mtp"
 simulate_accept_len = 2.5
-out_dir = "../traces/notebooks/05_trace_explorer"
+out_dir = "traces/notebooks/05_trace_explorer"   # relative to the repository root
 '''),
     ("code", '''\
 from pathlib import Path
@@ -407,16 +420,22 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 from matplotlib.patches import Patch
-from mtplab.analysis.bubbles import CAUSES, analyze, cause_group, stage_of
+from mtplab import RunConfig
+from mtplab.analysis.bubbles import CAUSES, cause_group, stage_of
+from mtplab.analysis.cli import analyze_run
+from mtplab.analysis.example import EXAMPLE_TRACE
 from mtplab.stages import STAGE_COLORS
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
-from mtplab.sweep.report import write_answer
+from mtplab.sweep.report import notebook_out, write_answer
 %matplotlib inline
 
-out = Path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
-if trace_path is None:     # record a small profiled run
-    from mtplab import Engine, RunConfig
+out = notebook_out(out_dir)
+if trace_path is None and not RunConfig(device=device).device.startswith("cuda"):
+    trace_path = str(EXAMPLE_TRACE)
+    print("no GPU here: opening the H100 example run shipped with mtplab "
+          "(trace_path='record' records a CPU run instead)")
+if trace_path in (None, "record"):     # record a small profiled run
+    from mtplab import Engine
     from mtplab.sweep.measure import prompts
     cfg = RunConfig(model=model, draft=draft, device=device, simulate_accept_len=simulate_accept_len,
                     page_size=16, max_running_requests=4, profile=True, profile_wait=2,
@@ -427,7 +446,7 @@ if trace_path is None:     # record a small profiled run
                  ignore_eos=True)
     trace_path = str(eng.finish()["trace0"])
 tr = load_trace(trace_path)
-res = analyze(tr, skip_steps=skip_steps)
+res = analyze_run(tr, skip_steps=skip_steps)
 gpu = res.summary["device"] is not None
 print(trace_path)
 print(f"{res.summary['n_steps']} steps analysed ({res.summary['step_source']}), "
@@ -470,6 +489,7 @@ def draw(step, lanes_on, stages_on):
     ax.broken_barh(list(zip(g["start_us"] - t0, g["gap_us"])), (-0.5, max(len(shown), 1)),
                    color="#d62728", alpha=0.15)
     ax.set_yticks(range(len(shown)), shown)
+    ax.set_xlim(0, t1 - t0)              # the step's axis, whichever lanes and stages are on
     ax.invert_yaxis()
     ax.set_xlabel(f"µs from the start of step {step}")
     ax.set_title(f"step {step}: {row['name']}, bubble {row['bubble_us']:.0f} µs "
@@ -539,7 +559,7 @@ reason; the figures use the ok cells."""),
 results_path = None             # results.parquet or a sweep folder (None: run a tiny sweep)
 device = "auto"
 model = "random-tiny"
-out_dir = "../traces/notebooks/06_sweep_report"
+out_dir = "traces/notebooks/06_sweep_report"   # relative to the repository root
 '''),
     ("code", '''\
 import shutil
@@ -547,11 +567,11 @@ from pathlib import Path
 
 import pandas as pd
 from mtplab.sweep import grid_from_dict, run_sweep
-from mtplab.sweep.report import label, load_results, standard_figures, varying, write_answer
+from mtplab.sweep.report import (label, load_results, notebook_out, standard_figures, varying,
+                                 write_answer)
 %matplotlib inline
 
-out = Path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
+out = notebook_out(out_dir)
 if results_path is None:
     results_path = out / "sweep"
     shutil.rmtree(results_path, ignore_errors=True)

@@ -133,6 +133,19 @@ phase_kernels() {
     --out "$OUT_DIR/bench_kernels.md"
 }
 
+#: front  `mtplab demo` on the GPU, then `mtplab analyze` and `mtplab plot` of its run folder
+#:        (one warm-up rule: the two must agree on steps and wall) -> demo.txt, analyze.txt,
+#:        plot_run.png, demo_timeline.png
+phase_front() {
+  rm -rf /tmp/front && python3 -m mtplab.cli demo --trace-dir /tmp/front \
+    > "$OUT_DIR/demo.txt" 2>&1 || { tail -20 "$OUT_DIR/demo.txt"; return 1; }
+  local run; run=$(ls -d /tmp/front/demo-* | tail -1)
+  python3 -m mtplab.cli analyze "$run" > "$OUT_DIR/analyze.txt" 2>&1 || return 1
+  python3 -m mtplab.cli plot "$run" --out "$OUT_DIR/plot_run.png" || return 1
+  cp "$run/timeline.png" "$OUT_DIR/demo_timeline.png"
+  grep -E "profiled steps|device bubble|USDT" "$OUT_DIR/demo.txt"; head -4 "$OUT_DIR/analyze.txt"
+}
+
 usage() {
   echo "usage: bash scripts/gpu_check.sh [-o DIR] PHASE[:ARG,...] [PHASE...] | all"
   grep -E '^#: ' "$0" | sed 's/^#: /  /'

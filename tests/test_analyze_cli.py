@@ -5,9 +5,13 @@ import subprocess
 import sys
 
 import orjson
+import pandas as pd
 import pytest
 
-from mtplab.analysis.cli import main_analyze, main_plot
+from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.cli import (WARMUP_STEPS, analyze_run, format_report, main_analyze,
+                                 main_plot, plot_source, time_unit)
+from mtplab.analysis.example import EXAMPLE_DIR, EXAMPLE_TRACE
 from test_bubbles import planted
 
 
@@ -24,11 +28,13 @@ def trace(tmp_path_factory):
 
 def test_analyze_json_subprocess(trace):
     path, expected = trace
-    r = run_cli("analyze", path, "--json")
+    r = run_cli("analyze", path, "--json", "--skip-steps", "0")
     assert r.returncode == 0, r.stderr
     obj = orjson.loads(r.stdout)  # exactly one JSON object on stdout
     assert set(obj) == {"steps", "gaps", "streams", "summary"}
-    assert set(obj["steps"][0]) == {"step", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac"}
+    assert set(obj["steps"][0]) == {"step", "name", "start_us", "dur_us", "busy_us", "bubble_us",
+                                    "bubble_frac"}
+    assert obj["steps"][0]["name"] == "step[decode bs=4]"
     assert set(obj["gaps"][0]) == {"step", "start_us", "gap_us", "cause", "before", "after"}
     assert set(obj["streams"][0]) == {"stream", "busy_us", "idle_us", "idle_host_wait_us",
                                       "idle_kernel_wait_us", "idle_other_us"}
@@ -41,7 +47,8 @@ def test_analyze_human_out_and_skip(trace, tmp_path, capsys):
     path, _ = trace
     assert main_analyze([str(path.parent), "--out", str(tmp_path / "o"), "--skip-steps", "1"]) == 0
     out = capsys.readouterr().out
-    assert "steps   3 from step spans, first 1 skipped" in out and "causes  sync" in out
+    assert "steps   3 from step spans, first 1 skipped (--skip-steps 1)" in out
+    assert "causes  sync" in out
     assert {p.name for p in (tmp_path / "o").iterdir()} == {
         "steps.parquet", "gaps.parquet", "streams.parquet", "summary.json"}
     assert orjson.loads((tmp_path / "o" / "summary.json").read_bytes())["n_steps"] == 3
@@ -57,8 +64,93 @@ def test_cpu_only_json_has_null_fraction(tmp_path, capsys):
     obj = orjson.loads(capsys.readouterr().out)
     assert obj["summary"]["bubble_frac"] is None and obj["gaps"] == [] and obj["streams"] == []
     assert obj["steps"][0]["dur_us"] == 10.25
-    assert main_plot([str(p)]) == 2
-    assert "no GPU activity" in capsys.readouterr().err
+    fig = plot_source(p, path=tmp_path / "cpu.png")      # a CPU trace: its host lane, no bubbles
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host 1"]
+    assert "no device bubbles" in fig.axes[0].get_title()
+    assert main_plot([str(p)]) == 0 and (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_warmup_skip_is_stated_and_shared(trace, capsys):
+    """No --skip-steps: the first WARMUP_STEPS steps are left out (4 > 2 steps), and said so."""
+    path, _ = trace
+    assert WARMUP_STEPS == 1
+    assert main_analyze([str(path), "--json"]) == 0
+    obj = orjson.loads(capsys.readouterr().out)
+    assert [s["step"] for s in obj["steps"]] == [1, 2, 3] and obj["summary"]["skip_steps"] == 1
+    assert analyze_run(path).summary["skip_steps"] == 1      # the demo's call: the same rule
+    assert main_analyze([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "first 1 skipped as warm-up (default; --skip-steps 0 keeps it)" in out
+    assert main_analyze([str(path), "--skip-steps", "0"]) == 0
+    assert "steps   4 from step spans, no step skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("values, unit", [([0.0], "us"), ([5.0, 999.0], "us"), ([1500.0], "ms"),
+                                          ([9.9e6], "ms"), ([2.5e7], "s"),
+                                          ([float("nan"), 20.0], "us")])
+def test_time_unit_by_magnitude(values, unit):
+    assert time_unit(values)[0] == unit
+
+
+def test_report_uses_ms_for_ms_steps():
+    res = analyze_run(EXAMPLE_TRACE)
+    text = format_report(res, EXAMPLE_TRACE)
+    assert "dur_ms" in text and "busy_ms" in text and "dur_us" not in text
+    assert "5.902" in text                           # 5902.0 us shown as ms
+    assert not any(len(tok.split(".")[0]) >= 5 for line in text.splitlines()[4:]
+                   for tok in line.split() if tok.replace(".", "").isdigit())
+
+
+def test_example_run_is_shipped_with_its_analysis(tmp_path):
+    """The package's H100 example: the pre-computed files are what the analyser gives now."""
+    fresh = analyze_run(EXAMPLE_TRACE)
+    shipped = orjson.loads((EXAMPLE_DIR / "summary.json").read_bytes())
+    assert shipped["device"] is not None and shipped["skip_steps"] == WARMUP_STEPS
+    assert {k: v for k, v in shipped.items() if k != "bubble_frac"} == \
+        {k: v for k, v in fresh.summary.items() if k != "bubble_frac"}
+    assert shipped["bubble_frac"] == pytest.approx(fresh.summary["bubble_frac"])
+    pd.testing.assert_frame_equal(pd.read_parquet(EXAMPLE_DIR / "steps.parquet"), fresh.steps,
+                                  check_dtype=False)
+    out = tmp_path / "ex.png"
+    assert main_plot(["--example", "--out", str(out)]) == 0
+    fig = plot_source(EXAMPLE_TRACE)
+    lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert lanes[0].startswith("host") and sum(x.startswith("stream") for x in lanes) >= 2
+    assert "bubble" in {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert main_analyze(["--example", str(EXAMPLE_TRACE)]) == 2     # one or the other
+
+
+def _timeline_frame() -> pd.DataFrame:
+    rows = []
+    for step in range(3):
+        t = 1000.0 * step
+        rows += [(step, "step[decode bs=2]", "host", t, t + 900),
+                 (step, "schedule", "host", t, t + 100),
+                 (step, "verify", "forward", t + 200, t + 700),
+                 (step, "d2h", "copy", t + 700, t + 750)]
+    df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
+    return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))
+
+
+def test_plot_timeline_parquet_and_run_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _timeline_frame().to_parquet(run / "timeline.parquet")
+    for arg in (run, run / "timeline.parquet"):
+        fig = plot_source(arg)
+        assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host", "copy", "forward"]
+    assert main_plot([str(run)]) == 0 and (run / "timeline.png").exists()
+    assert capsys.readouterr().out.strip() == str(run / "timeline.png")
+    bad = tmp_path / "other.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(bad)
+    assert main_plot([str(bad)]) == 2
+    assert main_plot([str(tmp_path / "empty_dir_missing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main_plot([str(tmp_path / "empty")]) == 2
+    assert main_plot([]) == 2
+    err = capsys.readouterr().err
+    assert "not an event timeline" in err and "no Kineto trace" in err and "--example" in err
+    assert "Traceback" not in err
 
 
 BAD = {"empty.json": b"", "truncated.json": b'{"traceEvents": [{"ph": "X", "ts": 1',

@@ -2,11 +2,12 @@
 mtplab module, at module level or inside a function, must follow the allowed edges below;
 a new sideways or upward edge fails this test with the file and the line.
 
-    leaf      core  stages  atomic  lossless          (import nothing of mtplab)
+    leaf      errors  stages  atomic  lossless  progress   (import nothing of mtplab)
+              core (only errors: it re-exports ConfigError)   validate (only errors)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (never torch)
-              config  <- engine, stats  <- cli, bench, sweep, sglang
+              config (+ validate)  <- engine, stats  <- cli, bench, sweep, sglang
 """
 from __future__ import annotations
 
@@ -17,23 +18,25 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
-LEAVES = {"core", "stages", "atomic", "lossless"}
+LEAVES = {"errors", "stages", "atomic", "lossless", "progress"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
-    "core": set(), "stages": set(), "atomic": set(),
+    "errors": set(), "stages": set(), "atomic": set(), "progress": set(),
     "lossless": set(),             # output comparison (spec vs target-only), used by sweep
+    "core": {"errors"},
+    "validate": {"errors"},
     "device": {"core"},
     "kernels": {"core", "device"},
     "analysis": {"stages", "atomic"},
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels"},
     "mem": {"core", "device"},
-    "models": {"core", "kernels", "atomic", "device"},
+    "models": {"core", "errors", "kernels", "atomic", "device"},
     "graphs": {"core", "device"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
                     "stages"},
     "sched": {"core", "device", "mem", "instrument", "stages"},
-    "config": {"core", "device", "models", "mem"},
+    "config": {"core", "errors", "validate", "device", "models", "mem"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 

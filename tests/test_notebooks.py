@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -67,6 +68,17 @@ def test_notebook_structure(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_out_dir_is_resolved_from_the_repo_root(path):
+    """The default out_dir is under traces/ of the repository, whatever papermill's cwd."""
+    nb = nbformat.read(path, as_version=4)
+    params = papermill.inspect_notebook(str(path))
+    default = params["out_dir"]["default"].strip("\"'")
+    assert default == f"traces/notebooks/{path.stem}"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "out = notebook_out(out_dir)" in code and "Path(out_dir)" not in code
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_cpu(path, kernel, tmp_path):
     reason = _unavailable(NEEDS.get(path.stem, {}))
     if reason:
@@ -77,7 +89,12 @@ def test_notebook_runs_on_cpu(path, kernel, tmp_path):
                                parameters={"device": "cpu", "out_dir": str(out_dir)},
                                cwd=str(tmp_path), progress_bar=False, execution_timeout=300)
     nb = nbformat.read(executed, as_version=4)
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, errors
+    frozen_bars = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in
+                   o.get("data", {}) and re.search(r"\d+/\d+ \[", o["data"].get("text/plain", ""))]
+    assert not frozen_bars, frozen_bars      # progress bars are text, saved in their last state
+    assert not [o for o in outputs if "USDT" in o.get("text", "")]   # no Kineto log lines
     answer = json.loads((out_dir / "answer.json").read_text())
     assert answer["question"]

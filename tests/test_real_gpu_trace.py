@@ -41,7 +41,8 @@ def test_steps_and_bubbles_are_consistent():
 
 
 def test_cli_json_on_the_real_trace():
-    r = subprocess.run([sys.executable, "-m", "mtplab.cli", "analyze", str(TRACE), "--json"],
+    r = subprocess.run([sys.executable, "-m", "mtplab.cli", "analyze", str(TRACE), "--json",
+                        "--skip-steps", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -1,7 +1,10 @@
+import pytest
 import torch
 
 from mtplab import Engine, RunConfig
-from mtplab.kernels.sampling import counter_uniform, sample, target_probs
+from mtplab.kernels.sampling import (SIMULATE, counter_uniform, position_uniform, sample,
+                                     target_probs)
+from tests.helpers import random_prompts
 
 
 def test_counter_uniform_is_a_pure_function():
@@ -43,3 +46,39 @@ def test_engine_sampling_is_reproducible_and_batch_independent():
     c = eng.generate(prompts, max_new_tokens=10, temperature=1.0, seed=4, ignore_eos=True)
     assert c != a
     eng.check_invariants()
+
+
+def _spec_engine(draft: str, **kw) -> Engine:
+    return Engine(RunConfig(model="tiny-code", draft=draft, num_steps=3, page_size=4,
+                            context_len=96, max_running_requests=8, device="cpu",
+                            dtype="float32", **kw))
+
+
+def test_position_uniform_is_keyed_by_position_not_step():
+    seeds = torch.tensor([3, 3, 9])
+    u = position_uniform(seeds, torch.tensor([10, 12, 10]), 4)
+    assert torch.equal(u[0, 2:], u[1, :2])            # same seed, same positions 12, 13
+    for k in range(4):
+        one = position_uniform(seeds, torch.tensor([10 + k, 12 + k, 10 + k]), 1)[:, 0]
+        assert torch.equal(u[:, k], one)
+    assert not torch.equal(u[0], u[2])
+    sim = position_uniform(seeds, torch.tensor([10, 12, 10]), 4, SIMULATE)
+    assert not torch.isclose(sim, u).any()            # an independent stream
+
+
+@pytest.mark.parametrize("draft", ["frozen_kv_mtp", "eagle"])
+def test_speculative_sampling_does_not_depend_on_retraction(draft):
+    """Every uniform is keyed by (request seed, the absolute position it decides): a retraction
+    moves the step boundaries (the re-prefill changes the draft's inputs, hence accept lengths)
+    but not the token drawn at any position -- which is the one target-only sampling draws."""
+    prompts = random_prompts(8, [12, 20, 30], 256, seed=5)
+    kw = dict(max_new_tokens=32, temperature=0.8, seed=11, ignore_eos=True)
+    want = _spec_engine("none").generate(prompts, **kw)
+    roomy = _spec_engine(draft)
+    assert roomy.generate(prompts, **kw) == want
+    roomy.check_invariants()
+    tight = _spec_engine(draft, max_total_tokens=2 * 104)
+    got = tight.generate(prompts, **kw)
+    assert tight.stats()["retractions"] > 0, tight.stats()
+    tight.check_invariants()
+    assert got == want

@@ -1,10 +1,15 @@
 """`mtplab analyze` and `mtplab plot`: the trace analyser's command line (never imports torch).
 
-    mtplab analyze TRACE [--json] [--out DIR] [--skip-steps N]
-    mtplab plot TRACE [--steps a:b] [--out FILE]
+    mtplab analyze TRACE|--example [--json] [--out DIR] [--skip-steps N]
+    mtplab plot PATH|--example [--steps a:b] [--out FILE]
 
 TRACE is a `.json` / `.json.gz` Kineto trace, or a folder holding exactly one
-(`*.pt.trace.json[.gz]` preferred). Bad input prints one line on stderr and exits with 2.
+(`*.pt.trace.json[.gz]` preferred). `plot` also takes an event timeline (`timeline.parquet`)
+or a run folder, and draws what there is: bubbles where the trace has a GPU, host lanes and
+stage spans otherwise. `--example` opens the H100 run shipped with mtplab (analysis/example.py).
+The first step is left out as warm-up when the trace has more than two (`WARMUP_STEPS`; the
+demo uses the same rule). Times print in µs, ms or s by magnitude, the unit in the header.
+Bad input prints one line on stderr and exits with 2.
 A reader that closes the pipe early (`| head`) ends the output quietly (exit 0).
 Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
 """
@@ -19,7 +24,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
-from .trace_io import CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, TraceError, load_trace
+from .example import EXAMPLE_TRACE
+from .trace_io import (
+    CONSECUTIVE_KERNEL_DELAY_US,
+    DEFAULT_WINDOW_US,
+    GPU_ACTIVITY_CATS,
+    Trace,
+    TraceError,
+    load_trace,
+)
 
 if TYPE_CHECKING:
     from .bubbles import Analysis
@@ -29,7 +42,11 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
-JSON_STEP_KEYS = ("step", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac")
+# Leading steps left out as warm-up (graph capture, first launches) by `mtplab analyze`,
+# `mtplab demo` and the example's analysis, when the trace has more than WARMUP_STEPS + 1.
+WARMUP_STEPS = 1
+TIMELINE_COLUMNS = ("step", "stage", "stream", "host_start_us", "host_end_us")
+JSON_STEP_KEYS = ("step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac")
 JSON_GAP_KEYS = ("step", "start_us", "gap_us", "cause", "before", "after")
 JSON_STREAM_KEYS = ("stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_kernel_wait_us",
                     "idle_other_us")
@@ -39,11 +56,32 @@ class _UsageError(Exception):
     """Bad command-line input detected after argument parsing."""
 
 
+def analyze_run(trace: Trace | str | Path, skip_steps: int | None = None, **kw) -> "Analysis":
+    """`analyze` with the default warm-up rule: `skip_steps=None` leaves out the first
+    WARMUP_STEPS steps when the trace has more than WARMUP_STEPS + 1, else none."""
+    from .bubbles import analyze
+    tr = trace if isinstance(trace, Trace) else load_trace(trace)
+    if skip_steps is not None:
+        return analyze(tr, skip_steps=skip_steps, **kw)
+    res = analyze(tr, **kw)
+    if res.summary["n_steps"] > WARMUP_STEPS + 1:
+        res = analyze(tr, skip_steps=WARMUP_STEPS, **kw)
+    return res
+
+
 def resolve_trace(arg: str) -> Path:
     """The trace file named by `arg`: the file itself, or the single trace inside a folder."""
     p = Path(arg)
     if not p.is_dir():
         return p
+    found = _find_trace(p)
+    if found is None:
+        raise _UsageError(f"{p} holds no .json or .json.gz trace; pass a trace file")
+    return found
+
+
+def _find_trace(p: Path) -> Path | None:
+    """The single trace in folder `p`, None when it holds none."""
     for pattern in ("*.pt.trace.json", "*.pt.trace.json.gz"), ("*.json", "*.json.gz"):
         found = sorted(f for pat in pattern for f in p.glob(pat)
                        if f.is_file() and f.name not in ("manifest.json", "summary.json"))
@@ -53,7 +91,7 @@ def resolve_trace(arg: str) -> Path:
             names = ", ".join(f.name for f in found[:5])
             raise _UsageError(f"{p} holds {len(found)} traces ({names}{', ...' if len(found) > 5 else ''}); "
                               "pass one of them")
-    raise _UsageError(f"{p} holds no .json or .json.gz trace; pass a trace file")
+    return None
 
 
 def _parser_analyze() -> argparse.ArgumentParser:
@@ -61,13 +99,18 @@ def _parser_analyze() -> argparse.ArgumentParser:
         "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each "
         "(sync, host_prep, launch, other) and per-stream idle time. Definitions: "
         "help(mtplab.analysis.bubbles)."))
-    ap.add_argument("trace", help="a .json/.json.gz Kineto trace, or a folder holding one")
+    ap.add_argument("trace", nargs="?",
+                    help="a .json/.json.gz Kineto trace, or a folder holding one")
+    ap.add_argument("--example", action="store_true",
+                    help="analyse the H100 example run shipped with mtplab")
     ap.add_argument("--json", action="store_true",
-                    help="print one JSON object (steps, gaps, streams, summary) on stdout")
+                    help="print one JSON object (steps, gaps, streams, summary; times in µs) "
+                         "on stdout")
     ap.add_argument("--out", metavar="DIR",
                     help="write steps.parquet, gaps.parquet, streams.parquet, summary.json here")
-    ap.add_argument("--skip-steps", type=int, default=0, metavar="N",
-                    help="leave out the first N steps (warm-up, graph capture); default 0")
+    ap.add_argument("--skip-steps", type=int, default=None, metavar="N",
+                    help=f"leave out the first N steps (default: {WARMUP_STEPS} as warm-up when "
+                         f"the trace has more than {WARMUP_STEPS + 1}, else 0)")
     ap.add_argument("--device", type=int, default=None,
                     help="GPU index to analyse (default: the one with the most activity)")
     ap.add_argument("--kernel-delay-us", type=float, default=CONSECUTIVE_KERNEL_DELAY_US,
@@ -79,15 +122,19 @@ def _parser_analyze() -> argparse.ArgumentParser:
 
 def _parser_plot() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mtplab plot", description=(
-        "Draw the bubble timeline (host lane, one lane per GPU stream, stage spans, kernels, "
-        "bubbles hatched red) of a Kineto trace."))
-    ap.add_argument("trace", help="a .json/.json.gz Kineto trace, or a folder holding one")
+        "Draw the timeline of a run: host lanes with their stage spans and, where the trace "
+        "has a GPU, one lane per GPU stream with kernels and the bubbles hatched red."))
+    ap.add_argument("path", nargs="?", help="a run folder, a .json/.json.gz Kineto trace, or "
+                    "an event timeline .parquet")
+    ap.add_argument("--example", action="store_true",
+                    help="draw the H100 example run shipped with mtplab (real GPU bubbles)")
     ap.add_argument("--steps", metavar="A:B", default=None,
                     help="inclusive range of step numbers to draw, e.g. 10:20, 10: or :20 "
                          f"(default: all steps, or {DEFAULT_PLOT_STEPS} from the middle of "
-                         "the trace when it has more)")
+                         "the run when it has more)")
     ap.add_argument("--out", metavar="FILE", default=None,
-                    help="output .png/.svg/.pdf (default: timeline.png beside the trace)")
+                    help="output .png/.svg/.pdf (default: timeline.png beside the input; "
+                         "example_timeline.png here with --example)")
     ap.add_argument("--device", type=int, default=None, help="GPU index (default: busiest)")
     return ap
 
@@ -104,19 +151,29 @@ def _fail(prog: str, msg: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _input(arg: str | None, example: bool, what: str) -> str:
+    if example and arg is not None:
+        raise _UsageError(f"give {what} or --example, not both")
+    if example:
+        return str(EXAMPLE_TRACE)
+    if arg is None:
+        raise _UsageError(f"give {what}, or --example for the H100 run shipped with mtplab")
+    return arg
+
+
 def main_analyze(argv: Sequence[str] | None = None) -> int:
     """`mtplab analyze`: returns the exit code (0 ok, 2 bad input)."""
     ns = _parse(_parser_analyze(), argv)
     if isinstance(ns, int):
         return ns
     try:
-        if ns.skip_steps < 0:
+        if ns.skip_steps is not None and ns.skip_steps < 0:
             raise _UsageError(f"--skip-steps must be >= 0, got {ns.skip_steps}")
-        path = resolve_trace(ns.trace)
+        path = resolve_trace(_input(ns.trace, ns.example, "a trace"))
         tr = load_trace(path)
-        from .bubbles import analyze, write_analysis
-        res = analyze(tr, skip_steps=ns.skip_steps, device=ns.device,
-                      consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
+        from .bubbles import write_analysis
+        res = analyze_run(tr, skip_steps=ns.skip_steps, device=ns.device,
+                          consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
         if ns.out:
             write_analysis(res, ns.out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
@@ -124,7 +181,7 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         _emit(orjson.dumps(to_json(res), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
-        _emit((format_report(res, path) + "\n").encode())
+        _emit((format_report(res, path, default_skip=ns.skip_steps is None) + "\n").encode())
     return 0
 
 
@@ -155,33 +212,90 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
     if isinstance(ns, int):
         return ns
     try:
-        path = resolve_trace(ns.trace)
+        arg = Path(_input(ns.path, ns.example, "a run folder, a trace or a timeline .parquet"))
         steps = _step_range(ns.steps)
-        out = Path(ns.out) if ns.out else path.parent / "timeline.png"
+        out = (Path(ns.out) if ns.out else Path("example_timeline.png") if ns.example
+               else (arg if arg.is_dir() else arg.parent) / "timeline.png")
         _check_out(out)
-        tr = load_trace(path)
-        from .bubbles import analyze
-        from .plots import plot_timeline  # matplotlib only on this path
-
-        res = analyze(tr, device=ns.device)
-        have = res.steps["step"]
-        if steps is not None:
-            lo, hi = steps
-            steps = (int(have.min()) if lo is None else lo, int(have.max()) if hi is None else hi)
-        elif len(have) > DEFAULT_PLOT_STEPS:
-            mid = int(have.iloc[(len(have) - DEFAULT_PLOT_STEPS) // 2])
-            steps = (mid, mid + DEFAULT_PLOT_STEPS - 1)
-            print(f"mtplab plot: drawing steps {steps[0]}:{steps[1]} of {len(have)} "
-                  "(--steps A:B for others)", file=sys.stderr)
-        try:
-            plot_timeline(tr, res, steps=steps, path=out)
-        except OSError as e:       # the error names the temporary file: name the user's path
-            raise _UsageError(f"cannot write the plot to {out} ({e.strerror or e}); check the "
-                              "path and its folder") from None
+        plot_source(arg, steps=steps, device=ns.device, path=out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab plot", str(e))
     _emit(f"{out}\n".encode())
     return 0
+
+
+def plot_source(arg: str | Path, *, steps: tuple[int | None, int | None] | None = None,
+                device: int | None = None, path: str | Path | None = None):
+    """Draw what `arg` holds (see `_plot_input`) and return the matplotlib Figure: the bubble
+    timeline of a GPU trace, the host lanes of a CPU trace, or an event timeline's lanes."""
+    src = _plot_input(Path(arg))
+    from .bubbles import analyze
+    from .plots import plot_event_timeline, plot_timeline  # matplotlib only on this path
+
+    try:
+        if isinstance(src, Path):
+            df = _read_timeline(src)
+            rng = _pick_steps(sorted(int(v) for v in df["step"].unique()), steps)
+            return plot_event_timeline(df, steps=rng, path=path, title=src.name)
+        res = analyze(src, device=device)
+        return plot_timeline(src, res, steps=_pick_steps(res.steps["step"].tolist(), steps),
+                             path=path)
+    except OSError as e:       # the error names the temporary file: name the user's path
+        raise _UsageError(f"cannot write the plot to {path} ({e.strerror or e}); check the "
+                          "path and its folder") from None
+
+
+def _plot_input(p: Path) -> Trace | Path:
+    """What to draw for `p`: a .parquet file is an event timeline (its Path), another file a
+    trace (loaded). In a run folder: its trace when the trace has a GPU, else its
+    timeline.parquet (host spans of every step) when present, else the CPU trace."""
+    if p.suffix == ".parquet":
+        return p
+    if not p.is_dir():
+        return load_trace(p)
+    trace, timeline = _find_trace(p), p / "timeline.parquet"
+    if trace is None and not timeline.is_file():
+        raise _UsageError(f"{p} holds no Kineto trace (.json/.json.gz) and no timeline.parquet; "
+                          "pass a run folder written with profile=True or event_timeline=True")
+    if trace is None:
+        return timeline
+    tr = load_trace(trace)
+    if timeline.is_file() and not tr.cat_mask(*GPU_ACTIVITY_CATS).any():
+        return timeline
+    return tr
+
+
+def _read_timeline(path: Path):
+    import pandas as pd
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError) as e:
+        raise _UsageError(f"{path} is not a readable parquet file ({e})") from None
+    missing = [c for c in TIMELINE_COLUMNS if c not in df.columns]
+    if missing:
+        raise _UsageError(f"{path} is not an event timeline: it lacks columns {missing} "
+                          f"(has {list(df.columns)[:8]})")
+    for c in ("gpu_start_us", "gpu_end_us"):
+        if c not in df.columns:
+            df[c] = float("nan")
+    return df
+
+
+def _pick_steps(have: list[int], steps: tuple[int | None, int | None] | None
+                ) -> tuple[int, int] | None:
+    """The inclusive step range to draw: `--steps` with open ends filled in, else all steps or
+    DEFAULT_PLOT_STEPS from the middle (said on stderr)."""
+    if not have:
+        raise _UsageError("the run has no steps to draw")
+    if steps is not None:
+        lo, hi = steps
+        return (have[0] if lo is None else lo, have[-1] if hi is None else hi)
+    if len(have) <= DEFAULT_PLOT_STEPS:
+        return None
+    mid = have[(len(have) - DEFAULT_PLOT_STEPS) // 2]
+    print(f"mtplab plot: drawing steps {mid}:{mid + DEFAULT_PLOT_STEPS - 1} of {len(have)} "
+          "(--steps A:B for others)", file=sys.stderr)
+    return mid, mid + DEFAULT_PLOT_STEPS - 1
 
 
 def _step_range(text: str | None) -> tuple[int | None, int | None] | None:
@@ -219,38 +333,63 @@ def _records(df, keys: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(keys, row)) for row in zip(*cols)]
 
 
-def format_report(res: "Analysis", path: Path, max_rows: int = 20) -> str:
-    """A short human-readable table of the analysis."""
+def time_unit(values_us) -> tuple[str, float]:
+    """(unit, µs per unit) for a column of µs values: µs below 1 ms, ms below 10 s, else s."""
+    finite = [abs(float(v)) for v in values_us if v == v]
+    top = max(finite, default=0.0)
+    return ("us", 1.0) if top < 1e3 else ("ms", 1e3) if top < 1e7 else ("s", 1e6)
+
+
+def _t(v_us: float, scale: float) -> str:
+    return f"{v_us / scale:.1f}" if scale == 1.0 else f"{v_us / scale:.3f}"
+
+
+def format_report(res: "Analysis", path: Path, max_rows: int = 20,
+                  default_skip: bool = False) -> str:
+    """A short human-readable table of the analysis, times in the unit their size calls for."""
     from .bubbles import CAUSES
     sm = res.summary
     frac = sm["bubble_frac"]
+    k = sm["skip_steps"]
+    if k:
+        skipped = (f", first {k} skipped as warm-up (default; --skip-steps 0 keeps it)"
+                   if default_skip else f", first {k} skipped (--skip-steps {k})")
+    else:
+        skipped = ", no step skipped" + (
+            f" (warm-up is skipped only when there are more than {WARMUP_STEPS + 1})"
+            if default_skip else "")
+    u, sc = time_unit([sm["wall_us"]])
     lines = [f"trace   {path}",
-             f"steps   {sm['n_steps']} from {sm['step_source']}"
-             + (f", first {sm['skip_steps']} skipped" if sm["skip_steps"] else "")
+             f"steps   {sm['n_steps']} from {sm['step_source']}{skipped}"
              + (f", device {sm['device']}" if sm["device"] is not None else ""),
-             f"wall    {sm['wall_us']:.1f} us   busy {sm['busy_us']:.1f} us   bubble "
-             f"{sm['bubble_us']:.1f} us ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
+             f"wall    {_t(sm['wall_us'], sc)} {u}   busy {_t(sm['busy_us'], sc)} {u}   bubble "
+             f"{_t(sm['bubble_us'], sc)} {u} ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
              f"in {sm['n_gaps']} gaps",
-             "causes  " + "   ".join(f"{c} {sm[f'bubble_{c}_us']:.1f} us" for c in CAUSES)]
+             "causes  " + "   ".join(f"{c} {_t(sm[f'bubble_{c}_us'], sc)} {u}" for c in CAUSES)]
     st = res.steps
     if len(st):
+        rows = st.head(max_rows)
+        u, sc = time_unit(rows["dur_us"])
         lines.append("")
-        lines.append(f"{'step':>6} {'name':<24} {'dur_us':>10} {'busy_us':>10} {'bubble_us':>10} "
-                     f"{'bubble%':>8} {'gaps':>5}")
-        for r in st.head(max_rows).itertuples():
+        lines.append(f"{'step':>6} {'name':<24} {'dur_' + u:>10} {'busy_' + u:>10} "
+                     f"{'bubble_' + u:>10} {'bubble%':>8} {'gaps':>5}")
+        for r in rows.itertuples():
             pct = "n/a" if math.isnan(r.bubble_frac) else f"{r.bubble_frac:.1%}"
-            lines.append(f"{r.step:>6} {r.name[:24]:<24} {r.dur_us:>10.1f} {r.busy_us:>10.1f} "
-                         f"{r.bubble_us:>10.1f} {pct:>8} {r.n_gaps:>5}")
+            lines.append(f"{r.step:>6} {r.name[:24]:<24} {_t(r.dur_us, sc):>10} "
+                         f"{_t(r.busy_us, sc):>10} {_t(r.bubble_us, sc):>10} {pct:>8} "
+                         f"{r.n_gaps:>5}")
         if len(st) > max_rows:
             lines.append(f"{'':>6} ... {len(st) - max_rows} more steps (--json or --out for all)")
     if len(res.streams):
+        sr = res.streams
+        u, sc = time_unit(list(sr["busy_us"]) + list(sr["idle_us"]))
         lines.append("")
-        lines.append(f"{'stream':>6} {'busy_us':>10} {'idle_us':>10} {'host_wait':>10} "
-                     f"{'kernel_wait':>11} {'other':>10}")
-        for r in res.streams.itertuples():
-            lines.append(f"{r.stream:>6} {r.busy_us:>10.1f} {r.idle_us:>10.1f} "
-                         f"{r.idle_host_wait_us:>10.1f} {r.idle_kernel_wait_us:>11.1f} "
-                         f"{r.idle_other_us:>10.1f}")
+        lines.append(f"{'stream':>6} {'busy_' + u:>10} {'idle_' + u:>10} {'host_wait_' + u:>12} "
+                     f"{'kernel_wait_' + u:>14} {'other_' + u:>10}")
+        for r in sr.itertuples():
+            lines.append(f"{r.stream:>6} {_t(r.busy_us, sc):>10} {_t(r.idle_us, sc):>10} "
+                         f"{_t(r.idle_host_wait_us, sc):>12} {_t(r.idle_kernel_wait_us, sc):>14} "
+                         f"{_t(r.idle_other_us, sc):>10}")
     lines += [f"note    {n}" for n in sm["notes"]]
     return "\n".join(lines)
 

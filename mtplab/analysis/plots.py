@@ -4,9 +4,11 @@
 with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour) and one lane
 per GPU stream (stage-named `gpu_user_annotation` spans as a coloured band, kernels / memcpy /
 memset as dark boxes), and marks every device bubble with a red hatched band across the GPU
-lanes. Lanes are the y tick labels (`host <tid>`, `stream <id>`), top to bottom. The x axis is
-µs from the start of the first step drawn. Every function returns the Figure and, given `path`,
-saves it atomically as PNG / SVG / PDF by extension.
+lanes. A CPU-only trace has no GPU lanes and no bubbles: its lanes are the host threads that
+carry stage spans. Lanes are the y tick labels (`host <tid>`, `stream <id>`), top to bottom.
+The x axis is µs from the start of the first step drawn. `plot_event_timeline` draws the same
+kind of lanes from an mtplab event timeline (timeline.parquet). Every function returns the
+Figure and, given `path`, saves it atomically as PNG / SVG / PDF by extension.
 """
 from __future__ import annotations
 
@@ -51,15 +53,12 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
                   width: float = 14.0) -> Figure:
     """The bubble timeline of steps `steps=(a, b)` (inclusive step numbers; default: all).
 
-    `result` is `analyze(trace)` (computed when not given). Raises ValueError when the trace has
-    no GPU activity or the step range selects nothing.
+    `result` is `analyze(trace)` (computed when not given). A CPU-only trace gives the host
+    lanes alone (no bubbles). Raises ValueError when the step range selects nothing.
     """
     tr = trace if isinstance(trace, Trace) else load_trace(trace)
     res = result if result is not None else analyze(tr)
     device = res.summary.get("device")
-    if device is None:
-        raise ValueError("the trace has no GPU activity (CPU-only profile): there is no bubble "
-                         "timeline to draw")
     st = res.steps
     if steps is not None:
         a, b = steps
@@ -73,7 +72,7 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     in_win = (tr.ts < t1) & (tr.end > t0)
     act = tr.cat_mask(*GPU_ACTIVITY_CATS) & (tr.device == device)
     streams = sorted(np.unique(tr.stream[act]).tolist())
-    hosts = _launch_threads(tr, act)
+    hosts = _launch_threads(tr, act) if device is not None else _span_threads(tr)
     lanes = [f"host {tid}" for _, tid in hosts] + [f"stream {s}" for s in streams]
     fig, ax = plt.subplots(figsize=(width, 1.0 + 0.6 * len(lanes)))
     eps = (t1 - t0) / (width * 400)  # about a quarter pixel: closer boxes are drawn as one
@@ -120,12 +119,17 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     ax.set_ylim(-0.6, len(lanes) - 0.2)
     ax.set_xlim(0, t1 - t0)
     ax.set_xlabel(f"µs from the start of step {int(st['step'].iloc[0])}")
-    frac = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
-    ax.set_title(f"{Path(tr.path).name}: steps {int(st['step'].iloc[0])}–{int(st['step'].iloc[-1])}"
-                 f", bubble {frac:.1%} of device wall time (red hatched)", fontsize=9)
+    shown = f"steps {int(st['step'].iloc[0])}–{int(st['step'].iloc[-1])} of {len(res.steps)}"
+    if device is None:
+        what = "host spans only (CPU trace: no GPU lanes, so no device bubbles)"
+    else:
+        frac = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
+        what = f"bubble {frac:.1%} of device wall time (red hatched)"
+    ax.set_title(f"{Path(tr.path).name}: {shown}, {what}", fontsize=9)
     handles = [Patch(color=STAGE_COLORS[s], label=s) for s in STAGE_COLORS if s in seen]
     handles += [Patch(color=c, label=k) for k, c in ACTIVITY_COLORS.items() if k in seen]
-    handles.append(Patch(facecolor=GAP_COLOR, alpha=0.3, hatch="///", label="bubble"))
+    if device is not None:
+        handles.append(Patch(facecolor=GAP_COLOR, alpha=0.3, hatch="///", label="bubble"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     if path is not None:
         save_figure(fig, path)
@@ -137,6 +141,14 @@ def _launch_threads(tr: Trace, act: np.ndarray) -> list[tuple[int, int]]:
     corr = np.unique(tr.correlation[act & (tr.correlation >= 0)])
     rt = tr.cat_mask(*RUNTIME_CATS) & np.isin(tr.correlation, corr)
     pairs = {(int(p), int(t)) for p, t in zip(tr.pid[rt], tr.tid[rt])}
+    return sorted(pairs, key=lambda pt: (pt[1], pt[0]))
+
+
+def _span_threads(tr: Trace) -> list[tuple[int, int]]:
+    """(pid, tid) of host threads holding stage or step spans (the lanes of a CPU trace)."""
+    named = tr.cat_mask("user_annotation") & tr.name_mask(
+        lambda n: stage_of(n) is not None or n.startswith("step[") or n.startswith("ProfilerStep#"))
+    pairs = {(int(p), int(t)) for p, t in zip(tr.pid[named], tr.tid[named])}
     return sorted(pairs, key=lambda pt: (pt[1], pt[0]))
 
 
@@ -226,15 +238,20 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
 
 def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = None,
                         clock: str = "auto", path: PathLike | None = None,
-                        width: float = 14.0) -> Figure:
+                        width: float = 14.0, title: str | None = None,
+                        unit: str | None = None) -> Figure:
     """Lanes from an mtplab event timeline (timeline.parquet; no profiler needed): one lane per
     `stream` label (`host`, `forward`, ...), stage spans coloured with `STAGE_COLORS`, step
-    spans outlined. `clock`: `gpu` (CUDA event times), `host` (perf_counter) or `auto` (gpu
-    when the timeline has GPU times, else host — a CPU run). Lanes are the y tick labels."""
+    spans outlined and numbered at their start; the x `unit` (µs, ms, s; None: by the window's
+    length; give one to compare figures). `clock`: `gpu` (CUDA event times), `host`
+    (perf_counter) or `auto` (gpu when the timeline has GPU times, else host — a CPU run).
+    Lanes are the y tick labels; the legend lists the stages drawn; the title names the steps
+    shown (prefixed by `title`)."""
     if df.empty:
         raise ValueError("the event timeline is empty: nothing to draw")
     if clock == "auto":
         clock = "gpu" if df["gpu_start_us"].notna().any() else "host"
+    n_all = df["step"].nunique()
     if steps is not None:
         df = df[(df["step"] >= steps[0]) & (df["step"] <= steps[1])]
         if df.empty:
@@ -245,24 +262,41 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
     if clock == "gpu":
         s0 = s0.where(df["stream"] != "host", np.nan)
     t0 = float(np.nanmin(s0))
+    span = float(np.nanmax(s1.where(s0.notna()))) - t0
+    if unit is None:
+        unit = "µs" if span < 2e3 else "ms" if span < 2e6 else "s"
+    scale = {"µs": 1.0, "ms": 1e3, "s": 1e6}[unit]
+    s0, s1, t0 = s0 / scale, s1 / scale, t0 / scale
     lanes = sorted(df["stream"].unique(), key=lambda s: (s != "host", s))
-    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.7 * len(lanes)))
+    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.7 * len(lanes)))
+    drawn: set[str] = set()
     for y, lane in enumerate(lanes):
         sel = (df["stream"] == lane) & s0.notna()
         for stage in df.loc[sel & ~is_step, "stage"].unique():
             m = sel & ~is_step & (df["stage"] == stage)
             boxes = list(zip(s0[m] - t0, s1[m] - s0[m]))
             ax.broken_barh(boxes, (y - 0.35, 0.7), color=STAGE_COLORS.get(stage, "#cccccc"))
+            drawn.add(stage)
         m = sel & is_step
         ax.broken_barh(list(zip(s0[m] - t0, s1[m] - s0[m])), (y - 0.45, 0.9),
                        facecolor="none", edgecolor="black", linewidth=0.6)
+    marks = s0[is_step].groupby(df.loc[is_step, "step"]).min().dropna()
+    if marks.empty:     # no step spans on the lanes drawn: each step's first span
+        marks = s0.groupby(df["step"]).min().dropna()
+    every = max(1, -(-len(marks) // 25))  # at most 25 step marks
+    for step, start in marks.iloc[::every].items():
+        ax.axvline(start - t0, color="black", linestyle=":", linewidth=0.6)
+        ax.text(start - t0, -0.5, f" {step}", fontsize=7, va="bottom")
     ax.set_yticks(range(len(lanes)), labels=list(lanes))
-    ax.invert_yaxis()
-    ax.set_xlabel(f"µs ({clock} clock)")
-    shown = [s for s in STAGE_COLORS if s in set(df.loc[~is_step, "stage"])]
-    ax.legend(handles=[Patch(color=STAGE_COLORS[s], label=s) for s in shown],
-              loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=min(len(shown), 9),
-              fontsize=7)
+    ax.set_xlim(0, span / scale)
+    ax.set_ylim(len(lanes) - 0.5, -0.8)      # first lane on top, room for the step numbers
+    ax.set_xlabel(f"{unit} ({clock} clock) from the start of step {int(df['step'].min())}")
+    shown = (f"steps {int(df['step'].min())}–{int(df['step'].max())} of {n_all} "
+             "(dotted lines: step starts)")
+    ax.set_title(f"{title}: {shown}" if title else shown, fontsize=9)
+    legend = [s for s in STAGE_COLORS if s in drawn] + sorted(drawn - set(STAGE_COLORS))
+    ax.legend(handles=[Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     if path is not None:
         save_figure(fig, path)

@@ -38,6 +38,9 @@ class ProfilerSession:
         self.traces: list[Path] = []
         self.hooks: list[Callable[[int], None]] = []
         self.steps = 0
+        # Kineto logs every profiler_start/stop on stderr at its USDT level, above ERROR;
+        # level 6 is above all its levels. Read when Kineto first starts; a user's value wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)

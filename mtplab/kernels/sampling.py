@@ -1,14 +1,22 @@
 """Batched token sampling without host syncs (graph capturable).
 
-Randomness is counter based: the uniform for (request seed, token index, vocab id) is a
-hash, so a request's samples do not depend on batch composition, retraction or the device.
-Greedy lanes (temperature == 0) take the argmax.
+Randomness is counter based and keyed by position: the token at absolute position t of a
+request with seed s is decided by one uniform u(s, t) (`position_uniform`), by inverse CDF
+over the target distribution. Every sampler draws it the same way -- the (re-)prefill, a
+target-only decode step, and level k of a speculative tree walk (which decides position
+seq_len + 1 + k) -- so a request's samples depend on neither batch composition, nor step
+boundaries (accept lengths), nor retraction, nor the device kind. Greedy lanes
+(temperature == 0) take the argmax.
+
+    stream 0  SAMPLE    the draw that picks the token at t
+    stream 1  SIMULATE  the coin of simulated acceptance at t (independent of stream 0)
 """
 from __future__ import annotations
 
 import torch
 
 _M32 = 0xFFFFFFFF
+SAMPLE, SIMULATE = 0, 1     # streams: columns of counter_uniform
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -19,11 +27,23 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, n] float64 uniforms in (0, 1), a pure function of (seed, counter, column)."""
+    """[B, n] float64 uniforms in (0, 1), a pure function of (seed, counter, column).
+    Seeds are used modulo 2^32 (RunConfig and generate keep them in [0, 2^32))."""
     key = _mix32((seeds.long() & _M32) ^ _mix32((counters.long() + 0x9E3779B9) & _M32))
     col = _mix32(torch.arange(n, device=seeds.device, dtype=torch.long) + 0x85EBCA6B)
     u = _mix32(key[:, None] ^ col[None, :])
     return (u.double() + 0.5) / 4294967296.0
+
+
+def position_uniform(seeds: torch.Tensor, first_position: torch.Tensor, n: int,
+                     stream: int = SAMPLE) -> torch.Tensor:
+    """[B, n] float64: u[b, k] = the `stream` uniform of seed b at absolute token position
+    first_position[b] + k. A pure function of (seed, position, stream), never of the step."""
+    B = seeds.shape[0]
+    pos = first_position.long()[:, None] + torch.arange(n, device=seeds.device)
+    u = counter_uniform(seeds.long()[:, None].expand(B, n).reshape(-1), pos.reshape(-1),
+                        stream + 1)
+    return u[:, stream].view(B, n)
 
 
 def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -50,12 +70,28 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor,
     return probs / probs.sum(-1, keepdim=True)
 
 
+def last_in_support(probs: torch.Tensor) -> torch.Tensor:
+    """[...]: the largest token id with probability > 0 (inverse_cdf never steps past it)."""
+    vocab = torch.arange(probs.shape[-1], device=probs.device)
+    return torch.where(probs > 0, vocab, -1).amax(dim=-1)
+
+
+def inverse_cdf(cdf: torch.Tensor, last: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """cdf [B, V] (cumsum of probs), last [B] (last_in_support), u [B] in (0, 1) -> [B] int64:
+    the first token whose cumulative mass exceeds u * total. The one draw every sampler
+    uses, so equal (probs, u) give the same token in prefill, decode and tree accept."""
+    thr = u.float()[:, None] * cdf[:, -1:]
+    x = torch.searchsorted(cdf.contiguous(), thr.contiguous(), right=True)[:, 0]
+    # u*total may round up to total: never step past the last token with mass.
+    return torch.minimum(x, last)
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """logits [B, V] -> tokens [B] (int64). Gumbel-max over the top-p set."""
+    """logits [B, V] -> tokens [B] (int64). counters [B]: the absolute position of the token
+    being sampled (= tokens before it). Inverse CDF over the top-p set."""
     greedy = logits.argmax(-1)
     probs = target_probs(logits, temperature, top_p)
-    u = counter_uniform(seeds, counters, logits.shape[-1])
-    gumbel = -torch.log(-torch.log(u))
-    score = torch.where(probs > 0, probs.double().log() + gumbel, torch.full_like(gumbel, -torch.inf))
-    return torch.where(temperature > 0, score.argmax(-1), greedy)
+    u = position_uniform(seeds, counters, 1)[:, 0]
+    tok = inverse_cdf(torch.cumsum(probs, dim=-1), last_in_support(probs), u)
+    return torch.where(temperature > 0, tok, greedy)

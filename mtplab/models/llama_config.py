@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
+from ..errors import ModelLoadError
+
 FULL, SLIDING = "full_attention", "sliding_attention"
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads")
+POSITIVE_INTS = REQUIRED + ("num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 @dataclass
@@ -52,6 +58,24 @@ class LlamaConfig:
         """Sliding window of a layer in tokens, 0 for full attention."""
         return int(self.sliding_window) if self.layer_types[layer] == SLIDING else 0
 
+    def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor of a Hugging Face Llama checkpoint of this config, by its HF name, with
+        the shape the config implies (lm_head.weight included; a tied checkpoint may omit it).
+        Independent of how the live modules store them (fused QKV etc.)."""
+        V, H, I = self.vocab_size, self.hidden_size, self.intermediate_size
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,),
+                  "lm_head.weight": (V, H)}
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I)})
+        return shapes
+
     def to_hf_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "extra"}
         d.update(self.extra)
@@ -66,8 +90,31 @@ class LlamaConfig:
             d.update(architectures=["LlamaForCausalLM"], model_type="llama")
         return d
 
+    @staticmethod
+    def check_hf_dict(d) -> None:
+        """The keys a Llama config.json must have, with usable values (ValueError: one
+        sentence; `load` prefixes the file)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"holds a JSON {type(d).__name__}, not an object; a Llama "
+                             "config.json is an object of settings")
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"missing required keys {missing}; a Llama config.json needs "
+                             f"{', '.join(REQUIRED)}")
+        for k in POSITIVE_INTS:
+            v = d.get(k)
+            if k in d and v is not None and (isinstance(v, bool) or
+                                              not isinstance(v, numbers.Integral) or v < 1):
+                raise ValueError(f"{k}={v!r} is not a positive integer; fix it in config.json")
+        for k in ("rms_norm_eps", "rope_theta"):
+            v = d.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)
+                                  or not v > 0):
+                raise ValueError(f"{k}={v!r} is not a positive number; fix it in config.json")
+
     @classmethod
     def from_hf_dict(cls, d: dict) -> "LlamaConfig":
+        cls.check_hf_dict(d)
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         known.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
@@ -84,4 +131,21 @@ class LlamaConfig:
 
     @classmethod
     def load(cls, directory: str | Path) -> "LlamaConfig":
-        return cls.from_hf_dict(json.loads((Path(directory) / "config.json").read_text()))
+        """config.json of a model directory; ModelLoadError "<file>: <problem>; <fix>"."""
+        path = Path(directory) / "config.json"
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ModelLoadError(f"{path}: not found; a model directory needs config.json and "
+                                 "model.safetensors (Hugging Face Llama layout).") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{path}: cannot be read ({e}); check the file.") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column "
+                                 f"{e.colno}); fix the file or save the model again.") from None
+        try:
+            return cls.from_hf_dict(d)
+        except (ValueError, TypeError) as e:
+            raise ModelLoadError(f"{path}: {str(e).rstrip('.')}.") from None

@@ -74,7 +74,7 @@ class ShapePreset:
     description: str
 
     def config(self, layers: int | None = None) -> LlamaConfig:
-        n = layers or self.default_layers
+        n = self.default_layers if layers is None else layers
         if not 1 <= n <= self.full_layers:
             raise ValueError(f"{self.name} has 1..{self.full_layers} layers; got {n}.")
         extra = dict(layer_types=_gemma_types(n), sliding_window=1024) \

@@ -27,7 +27,7 @@ import torch
 
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import accept_chain_triton, accept_greedy_triton
-from ..kernels.sampling import target_probs
+from ..kernels.sampling import inverse_cdf, last_in_support, target_probs
 from .tree import DraftTree
 
 
@@ -88,22 +88,19 @@ def accept_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: tor
                   top_p: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
     """Target-only tree sampling. target_logits [B, D, V]; uniforms [B, S+1] in [0, 1).
 
-    At level k, x ~ p_target(. | cur) by inverse CDF with uniforms[:, k]. Each committed token
+    At level k, x ~ p_target(. | cur) by inverse CDF with uniforms[:, k] (the engine passes
+    the position uniforms of the positions the levels decide, kernels/sampling.py, so the
+    draw is the one target-only sampling makes at that position). Each committed token
     is thus drawn from the target given everything committed before it, whichever branch
     the draft proposed: the output distribution is exactly the target's."""
     probs = sampling_probs(target_logits, temperature, top_p)
     cdf = torch.cumsum(probs, dim=-1)                                        # [B, D, V]
     V = probs.shape[-1]
-    vocab = torch.arange(V, device=probs.device)
-    last_pos = torch.where(probs > 0, vocab, -1).amax(dim=-1)               # [B, D]
-    u = uniforms.float()
+    last_pos = last_in_support(probs)                                        # [B, D]
 
     def choose(k: int, cur: torch.Tensor) -> torch.Tensor:
         row = cdf.gather(1, cur[:, None, None].expand(-1, 1, V))[:, 0]       # [B, V]
-        thr = u[:, k:k + 1] * row[:, -1:]
-        x = torch.searchsorted(row.contiguous(), thr.contiguous(), right=True)[:, 0]
-        # u*total may round up to total: never step past the last token with mass.
-        return torch.minimum(x, last_pos.gather(1, cur[:, None])[:, 0])
+        return inverse_cdf(row, last_pos.gather(1, cur[:, None])[:, 0], uniforms[:, k])
 
     return _walk(tree, choose)
 

@@ -40,7 +40,7 @@ import torch
 
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
-from ..kernels.sampling import counter_uniform
+from ..kernels.sampling import SIMULATE, position_uniform
 from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
 from .commit import commit
 from .draft_select import StepCandidates, num_candidates
@@ -149,7 +149,8 @@ class SpecWorker:
                 rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
                 next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
         with self.spans.stage("accept"):   # target-only tree sampling (eager)
-            u = counter_uniform(s.seeds + 0x5BD1E995, seq + 1, p.num_steps + 1)
+            # level k decides position seq + 1 + k: the uniform target-only sampling uses there
+            u = position_uniform(s.seeds, seq + 1, p.num_steps + 1)
             return accept_sample(tree, logits, s.temperature, s.top_p, u)
 
     def _extend(self, rows, seq, acc: AcceptResult, hidden_path, hidden_last,
@@ -226,7 +227,8 @@ class SpecWorker:
             if not p.simulated:
                 acc = accept_greedy(tree, argmax)
             else:
-                u = counter_uniform(seeds, seq_lens + 1, p.num_steps + 1)
+                # level k decides position seq_len + 1 + k (not keyed by the step)
+                u = position_uniform(seeds, seq_lens + 1, p.num_steps + 1, SIMULATE)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
                                        accept_rates=p.simulate_accept_rates)
             return astuple(acc)

@@ -5,6 +5,8 @@
     heatmap(df, x="cfg.page_size", y="cfg.topk", value="accept_len")
     timelines(df, label_cols=["cfg.overlap"])         # one figure per row, one time scale
     standard_figures(df, out_dir=...)                 # the report of notebook 06
+    print(results_table(df))                          # the table `mtplab sweep` ends with
+    out = notebook_out("traces/notebooks/00")         # a notebook's out_dir, from the repo root
     write_answer(out_dir, {...})                      # a notebook's answer -> answer.json
 
 Every function draws the rows with status ok only. Bubble timelines: the Kineto trace on a
@@ -16,6 +18,8 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+
+import matplotlib.colors as mcolors
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -33,6 +37,22 @@ STANDARD_METRICS = ("tok_per_s", "tpot_p50_ms", "itl_p99_ms", "decode_step_time_
                     "accept_len", "bubble_frac")
 # Settings that say where a cell wrote, or a test hook: never an axis of a figure.
 NOT_AXES = ("cfg.trace_dir", "cfg.run_name", "fail")
+# Columns of the table `mtplab sweep` prints at the end, after the cell's axes.
+TABLE_METRICS = ("tok_per_s", "accept_len", "bubble_frac")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def notebook_out(out_dir: str | Path) -> Path:
+    """A notebook's output folder, created: an absolute `out_dir` as given, a relative one
+    under the repository root of this checkout whatever the working directory (papermill runs
+    a kernel in the caller's folder unless given --cwd), or under the working directory when
+    mtplab is installed outside a checkout."""
+    p = Path(out_dir).expanduser()
+    if not p.is_absolute():
+        root = REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()
+        p = root / p
+    p.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def load_results(path: str | Path) -> pd.DataFrame:
@@ -65,22 +85,36 @@ def label(df: pd.DataFrame, cols: Cols) -> pd.Series:
         lambda r: ", ".join(f"{c.removeprefix('cfg.')}={v}" for c, v in r.items()), axis=1)
 
 
+def _text(v) -> str:
+    """A setting as written: 16 rather than 16.0 (a column holding NaN of a failed cell is
+    float), '-' for a missing value."""
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else str(int(v)) if v.is_integer() else f"{v:g}"
+    return str(v)
+
+
 def _list(cols: Cols) -> list[str]:
     return [] if cols is None else [cols] if isinstance(cols, str) else list(cols)
 
 
 def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
          ax: Axes | None = None) -> Axes:
-    """Grouped bars: mean of `value` per `x`, one bar colour per `hue` combination."""
-    ok = ok_rows(df).assign(_hue=lambda d: label(d, hue))
-    table = ok.pivot_table(index=x, columns="_hue", values=value, aggfunc="mean", dropna=False)
+    """Grouped bars: mean of `value` per `x`, one bar colour per `hue` combination. Bars and
+    colours keep the rows' order (the first arm, usually the baseline, comes first); the
+    legend's title names the hue settings and its entries list their values."""
+    hue = _list(hue)
+    ok = ok_rows(df)
+    ok = ok.assign(_hue=ok[hue].map(_text).agg(", ".join, axis=1) if hue else "all")
+    table = ok.pivot_table(index=x, columns="_hue", values=value, aggfunc="mean",
+                           dropna=False, sort=False)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(table) + 2), 3.2), layout="constrained")
     table.plot.bar(ax=ax, rot=0, legend=table.shape[1] > 1)
     ax.set_xlabel(x.removeprefix("cfg."))
     ax.set_ylabel(value)
     if table.shape[1] > 1:
-        ax.legend(fontsize=7, title=None, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.legend(fontsize=7, title=", ".join(c.removeprefix("cfg.") for c in hue),
+                  title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(f"{value} by {x.removeprefix('cfg.')}", fontsize=9)
     return ax
 
@@ -95,16 +129,25 @@ def heatmap(df: pd.DataFrame, x: str, y: str, value: str, *, ax: Axes | None = N
                              layout="constrained")
     data = table.to_numpy(dtype=float)
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto")
+    ax.figure.colorbar(im, ax=ax, label=value)   # first: it widens a flat norm (one value)
+    face = im.to_rgba(np.nan_to_num(data))        # each cell's RGBA as drawn
     ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
     ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
     ax.set_xlabel(x.removeprefix("cfg."))
     ax.set_ylabel(y.removeprefix("cfg."))
     for (i, j), v in np.ndenumerate(data):
         if not math.isnan(v):
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white")
-    ax.figure.colorbar(im, ax=ax, label=value)
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                    color=label_color(face[i, j]))
     ax.set_title(value, fontsize=9)
     return ax
+
+
+def label_color(rgba) -> str:
+    """Black on light cells, white on dark ones (WCAG relative luminance of the cell colour)."""
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+               for c in mcolors.to_rgb(rgba))
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.179 else "white"
 
 
 def timelines(df: pd.DataFrame, label_cols: Cols = None, *, n_steps: int = 4,
@@ -139,7 +182,7 @@ def _timeline(row, n_steps: int) -> Figure:
     dec = sorted(tl.loc[(tl["step"] >= first) & tl["stage"].str.startswith("step[decode"),
                         "step"].unique())
     a = int(dec[min(1, len(dec) - 1)])
-    return plot_event_timeline(tl, steps=(a, a + n_steps - 1))
+    return plot_event_timeline(tl, steps=(a, a + n_steps - 1), unit="ms")   # one x scale
 
 
 def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,
@@ -159,6 +202,28 @@ def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,
         if out_dir is not None:
             save_figure(ax.figure, Path(out_dir) / f"{m}.png")
     return figs
+
+
+def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> str:
+    """The compact text table of a sweep: one row per cell (cell id, status, the varying
+    settings, tok/s, accept_len, bubble fraction); `-` where a value is missing (a failed
+    cell, no draft, no profile, no GPU)."""
+    if df.empty:
+        return "(no cells)"
+    axes = varying(df) if (df["status"] == "ok").any() else []
+    df = df.assign(**{m: float("nan") for m in metrics if m not in df.columns})
+    t = df[["cell_id", "status", *axes, *metrics]].copy()
+    cols = list(t.columns)
+    t[axes] = t[axes].map(_text)
+    t.columns = [c.removeprefix("cfg.").removeprefix("param.") for c in cols]
+    if "bubble_frac" in t:
+        t["bubble_frac"] = [f"{v:.1%}" if v == v and v is not None else "-"
+                            for v in t["bubble_frac"]]
+    for m in ("tok_per_s", "accept_len"):
+        if m in t:
+            t[m] = [f"{v:.3g}" if v == v and v is not None else "-" for v in t[m]]
+    return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": "bubble"}).to_string(
+        index=False, na_rep="-")
 
 
 def write_answer(out_dir: str | Path, answer: dict) -> Path:

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from .executors import Executor, LocalExecutor
+from ..progress import tqdm
 from .grid import Cell, Workload, place
 from .kernel import local_kernel
 from .lock import hold_out_dir

@@ -204,6 +204,8 @@ def check_generate_args(prompts, max_new_tokens, temperature, top_p, seed, stop_
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}.")
     check_seed("seed" if seed is not None else "the config seed",
                default_seed if seed is None else seed, max(1, len(prompts)))
+    if isinstance(stop_ids, (set, frozenset)):       # an unordered collection of stops is fine
+        stop_ids = sorted(stop_ids, key=repr)
     stops = [] if stop_ids is None else _token_ids("stop_ids", stop_ids, vocab_size)
     for name, v in (("ignore_eos", ignore_eos), ("progress", progress)):
         if not isinstance(v, bool):

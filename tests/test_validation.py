@@ -137,7 +137,9 @@ def test_generate_accepts_numpy_ints_and_arrays(eng):
                      seed=np.uint32(9), stop_ids=np.array([1, 2]))
     b = eng.generate([np.array([5, 6, 7])], max_new_tokens=4, temperature=1.0, seed=9,
                      stop_ids=(1, 2))
-    assert a == b and all(type(t) is int for t in a[0])
+    c = eng.generate([[5, 6, 7]], max_new_tokens=4, temperature=1.0, seed=9,
+                     stop_ids=frozenset({2, 1}))          # a set of stops is a collection too
+    assert a == b == c and all(type(t) is int for t in a[0])
     eng.check_invariants()
 
 

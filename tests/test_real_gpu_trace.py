@@ -48,3 +48,17 @@ def test_cli_json_on_the_real_trace():
     out = json.loads(r.stdout)
     assert out["summary"]["n_steps"] == len(out["steps"]) >= 3
     assert {"stream", "busy_us", "idle_us"} <= set(out["streams"][0])
+
+
+def test_kernels_per_step_counts_the_gpu_activities_of_each_decode_step():
+    import numpy as np
+    from mtplab.analysis.bubbles import analyze
+    from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
+    from mtplab.sweep.metrics import trace_metrics
+    m = trace_metrics(str(TRACE), 0)
+    steps = analyze(str(TRACE)).steps
+    steps = steps[steps["name"].str.startswith("step[decode")]
+    tr = load_trace(str(TRACE))
+    ts = tr.ts[tr.cat_mask(*GPU_ACTIVITY_CATS)]
+    per = [int(((ts >= s) & (ts < s + d)).sum()) for s, d in zip(steps["start_us"], steps["dur_us"])]
+    assert m["kernels_per_step"] == float(np.median(per)) and m["kernels_per_step"] > 0

@@ -29,6 +29,10 @@ profiler window after warm-up (the profiler inflates host time: where/why views)
     launches_per_step                  CUDA launch calls (`*Launch*` runtime/driver events)
                                        inside a decode step span (NaN on CPU)
     draft_launches_per_step            launch calls inside `draft.seed` / `draft` spans
+    kernels_per_step                   GPU activities (kernels, copies, memsets) that start
+                                       inside a decode step's device window, median over the
+                                       steps (NaN on CPU); kernels per decoder layer need two
+                                       depths: benchmarks/bench_kernels.py
     draft_ops_per_step                 aten ops dispatched inside `draft.seed` / `draft` spans
                                        (nested ops counted; the CPU stand-in for launches)
     host_syncs_per_step                synchronize calls and `aten::item` /
@@ -41,7 +45,7 @@ import pandas as pd
 
 from ..analysis.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
 from ..stages import STAGES
-from ..analysis.trace_io import RUNTIME_CATS, load_trace
+from ..analysis.trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, load_trace
 
 NAN = float("nan")
 DRAFT_SPANS = ("draft.seed", "draft")
@@ -88,7 +92,7 @@ def bubble_columns(steps: pd.DataFrame, has_device: bool) -> dict:
 def trace_metrics(trace_path: str, skip_steps: int) -> dict:
     """Bubble fractions and launch/sync counts of the decode steps after `skip_steps`."""
     out = {**bubble_columns(pd.DataFrame(), False),
-           "launches_per_step": NAN, "draft_launches_per_step": NAN,
+           "launches_per_step": NAN, "draft_launches_per_step": NAN, "kernels_per_step": NAN,
            "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
     tr = load_trace(trace_path)
     try:
@@ -113,6 +117,11 @@ def trace_metrics(trace_path: str, skip_steps: int) -> dict:
         out["launches_per_step"] = _count_in(tr.ts[launch], s0, s1) / n
         out["draft_launches_per_step"] = _count_in(tr.ts[launch], d0, d1) / n
     out["draft_ops_per_step"] = _count_in(tr.ts[ops], d0, d1) / n
+    gpu = np.sort(tr.ts[tr.cat_mask(*GPU_ACTIVITY_CATS)])
+    if gpu.size:
+        w0 = st["start_us"].to_numpy()
+        per = np.searchsorted(gpu, w0 + st["dur_us"].to_numpy()) - np.searchsorted(gpu, w0)
+        out["kernels_per_step"] = float(np.median(per))
     out["host_syncs_per_step"] = _count_in(tr.ts[syncs], s0, s1) / n
     return out
 

@@ -78,7 +78,13 @@ def test_out_dir_is_resolved_from_the_repo_root(path):
     assert "out = notebook_out(out_dir)" in code and "Path(out_dir)" not in code
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+# The default (fast) set runs the quick notebooks; the long ablations run with `-m slow`.
+SLOW_NOTEBOOKS = ("01_overlap", "03_page_topk", "04_zero_bubble", "06_sweep_report")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
+                                  if p.stem in SLOW_NOTEBOOKS else p for p in NOTEBOOKS],
+                         ids=lambda p: p.stem)
 def test_notebook_runs_on_cpu(path, kernel, tmp_path):
     reason = _unavailable(NEEDS.get(path.stem, {}))
     if reason:

@@ -191,11 +191,14 @@ class Engine:
         self._step_hooks.append(fn)
 
     def _on_step(self) -> None:
-        if self.profiler is not None:
-            self.profiler.step()
+        # The step's hooks run before the profiler's step boundary, so work they queue (e.g.
+        # planted GPU work) belongs to this step in both tools; the profiler's own pauses
+        # (CUPTI start, trace export at the end of the active window) then fall between steps.
         self._steps_done += 1
         for fn in self._step_hooks:
             fn(self._steps_done - 1)
+        if self.profiler is not None:
+            self.profiler.step()
 
     def _new_scheduler(self) -> Scheduler:
         hook = self.check_invariants if self.cfg.debug_invariants else None

@@ -193,3 +193,19 @@ def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypa
     assert "%globaltimer" in ptx
     atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
     assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread
+
+
+def test_step_hooks_run_before_the_profiler_step_boundary(tmp_path):
+    """Work a hook queues belongs to its step in the meter and in the profiler alike: the
+    profiler's own pauses (CUPTI start, trace export) must fall after the step's hooks."""
+    from mtplab import Engine, RunConfig
+    eng = Engine(RunConfig(model="random-tiny", profile=True, profile_wait=50,
+                           trace_dir=str(tmp_path), run_name="r"))
+    order = []
+    real = eng.profiler.step
+    eng.profiler.step = lambda: (order.append("profiler"), real())[1]
+    eng.add_step_hook(lambda i: order.append("hook"))
+    eng.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True)
+    assert order and order[0] == "hook" and order == ["hook", "profiler"] * (len(order) // 2)
+    eng.finish()
+    eng.check_invariants()

@@ -23,3 +23,14 @@ def test_quick_start_has_exactly_two_commands():
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     assert len(blocks) == 2
     assert "mtplab demo" in blocks[0] and "pytest" in blocks[1]
+
+
+def test_no_tracked_file_refers_outside_the_repo():
+    """A clone stands alone: no tracked file points at the sibling folder of the checkout."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True).stdout
+    outside = "../" + "shared"
+    bad = [f for f in files.split() if (root / f).is_file() and not f.endswith((".gz", ".safetensors", ".png"))
+           and outside in (root / f).read_text(errors="ignore")]
+    assert not bad, bad

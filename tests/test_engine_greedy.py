@@ -63,3 +63,24 @@ def test_bad_requests_raise_clear_errors():
     with pytest.raises(ValueError, match="list of prompts"):
         eng.generate("abc", max_new_tokens=2)
     eng.check_invariants()
+
+
+def test_greedy_decode_steps_skip_the_sampler(monkeypatch):
+    """An all-greedy decode step ends in an argmax (its own captured graph on CUDA); the
+    sampler runs only for prefill and for batches with temperature > 0. Tokens are the same."""
+    import mtplab.speculative.target_worker as tw
+    eng = Engine(RunConfig(model="random-tiny", max_running_requests=2))
+    calls = []
+    real = tw.sample
+    monkeypatch.setattr(tw, "sample", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    greedy = eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True)
+    st = eng.stats()
+    assert len(calls) == st["prefill_steps"] and st["decode_steps"] > 0
+    calls.clear()
+    monkeypatch.setattr(tw, "sample", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True, temperature=0.7)
+    assert len(calls) == eng.stats()["prefill_steps"] + eng.stats()["decode_steps"]
+    monkeypatch.setattr(tw, "sample", real)
+    assert Engine(RunConfig(model="random-tiny", max_running_requests=2)).generate(
+        [[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True) == greedy
+    eng.check_invariants()

@@ -33,9 +33,12 @@ class TargetWorker:
         self.attn_fn = attn_fn
         self.width = table.shape[1]
         self.device = table.device
-        self.decode_graph: GraphRunner | None = None
+        # Two captured decode graphs, picked per step by the host's all_greedy flag: the
+        # greedy one ends in an argmax, the other samples (top-p sort, softmax, uniforms).
+        self.decode_graphs: dict[bool, GraphRunner] = {}
         if cuda_graphs:
-            self.decode_graph = self._capture_decode(graph_max_bs)
+            self.decode_graphs = {greedy: self._capture_decode(graph_max_bs, greedy)
+                                  for greedy in (False, True)}
 
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
@@ -66,7 +69,9 @@ class TargetWorker:
         assert logits.shape[0] == B
         return sample(logits, s.temperature, s.top_p, s.seeds, s.counters), hidden
 
-    def _decode_fn(self, max_kv: int):
+    def _decode_fn(self, max_kv: int, greedy: bool = False):
+        """greedy: every lane has temperature 0, so the token is the argmax (what `sample`
+        gives a greedy lane) and the sampling kernels are left out of the step."""
         def fn(input_ids, rows, kv_lens, temperature, top_p, seeds):
             counters = kv_lens                     # the sampling counter: the new length
             B = rows.shape[0]
@@ -77,6 +82,8 @@ class TargetWorker:
             meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv)
             _, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc, meta,
                                    self.attn_fn)
+            if greedy:
+                return logits.argmax(-1)
             return sample(logits, temperature, top_p, seeds, counters)
         return fn
 
@@ -90,13 +97,13 @@ class TargetWorker:
         new_len = seq + 1
         args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
-        g = self.decode_graph
+        g = self.decode_graphs.get(x.all_greedy)
         graphed = g is not None and x.rows.shape[0] <= g.max_bs
         with self.spans.stage("verify", graphed=graphed):   # the forward of a one-node tree
             if graphed:
                 tok = g.run(args)
             else:
-                tok = self._decode_fn(x.max_kv)(**args)
+                tok = self._decode_fn(x.max_kv, x.all_greedy)(**args)
         with self.spans.stage("publish"):
             self.future_map.publish(x.rows, new_len)
         with self.spans.stage("stash"):
@@ -104,7 +111,7 @@ class TargetWorker:
         return DecodeOut(tok[:, None], torch.ones_like(tok))
 
 
-    def _capture_decode(self, max_bs: int) -> GraphRunner:
+    def _capture_decode(self, max_bs: int, greedy: bool) -> GraphRunner:
         dev, L = self.device, max_bs
         static = dict(
             input_ids=torch.zeros(L, dtype=torch.long, device=dev),
@@ -115,7 +122,7 @@ class TargetWorker:
             seeds=torch.zeros(L, dtype=torch.long, device=dev))
         # Padding lane: row 0, one KV entry -> writes and reads slot 0 of the padding page.
         pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0)
-        runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width)), static, pad,
+        runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width, greedy)), static, pad,
                              default_buckets(max_bs), sticky=("rows", "temperature", "top_p",
                                                               "seeds"),
                              meter=self.spans.meter, stage="verify")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import emit
+from benchmarks.common import emit, sleep_cycles
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import heldout_snippets
 
@@ -119,18 +119,6 @@ def planted(rows: list, mode: str, reps: int = 3) -> None:
                         f"{100 * (want - rise) / want:.1f}% |")
 
 
-def _sleep_cycles(ms: float) -> int:
-    import torch
-    torch.cuda._sleep(1000)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(1_000_000)
-    b.record()
-    b.synchronize()
-    return int(ms * 1_000_000 / a.elapsed_time(b))
-
-
 def vs_profiler(rows: list, d: Path) -> None:
     import torch
     from mtplab.analysis.bubbles import analyze
@@ -145,7 +133,7 @@ def vs_profiler(rows: list, d: Path) -> None:
                                trace_dir=str(d), run_name=f"meter-{regime}",
                                max_running_requests=8))
         if regime == "backlogged":
-            cycles = _sleep_cycles(5.0)
+            cycles = sleep_cycles(5.0)
             # The planted work carries a stage interval so the meter counts it busy, as the
             # profiler does; which stage name labels it does not matter to either tool.
             b, e = (eng.meter.stamp_code("stash", "forward", x) for x in (False, True))

@@ -37,7 +37,7 @@ from mtplab.analysis.bubbles import analyze
 from mtplab.analysis.plots import plot_timeline
 from mtplab.analysis.trace_io import load_trace
 
-from .common import sweep
+from .common import sleep_cycles, sweep
 
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
 MODES = {"off": dict(overlap=False), "on": dict(overlap=True),
@@ -120,7 +120,7 @@ def pair_costs(rows: list, n: int = 100) -> dict:
            "copy": lambda: host.copy_(x[:16], non_blocking=True)}
     for op in ops.values():                # kernels loaded before any timing
         op()
-    cycles = _sleep_cycles(100.0)
+    cycles = sleep_cycles(100.0)
     side = torch.cuda.Stream()             # a side stream, as the engine's (not the legacy default)
 
     def pairs(op) -> list:
@@ -162,19 +162,6 @@ def pair_costs(rows: list, n: int = 100) -> dict:
     return costs
 
 
-def _sleep_cycles(ms: float) -> int:
-    """GPU clock cycles of torch.cuda._sleep that take about `ms` (measured once)."""
-    import torch
-    torch.cuda._sleep(1000)            # loads the kernel (lazy module loading) outside the timing
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(1_000_000)
-    b.record()
-    b.synchronize()
-    return int(ms * 1_000_000 / a.elapsed_time(b))
-
-
 def stage_check(d: Path, rows: list, regime: str, costs: dict) -> tuple[Path, float]:
     """Profile a frozen_kv_mtp run with the event timeline on; compare per-stage GPU times.
     `backlog`: a GPU sleep queued after every step holds the stream while the host queues
@@ -188,7 +175,7 @@ def stage_check(d: Path, rows: list, regime: str, costs: dict) -> tuple[Path, fl
                            profile_wait=w, profile_warmup=u, profile_active=a,
                            trace_dir=str(d), run_name=f"stages-{regime}", max_running_requests=8))
     if r["backlog"]:
-        cycles = _sleep_cycles(10.0)
+        cycles = sleep_cycles(10.0)
 
         def hold(_step):         # on the stream the step's work runs on (a new one per generate)
             with torch.cuda.stream(eng.scheduler.forward_stream):

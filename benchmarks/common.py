@@ -32,3 +32,16 @@ def sweep(doc: dict[str, Any], out: Path | str) -> pd.DataFrame:
                            f"(see {out})")
     settings = pd.DataFrame([json.loads(s) for s in df["settings_json"]]).add_prefix("s.")
     return pd.concat([df, settings], axis=1)
+
+
+def sleep_cycles(ms: float) -> int:
+    """GPU clock cycles of torch.cuda._sleep that take about `ms` (measured once)."""
+    import torch
+    torch.cuda._sleep(1000)            # loads the kernel (lazy module loading) outside the timing
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(1_000_000)
+    b.record()
+    b.synchronize()
+    return int(ms * 1_000_000 / a.elapsed_time(b))

@@ -151,17 +151,22 @@ def _accept_greedy_kernel(Tok, Par, Argmax, Index, Lens, Out, Bonus, D,
     tl.store(Bonus + b, tl.where(alive > 0, x, bonus))
 
 
+def _accept_outputs(B: int, S: int, dev):
+    """The AcceptResult buffers: (accept_index [B,S+1], accept_lens [B], tokens [B,S+1],
+    bonus [B]) int64, written by the accept kernels."""
+    return (torch.empty(B, S + 1, dtype=torch.long, device=dev),
+            torch.empty(B, dtype=torch.long, device=dev),
+            torch.empty(B, S + 1, dtype=torch.long, device=dev),
+            torch.empty(B, dtype=torch.long, device=dev))
+
+
 def accept_greedy_triton(tokens: torch.Tensor, parents: torch.Tensor, argmax: torch.Tensor,
                          num_steps: int):
     """-> (accept_index [B,S+1], accept_lens [B], tokens [B,S+1], bonus [B]) int64, as
     accept.accept_greedy (tokens/parents/argmax [B, D] contiguous)."""
     B, D = tokens.shape
-    dev = tokens.device
     S = num_steps
-    index = torch.empty(B, S + 1, dtype=torch.long, device=dev)
-    out = torch.empty(B, S + 1, dtype=torch.long, device=dev)
-    lens = torch.empty(B, dtype=torch.long, device=dev)
-    bonus = torch.empty(B, dtype=torch.long, device=dev)
+    index, lens, out, bonus = _accept_outputs(B, S, tokens.device)
     if B:
         _accept_greedy_kernel[(B,)](tokens.contiguous(), parents.contiguous(),
                                     argmax.contiguous(), index, lens, out, bonus, D, S=S,
@@ -203,12 +208,8 @@ def accept_chain_triton(tokens: torch.Tensor, next_token: torch.Tensor, argmax: 
     """-> (accept_index [B,S+1], accept_lens [B], tokens [B,S+1], bonus [B]) int64, as the
     chain part of accept.accept_simulated (tokens/next_token/argmax [B, D], n [B])."""
     B, D = tokens.shape
-    dev = tokens.device
     S = num_steps
-    index = torch.empty(B, S + 1, dtype=torch.long, device=dev)
-    out = torch.empty(B, S + 1, dtype=torch.long, device=dev)
-    lens = torch.empty(B, dtype=torch.long, device=dev)
-    bonus = torch.empty(B, dtype=torch.long, device=dev)
+    index, lens, out, bonus = _accept_outputs(B, S, tokens.device)
     if B:
         _accept_chain_kernel[(B,)](tokens.contiguous(), next_token.contiguous(),
                                    argmax.contiguous(), n.contiguous(), index, lens, out, bonus,

@@ -234,9 +234,14 @@ class Engine:
         """One scheduler iteration (a prefill or a decode step); returns the requests it
         finished (`.rid`, `.output_ids`, `.finished_reason`). An error or Ctrl-C inside the
         step aborts every request held and frees their KV before it propagates."""
+        with self.numerics():
+            return self._step()
+
+    def _step(self) -> list[Req]:
+        """One scheduler iteration inside the numerics scope (entered once by the caller,
+        not per step: it is on the hot path of generate)."""
         try:
-            with self.numerics():
-                return self.scheduler.step()
+            return self.scheduler.step()
         except BaseException:
             self.scheduler.abort_all()
             raise
@@ -305,11 +310,12 @@ class Engine:
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
         t0 = time.perf_counter()
         try:
-            while not sched.idle:
-                self.step()
-                if progress:
-                    bar.update(sum(len(r.output_ids) for r in reqs),
-                               sum(r.finished for r in reqs))
+            with self.numerics():
+                while not sched.idle:
+                    self._step()
+                    if progress:
+                        bar.update(sum(len(r.output_ids) for r in reqs),
+                                   sum(r.finished for r in reqs))
             self.device.synchronize()
         finally:
             bar.close()

@@ -83,8 +83,10 @@ def report(path: Path) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--large-steps", type=int, default=24,
+    ap.add_argument("--new-tokens", type=int, default=36)
+    ap.add_argument("--small-new-tokens", type=int, default=8,
+                    help="new tokens per generate of the small trace (tests/data size)")
+    ap.add_argument("--large-steps", type=int, default=2,
                     help="profiled generate calls of the large trace (raise for a larger file)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    small = record(out / "plain_small.pt.trace.json.gz", 2, 32, "cuda")
+    small = record(out / "plain_small.pt.trace.json.gz", 2, a.small_new_tokens, "cuda")
     large = record(out / "plain_large.pt.trace.json.gz", a.large_steps, a.new_tokens, "cuda")
     ok = report(small) & report(large)
     return 0 if ok else 1

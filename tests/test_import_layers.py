@@ -5,7 +5,7 @@ a new sideways or upward edge fails this test with the file and the line.
     leaf      errors  stages  atomic  lossless  progress   (import nothing of mtplab)
               core (only errors: it re-exports ConfigError)   validate (only errors)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
-              sched (core, mem, device, instrument)   never speculative or models
+              sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (never torch)
               config (+ validate)  <- engine, stats  <- cli, bench, sweep, sglang
 """
@@ -35,7 +35,8 @@ ALLOWED = {
     "graphs": {"core", "device"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
                     "stages"},
-    "sched": {"core", "device", "mem", "instrument", "stages"},
+    # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)
+    "sched": {"core", "device", "mem", "instrument", "stages", "kernels"},
     "config": {"core", "errors", "validate", "device", "models", "mem"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}

@@ -18,7 +18,7 @@ import torch
 from mtplab.engine import Engine, RunConfig
 from mtplab.instrument.meter import BubbleMeter, stamp_code
 from mtplab.instrument.spans import Spans
-from mtplab.kernels.stamp import stamp_ref, stamp_triton
+from mtplab.kernels.stamp import stamp_ref, stamp_triton, stamped_copy_ref, stamped_copy_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,6 +34,38 @@ def test_stamp_kernel_matches_reference_and_wraps():
     assert int(count[0]) == int(ref_count[0]) == 13
     assert torch.equal(ring.cpu(), ref_ring)
     assert ref_ring[12 & 7, 0] == 2 + 12                  # the last record: slot 12 & 7
+
+
+@pytest.mark.parametrize("pairs", [1, 2])
+@pytest.mark.parametrize("stamped", [False, True])
+def test_stamped_copy_matches_reference(pairs, stamped):
+    """The d2h stage's one kernel: the copies (sizes across the block width) between its own
+    begin and end stamps, against the copies between two reference stamps."""
+    g = torch.Generator().manual_seed(pairs)
+    srcs = [torch.randint(-2**40, 2**40, (n,), generator=g).to(DEVICE) for n in (300, 7)][:pairs]
+    dsts = [torch.zeros_like(s, device="cpu") for s in srcs]
+    ring = torch.zeros(8, 2, dtype=torch.long, device=DEVICE)
+    count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    count[0] = 6                                          # the two records wrap the ring
+    t = 10**15 + 12345
+    stamp = (ring, count, 20, 21) if stamped else None
+    stamped_copy_triton(dsts, srcs, stamp, torch.tensor([t], device=DEVICE))
+    ref_d = [torch.zeros_like(d) for d in dsts]
+    ref_ring, ref_count = torch.zeros(8, 2, dtype=torch.long), torch.tensor([6], dtype=torch.int32)
+    stamped_copy_ref(ref_d, [s.cpu() for s in srcs],
+                     (ref_ring, ref_count, 20, 21) if stamped else None, lambda: t)
+    assert all(torch.equal(a, b) for a, b in zip(dsts, ref_d))
+    assert all(torch.equal(a, s.cpu()) for a, s in zip(dsts, srcs))
+    assert torch.equal(ring.cpu(), ref_ring) and int(count[0]) == int(ref_count[0])
+    assert int(count[0]) == (8 if stamped else 6)
+
+
+def test_stamped_copy_rejects_mismatched_pairs():
+    a = torch.zeros(4, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="one size and dtype"):
+        stamped_copy_triton([torch.zeros(3, dtype=torch.long)], [a])
+    with pytest.raises(ValueError, match="one or two"):
+        stamped_copy_triton([], [])
 
 
 def test_codes_and_spans():
@@ -181,6 +213,9 @@ def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypa
 
     import mtplab.kernels.stamp as stamp
     # under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: compile its Python source
+    # (and the helper it calls)
+    monkeypatch.setitem(stamp._stamp_kernel.fn.__globals__, "_stamp_now",
+                        JITFunction(stamp._stamp_now.fn))
     jit = JITFunction(stamp._stamp_kernel.fn, do_not_specialize=["code"])
     sig = {"ring_ptr": "*i64", "count_ptr": "*i32", "clock_ptr": "*i64", "code": "i32",
            "mask": "i32", "GLOBALTIMER": "constexpr"}

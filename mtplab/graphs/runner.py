@@ -15,6 +15,10 @@ for values consumed by work queued on the same stream before that replay.
     [stamp begin(stage), fn's kernels, stamp end(stage)]
 so a replay carries its stage's device time stamps with no extra host launch; `run` logs
 them for the meter's current step (the warm-up runs before capture are not stamped).
+A graph of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash")) calls
+`fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one:
+    [b commit, ..., e commit, b publish, ..., e publish, b stash, ..., e stash]
+(mark is a no-op in the warm-up runs and must name the stages in order).
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 """
@@ -33,11 +37,12 @@ def default_buckets(max_bs: int) -> list[int]:
 class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
                  pad_values: dict[str, int], buckets: list[int], sticky: tuple = (),
-                 meter=None, stage: str = ""):
+                 meter=None, stage: str | tuple[str, ...] = ""):
         self.fn = fn
         self.meter = meter
-        self.stamps = (meter.stamp_code(stage, "forward", False),
-                       meter.stamp_code(stage, "forward", True)) if meter is not None else ()
+        self.stages = (stage,) if isinstance(stage, str) else tuple(stage)
+        self.stamps = tuple(meter.stamp_code(s, "forward", end) for s in self.stages
+                            for end in (False, True)) if meter is not None else ()
         self.sticky = sticky
         self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs
@@ -59,17 +64,35 @@ class GraphRunner:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):          # warm-up: Triton JIT, cuBLAS workspaces
-                    self.fn(**args)
+                    self._call(args, lambda name: None)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 if self.stamps:
                     self.meter.device_stamp(self.stamps[0])
-                out = self.fn(**args)
+                out = self._call(args, self._marker())
                 if self.stamps:
-                    self.meter.device_stamp(self.stamps[1])
+                    self.meter.device_stamp(self.stamps[-1])
             self.graphs[bs] = (g, out)
         torch.cuda.synchronize()
+
+    def _call(self, args: dict, mark):
+        return self.fn(**args) if len(self.stages) == 1 else self.fn(**args, mark=mark)
+
+    def _marker(self):
+        """mark(name) for a capture: the stamps ending the current stage and beginning
+        `name` (the next one in `stages`)."""
+        nxt = iter(range(1, len(self.stages)))
+
+        def mark(name: str) -> None:
+            i = next(nxt)
+            if name != self.stages[i]:
+                raise ValueError(f"graph stages run in the order {self.stages}; got {name!r} "
+                                 f"where {self.stages[i]!r} comes next.")
+            if self.stamps:
+                self.meter.device_stamp(self.stamps[2 * i - 1])
+                self.meter.device_stamp(self.stamps[2 * i])
+        return mark
 
     def bucket(self, bs: int) -> int:
         for b in self.buckets:
@@ -89,7 +112,10 @@ class GraphRunner:
             st[bs:b].fill_(self.pad[key])
         return st[:bs]
 
-    def run(self, inputs: dict[str, torch.Tensor], clone: bool = True):
+    def run(self, inputs: dict[str, torch.Tensor], clone: bool | tuple[int, ...] = True):
+        """Replay for these inputs -> fn's output(s) [:bs]. `clone`: True copies every output
+        out of the graph's buffers, False returns views, a tuple of indices clones those
+        outputs only (the others are views)."""
         bs = next(iter(inputs.values())).shape[0]
         b = self.bucket(bs)
         for k, v in inputs.items():
@@ -107,4 +133,5 @@ class GraphRunner:
             self.meter.log(*self.stamps)
         if isinstance(out, torch.Tensor):
             return out[:bs].clone() if clone else out[:bs]
-        return tuple(o[:bs].clone() if clone else o[:bs] for o in out)
+        keep = range(len(out)) if clone is True else clone or ()
+        return tuple(o[:bs].clone() if i in keep else o[:bs] for i, o in enumerate(out))

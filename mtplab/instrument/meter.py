@@ -3,6 +3,9 @@ not covered by any stage is the bubble. No profiler, no host sync per step.
 
     stage span (eager)      stamp kernel (begin) ... the stage's work ... stamp kernel (end)
     stage graph (captured)  [stamp begin, the stage's kernels, stamp end] in one replay
+                            (a graph of several stages: stamps at each stage boundary)
+    self-stamped kernel     one kernel doing the stage's work between its own two stamps
+                            (the `d2h` copies on CUDA: kernels/stamp.py stamped_copy)
     step span               names the step; every stamp issued inside it belongs to it
 Each stamp writes (code, %globaltimer ns) into a device ring (kernels/stamp.py); the ring is
 read back once per `generate` (`collect`, after the engine's end-of-call synchronize), or
@@ -144,7 +147,7 @@ class BubbleMeter:
     def span(self, name: str, lane: str, graphed: bool = False):
         """The meter's context manager for a span: stamps for an eager device-lane stage,
         a step opener for a step span, nothing for host spans and graphed stages (their
-        graph carries its own stamps)."""
+        graph, or the stage's self-stamping kernel, carries the stamps)."""
         key = (name, lane, graphed)
         sp = self._spans.get(key)
         if sp is None:
@@ -164,6 +167,12 @@ class BubbleMeter:
         else:
             stamp_ref(*self._host, code, time.perf_counter_ns())
         self._log.append(self._key | code)
+
+    def kernel_stamp(self, stage: str, lane: str) -> tuple:
+        """(ring, count, begin code, end code) for a stage whose one kernel stamps itself
+        (kernels/stamp.py `stamped_copy`); `log` its two codes once it is launched."""
+        return (self.ring, self.count, stamp_code(stage, lane, False),
+                stamp_code(stage, lane, True))
 
     def device_stamp(self, code: int) -> None:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""

@@ -10,6 +10,11 @@ captured CUDA graph (the ring slot is claimed on the device when the kernel runs
 Stamps on one stream claim slots in stream order (a stream runs its kernels one after the
 other), so the records of one stream appear in the ring in the order they were issued.
 
+`stamped_copy` is a stage whose one kernel stamps itself (the `d2h` stage: results into
+pinned host buffers, one launch instead of a copy per tensor plus two stamp launches):
+    [stamp begin] dst0[:] = src0 ; dst1[:] = src1 [stamp end]     one program, in order
+its reference is the copies between two `stamp_ref` calls.
+
 `stamp_ref` is the plain-torch reference of the same function: the caller gives the time
 (host `perf_counter_ns` on CPU). Under TRITON_INTERPRET=1 the `%globaltimer` read (inline PTX)
 cannot run, so the interpreter path takes its time from a tensor (`clock`): the slot and
@@ -38,10 +43,8 @@ def stamp_ref(ring, count, code: int, now_ns: int) -> None:
 
 
 if triton is not None:
-    # `code` is not specialized: one compiled variant serves every stamp site (no compile,
-    # hence no module load, can happen later inside a graph capture)
-    @triton.jit(do_not_specialize=["code"])
-    def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
+    @triton.jit
+    def _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
         if GLOBALTIMER:
             t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                           is_pure=False, pack=1)
@@ -50,6 +53,28 @@ if triton is not None:
         slot = tl.atomic_add(count_ptr, 1) & mask
         tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
         tl.store(ring_ptr + 2 * slot + 1, t)
+
+    # `code` is not specialized: one compiled variant serves every stamp site (no compile,
+    # hence no module load, can happen later inside a graph capture)
+    @triton.jit(do_not_specialize=["code"])
+    def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
+        _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER)
+
+    @triton.jit(do_not_specialize=["n0", "n1", "code_b", "code_e"])
+    def _stamped_copy_kernel(S0, D0, n0, S1, D1, n1, ring_ptr, count_ptr, clock_ptr, code_b,
+                             code_e, mask, STAMP: tl.constexpr, GLOBALTIMER: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        if STAMP:
+            _stamp_now(ring_ptr, count_ptr, clock_ptr, code_b, mask, GLOBALTIMER)
+        offs = tl.arange(0, BLOCK)
+        for i in range(0, n0, BLOCK):
+            m = i + offs < n0
+            tl.store(D0 + i + offs, tl.load(S0 + i + offs, mask=m), mask=m)
+        for i in range(0, n1, BLOCK):
+            m = i + offs < n1
+            tl.store(D1 + i + offs, tl.load(S1 + i + offs, mask=m), mask=m)
+        if STAMP:
+            _stamp_now(ring_ptr, count_ptr, clock_ptr, code_e, mask, GLOBALTIMER)
 
 
 def stamp_triton(ring: torch.Tensor, count: torch.Tensor, code: int,
@@ -90,3 +115,37 @@ class StampLauncher:
             self.direct(self.ring, self.count, self.ring, code, self.mask, True)
         else:
             stamp_triton(self.ring, self.count, code)
+
+
+def stamped_copy_ref(dsts: list, srcs: list, stamp=None, now_ns=None) -> None:
+    """Reference: the copies, between two `stamp_ref` records when `stamp` = (ring, count,
+    code_begin, code_end) (ring/count as numpy views; `now_ns()` gives the time)."""
+    if stamp is not None:
+        stamp_ref(stamp[0], stamp[1], stamp[2], now_ns())
+    for d, s in zip(dsts, srcs):
+        d.copy_(s)
+    if stamp is not None:
+        stamp_ref(stamp[0], stamp[1], stamp[3], now_ns())
+
+
+def stamped_copy_triton(dsts: list, srcs: list, stamp=None,
+                        clock: torch.Tensor | None = None) -> None:
+    """One launch on the current stream: dst[i][:] = src[i] for one or two contiguous pairs
+    of one dtype (dsts may be pinned host buffers: the kernel writes them through their
+    device mapping), stamped at both ends when `stamp` = (ring, count, code_begin,
+    code_end). `clock` replaces %globaltimer (the interpreter, tests)."""
+    if not 1 <= len(srcs) == len(dsts) <= 2:
+        raise ValueError(f"stamped_copy takes one or two (dst, src) pairs, got {len(srcs)}.")
+    for d, s in zip(dsts, srcs):
+        if d.numel() != s.numel() or d.dtype != s.dtype or not (d.is_contiguous()
+                                                                and s.is_contiguous()):
+            raise ValueError("stamped_copy pairs must be contiguous, of one size and dtype.")
+    (s0, d0), (s1, d1) = (srcs[0], dsts[0]), ((srcs[1], dsts[1]) if len(srcs) > 1
+                                              else (srcs[0], dsts[0]))
+    n1 = srcs[1].numel() if len(srcs) > 1 else 0
+    ring, count, cb, ce = stamp if stamp is not None else (s0, s0, 0, 0)
+    _stamped_copy_kernel[(1,)](s0, d0, s0.numel(), s1, d1, n1, ring, count,
+                               ring if clock is None else clock, cb, ce,
+                               ring.shape[0] - 1 if stamp is not None else 0,
+                               STAMP=stamp is not None, GLOBALTIMER=clock is None, BLOCK=256,
+                               num_warps=4)

@@ -1,7 +1,9 @@
 """The `d2h` stage: a launched step's results on their way to the host.
 
     async (zb_async_d2h)   copy stream waits for the forward stream, copies the results into
-                           pinned buffers, records `copy_done`; the host syncs on that event only
+                           pinned buffers, records `copy_done`; the host syncs on that event only.
+                           On CUDA the copies are one kernel that also carries the bubble
+                           meter's d2h stamps (kernels/stamp.py stamped_copy): one launch.
     blocking               `.tolist()` at process time (waits for everything queued)
 A Pending is a launched step whose results the host has not processed yet; under overlap at
 most one is in flight.
@@ -14,6 +16,14 @@ from typing import Optional
 from ..core import Req
 from ..device import Device
 from ..instrument.spans import Spans
+from ..kernels.stamp import stamped_copy_triton, triton
+
+
+def _kernel_copy(dev: Device, results: list) -> bool:
+    """The results go D2H as one stamped-copy kernel: CUDA, Triton, one or two tensors of
+    one dtype."""
+    return (dev.is_cuda and triton is not None and 1 <= len(results) <= 2
+            and len({t.dtype for t in results}) == 1)
 
 
 @dataclass
@@ -42,8 +52,16 @@ def d2h(dev: Device, spans: Spans, copy_stream, forward_stream, kind: str, reqs:
             # starts once the forward work it copies has finished and times the copies.
             copy_stream.wait_stream(forward_stream)
             host = [dev.empty_pinned(t.shape, t.dtype) for t in results]
-            with spans.stage("d2h", "copy"):
-                for h, t in zip(host, results):
-                    h.copy_(t, non_blocking=True)
+            one_kernel = _kernel_copy(dev, results)
+            with spans.stage("d2h", "copy", graphed=one_kernel):
+                if one_kernel:
+                    m = spans.meter
+                    stamp = m.kernel_stamp("d2h", "copy") if m is not None else None
+                    stamped_copy_triton(host, [t.contiguous() for t in results], stamp)
+                    if m is not None:
+                        m.log(stamp[2], stamp[3])
+                else:
+                    for h, t in zip(host, results):
+                        h.copy_(t, non_blocking=True)
             done.record(copy_stream)
     return Pending(kind, reqs, results, host, done)

@@ -9,7 +9,8 @@ the host never waits for iteration k before launching k+1 (SGLang's FutureMap, k
 Row 0 mirrors the padding row of graph-padded lanes.
 
     publish(rows, new_seq_lens)  forward stream, between verify/commit and seed/draft extend;
-                                 records `publish_ready`
+                                 records `publish_ready` (inside a captured graph: the graph
+                                 runs `publish_rows`, the host `mark_published` after it)
     resolve_seq_lens(rows)       the current stream waits on `publish_ready` (an event wait,
                                  no host block), then gathers
     stash(rows, x) / gather(rows)  next draft inputs (stream order suffices)
@@ -51,7 +52,15 @@ class FutureMap:
 
     # -- lengths ---------------------------------------------------------------------------
     def publish(self, rows: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        self.publish_rows(rows, new_seq_lens)
+        self.mark_published()
+
+    def publish_rows(self, rows: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        """The device half of publish (graph-capturable)."""
         self.seq_lens[rows] = new_seq_lens.long()
+
+    def mark_published(self) -> None:
+        """The host half: `publish_ready` after the work queued so far (never captured)."""
         self.publish_ready.record()
 
     def resolve_seq_lens(self, rows: torch.Tensor, stream=None) -> torch.Tensor:

@@ -27,6 +27,7 @@ from ..core import DraftInputs
 class EagleDraftWorker:
     """A DraftWorker (draft_worker.py): no seed forward, S-1 steps, a draft_extend forward."""
     owns_kv = True
+    seed_forward = False
     extend_forward = True
 
     def __init__(self, draft: EagleDraft, kv: KVCache, table: torch.Tensor, attn_fn: AttnFn,

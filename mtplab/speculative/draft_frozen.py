@@ -23,6 +23,7 @@ from ..core import DraftInputs
 class FrozenDraftWorker:
     """A DraftWorker (draft_worker.py): seed forward, S-1 steps, extend by selection."""
     owns_kv = False
+    seed_forward = True
     extend_forward = False
 
     def __init__(self, assistant: FrozenKVAssistant, kv, table: torch.Tensor, attn_fn: AttnFn,

@@ -6,6 +6,7 @@
     steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
     extend(...)                   -> DraftInputs   next iteration's inputs, after commit
     owns_kv        the draft writes KV of its own (pool sharing the target's slot ids)
+    seed_forward   seed() runs a forward (frozen); otherwise it passes the stashed inputs on
     extend_forward extend() runs a forward (its own `draft_extend` stage and graph); otherwise
                    it only selects from the verify outputs inside the commit stage
 
@@ -31,6 +32,7 @@ from .draft_select import StepCandidates
 class DraftWorker(Protocol):
     owns_kv: bool
     extend_forward: bool
+    seed_forward: bool
     model: torch.nn.Module
 
     @classmethod

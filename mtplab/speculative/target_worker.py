@@ -36,9 +36,9 @@ class TargetWorker:
         # Two captured decode graphs, picked per step by the host's all_greedy flag: the
         # greedy one ends in an argmax, the other samples (top-p sort, softmax, uniforms).
         self.decode_graphs: dict[bool, GraphRunner] = {}
+        self.graphs: dict[str, GraphRunner] = {}     # "resolve"
         if cuda_graphs:
-            self.decode_graphs = {greedy: self._capture_decode(graph_max_bs, greedy)
-                                  for greedy in (False, True)}
+            self._capture_decode(graph_max_bs)
 
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
@@ -89,15 +89,27 @@ class TargetWorker:
 
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
-        """One token per lane: the fed token's KV is written at entry seq_len."""
-        with self.spans.stage("resolve"):
-            seq = self.future_map.resolve_seq_lens(x.rows)
-            inp = self.future_map.gather(x.rows)
+        """One token per lane: the fed token's KV is written at entry seq_len.
+        Graphed: a resolve replay (lengths and tokens into the decode graph's inputs), then
+        the decode graph [verify, publish, stash]; no eager launch between them."""
+        g = self.decode_graphs.get(x.all_greedy)
         s = x.sampling
+        fm = self.future_map
+        if g is not None and x.rows.shape[0] <= g.max_bs and "resolve" in self.graphs:
+            rows = g.stage("rows", x.rows)
+            with self.spans.stage("resolve", graphed=True):
+                self.graphs["resolve"].run({"rows": rows}, clone=False)
+            with self.spans.stage("verify", graphed=True):
+                tok = g.run(dict(rows=rows, temperature=s.temperature, top_p=s.top_p,
+                                 seeds=s.seeds))
+            fm.mark_published()
+            return DecodeOut(tok[:, None], torch.ones_like(tok))
+        with self.spans.stage("resolve"):
+            seq = fm.resolve_seq_lens(x.rows)
+            inp = fm.gather(x.rows)
         new_len = seq + 1
         args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
-        g = self.decode_graphs.get(x.all_greedy)
         graphed = g is not None and x.rows.shape[0] <= g.max_bs
         with self.spans.stage("verify", graphed=graphed):   # the forward of a one-node tree
             if graphed:
@@ -105,14 +117,16 @@ class TargetWorker:
             else:
                 tok = self._decode_fn(x.max_kv, x.all_greedy)(**args)
         with self.spans.stage("publish"):
-            self.future_map.publish(x.rows, new_len)
+            fm.publish(x.rows, new_len)
         with self.spans.stage("stash"):
-            self.future_map.stash(x.rows, DraftInputs(tok))
+            fm.stash(x.rows, DraftInputs(tok))
         return DecodeOut(tok[:, None], torch.ones_like(tok))
 
-
-    def _capture_decode(self, max_bs: int, greedy: bool) -> GraphRunner:
-        dev, L = self.device, max_bs
+    def _capture_decode(self, max_bs: int) -> None:
+        """The two decode graphs (greedy, sampling) over one set of static inputs, and
+        without the consume-once debug check (it syncs) the resolve graph that fills them
+        and lets the decode graphs publish and stash in-graph."""
+        dev, L, fm = self.device, max_bs, self.future_map
         static = dict(
             input_ids=torch.zeros(L, dtype=torch.long, device=dev),
             rows=torch.zeros(L, dtype=torch.long, device=dev),
@@ -122,10 +136,40 @@ class TargetWorker:
             seeds=torch.zeros(L, dtype=torch.long, device=dev))
         # Padding lane: row 0, one KV entry -> writes and reads slot 0 of the padding page.
         pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0)
-        runner = GraphRunner(torch.no_grad()(self._decode_fn(self.width, greedy)), static, pad,
-                             default_buckets(max_bs), sticky=("rows", "temperature", "top_p",
-                                                              "seeds"),
-                             meter=self.spans.meter, stage="verify")
-        with self.spans.paused():
-            runner.capture()
-        return runner
+        in_graph = not fm.poison
+        stages = ("verify", "publish", "stash") if in_graph else "verify"
+        for greedy in (True, False):
+            fn = self._decode_fn(self.width, greedy)
+            if in_graph:
+                fn = self._with_publish_stash(fn)
+            runner = GraphRunner(torch.no_grad()(fn), static, pad, default_buckets(max_bs),
+                                 sticky=("rows", "temperature", "top_p", "seeds"),
+                                 meter=self.spans.meter, stage=stages)
+            with self.spans.paused():
+                runner.capture()
+            self.decode_graphs[greedy] = runner
+        if in_graph:
+            def resolve(rows):
+                bs, real = rows.shape[0], rows > 0
+                static["kv_lens"][:bs] = torch.where(real, fm.seq_lens[rows] + 1, 1)
+                static["input_ids"][:bs] = torch.where(real, fm.bonus[rows], 0)
+                return ()
+            runner = GraphRunner(torch.no_grad()(resolve), dict(rows=static["rows"]),
+                                 dict(rows=0), default_buckets(max_bs),
+                                 meter=self.spans.meter, stage="resolve")
+            with self.spans.paused():
+                runner.capture()
+            self.graphs["resolve"] = runner
+
+    def _with_publish_stash(self, fn):
+        """fn's decode, then publish (new lengths) and stash (the token) in the same graph."""
+        fm = self.future_map
+
+        def decode_publish_stash(input_ids, rows, kv_lens, temperature, top_p, seeds, mark):
+            tok = fn(input_ids, rows, kv_lens, temperature, top_p, seeds)
+            mark("publish")
+            fm.publish_rows(rows, kv_lens)
+            mark("stash")
+            fm.stash(rows, DraftInputs(tok))
+            return tok
+        return decode_publish_stash

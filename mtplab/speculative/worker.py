@@ -20,16 +20,24 @@ One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
 
 CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment, each replay
-wrapped in its stage span:
-    draft graph   frozen fold_seed=True : seed + S-1 steps in one replay
-                  frozen fold_seed=False: seed eager (draft.seed, its own launches), then steps
-                  eagle                 : S-1 steps
-    tree graph    organize + build_tree
-    verify graph  the target over B*D tree nodes
-    accept graph  greedy or simulated accept (sampled batches: eager tree sampling)
-    commit graph  KV compaction, path hidden rows, new lengths
-    draft_extend graph  eagle's draft extend
-Resolve, publish and stash run eagerly between the replays (small gathers/scatters).
+wrapped in the span of its first stage; the small future-map stages ride in the graph
+next to them, so a graphed step issues no eager launch between replays (and the bubble
+meter's stamps of every stage are inside graphs):
+    resolve graph   the future-map gathers, written straight into the static inputs of the
+                    draft and tree graphs (padding lanes: seq_len 1, zeros)
+    draft graph     frozen fold_seed=True : seed + S-1 steps in one replay
+                    frozen fold_seed=False: seed eager (draft.seed, its own launches), then steps
+                    eagle                 : S-1 steps
+                    + stash (pre-drafted candidates) when zb_draft_preexec
+    tree graph      organize + build_tree
+    verify graph    the target over B*D tree nodes
+    accept graph    greedy or simulated accept (sampled batches: eager tree sampling)
+    commit graph    KV compaction, path hidden rows, new lengths + publish
+                    (+ the draft's selection and stash when it has no draft_extend forward)
+    draft_extend graph  eagle's draft extend + stash
+A graph's stages after the first are visible to the meter (stamps inside the graph), not
+to the profiler (one replay = one host span). Without graphs every stage runs eagerly in
+its own span.
 """
 from __future__ import annotations
 
@@ -48,6 +56,28 @@ from .draft_worker import DraftWorker
 from .target_worker import TargetWorker
 from .tree import DraftTree, build_tree, organize
 from .verify import verify
+
+
+class _SpanChain:
+    """An eager multi-stage segment: one stage span at a time, `mark(name)` ends the current
+    one and begins `name` (the eager twin of a graph's in-graph stamps)."""
+
+    def __init__(self, spans, stages: tuple[str, ...]):
+        self.spans, self.stages = spans, stages
+
+    def __enter__(self):
+        self.cur = self.spans.stage(self.stages[0])
+        self.cur.__enter__()
+        return self
+
+    def mark(self, name: str) -> None:
+        self.cur.__exit__(None, None, None)
+        self.cur = self.spans.stage(name)
+        self.cur.__enter__()
+
+    def __exit__(self, *exc):
+        self.cur.__exit__(*exc)
+        return False
 
 
 @dataclass(frozen=True)
@@ -100,40 +130,68 @@ class SpecWorker:
 
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
-        p, sp, fm, M = self.p, self.spans, self.future_map, x.max_kv
-        with sp.stage("resolve"):
-            seq = fm.resolve_seq_lens(x.rows)
-            inp = fm.gather(x.rows)
-            cands = fm.gather_predraft(x.rows) if x.predrafted else None
-            rows, seq = self._stage_common(x.rows, seq)
+        p, fm, M = self.p, self.future_map, x.max_kv
+        rows, seq, inp, bonus, cands = self._resolve(x)
         if cands is None:
             cands = self._draft(rows, seq, inp, M)
-        tree = self._tree(rows, seq, inp.bonus, cands, M)
+        tree = self._tree(rows, seq, bonus, cands, M)
         logits, hidden = self._run("verify", self._verify_fn, dict(
             rows=rows, seq_lens=seq, tokens=tree.tokens, positions=tree.positions,
             mask=tree.mask), M)
         acc = self._accept(tree, logits, x, seq)
+        # commit + publish (+ the draft's selection + stash: no draft_extend forward)
         new_seq, hidden_path, hidden_last = self._run("commit", self._commit_fn, dict(
             rows=rows, seq_lens=seq, accept_index=acc.accept_index,
-            accept_lens=acc.accept_lens, hidden=hidden), M)
-        with sp.stage("publish"):
-            fm.publish(rows, new_seq)
+            accept_lens=acc.accept_lens, hidden=hidden,
+            **self._commit_extra(acc)), M)
+        fm.mark_published()
         nxt = self._extend(rows, seq, acc, hidden_path, hidden_last, M)
-        with sp.stage("stash"):
-            fm.stash(rows, nxt)
-        if p.draft_preexec:     # the next round's draft, before the host sees this result
-            cands = self._draft(rows, new_seq, nxt, min(self.table.shape[1], M + p.num_steps + 1))
-            with sp.stage("stash"):
-                fm.stash_predraft(rows, *cands)
+        if p.draft_preexec:     # the next round's draft (+ stash), before the host sees this
+            self._draft(rows, new_seq, nxt, min(self.table.shape[1], M + p.num_steps + 1))
         return DecodeOut(acc.tokens, acc.accept_lens)
 
     # -- stages ---------------------------------------------------------------------------
+    def _resolve(self, x: DecodeInputs):
+        """resolve: lengths and draft inputs from the future map -> (rows, seq_lens, draft
+        inputs, the tree's bonus, pre-drafted candidates or None). Graphed: one replay
+        writing straight into the draft and tree graphs' static inputs (views come back)."""
+        g = self.graphs.get("resolve")
+        if g is None or x.rows.shape[0] > g.max_bs:
+            fm = self.future_map
+            with self.spans.stage("resolve"):
+                seq = fm.resolve_seq_lens(x.rows)
+                inp = fm.gather(x.rows)
+                cands = fm.gather_predraft(x.rows) if x.predrafted else None
+                rows, seq = self._stage_common(x.rows, seq)
+            return rows, seq, inp, inp.bonus, cands
+        bs = x.rows.shape[0]
+        rows = g.stage("rows", x.rows)
+        with self.spans.stage("resolve", graphed=True):
+            out = g.run({"rows": rows}, clone=False)
+        t = self.graphs["tree"].static
+        if self._resolve_direct:
+            d = self.graphs["draft"].static
+            inp = DraftInputs(**{k: d[k][:bs] if k in self._draft_inputs else None
+                                 for k in ("bonus", "hidden", "topk_logp", "topk_index")})
+        else:
+            inp = DraftInputs(*out)
+        cands = tuple(t[k][:bs] for k in ("scores", "tokens", "parents")) \
+            if x.predrafted else None
+        return rows, self.graphs["verify"].static["seq_lens"][:bs], inp, t["bonus"][:bs], cands
+
     def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
-        """draft: seed (eager unless folded) + steps -> candidates (scores, tokens, parents)."""
+        """draft: seed (eager unless folded) + steps -> candidates (scores, tokens, parents);
+        with zb_draft_preexec they are also stashed (the pre-drafted candidates)."""
         if not self.p.fold_seed:
             inp = self.draft_worker.seed(inp, rows, seq, max_kv)
         return self._run("draft", self._draft_fn, dict(
             rows=rows, seq_lens=seq, **{k: getattr(inp, k) for k in self._draft_inputs}), max_kv)
+
+    def _commit_extra(self, acc: AcceptResult) -> dict:
+        """The commit segment's extra inputs when it also runs the draft's selection."""
+        if self.draft_worker.extend_forward:
+            return {}
+        return dict(tokens=acc.tokens, bonus=acc.bonus)
 
     def _tree(self, rows, seq, bonus, cands, max_kv: int) -> DraftTree:
         scores, tokens, parents = cands
@@ -155,26 +213,43 @@ class SpecWorker:
 
     def _extend(self, rows, seq, acc: AcceptResult, hidden_path, hidden_last,
                 max_kv: int) -> DraftInputs:
-        """The next iteration's draft inputs: a `draft_extend` forward, or a selection."""
+        """The next iteration's draft inputs (already stashed): a `draft_extend` forward +
+        stash, or the selection the commit segment made and stashed."""
         dw = self.draft_worker
         if not dw.extend_forward:
             return dw.extend(rows, seq, acc.tokens, acc.bonus, hidden_path, hidden_last,
                              acc.accept_lens, max_kv)
         h, lp, ix = self._run("draft_extend", self._extend_fn, dict(
             rows=rows, seq_lens=seq, tokens=acc.tokens, hidden_path=hidden_path,
-            accept_lens=acc.accept_lens), max_kv)
+            accept_lens=acc.accept_lens, bonus=acc.bonus), max_kv)
         return DraftInputs(acc.bonus, h, lp, ix)
 
     def _run(self, name: str, make_fn, args: dict, max_kv: int):
-        """One segment as its stage span: a graph replay when captured, else eager. Replay
-        outputs are views of the graph's buffers (consumed later in this step, on this stream)
-        except accept's, which leave the step (D2H, the scheduler's results)."""
+        """One segment as its stage span(s): a graph replay when captured, else eager (one
+        span per stage: `mark` switches them). Replay outputs are views of the graph's
+        buffers (consumed later in this step, on this stream) except accept's tokens and
+        lengths, which leave the step (D2H, the scheduler's results)."""
         g = self.graphs.get(name)
-        graphed = g is not None and args["rows"].shape[0] <= g.max_bs
-        with self.spans.stage(name, graphed=graphed):
-            if graphed:
-                return g.run(args, clone=name == "accept")
-            return make_fn(max_kv)(**args)
+        if g is not None and args["rows"].shape[0] <= g.max_bs:
+            with self.spans.stage(name, graphed=True):
+                return g.run(args, clone=(1, 2) if name == "accept" else False)
+        stages = self._stages(name)
+        if len(stages) == 1:
+            with self.spans.stage(name):
+                return make_fn(max_kv)(**args)
+        with _SpanChain(self.spans, stages) as chain:
+            return make_fn(max_kv)(**args, mark=chain.mark)
+
+    def _stages(self, name: str) -> tuple[str, ...]:
+        """The stages a segment runs (the first names it): see the module map."""
+        if name == "draft" and self.p.draft_preexec:
+            return ("draft", "stash")
+        if name == "commit":
+            return ("commit", "publish") + (() if self.draft_worker.extend_forward
+                                            else ("stash",))
+        if name == "draft_extend":
+            return ("draft_extend", "stash")
+        return (name,)
 
     def _stage_common(self, rows: torch.Tensor, seq: torch.Tensor):
         """rows/seq_lens into the static buffers every segment graph shares: copied once per
@@ -191,17 +266,58 @@ class SpecWorker:
         return ("bonus", "hidden") if self.p.fold_seed else ("hidden", "topk_logp", "topk_index")
 
     def _draft_fn(self, max_kv: int):
-        """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]."""
-        dw, fold = self.draft_worker, self.p.fold_seed
+        """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]
+        (+ stash of them as the pre-drafted candidates with zb_draft_preexec)."""
+        dw, fold, fm = self.draft_worker, self.p.fold_seed, self.future_map
 
-        def fn(rows, seq_lens, **fields):
+        def fn(rows, seq_lens, mark=None, **fields):
             inp = DraftInputs(fields.pop("bonus", None), **fields)
             if fold:
                 inp = dw.seed(inp, rows, seq_lens, max_kv)
             steps = dw.steps(inp, rows, seq_lens, max_kv)
-            return (torch.cat([c.scores for c in steps], 1), torch.cat([c.tokens for c in steps], 1),
-                    torch.cat([c.parents for c in steps], 1))
+            cands = (torch.cat([c.scores for c in steps], 1),
+                     torch.cat([c.tokens for c in steps], 1),
+                     torch.cat([c.parents for c in steps], 1))
+            if mark is not None:
+                mark("stash")
+                fm.stash_predraft(rows, *cands)
+            return cands
         return fn
+
+    def _resolve_fn(self, max_kv: int):
+        """Graphed resolve: lengths (+ pre-drafted candidates) into the shared and the tree
+        graph's static inputs; the draft inputs into the draft graph's static inputs when
+        the draft segment reads them unchanged (`_resolve_direct`), else returned (the eager
+        seed runs on them). Padding lanes (row 0): seq_len 1 and zeros, as GraphRunner pads."""
+        fm, common = self.future_map, self.graphs["verify"].static
+        d, t = self.graphs["draft"].static, self.graphs["tree"].static
+        direct = self._resolve_direct
+        with_topk = fm.topk_logp is not None
+
+        def fn(rows):
+            bs, real = rows.shape[0], rows > 0
+            common["seq_lens"][:bs] = torch.where(real, fm.seq_lens[rows], 1)
+            t["bonus"][:bs] = bonus = torch.where(real, fm.bonus[rows], 0)
+            if self.p.draft_preexec:
+                for k, buf, pad in (("scores", fm.pre_scores, 0), ("tokens", fm.pre_tokens, 0),
+                                    ("parents", fm.pre_parents, -1)):
+                    t[k][:bs] = torch.where(real[:, None], buf[rows], pad)
+            out = dict(bonus=bonus, hidden=fm.hidden[rows] * real[:, None])
+            if with_topk:
+                out.update(topk_logp=fm.topk_logp[rows] * real[:, None],
+                           topk_index=fm.topk_index[rows] * real[:, None])
+            if not direct:
+                return tuple(out.values())
+            for k in self._draft_inputs:
+                d[k][:bs] = out[k]
+            return ()
+        return fn
+
+    @property
+    def _resolve_direct(self) -> bool:
+        """The draft segment reads the future map's fields unchanged: the seed is folded into
+        it, or the draft's seed runs no forward (eagle: the stashed top-k)."""
+        return self.p.fold_seed or not self.draft_worker.seed_forward
 
     def _tree_fn(self, max_kv: int):
         p = self.p
@@ -235,17 +351,32 @@ class SpecWorker:
         return fn
 
     def _commit_fn(self, max_kv: int):
-        p = self.p
+        """commit -> publish (-> the draft's selection -> stash, `_commit_extra` inputs)."""
+        p, fm, dw = self.p, self.future_map, self.draft_worker
 
-        def fn(rows, seq_lens, accept_index, accept_lens, hidden):
-            return commit(self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens,
-                          hidden, p.num_draft_tokens, move_kv=p.topk > 1)
+        def fn(rows, seq_lens, accept_index, accept_lens, hidden, mark, tokens=None,
+               bonus=None):
+            new_seq, hidden_path, hidden_last = commit(
+                self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens, hidden,
+                p.num_draft_tokens, move_kv=p.topk > 1)
+            mark("publish")
+            fm.publish_rows(rows, new_seq)
+            if not dw.extend_forward:
+                mark("stash")
+                fm.stash(rows, dw.extend(rows, seq_lens, tokens, bonus, hidden_path, hidden_last,
+                                         accept_lens, max_kv))
+            return new_seq, hidden_path, hidden_last
         return fn
 
     def _extend_fn(self, max_kv: int):
-        def fn(rows, seq_lens, tokens, hidden_path, accept_lens):
+        """eagle's draft extend -> stash of the next draft inputs."""
+        fm = self.future_map
+
+        def fn(rows, seq_lens, tokens, hidden_path, accept_lens, bonus, mark):
             out = self.draft_worker.extend(rows, seq_lens, tokens, None, hidden_path, None,
                                            accept_lens, max_kv)
+            mark("stash")
+            fm.stash(rows, DraftInputs(bonus, out.hidden, out.topk_logp, out.topk_index))
             return out.hidden, out.topk_logp, out.topk_index
         return fn
 
@@ -265,7 +396,7 @@ class SpecWorker:
 
         def runner(name, fn, static):
             r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets,
-                            meter=self.spans.meter, stage=name)
+                            meter=self.spans.meter, stage=self._stages(name))
             with self.spans.paused():
                 r.capture()
             self.graphs[name] = r
@@ -284,9 +415,13 @@ class SpecWorker:
         runner("accept", self._accept_fn(W),
                dict(common, tokens=z(L, D), parents=z(L, D), next_token=z(L, D),
                     logits=z(L, D, V, dt=torch.float32), seeds=z(L)))
+        extra = {} if self.draft_worker.extend_forward else dict(tokens=z(L, E), bonus=z(L))
         runner("commit", self._commit_fn(W),
-               dict(common, accept_index=z(L, E), accept_lens=z(L), hidden=z(L, D, H, dt=hdt)))
+               dict(common, accept_index=z(L, E), accept_lens=z(L), hidden=z(L, D, H, dt=hdt),
+                    **extra))
         if self.draft_worker.extend_forward:
             runner("draft_extend", self._extend_fn(W),
                    dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),
-                        accept_lens=z(L)))
+                        accept_lens=z(L), bonus=z(L)))
+        if not self.future_map.poison:      # the consume-once check syncs: resolve eagerly
+            runner("resolve", self._resolve_fn(W), dict(rows=common["rows"]))

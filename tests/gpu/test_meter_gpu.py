@@ -52,3 +52,36 @@ def test_stamp_launcher_writes_the_codes_it_is_given():
         m._launch(c)
     torch.cuda.synchronize()
     assert m.ring[:3, 0].tolist() == [5, 7, 9] and int(m.count[0]) == 3
+
+
+@pytest.mark.parametrize("draft,extra", [("none", {}), ("frozen_kv_mtp", dict(fold_seed=True)),
+                                         ("eagle", {})])
+def test_graphed_decode_steps_launch_no_eager_stamp(draft, extra):
+    """With graphs, a decode step's future-map stages ride in the segment graphs and d2h is
+    one self-stamping kernel: the meter launches no stamp of its own, yet every stage of
+    the step has its interval (overlap + zero_bubble, the configuration the overhead target
+    is measured in), and the tokens equal the meter-off engine's."""
+    kw = dict(model="random-tiny", device="cuda", context_len=256, draft=draft, overlap=True,
+              zero_bubble=True, cuda_graphs=True, **extra)
+    off = Engine(RunConfig(**kw))
+    on = Engine(RunConfig(**kw, bubble_meter=True))
+    ps = random_prompts(4, [5, 30], off.model.config.vocab_size, seed=5)
+    on.generate(ps, max_new_tokens=4, ignore_eos=True)             # prefill + warm steps
+    m, eager = on.meter, []
+    stamp = m.stamp
+    m.stamp = lambda code: (eager.append(m.step), stamp(code))
+    first = m.step + 1
+    got = on.generate(ps, max_new_tokens=24, ignore_eos=True)
+    del m.stamp
+    assert got == off.generate(ps, max_new_tokens=24, ignore_eos=True)
+    on.check_invariants()
+    df = on.meter_frame()
+    dec = df.loc[(df["step"] >= first) & df["name"].str.startswith("step[decode"), "step"]
+    st = on.meter_frame(stages=True)
+    st = st[st["step"].isin(dec)]
+    # prefill steps (an eager forward) stamp; decode steps must not
+    assert len(dec) > 5 and not set(eager) & set(dec), f"eager stamps in decode steps {eager}"
+    per_step = st.groupby("step")["stage"].apply(set)
+    need = {"resolve", "verify", "publish", "stash", "d2h"} | (
+        {"tree", "accept", "commit"} if draft != "none" else set())
+    assert all(need <= s for s in per_step), per_step.head()

@@ -68,6 +68,32 @@ def test_stamped_copy_rejects_mismatched_pairs():
         stamped_copy_triton([], [])
 
 
+def test_handover_stamp_ends_one_stage_and_begins_the_next():
+    """A graph of stages [commit, publish, stash] stamps b commit, h publish, h stash,
+    e stash: three back-to-back intervals from four records."""
+    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    m.begin_step("step[decode bs=1]")
+    codes = [stamp_code("commit", "forward", False),
+             stamp_code("publish", "forward", False, handover=True),
+             stamp_code("stash", "forward", False, handover=True),
+             stamp_code("stash", "forward", True)]
+    for c in codes:
+        m.stamp(c)
+        time.sleep(0.001)
+    m.collect()
+    st = m.stages_frame()
+    assert list(st["stage"]) == ["commit", "publish", "stash"]
+    assert (st["end_us"].to_numpy()[:-1] == st["start_us"].to_numpy()[1:]).all()
+    assert (st["dur_us"] > 500).all()
+    with pytest.raises(ValueError, match="handover"):
+        stamp_code("stash", "forward", True, handover=True)
+    m2 = BubbleMeter(torch.device("cpu"), capacity=16)
+    m2.begin_step("step[decode bs=1]")
+    m2.stamp(codes[1])
+    with pytest.raises(RuntimeError, match="no stage open"):
+        m2.collect()
+
+
 def test_codes_and_spans():
     assert stamp_code("verify", "forward", False) != stamp_code("verify", "copy", False)
     assert stamp_code("d2h", "copy", True) & 1 and stamp_code("d2h", "copy", True) > 1

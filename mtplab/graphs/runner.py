@@ -16,8 +16,9 @@ for values consumed by work queued on the same stream before that replay.
 so a replay carries its stage's device time stamps with no extra host launch; `run` logs
 them for the meter's current step (the warm-up runs before capture are not stamped).
 A graph of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash")) calls
-`fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one:
-    [b commit, ..., e commit, b publish, ..., e publish, b stash, ..., e stash]
+`fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one with one
+handover stamp (no host between them inside a graph):
+    [b commit, ..., h publish, ..., h stash, ..., e stash]
 (mark is a no-op in the warm-up runs and must name the stages in order).
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
@@ -41,8 +42,12 @@ class GraphRunner:
         self.fn = fn
         self.meter = meter
         self.stages = (stage,) if isinstance(stage, str) else tuple(stage)
-        self.stamps = tuple(meter.stamp_code(s, "forward", end) for s in self.stages
-                            for end in (False, True)) if meter is not None else ()
+        # [begin s0, handover s1, ..., handover s(n-1), end s(n-1)]
+        self.stamps = ((meter.stamp_code(self.stages[0], "forward", False),)
+                       + tuple(meter.stamp_code(s, "forward", False, handover=True)
+                               for s in self.stages[1:])
+                       + (meter.stamp_code(self.stages[-1], "forward", True),)
+                       ) if meter is not None else ()
         self.sticky = sticky
         self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs
@@ -90,8 +95,7 @@ class GraphRunner:
                 raise ValueError(f"graph stages run in the order {self.stages}; got {name!r} "
                                  f"where {self.stages[i]!r} comes next.")
             if self.stamps:
-                self.meter.device_stamp(self.stamps[2 * i - 1])
-                self.meter.device_stamp(self.stamps[2 * i])
+                self.meter.device_stamp(self.stamps[i])
         return mark
 
     def bucket(self, bs: int) -> int:

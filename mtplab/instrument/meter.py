@@ -62,13 +62,21 @@ STEP_COLUMNS = ["step", "name", "start_us", "wall_us", "busy_us", "bubble_us", "
 STAGE_COLUMNS = ["step", "stage", "lane", "start_us", "end_us", "dur_us"]
 
 
-def stamp_code(stage: str, lane: str, end: bool) -> int:
-    """code = lane << 8 | stage id << 1 | end (stage ids from mtplab/stages.py)."""
+_HANDOVER = 1 << 12                 # a begin stamp that also ends the lane's open stage
+
+
+def stamp_code(stage: str, lane: str, end: bool, handover: bool = False) -> int:
+    """code = handover << 12 | lane << 8 | stage id << 1 | end (stage ids from
+    mtplab/stages.py). A handover stamp begins `stage` and ends the stage open on its lane
+    at the same instant: inside a graph one stage's last kernel is followed by the next
+    stage's first with no host in between, so one stamp marks both (graphs/runner.py)."""
     if stage not in _STAGE_ID:
         raise ValueError(f"{stage!r} is not a stage name of docs/design.md (mtplab/stages.py).")
     if lane not in _LANE_ID:
         raise ValueError(f"lane {lane!r} is not stamped; use one of {LANES}.")
-    return _LANE_ID[lane] << 8 | _STAGE_ID[stage] << 1 | int(end)
+    if handover and end:
+        raise ValueError("a handover stamp begins a stage; it cannot also be an end stamp.")
+    return handover * _HANDOVER | _LANE_ID[lane] << 8 | _STAGE_ID[stage] << 1 | int(end)
 
 
 class _StampSpan:
@@ -180,8 +188,8 @@ class BubbleMeter:
 
     def log(self, *codes: int) -> None:
         """A graph replay issued these captured stamps (in this order) for the current step."""
-        for c in codes:
-            self._log.append(self._key | c)
+        key = self._key
+        self._log.extend([key | c for c in codes])
 
     def begin_step(self, name: str) -> None:
         if len(self._log) > self.capacity // 2:      # read before the ring could wrap
@@ -287,9 +295,10 @@ def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
     """Match ring records to the issue log lane by lane, then pair begin/end stamps (spans
     on one lane nest) -> (step, stage, lane, start_ns, end_ns) per stage interval."""
     ns = np.empty(code.size, np.int64)
-    for lid in np.unique(code >> 8).tolist():
-        h = np.flatnonzero((code >> 8) == lid)
-        d = np.flatnonzero((dev_code >> 8) == lid)
+    lane_of, dev_lane = (code >> 8) & 0xF, (dev_code >> 8) & 0xF
+    for lid in np.unique(lane_of).tolist():
+        h = np.flatnonzero(lane_of == lid)
+        d = np.flatnonzero(dev_lane == lid)
         if h.size != d.size or not np.array_equal(code[h], dev_code[d]):
             raise RuntimeError(f"bubble meter: the stamps of lane {LANES[lid]!r} reached the "
                                "ring in another order than they were issued (a lane ran on "
@@ -297,8 +306,14 @@ def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
         ns[h] = dev_ns[d]
     rows, open_ = [], {}
     for st, c, t in zip(step.tolist(), code.tolist(), ns.tolist()):
-        lane, stage = c >> 8, (c >> 1) & 0x7F
+        lane, stage = (c >> 8) & 0xF, (c >> 1) & 0x7F
         stack = open_.setdefault(lane, [])
+        if c & _HANDOVER:        # ends the open stage, then begins `stage`, at one instant
+            if not stack:
+                raise RuntimeError(f"bubble meter: a handover to {_STAGE_OF[stage]!r} with no "
+                                   "stage open on its lane.")
+            s0, prev, t0 = stack.pop()
+            rows.append((s0, _STAGE_OF[prev], LANES[lane], t0, t))
         if not c & 1:
             stack.append((st, stage, t))
             continue

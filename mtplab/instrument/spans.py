@@ -114,7 +114,9 @@ class Spans:
         `graphed`: the body is one replay of a graph captured with the meter's stamps."""
         if not self.enabled:
             m = self.meter
-            return _NULL if m is None else m.span(name, stream or self.stream_name, graphed)
+            if m is None or graphed:         # a graph (or kernel) carries its own stamps
+                return _NULL
+            return m.span(name, stream or self.stream_name)
         _check(name)
         return _Span(self, name, stream or self.stream_name, graphed)
 

@@ -182,3 +182,19 @@ def test_bench_on_cpu_has_the_column_and_the_trace_has_the_layers(tmp_path):
     per = (len(lin) - 1) // L                           # the LM head is the last one
     assert per >= 2 and len(lin) == per * L + 1
     assert set(np.diff(lin[:-1:per]).tolist()) == {k}
+
+
+def test_the_block_equals_the_two_depth_difference_on_cpu_ops():
+    """The two ways of counting per layer agree on a real forward (the host's aten ops on CPU
+    stand in for GPU activities): bench_kernels' (k(L) - k(L/2)) / (L - L/2) and the block
+    that repeats in the full-depth forward, fused (the first layer's norm differs: L - 1
+    repetitions) and unfused."""
+    from benchmarks.bench_kernels import layer_counts
+    from mtplab import Engine, RunConfig
+
+    eng = Engine(RunConfig(model="random-tiny", device="cpu", max_running_requests=1))
+    got = layer_counts(eng, cats=("cpu_op",))
+    for fused, (per, outside, (k, reps), _) in got.items():
+        assert k > 0 and per == k and outside > 0, (fused, per, k)
+    assert got[True][2][1] == 3 and got[False][2][1] == 4
+    assert got[True][0] != got[False][0]

@@ -15,11 +15,14 @@ Figures (each printed as it is measured, then one table: figure | value | target
   layers       (measured on the llama3-8b-like@16 engine of `floor`)
                kernels (GPU activities: kernels, memcpy, memset) per decoder layer per forward,
                from torch.profiler traces of one eager decode forward at two depths:
-               (k(L) - k(L/2)) / (L - L/2), fused vs unfused (target <= 12); the fused
+               (k(L) - k(L/2)) / (L - L/2), fused vs unfused (target <= 12), beside the block
+               that repeats once per layer in the full-depth trace (analysis/kernels.py: the
+               `kernels_per_layer` of `mtplab bench`, read here on the same forward); the fused
                forward's kernel table (where the time goes)
   busy         tiny-code frozen_kv_mtp (fold + overlap + zero_bubble), bs 1 and 32: device busy
-               per decode step (union of kernel intervals, mtplab analyze) and kernels_per_step,
-               fused vs unfused (target: unfused / fused >= 2). Unfused = RunConfig(fused=False):
+               per decode step, kernels_per_step and kernels_per_layer of the profiled decode
+               steps (sweep/metrics.py trace_metrics, as `mtplab bench` reads them), fused vs
+               unfused (target: unfused / fused >= 2). Unfused = RunConfig(fused=False):
                the op-by-op model and the torch bodies of tree/accept/commit (the engine before
                issue 16)
   bf16         tiny-code target-only, bf16, fused vs unfused greedy over 256 tokens: the first
@@ -42,11 +45,11 @@ import torch
 
 from benchmarks.common import emit
 from mtplab import Engine, RunConfig
-from mtplab.analysis.bubbles import analyze
-from mtplab.analysis.trace_io import load_trace
+from mtplab.analysis.kernels import layer_block
+from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
+from mtplab.sweep.metrics import trace_metrics
 
 FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16")
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 BASE = dict(page_size=16, context_len=1024, overlap=True, zero_bubble=True)
 
 
@@ -183,24 +186,30 @@ def depth(model, n: int):
         model.model.layers = layers
 
 
-def gpu_activities(fn) -> tuple[int, dict]:
-    """(GPU activities of one call of fn, {kernel name: (count, total µs)}) from a trace."""
+def gpu_activities(fn, cats: tuple = GPU_ACTIVITY_CATS) -> tuple[int, dict, list]:
+    """(GPU activities of one call of fn, {kernel name: (count, total µs)}, their names in
+    launch order) from a trace. `cats=("cpu_op",)`: the host's aten ops instead (CPU too)."""
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
     fn()
-    torch.cuda.synchronize()
+    sync()
     with tempfile.TemporaryDirectory() as d:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as p:
+        with torch.profiler.profile(activities=acts) as p:
             fn()
-            torch.cuda.synchronize()
+            sync()
         path = Path(d) / "t.json"
         p.export_chrome_trace(str(path))
         tr = load_trace(path)
-    sel = np.flatnonzero(tr.cat_mask(*GPU_CATS))
+    sel = np.flatnonzero(tr.cat_mask(*cats))
+    sel = sel[np.argsort(tr.ts[sel], kind="stable")]
     names: dict = {}
     for i in sel:
         c, t = names.get(tr.name_of(i), (0, 0.0))
         names[tr.name_of(i)] = (c + 1, t + float(tr.dur[i]))
-    return len(sel), names
+    return len(sel), names, [tr.name_of(i) for i in sel]
 
 
 def decode_forward(eng: Engine):
@@ -213,30 +222,45 @@ def decode_forward(eng: Engine):
     return lambda: fn(**args)
 
 
+def layer_counts(eng: Engine, cats: tuple = GPU_ACTIVITY_CATS) -> dict:
+    """{fused: (activities per decoder layer from the two depths, activities outside the
+    layers, layer_block (k, reps) of the full-depth forward's names, {name: (count, µs)} of the
+    full-depth forward)} for fused True and False, on one eager bs-1 decode forward."""
+    L = eng.model.config.num_hidden_layers
+    half = max(1, L // 2)
+    fn = decode_forward(eng)
+    was = eng.model.fused
+    out = {}
+    try:
+        with torch.no_grad():
+            for fused in (True, False):
+                eng.model.set_fused(fused)
+                full, names, order = gpu_activities(fn, cats)
+                with depth(eng.model, half):
+                    part, _, _ = gpu_activities(fn, cats)
+                codes = {n: i for i, n in enumerate(dict.fromkeys(order))}
+                per = (full - part) / (L - half)
+                out[fused] = (per, full - L * per, layer_block([codes[n] for n in order], L),
+                              names)
+    finally:
+        eng.model.set_fused(was)
+    return out
+
+
 def layer_table(rep: Report, eng: Engine, model: str) -> None:
     """Kernels per decoder layer per forward, fused vs unfused, on this engine's model."""
     if rep.left() < 20:
         rep.add("kernels per layer", "SKIPPED (time box)", "<= 12", False)
         return
-    L = eng.model.config.num_hidden_layers
-    half = max(1, L // 2)
-    fn = decode_forward(eng)
-    was = eng.model.fused
-    per = {}
-    with torch.no_grad():
-        for fused in (True, False):
-            eng.model.set_fused(fused)
-            full, names = gpu_activities(fn)
-            with depth(eng.model, half):
-                part, _ = gpu_activities(fn)
-            per[fused] = ((full - part) / (L - half), full - L * (full - part) / (L - half))
-            if fused:
-                kernel_names = names
-    eng.model.set_fused(was)
-    rep.add(f"kernels per decoder layer per forward, {model}, fused", f"{per[True][0]:.1f} "
-            f"(+ {per[True][1]:.0f} outside the layers)", "<= 12", per[True][0] <= 12)
-    rep.add(f"kernels per decoder layer per forward, {model}, unfused",
-            f"{per[False][0]:.1f} (+ {per[False][1]:.0f} outside the layers)")
+    got = layer_counts(eng)
+    for fused in (True, False):
+        per, outside, (block, reps), _ = got[fused]
+        rep.add(f"kernels per decoder layer per forward, {model}, "
+                f"{'fused' if fused else 'unfused'}",
+                f"{per:.1f} (+ {outside:.0f} outside the layers; repeating block in the "
+                f"trace: {f'{block} x {reps}' if block else 'none'})",
+                "<= 12" if fused else "", per <= 12 if fused else None)
+    kernel_names = got[True][3]
     total = sum(t for _, t in kernel_names.values()) or 1.0
     rows = sorted(kernel_names.items(), key=lambda kv: -kv[1][1])[:14]
     rep.notes += [f"Kernel table, {model}, fused, one eager bs-1 decode forward + sampling "
@@ -246,9 +270,10 @@ def layer_table(rep: Report, eng: Engine, model: str) -> None:
     rep.notes.append("")
 
 
-def busy_per_step(fused: bool, bs: int) -> tuple[float, float, int]:
-    """(median device busy µs per decode step, kernels per decode step, steps) of tiny-code
-    frozen_kv_mtp, fold + overlap + zero_bubble, from a profiled window."""
+def busy_per_step(fused: bool, bs: int) -> dict:
+    """trace_metrics (sweep/metrics.py) of the profiled decode steps of tiny-code
+    frozen_kv_mtp, fold + overlap + zero_bubble: device_busy_step_ms, kernels_per_step,
+    kernels_per_layer, bubble_steps, ..."""
     with tempfile.TemporaryDirectory() as d:
         eng = Engine(RunConfig(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True,
                                max_running_requests=bs, fused=fused, profile=True,
@@ -256,21 +281,10 @@ def busy_per_step(fused: bool, bs: int) -> tuple[float, float, int]:
                                trace_dir=d, run_name="busy", **BASE))
         eng.generate(prompts(320, bs, 48), max_new_tokens=96, ignore_eos=True)
         eng.check_invariants()
+        layers = eng.model.config.num_hidden_layers
         files = eng.finish()
         del eng
-        return decode_step_figures(files["trace0"])
-
-
-def decode_step_figures(trace_path) -> tuple[float, float, int]:
-    """(median device busy µs, median GPU activities (kernels_per_step), number) of the
-    decode steps of a profiled engine trace (steps and busy time as `mtplab analyze`)."""
-    steps = analyze(trace_path).steps
-    steps = steps[steps["name"].str.startswith("step[decode")]
-    tr = load_trace(trace_path)
-    ks = np.sort(tr.ts[tr.cat_mask(*GPU_CATS)])
-    lo = np.searchsorted(ks, steps["start_us"].to_numpy())
-    hi = np.searchsorted(ks, (steps["start_us"] + steps["dur_us"]).to_numpy())
-    return float(steps["busy_us"].median()), float(np.median(hi - lo)), len(steps)
+        return trace_metrics(str(files["trace0"]), 0, layers)
 
 
 def fig_busy(rep: Report) -> None:
@@ -280,9 +294,13 @@ def fig_busy(rep: Report) -> None:
                     False)
             continue
         got = {f: busy_per_step(f, bs) for f in (False, True)}
-        (bu, ku, n), (bf, kf, _) = got[False], got[True]
+        u, f = got[False], got[True]
+        bu, bf = 1e3 * u["device_busy_step_ms"], 1e3 * f["device_busy_step_ms"]
+        n = u["bubble_steps"]
         rep.add(f"tiny-code frozen bs {bs}: kernels_per_step unfused / fused",
-                f"{ku:.0f} / {kf:.0f}")
+                f"{u['kernels_per_step']:.0f} / {f['kernels_per_step']:.0f}")
+        rep.add(f"tiny-code frozen bs {bs}: kernels_per_layer unfused / fused",
+                f"{u['kernels_per_layer']:.4g} / {f['kernels_per_layer']:.4g}")
         rep.add(f"tiny-code frozen bs {bs}: device busy per spec step unfused / fused",
                 f"{bu / bf:.2f}x ({bu:.0f} µs / {bf:.0f} µs, {n} steps)", ">= 2x",
                 bu / bf >= 2.0)

@@ -31,6 +31,9 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     draft ms / launches   the draft stages' GPU time (draft.seed + draft) and the CUDA launch
                      calls inside them, per decode step
     kernels/step     GPU activities per profiled decode step, median (sweep/metrics.py)
+    kernels/layer    GPU activities per decoder layer of the target forward: the block of
+                     kernel names the profiled verify repeats once per layer
+                     (kernels_per_layer, sweep/metrics.py; "-" on CPU)
     mem floor        weight bytes read per decode step / the HBM copy bandwidth measured
                      by this command, per token (/ accept length)
 """
@@ -146,7 +149,8 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
              "accept len", "bubble % meter (profiled: sync/host_prep/launch/host/other)", "bound ms", "achieved",
-             "stage sum ms", "draft ms / launches", "kernels/step", "mem floor ms/tok"])
+             "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
+             "mem floor ms/tok"])
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     points = list(dict.fromkeys(p for p, _ in cells))
     for pt in points:
@@ -187,6 +191,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
                 _fmt(_med(ok, "stage_sum_gpu_ms"), ".3f"),
                 f"{_fmt(dms, '.3f')} / {_fmt(_med(ok, 'draft_launches_per_step'), '.1f')}",
                 _fmt(_med(ok, "kernels_per_step"), ".0f"),
+                _fmt(_med(ok, "kernels_per_layer"), ".4g"),
                 _fmt(floor, ".4f")]) + " |")
     return "\n".join(out)
 

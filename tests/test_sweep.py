@@ -36,7 +36,7 @@ DOCUMENTED = [
     "stage_verify_ms", "sync_spans_per_step", "listed_syncs_per_step", "listed_syncs_json",
     "bubble_frac", "bubble_us_per_step", "bubble_frac_profiled", "bubble_sync_frac",
     "bubble_host_prep_frac", "bubble_launch_frac", "bubble_host_frac", "bubble_other_frac", "bubble_steps", "launches_per_step", "draft_launches_per_step",
-    "draft_ops_per_step", "host_syncs_per_step",
+    "draft_ops_per_step", "host_syncs_per_step", "kernels_per_step", "kernels_per_layer",
     "device_name", "git_commit", "mtplab_version", "torch_version",
     "run_dir", "trace_path", "timeline_path", "manifest_path", "log_path",
     "timeline_first_step", "trace_skip_steps",
@@ -100,6 +100,7 @@ def test_results_table_columns_and_values(swept):
     assert (ok["tpot_p50_ms"] < ok["itl_p50_ms"]).all() and (ok["itl_p50_ms"] > 0).all()
     assert (ok["itl_p99_ms"] >= ok["itl_p50_ms"]).all()
     assert ok["bubble_frac_profiled"].isna().all()  # CPU: no GPU lanes in the trace
+    assert ok["kernels_per_step"].isna().all() and ok["kernels_per_layer"].isna().all()
     assert ((ok["bubble_frac"] > 0) & (ok["bubble_frac"] < 1)).all()   # the meter: host clock
     assert (ok["meter_steps"] > 0).all()
     assert (ok["bubble_steps"] > 0).all() and (ok["requests"] == ok["batch_size"]).all()

@@ -54,6 +54,14 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               host_syncs_per_step: from the Kineto trace when profile=True (the profiler
               inflates host time: the where/why view; NaN on CPU, where the trace has no GPU
               lanes)
+  kernels     kernels_per_step (GPU activities -- kernels, memcpys, memsets -- starting in a
+              profiled decode step's device window, median over the steps),
+              kernels_per_layer (GPU activities per decoder layer of the target forward: in
+              each profiled decode step's `verify` span, the length of the block of kernel
+              names that repeats back to back once per target layer, L - 1 or L times; median
+              over the forwards where it is found; analysis/kernels.py): from the trace when
+              profile=True; NaN on CPU (no GPU lanes), and kernels_per_layer also where the
+              layers do not launch one identical kernel sequence
   environment device_name, git_commit, mtplab_version, torch_version
   paths       run_dir, trace_path, timeline_path, manifest_path, log_path, notebook_path,
               timeline_first_step, timeline_end_step, trace_skip_steps (the timeline

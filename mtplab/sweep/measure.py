@@ -153,5 +153,5 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row["trace_path"] = str(files["trace0"]) if "trace0" in files else None
     if row["trace_path"]:
         row["trace_skip_steps"] = 0
-        row.update(trace_metrics(row["trace_path"], 0))
+        row.update(trace_metrics(row["trace_path"], 0, eng.model.config.num_hidden_layers))
     return row

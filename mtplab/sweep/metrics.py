@@ -31,8 +31,15 @@ profiler window after warm-up (the profiler inflates host time: where/why views)
     draft_launches_per_step            launch calls inside `draft.seed` / `draft` spans
     kernels_per_step                   GPU activities (kernels, copies, memsets) that start
                                        inside a decode step's device window, median over the
-                                       steps (NaN on CPU); kernels per decoder layer need two
-                                       depths: benchmarks/bench_kernels.py
+                                       steps (NaN on CPU)
+    kernels_per_layer                  GPU activities per decoder layer of the target forward:
+                                       in each `verify` span (the target forward) of those
+                                       steps, the length of the block of kernel names that
+                                       repeats back to back once per layer (L - 1 or L times,
+                                       L = the target's layers; analysis/kernels.py), median
+                                       over the forwards where such a block is found; NaN on
+                                       CPU, and where the layers do not launch one identical
+                                       kernel sequence
     draft_ops_per_step                 aten ops dispatched inside `draft.seed` / `draft` spans
                                        (nested ops counted; the CPU stand-in for launches)
     host_syncs_per_step                synchronize calls and `aten::item` /
@@ -44,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
+from ..analysis.kernels import per_layer, per_window
 from ..stages import STAGES
 from ..analysis.trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, load_trace
 
@@ -89,11 +97,12 @@ def bubble_columns(steps: pd.DataFrame, has_device: bool) -> dict:
     return out
 
 
-def trace_metrics(trace_path: str, skip_steps: int) -> dict:
-    """Bubble fractions and launch/sync counts of the decode steps after `skip_steps`."""
+def trace_metrics(trace_path: str, skip_steps: int, layers: int | None = None) -> dict:
+    """Bubble fractions and launch/sync/kernel counts of the decode steps after `skip_steps`;
+    `layers`: the target's decoder layers (kernels_per_layer; NaN without)."""
     out = {**bubble_columns(pd.DataFrame(), False),
            "launches_per_step": NAN, "draft_launches_per_step": NAN, "kernels_per_step": NAN,
-           "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
+           "kernels_per_layer": NAN, "draft_ops_per_step": NAN, "host_syncs_per_step": NAN}
     tr = load_trace(trace_path)
     try:
         res = analyze(tr, skip_steps=skip_steps)
@@ -117,11 +126,13 @@ def trace_metrics(trace_path: str, skip_steps: int) -> dict:
         out["launches_per_step"] = _count_in(tr.ts[launch], s0, s1) / n
         out["draft_launches_per_step"] = _count_in(tr.ts[launch], d0, d1) / n
     out["draft_ops_per_step"] = _count_in(tr.ts[ops], d0, d1) / n
-    gpu = np.sort(tr.ts[tr.cat_mask(*GPU_ACTIVITY_CATS)])
-    if gpu.size:
+    if tr.cat_mask(*GPU_ACTIVITY_CATS).any():
         w0 = st["start_us"].to_numpy()
-        per = np.searchsorted(gpu, w0 + st["dur_us"].to_numpy()) - np.searchsorted(gpu, w0)
-        out["kernels_per_step"] = float(np.median(per))
+        w1 = w0 + st["dur_us"].to_numpy()
+        out["kernels_per_step"] = float(np.median(per_window(tr, w0, w1)))
+        blocks = per_layer(tr, w0, w1, layers) if layers else np.array([])
+        if np.isfinite(blocks).any():
+            out["kernels_per_layer"] = float(np.nanmedian(blocks))
     out["host_syncs_per_step"] = _count_in(tr.ts[syncs], s0, s1) / n
     return out
 

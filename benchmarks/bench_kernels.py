@@ -27,6 +27,11 @@ Figures (each printed as it is measured, then one table: figure | value | target
                issue 16)
   bf16         tiny-code target-only, bf16, fused vs unfused greedy over 256 tokens: the first
                divergent token (if any) is printed, never hidden
+  topk         the draft's branch_topk at V=128256, bf16, K=1, N=1 and N=4 (torch log_softmax +
+               topk vs the split-V kernel pair of kernels/topk.py), and the accept stage's argmax
+               over fp32 [4, 128256] (torch vs kernel): device µs per call, each arm captured 20x
+               in one CUDA graph, median over 50 replays (CUDA events); printed as reference /
+               fused
 Each figure runs under a shared time budget; a figure not reached prints SKIPPED and MISS.
 """
 from __future__ import annotations
@@ -49,7 +54,7 @@ from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.sweep.metrics import trace_metrics
 
-FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16")
+FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16", "topk")
 BASE = dict(page_size=16, context_len=1024, overlap=True, zero_bubble=True)
 
 
@@ -329,6 +334,54 @@ def fig_bf16(rep: Report, tokens: int = 256) -> None:
             f"{['none' if d is None else d for d in firsts]}")
 
 
+def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
+    """Median device µs of one fn() call: fn captured `reps` times in one CUDA graph, the graph
+    replayed `replays` times, each replay between two CUDA events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):                 # compile / autotune / allocator warm-up
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b) / reps)
+    del g
+    return float(np.median(times))
+
+
+def fig_topk(rep: Report, V: int = 128256) -> None:
+    from mtplab.kernels import topk as T
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for N in (1, 4):
+        x = (3 * torch.randn(N, V, generator=g, device="cuda")).to(torch.bfloat16)
+        got, want = T.logp_topk_triton(x, 1), T.logp_topk_ref(x, 1)
+        same = torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], 1e-5, 1e-5)
+        ref_us = graph_us(lambda: T.logp_topk_ref(x, 1))
+        fused_us = graph_us(lambda: T.logp_topk_triton(x, 1))
+        rep.add(f"branch_topk V={V} N={N} K=1 bf16: reference / fused",
+                f"{ref_us / fused_us:.2f}x ({ref_us:.1f} µs / {fused_us:.1f} µs)"
+                + ("" if same else "; RESULTS DIFFER"))
+    x = 3 * torch.randn(4, V, generator=g, device="cuda")
+    same = torch.equal(T.argmax_triton(x), x.argmax(-1))
+    ref_us = graph_us(lambda: T.argmax_ref(x))
+    fused_us = graph_us(lambda: T.argmax_triton(x))
+    rep.add(f"accept argmax [4, {V}] fp32: reference / fused",
+            f"{ref_us / fused_us:.2f}x ({ref_us:.1f} µs / {fused_us:.1f} µs)"
+            + ("" if same else "; RESULTS DIFFER"))
+    free()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the markdown table here "
@@ -352,7 +405,8 @@ def main(argv=None) -> int:
              ("floor", lambda: fig_floor(rep, bw, "gemma4-31b-like@8", unfused_too=False,
                                          layers=False)),
              ("busy", lambda: fig_busy(rep)),
-             ("bf16", lambda: fig_bf16(rep))]
+             ("bf16", lambda: fig_bf16(rep)),
+             ("topk", lambda: fig_topk(rep))]
     for name, run in steps:
         if name not in a.only:
             continue

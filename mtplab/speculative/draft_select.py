@@ -23,13 +23,18 @@ descending sort the parent therefore ranks before the child: whenever a node is 
 D-1, so is its parent. Sorting the selection by c keeps the tree topological
 (parent index < child index). topk == 1 is the chain: one candidate per step, D = S+1.
 
-No host synchronisation and static shapes throughout (CUDA-graph capturable).
+No host synchronisation and static shapes throughout (CUDA-graph capturable). On CUDA the
+per-step top-k is one split-V kernel pair (kernels/topk.py: log_softmax and top-k fused, equal
+logits ranked by the lower token id); elsewhere and in the unfused engine, torch's
+log_softmax + topk.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from ..kernels.topk import logp_topk
 
 
 @dataclass
@@ -56,10 +61,9 @@ def num_candidates(num_steps: int, topk: int) -> int:
 
 
 def branch_topk(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [..., V] -> (log-probs [..., K] float32, tokens [..., K] int64), best first."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    vals, idx = torch.topk(logp, topk, dim=-1, sorted=True)
-    return vals, idx
+    """logits [..., V] -> (log-probs [..., K] float32, tokens [..., K] int64), best first:
+    the top-k of log_softmax(logits.float()) (kernels/topk.logp_topk; reference logp_topk_ref)."""
+    return logp_topk(logits, topk)
 
 
 def select_root(logp: torch.Tensor, tokens: torch.Tensor) -> tuple[DraftBranches, StepCandidates]:

@@ -49,6 +49,7 @@ import torch
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import SIMULATE, position_uniform
+from ..kernels.topk import argmax as vocab_argmax
 from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
 from .commit import commit
 from .draft_select import StepCandidates, num_candidates
@@ -339,7 +340,7 @@ class SpecWorker:
 
         def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds):
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
-            argmax = logits.argmax(-1)
+            argmax = vocab_argmax(logits)      # = logits.argmax(-1); split-V kernel on CUDA
             if not p.simulated:
                 acc = accept_greedy(tree, argmax)
             else:

@@ -109,3 +109,10 @@ def test_repeated_cells_interleave_rounds_with_the_probe_first():
         (1, False), (1, True), (2, False), (2, True)]
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
         repeated_cells(base, [], {}, repeats=0)
+
+
+def test_a_smaller_bubble_with_less_busy_time_is_not_said_to_be_filled():
+    r = one(frame({"off": [(100, 0.30, 1000), (101, 0.30, 1000)],
+                   "zb": [(100.5, 0.20, 800), (100, 0.20, 800)]}), "zb")
+    assert r["verdict"] == "nothing" and "took their place" not in r["sentence"]
+    assert "removes 10.0 idle points, a change too small to show in tok/s" in r["sentence"]

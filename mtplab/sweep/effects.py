@@ -183,9 +183,12 @@ def _why(r: dict[str, Any]) -> str:
         why.append("no meter bubble to compare")
     elif abs(r["bubble_pts"]) <= r["bubble_noise_pts"]:
         why.append("the idle share of the step did not change either" + busy_txt)
-    elif r["bubble_pts"] < 0:
+    elif r["bubble_pts"] < 0 and busy == busy and busy_b == busy_b and busy > busy_b:
         why.append(f"it removes {-r['bubble_pts']:.1f} idle points, but device work took their "
                    "place, so the step is no shorter" + busy_txt)
+    elif r["bubble_pts"] < 0:
+        why.append(f"it removes {-r['bubble_pts']:.1f} idle points, a change too small to show "
+                   "in tok/s beyond the noise" + busy_txt)
     else:
         why.append(f"the idle share grew by {r['bubble_pts']:.1f} points" + busy_txt)
     return "; ".join(why)

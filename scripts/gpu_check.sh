@@ -55,14 +55,15 @@ phase_peer() {
   python3 -m benchmarks.bench_peer --out "$OUT_DIR/bench_peer.md"
 }
 
-#: notebooks  [NN,...] notebooks under papermill with GPU parameters (default 01,02,04: overlap,
-#:            seed folding, zero bubble; 03 too if named), one after another within NB_BUDGET_S
+#: notebooks  [NN,...] notebooks under papermill with GPU parameters (default 01,04,02: overlap,
+#:            zero bubble, seed folding; 03 too if named), one after another within NB_BUDGET_S
 #:            -> notebooks/NN_name.ipynb (executed), notebooks/notebooks.tgz (each one's
 #:            answer.json, PNG figures and sweep results.parquet); answers in notebooks.log
 # Environment (defaults: the H100 run): NB_DEVICE=cuda NB_MODEL=tiny-code NB_PROMPTS=code
 # NB_PROMPT_LEN=128 NB_OUTPUT_LEN=128 NB_REPEATS=2 (interleaved rounds per cell, round 0
-# profiled) NB_BS="[1, 8, 32]" (01) NB_BS02="[1, 32]" NB_GRAPHS02="[true]" (02) NB_BS04=8 (04)
-# NB_BUDGET_S=540 (no notebook starts after it, a running one is stopped at it)
+# profiled) NB_BS="[1, 8, 32]" (01: 18 cells) NB_BS02="[1, 32]" NB_GRAPHS02="[true]" (02: 8)
+# NB_BS04=8 NB_REPEATS04=3 (04: 15 cells, round 0 under the sync debug mode is not timed)
+# NB_BUDGET_S=520 (no notebook starts after it, a running one is stopped at it)
 # NB_WORK=/tmp/mtplab_nb (the notebooks' out_dirs: sweeps, traces).
 phase_notebooks() {
   python3 -c "import papermill, ipykernel" 2>/dev/null || {
@@ -80,8 +81,8 @@ phase_notebooks() {
     -y "simulate_accept_len: null" -p prompts "${NB_PROMPTS:-code}"
     -p prompt_len_tokens "${NB_PROMPT_LEN:-128}" -p output_len_tokens "${NB_OUTPUT_LEN:-128}")
   local reps=(-p repeats "${NB_REPEATS:-2}")
-  deadline=$((SECONDS + ${NB_BUDGET_S:-540}))
-  for n in ${@:-01 02 04}; do
+  deadline=$((SECONDS + ${NB_BUDGET_S:-520}))
+  for n in ${@:-01 04 02}; do
     local args=()
     case $n in
       01) name=01_overlap; args=("${reps[@]}" -y "batch_sizes: ${NB_BS:-[1, 8, 32]}") ;;
@@ -89,12 +90,13 @@ phase_notebooks() {
             -y "cuda_graphs: ${NB_GRAPHS02:-[true]}") ;;
       03) name=03_page_topk; args=(-p batch_size 8 -y "page_sizes: [1, 16, 64]"
             -y "topks: [1, 4]") ;;
-      04) name=04_zero_bubble; args=("${reps[@]}" -p batch_size "${NB_BS04:-8}") ;;
+      04) name=04_zero_bubble; args=(-p repeats "${NB_REPEATS04:-3}"
+            -p batch_size "${NB_BS04:-8}") ;;
       *) echo "notebooks: no notebook $n (01, 02, 03 or 04)"; rc=1; continue ;;
     esac
     left=$((deadline - SECONDS))
     if ((left < 30)); then
-      echo "== notebook $name: skipped, ${NB_BUDGET_S:-540} s budget spent"; rc=1; continue
+      echo "== notebook $name: skipped, ${NB_BUDGET_S:-520} s budget spent"; rc=1; continue
     fi
     local t0=$SECONDS
     rm -rf "${work:?}/$name"
@@ -102,7 +104,11 @@ phase_notebooks() {
     timeout -k 10 "$left" python3 -m papermill "notebooks/$name.ipynb" "$nb/$name.ipynb" \
       "${common[@]}" "${args[@]}" -p out_dir "$work/$name" || { echo "$name failed"; rc=1; }
     echo "== notebook $name: $((SECONDS - t0)) s"
-    [[ -f $work/$name/answer.json ]] && cat "$work/$name/answer.json" && echo
+    if [[ -f $work/$name/answer.json ]]; then
+      cat "$work/$name/answer.json"; echo
+      python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('summary', ''))" \
+        "$work/$name/answer.json"
+    fi
     # the small products of every notebook so far, in one file (bulky traces stay in $work)
     (cd "$work" && find . -maxdepth 3 \( -name answer.json -o -name '*.png' \
       -o -path '*/sweep/results.parquet' \) -print0 | tar czf "$nb/notebooks.tgz" --null -T -)

@@ -31,7 +31,9 @@ from pathlib import Path
 import pandas as pd
 from mtplab import RunConfig
 from mtplab.config import ConfigError
+from mtplab.analysis.plots import save_figure
 from mtplab.sweep import grid_from_dict, run_sweep
+from mtplab.sweep.effects import arm_effects, effect_answer, plot_effects, repeated_cells
 from mtplab.sweep.report import bars, heatmap, notebook_out, timelines, write_answer
 %matplotlib inline
 
@@ -41,7 +43,11 @@ print("device:", RunConfig(device=device).device, "| output:", out.resolve())
 '''
 
 
-def sweep_cell(base: str, arms: str, axes: str) -> str:
+def sweep_cell(base: str, arms: str, axes: str, probe: str | None = None) -> str:
+    """The sweep of a notebook; with `probe`, `repeats` interleaved rounds whose round 0 alone
+    adds the probe settings (mtplab/sweep/effects.py: repeated_cells)."""
+    cells = (f'repeated_cells(base, arms, axes, repeats,\n                       probe={probe})'
+             if probe else 'grid_from_dict({"base": base, "arms": arms, "grid": axes}).cells()')
     return f'''\
 base = {base}
 arms = {arms}
@@ -51,21 +57,28 @@ for arm in arms:   # an arm that is not available yet fails here, with one sente
 sweep_dir = out / "sweep"
 if not resume:
     shutil.rmtree(sweep_dir, ignore_errors=True)
-grid = grid_from_dict({{"base": base, "arms": arms, "grid": axes}})
-df = run_sweep(grid.cells(), sweep_dir, timeout_s=cell_timeout_s)
+cells = {cells}
+df = run_sweep(cells, sweep_dir, timeout_s=cell_timeout_s)
 failed = df[df["status"] != "ok"]
 if len(failed):
     raise RuntimeError("cells did not run: " + "; ".join(failed["error"]))
 '''
 
 
-BASE = ('dict(device=device, model=model, draft=draft, simulate_accept_len=simulate_accept_len,'
-        '\n            prompt_len_tokens=prompt_len_tokens, output_len_tokens=output_len_tokens,'
-        '\n            page_size=page_size, profile=True)')
+BASE_ARGS = ('device=device, model=model, draft=draft, simulate_accept_len=simulate_accept_len,'
+             '\n            prompts=prompts, prompt_len_tokens=prompt_len_tokens,'
+             '\n            output_len_tokens=output_len_tokens, page_size=page_size')
+BASE = f'dict({BASE_ARGS}, profile=True)'
+# the timed rounds of a repeated sweep: round 0 adds the profiler (the `probe` of sweep_cell)
+BASE_TIMED = f'dict({BASE_ARGS})'
 
 SWEEP_PARAMS = '''\
+prompts = "random"              # "random" ids, or "code": held-out stdlib code (real acceptance)
 resume = False                  # True: keep finished cells of an earlier run of this notebook
 cell_timeout_s = 600
+'''
+REPEAT_PARAMS = '''\
+repeats = 1                     # interleaved rounds of every cell (their spread is the noise)
 '''
 
 NOTEBOOKS: dict[str, list[tuple[str, str]]] = {}
@@ -181,44 +194,58 @@ NOTEBOOKS["01_overlap"] = [
     ("md", """\
 # 01 · Overlap scheduling — what does overlap (and zero-bubble on top) buy?
 
-**Question.** Across batch sizes, how much do tok/s and the GPU bubble fraction change when
-the overlap scheduler is on, and when zero-bubble scheduling is added on top?
+**Question.** Across batch sizes, how much do decode tok/s and the GPU bubble fraction change
+when the overlap scheduler is on, and when zero-bubble scheduling is added on top?
 
-Three arms × batch sizes, each cell in its own process (`mtplab.sweep`), timelines side by
-side on one time scale. On CPU the bubble fraction is NaN (no GPU lanes); the decode step
-time and the timelines' host spans still show the effect of overlapping host and device work."""),
+Three arms × batch sizes × `repeats` interleaved rounds, each cell in its own process
+(`mtplab.sweep`). The headline bubble is the bubble meter's `bubble_frac` (GPU-stamped stage
+intervals of the unprofiled timed generate, mtplab/instrument/meter.py; on CPU it uses the
+host clock). Round 0 is also profiled: its `bubble_frac_profiled` and cause split (the
+profiler inflates host time) and its timelines are the where/why views. The answer compares
+each arm with its baseline: the tok/s ratio against the repeats' noise, and the meter's bubble
+change in points; an arm within the noise is said to buy nothing, with the numbers."""),
     ("params", COMMON_PARAMS + '''\
 draft = "frozen_kv_mtp"
 page_size = 16
 batch_sizes = [1, 4]
-''' + SWEEP_PARAMS + '''\
+''' + REPEAT_PARAMS + SWEEP_PARAMS + '''\
 out_dir = "traces/notebooks/01_overlap"   # relative to the repository root
 '''),
     ("code", SETUP),
-    ("code", sweep_cell(BASE, '[{"overlap": False}, {"overlap": True},\n        '
-                              '{"overlap": True, "zero_bubble": True}]',
-                        '{"batch_size": batch_sizes}') + '''\
+    ("code", sweep_cell(BASE_TIMED, '[{"overlap": False}, {"overlap": True},\n        '
+                                    '{"overlap": True, "zero_bubble": True}]',
+                        '{"batch_size": batch_sizes}', probe='{"profile": True}') + '''\
 df["arm"] = ["zero-bubble" if zb else "overlap" if ov else "off"
              for ov, zb in zip(df["cfg.overlap"], df["cfg.zero_bubble"])]
-df[["arm", "batch_size", "tok_per_s", "decode_step_time_p50_ms", "tpot_p50_ms", "bubble_frac",
-    "bubble_sync_frac"]]'''),
-    ("md", "## tok/s and bubble fraction by batch size"),
+df[["arm", "batch_size", "repeat", "decode_tok_per_s", "decode_step_time_p50_ms",
+    "tpot_p50_ms", "bubble_frac", "bubble_frac_profiled", "bubble_sync_frac",
+    "bubble_host_frac"]]'''),
+    ("md", "## Decode tok/s and the meter's bubble fraction by batch size (mean of the rounds)"),
     ("code", '''\
-bars(df, "batch_size", "tok_per_s", "arm")
-bars(df, "batch_size", "bubble_frac" if on_gpu else "decode_step_time_p50_ms", "arm");'''),
-    ("md", "## Timelines at the largest batch size (same time scale)"),
+ax = bars(df, "batch_size", "decode_tok_per_s", "arm")
+save_figure(ax.figure, out / "tok_s.png")
+ax = bars(df, "batch_size", "bubble_frac", "arm")
+ax.set_ylabel("bubble_frac (meter)")
+save_figure(ax.figure, out / "bubble_frac.png");'''),
+    ("md", "## What each arm buys (median of the rounds vs its baseline)"),
     ("code", '''\
-timelines(df[df["batch_size"] == max(batch_sizes)], "arm", out_dir=out);'''),
+eff = arm_effects(df, "arm", [("overlap", "off"), ("zero-bubble", "overlap"),
+                              ("zero-bubble", "off")], by=["batch_size"])
+plot_effects(eff, path=out / "effects.png", title="01: what overlap and zero-bubble buy")
+eff[["where", "arm", "baseline", "verdict", "ratio", "noise", "tok_s", "tok_s_base",
+     "bubble_base", "bubble", "bubble_pts", "bubble_noise_pts"]]'''),
+    ("md", "## Timelines at the largest batch size, round 0 (profiled; same time scale)"),
+    ("code", '''\
+timelines(df[(df["batch_size"] == max(batch_sizes)) & (df["repeat"] == 0)], "arm",
+          out_dir=out);'''),
     ("md", "## Answer"),
     ("code", '''\
-t = df.pivot_table(index="batch_size", columns="arm", values="tok_per_s")
-b = df.pivot_table(index="batch_size", columns="arm", values="bubble_frac", dropna=False)
-ans = {"question": "what do overlap and zero-bubble buy in tok/s and bubble fraction?"}
-for bs in t.index:
-    for arm in ("overlap", "zero-bubble"):
-        ans[f"speedup_vs_off_bs{bs}_{arm}"] = t.loc[bs, arm] / t.loc[bs, "off"]
-    for arm in ("off", "overlap", "zero-bubble"):
-        ans[f"bubble_frac_bs{bs}_{arm}"] = b.loc[bs, arm] if arm in b.columns else float("nan")
+ans = {"question": "what do overlap and zero-bubble buy in decode tok/s and bubble fraction?",
+       **effect_answer(eff), "repeats": repeats, "device": df["device_name"].iloc[0],
+       "model": model}
+probe = df[df["repeat"] == 0]
+for (bs, arm), r in probe.groupby(["batch_size", "arm"]):
+    ans[f"bs{bs}.{arm}.bubble_frac_profiled"] = r["bubble_frac_profiled"].median()
 write_answer(out, ans);'''),
 ]
 
@@ -228,11 +255,14 @@ NOTEBOOKS["02_seed_folding"] = [
 
 **Question.** With `fold_seed` on, the seed forward runs as iteration 0 inside the draft
 (one graph replay) instead of eagerly before it. How much draft-stage time per decode step and
-how many launches does that save, with and without CUDA graphs?
+how many launches does that save, with and without CUDA graphs, and what does it buy in
+decode tok/s and bubble fraction?
 
 `cuda_graphs` is swept only on a GPU. Launch counts are CUDA launch calls inside the
-`draft.seed`/`draft` spans of the Kineto trace (`draft_launches_per_step`, mtplab/sweep/metrics.py);
-on CPU there are no launches, so the aten ops dispatched inside those spans stand in.
+`draft.seed`/`draft` spans of the Kineto trace (`draft_launches_per_step`, mtplab/sweep/metrics.py;
+round 0, the profiled one); on CPU there are no launches, so the aten ops dispatched inside
+those spans stand in. The bubble is the bubble meter's `bubble_frac` (unprofiled); tok/s and
+bubble changes are judged against the spread of `repeats` interleaved rounds.
 
 **On CPU** the question has no real answer: without CUDA graphs folding cannot merge
 launches, so the draft-time ratio compares host compute of the same work (its spread is
@@ -242,33 +272,52 @@ and what they measure; run with `device="cuda"` for the saving itself."""),
     ("params", COMMON_PARAMS + '''\
 page_size = 16
 batch_sizes = [1, 4]
-''' + SWEEP_PARAMS + '''\
+cuda_graphs = None              # cuda_graphs values (None: [False, True] on a GPU, [False] on CPU)
+''' + REPEAT_PARAMS + SWEEP_PARAMS + '''\
 out_dir = "traces/notebooks/02_seed_folding"   # relative to the repository root
 '''),
-    ("code", SETUP + 'draft = "frozen_kv_mtp"\n'),
-    ("code", sweep_cell(BASE, '[{"fold_seed": False}, {"fold_seed": True}]',
-                        '{"batch_size": batch_sizes, "cuda_graphs": [False, True] if on_gpu '
-                        'else [False]}') + '''\
+    ("code", SETUP + '''\
+draft = "frozen_kv_mtp"
+if cuda_graphs is None:
+    cuda_graphs = [False, True] if on_gpu else [False]
+'''),
+    ("code", sweep_cell(BASE_TIMED, '[{"fold_seed": False}, {"fold_seed": True}]',
+                        '{"batch_size": batch_sizes, "cuda_graphs": cuda_graphs}',
+                        probe='{"profile": True}') + '''\
+df["arm"] = ["folded seed" if f else "eager seed" for f in df["cfg.fold_seed"]]
 # the eager seed runs before the draft span; the folded seed runs inside it
 seed_ms = df["stage_draft.seed_ms"].fillna(0.0) if "stage_draft.seed_ms" in df else 0.0
 df["draft_ms_per_step"] = df["stage_draft_ms"] + seed_ms * ~df["cfg.fold_seed"]
 launch_col = "draft_launches_per_step" if on_gpu else "draft_ops_per_step"
-df[["batch_size", "cfg.cuda_graphs", "cfg.fold_seed", "draft_ms_per_step", launch_col,
-    "decode_step_time_p50_ms", "tok_per_s"]]'''),
-    ("md", "## Draft-stage time and launches per decode step"),
+df[["batch_size", "cfg.cuda_graphs", "arm", "repeat", "draft_ms_per_step", launch_col,
+    "decode_step_time_p50_ms", "decode_tok_per_s", "bubble_frac"]]'''),
+    ("md", "## Draft-stage time and launches per decode step (mean of the rounds)"),
     ("code", '''\
-hue = ["cfg.cuda_graphs", "cfg.fold_seed"]
-bars(df, "batch_size", "draft_ms_per_step", hue)
-bars(df, "batch_size", launch_col, hue);'''),
+hue = ["cfg.cuda_graphs", "arm"]
+save_figure(bars(df, "batch_size", "draft_ms_per_step", hue).figure, out / "draft_ms.png")
+save_figure(bars(df, "batch_size", launch_col, hue).figure, out / "draft_launches.png");'''),
+    ("md", "## What folding buys (median of the rounds vs the eager seed)"),
+    ("code", '''\
+eff = arm_effects(df, "arm", [("folded seed", "eager seed")], by=["batch_size", "cfg.cuda_graphs"],
+                  extra=["draft_ms_per_step", launch_col])
+eff["sentence"] = [
+    f"{s} Draft stage: {r['draft_ms_per_step_base']:.3f} -> {r['draft_ms_per_step']:.3f} ms "
+    f"per decode step ({r['draft_ms_per_step'] / r['draft_ms_per_step_base']:.2f}x), "
+    f"{launch_col} {r[launch_col + '_base']:.1f} -> {r[launch_col]:.1f}."
+    for s, r in zip(eff["sentence"], eff.to_dict("records"))]
+plot_effects(eff, path=out / "effects.png", title="02: what folding the seed buys")
+eff[["where", "verdict", "ratio", "noise", "bubble_pts", "draft_ms_per_step_base",
+     "draft_ms_per_step", f"{launch_col}_base", launch_col]]'''),
     ("md", "## Answer"),
     ("code", '''\
-ans = {"question": "what does fold_seed save in draft time and launches per decode step?",
-       "launch_column": launch_col}
-for (bs, graphs), g in df.groupby(["batch_size", "cfg.cuda_graphs"]):
-    off, on = g[~g["cfg.fold_seed"]].iloc[0], g[g["cfg.fold_seed"]].iloc[0]
-    key = f"bs{bs}_graphs{graphs}"
-    ans[f"draft_ms_ratio_{key}"] = on["draft_ms_per_step"] / off["draft_ms_per_step"]
-    ans[f"launches_saved_{key}"] = off[launch_col] - on[launch_col]
+ans = {"question": "what does fold_seed save in draft time and launches per decode step, "
+                   "and what does it buy in tok/s and bubble?",
+       **effect_answer(eff), "launch_column": launch_col, "repeats": repeats,
+       "device": df["device_name"].iloc[0], "model": model}
+for r in eff.to_dict("records"):
+    key = f"bs{r['batch_size']}_graphs{r['cfg.cuda_graphs']}"
+    ans[f"draft_ms_ratio_{key}"] = r["draft_ms_per_step"] / r["draft_ms_per_step_base"]
+    ans[f"launches_saved_{key}"] = r[f"{launch_col}_base"] - r[launch_col]
 if not on_gpu:
     ans["note"] = ("CPU run: no launches or graphs to save. launches_saved counts aten ops "
                    "(it can be negative: the folded seed may dispatch a few more) and "
@@ -336,54 +385,81 @@ NOTEBOOKS["04_zero_bubble"] = [
 **Question.** Under the overlap scheduler, what does each zero-bubble sub-knob
 (`zb_async_d2h`: pinned async D2H of results, `zb_device_seq_lens`: no host read of
 seq_lens, `zb_draft_preexec`: draft pre-execution) do on its own, what do they do together,
-and which host syncs remain?
+which host syncs remain, and what does each buy in decode tok/s and bubble fraction?
 
-Arms: overlap only (every sub-knob off); each sub-knob on its own; `zero_bubble=True` (all
-on). Remaining syncs: host `sync` spans per decode step (event timeline, any device), host
-synchronize calls per decode step (trace), the `sync` share of the bubble, and on a GPU the
-sites CUDA's sync debug mode flags (`debug_syncs`)."""),
+Arms: overlap only (every sub-knob off, the baseline); each sub-knob on its own;
+`zero_bubble=True` (all on); `repeats` interleaved rounds. Round 0 is the where/why probe:
+profiled, and on a GPU under CUDA's sync debug mode (`debug_syncs`, which slows the step, so
+its tok/s is left out when later rounds exist). Remaining syncs: host `sync` spans per decode
+step (event timeline, any device), host synchronize calls per decode step (trace), the `sync`
+share of the profiled bubble, and on a GPU the sites the sync debug mode flags. The headline
+bubble is the bubble meter's `bubble_frac` (unprofiled)."""),
     ("params", COMMON_PARAMS + '''\
 draft = "frozen_kv_mtp"
 page_size = 16
 batch_size = 4
-''' + SWEEP_PARAMS + '''\
+''' + REPEAT_PARAMS + SWEEP_PARAMS + '''\
 out_dir = "traces/notebooks/04_zero_bubble"   # relative to the repository root
 '''),
     ("code", SETUP),
     ("code", 'OFF = {"zero_bubble": False, "zb_async_d2h": False, "zb_device_seq_lens": False,\n'
              '       "zb_draft_preexec": False}\n' +
-     sweep_cell(BASE.replace("profile=True)", "profile=True,\n            "
-                             "batch_size=batch_size, overlap=True, debug_syncs=on_gpu)"), '''[
+     sweep_cell(BASE_TIMED.replace("page_size=page_size)", "page_size=page_size,\n            "
+                                   "batch_size=batch_size, overlap=True)"), '''[
     {**OFF},                                                  # overlap only
     {**OFF, "zb_async_d2h": True},                            # each sub-knob on its own
     {**OFF, "zb_device_seq_lens": True},
     {**OFF, "zb_draft_preexec": True},
     {"zero_bubble": True},                                    # all of them
-]''', '{}') + '''\
+]''', '{}', probe='{"profile": True, "debug_syncs": on_gpu}') + '''\
 subs = ["cfg.zb_async_d2h", "cfg.zb_device_seq_lens", "cfg.zb_draft_preexec"]
 df["arm"] = ["zero_bubble (all)" if r["cfg.zero_bubble"] else
              " + ".join(c.removeprefix("cfg.zb_") for c in subs if r[c]) or "overlap only"
              for _, r in df.iterrows()]
-cols = ["arm", "tok_per_s", "decode_step_time_p50_ms", "sync_spans_per_step",
-        "host_syncs_per_step", "listed_syncs_per_step", "bubble_frac", "bubble_sync_frac"]
+probe = df[df["repeat"] == 0]
+# the rounds timed without the sync debug mode (all of them on CPU, where it is off)
+timed = df[~df["cfg.debug_syncs"]] if (~df["cfg.debug_syncs"]).any() else df
+cols = ["arm", "repeat", "decode_tok_per_s", "decode_step_time_p50_ms", "sync_spans_per_step",
+        "host_syncs_per_step", "listed_syncs_per_step", "bubble_frac", "bubble_frac_profiled",
+        "bubble_sync_frac"]
 df[cols]'''),
     ("md", "Sync sites CUDA's sync debug mode flagged per arm (GPU only; empty on CPU):"),
     ("code", '''\
-for arm, sites in zip(df["arm"], df["listed_syncs_json"]):
+for arm, sites in zip(probe["arm"], probe["listed_syncs_json"]):
     print(arm, "->", json.loads(sites) if isinstance(sites, str) else "n/a")'''),
-    ("md", "## Remaining syncs and bubbles per arm"),
+    ("md", "## Remaining syncs per arm, and the meter's bubble fraction (mean of the rounds)"),
     ("code", '''\
-bars(df, "arm", "sync_spans_per_step")
-bars(df, "arm", "host_syncs_per_step")
-bars(df, "arm", "bubble_sync_frac" if on_gpu else "tok_per_s");'''),
+save_figure(bars(df, "arm", "sync_spans_per_step").figure, out / "sync_spans.png")
+save_figure(bars(probe, "arm", "host_syncs_per_step").figure, out / "host_syncs.png")
+ax = bars(timed, "arm", "bubble_frac")
+ax.set_ylabel("bubble_frac (meter)")
+save_figure(ax.figure, out / "bubble_frac.png")
+if on_gpu:
+    ax = bars(probe, "arm", "bubble_sync_frac")
+    save_figure(ax.figure, out / "bubble_sync_profiled.png")'''),
+    ("md", "## What each sub-knob buys (median of the timed rounds vs overlap only)"),
+    ("code", '''\
+arm_names = list(dict.fromkeys(df["arm"]))
+eff = arm_effects(timed, "arm", [(a, "overlap only") for a in arm_names[1:]],
+                  by=["batch_size"], extra=["sync_spans_per_step"])
+eff["sentence"] = [
+    f"{s} Host sync spans per decode step {r['sync_spans_per_step_base']:.2f} -> "
+    f"{r['sync_spans_per_step']:.2f}."
+    for s, r in zip(eff["sentence"], eff.to_dict("records"))]
+plot_effects(eff, path=out / "effects.png", title="04: what each zero-bubble sub-knob buys")
+eff[["where", "arm", "verdict", "ratio", "noise", "bubble_pts", "bubble_noise_pts",
+     "sync_spans_per_step_base", "sync_spans_per_step"]]'''),
     ("md", "## Answer"),
     ("code", '''\
-base_row = df.iloc[0]
-ans = {"question": "which zero-bubble sub-knob removes which host syncs; what remains?"}
-for _, r in df.iterrows():
-    ans[f"syncs_per_step[{r['arm']}]"] = r["sync_spans_per_step"]
-    ans[f"tok_per_s_ratio[{r['arm']}]"] = r["tok_per_s"] / base_row["tok_per_s"]
-ans["remaining_syncs_all_on"] = df.iloc[-1]["sync_spans_per_step"]
+ans = {"question": "which zero-bubble sub-knob removes which host syncs, what remains, and "
+                   "what does each buy?",
+       **effect_answer(eff), "repeats": repeats, "timed_rounds": int(timed["repeat"].nunique()),
+       "device": df["device_name"].iloc[0], "model": model}
+for arm, g in df.groupby("arm", sort=False):
+    ans[f"{arm}.sync_spans_per_step"] = g["sync_spans_per_step"].median()
+    ans[f"{arm}.host_syncs_per_step"] = probe.loc[probe["arm"] == arm,
+                                                  "host_syncs_per_step"].median()
+ans["remaining_sync_spans_all_on"] = ans["zero_bubble (all).sync_spans_per_step"]
 write_answer(out, ans);'''),
 ]
 

@@ -55,19 +55,66 @@ phase_peer() {
   python3 -m benchmarks.bench_peer --out "$OUT_DIR/bench_peer.md"
 }
 
-#: notebooks  01_overlap and 03_page_topk under papermill with GPU parameters
+#: notebooks  [NN,...] notebooks under papermill with GPU parameters (default 01,04,02: overlap,
+#:            zero bubble, seed folding; 03 too if named), one after another within NB_BUDGET_S
+#:            -> notebooks/NN_name.ipynb (executed), notebooks/notebooks.tgz (each one's
+#:            answer.json, PNG figures and sweep results.parquet); answers in notebooks.log
+# Environment (defaults: the H100 run): NB_DEVICE=cuda NB_MODEL=tiny-code NB_PROMPTS=code
+# NB_PROMPT_LEN=128 NB_OUTPUT_LEN=128 NB_REPEATS=2 (interleaved rounds per cell, round 0
+# profiled) NB_BS="[1, 8, 32]" (01: 18 cells) NB_BS02="[1, 32]" NB_GRAPHS02="[true]" (02: 8)
+# NB_BS04=8 NB_REPEATS04=3 (04: 15 cells, round 0 under the sync debug mode is not timed)
+# NB_BUDGET_S=520 (no notebook starts after it, a running one is stopped at it)
+# NB_WORK=/tmp/mtplab_nb (the notebooks' out_dirs: sweeps, traces).
 phase_notebooks() {
-  python3 -c "import papermill" 2>/dev/null \
-    || { echo "papermill is not installed: pip install -e '.[notebooks]'"; return 1; }
-  local nb="$OUT_DIR/notebooks"; mkdir -p "$nb"
-  python3 -m papermill notebooks/01_overlap.ipynb "$nb/01_overlap.ipynb" -p device cuda \
-    -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
-    -p output_len_tokens 128 -y "batch_sizes: [1, 8, 32]" -p out_dir "$nb/01" \
-    --log-level WARNING || return 1
-  python3 -m papermill notebooks/03_page_topk.ipynb "$nb/03_page_topk.ipynb" -p device cuda \
-    -p model tiny-code -y "simulate_accept_len: null" -p prompt_len_tokens 128 \
-    -p output_len_tokens 128 -p batch_size 8 -y "page_sizes: [1, 16, 64]" \
-    -y "topks: [1, 4]" -p out_dir "$nb/03" --log-level WARNING
+  python3 -c "import papermill, ipykernel" 2>/dev/null || {
+    echo "papermill or ipykernel is not installed: pip install -e '.[notebooks]'"; return 1; }
+  local nb="$OUT_DIR/notebooks" work=${NB_WORK:-/tmp/mtplab_nb} rc=0 deadline name left
+  local kernels; kernels=$(mktemp -d)
+  mkdir -p "$nb" "$work"
+  # a kernelspec for this interpreter (the kernel inherits PYTHONPATH): no `python3`
+  # kernelspec needs to be installed on the machine
+  python3 -c "import sys; from mtplab.sweep.kernel import local_kernel; local_kernel(sys.argv[1])" \
+    "$kernels" || return 1
+  export JUPYTER_PATH="$kernels${JUPYTER_PATH:+:$JUPYTER_PATH}"
+  local common=(-k mtplab-python --no-progress-bar --log-level WARNING
+    -p device "${NB_DEVICE:-cuda}" -p model "${NB_MODEL:-tiny-code}"
+    -y "simulate_accept_len: null" -p prompts "${NB_PROMPTS:-code}"
+    -p prompt_len_tokens "${NB_PROMPT_LEN:-128}" -p output_len_tokens "${NB_OUTPUT_LEN:-128}")
+  local reps=(-p repeats "${NB_REPEATS:-2}")
+  deadline=$((SECONDS + ${NB_BUDGET_S:-520}))
+  for n in ${@:-01 04 02}; do
+    local args=()
+    case $n in
+      01) name=01_overlap; args=("${reps[@]}" -y "batch_sizes: ${NB_BS:-[1, 8, 32]}") ;;
+      02) name=02_seed_folding; args=("${reps[@]}" -y "batch_sizes: ${NB_BS02:-[1, 32]}"
+            -y "cuda_graphs: ${NB_GRAPHS02:-[true]}") ;;
+      03) name=03_page_topk; args=(-p batch_size 8 -y "page_sizes: [1, 16, 64]"
+            -y "topks: [1, 4]") ;;
+      04) name=04_zero_bubble; args=(-p repeats "${NB_REPEATS04:-3}"
+            -p batch_size "${NB_BS04:-8}") ;;
+      *) echo "notebooks: no notebook $n (01, 02, 03 or 04)"; rc=1; continue ;;
+    esac
+    left=$((deadline - SECONDS))
+    if ((left < 30)); then
+      echo "== notebook $name: skipped, ${NB_BUDGET_S:-520} s budget spent"; rc=1; continue
+    fi
+    local t0=$SECONDS
+    rm -rf "${work:?}/$name"
+    echo "== notebook $name (at most $left s)"
+    timeout -k 10 "$left" python3 -m papermill "notebooks/$name.ipynb" "$nb/$name.ipynb" \
+      "${common[@]}" "${args[@]}" -p out_dir "$work/$name" || { echo "$name failed"; rc=1; }
+    echo "== notebook $name: $((SECONDS - t0)) s"
+    if [[ -f $work/$name/answer.json ]]; then
+      cat "$work/$name/answer.json"; echo
+      python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('summary', ''))" \
+        "$work/$name/answer.json"
+    fi
+    # the small products of every notebook so far, in one file (bulky traces stay in $work)
+    (cd "$work" && find . -maxdepth 3 \( -name answer.json -o -name '*.png' \
+      -o -path '*/sweep/results.parquet' \) -print0 | tar czf "$nb/notebooks.tgz" --null -T -)
+  done
+  rm -rf "$kernels"
+  return $rc
 }
 
 #: determ  deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and the attention

@@ -10,7 +10,8 @@ Grid files and cell ids: `grid.py`. Resume and output layout: `runner.py`; one c
 (isolation, timeout, death with its parent): `process.py` and `child.py`; where cells run
 (here or on Dask workers): `executors.py`; the out-dir lock: `lock.py`; the journal and table:
 `results.py`. docs/sweeps.md is the user guide.
-What one cell measures: `measure.py`; ITL/TPOT and bubble definitions: `metrics.py`.
+What one cell measures: `measure.py`; ITL/TPOT and bubble definitions: `metrics.py`; what an
+arm buys against its baseline over interleaved rounds (notebooks 01, 02, 04): `effects.py`.
 
 Results table (`results.parquet`, one row per cell; `results.jsonl` holds the same records,
 one line per finished or dropped cell, the last one per `cell_id` wins). Units are in the

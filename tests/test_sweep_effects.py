@@ -1,0 +1,118 @@
+"""What an arm buys (mtplab/sweep/effects.py) on hand-made results: the verdict against the
+rounds' noise, the sentence's numbers and reasons, the answer scalars, the figure, and the
+repeated cells (interleaved rounds, the probe in round 0 only)."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from mtplab.sweep.effects import (MIN_NOISE, arm_effects, effect_answer, plot_effects,
+                                  repeated_cells)
+
+
+def frame(arms: dict[str, list[tuple[float, float, float]]], bs: int = 8) -> pd.DataFrame:
+    """arm -> [(decode tok/s, meter bubble_frac, meter wall us per step), ...] one per round."""
+    rows = []
+    for arm, runs in arms.items():
+        for i, (tps, bub, wall) in enumerate(runs):
+            rows.append({"status": "ok", "arm": arm, "batch_size": bs, "repeat": i,
+                         "decode_tok_per_s": tps, "bubble_frac": bub,
+                         "meter_wall_us_per_step": wall, "bubble_us_per_step": bub * wall})
+    return pd.DataFrame(rows)
+
+
+def one(df: pd.DataFrame, arm: str, base: str = "off", **kw) -> dict:
+    eff = arm_effects(df, "arm", [(arm, base)], by=["batch_size"], **kw)
+    assert len(eff) == 1
+    return eff.iloc[0].to_dict()
+
+
+def test_a_gain_beyond_the_noise_is_bought():
+    r = one(frame({"off": [(100, 0.40, 1000), (102, 0.42, 1000)],
+                   "overlap": [(120, 0.20, 800), (121, 0.21, 800)]}), "overlap")
+    assert r["verdict"] == "faster"
+    assert r["ratio"] == pytest.approx(120.5 / 101)
+    assert r["noise"] == pytest.approx(max(MIN_NOISE, 2 / 101))
+    assert r["bubble_pts"] == pytest.approx(-20.5)
+    assert r["sentence"].startswith("bs 8: overlap vs off buys 1.193x decode tok/s (120.5 vs 101")
+    assert "bubble 41.0% -> 20.5% (-20.5 pts" in r["sentence"]
+
+
+def test_within_the_noise_buys_nothing_and_says_why():
+    # the bubble falls 10 points, the step is no shorter: the device busy time grew
+    r = one(frame({"off": [(100, 0.30, 1000), (101, 0.30, 1000)],
+                   "zb": [(100.5, 0.20, 1000), (100, 0.20, 1000)]}), "zb")
+    assert r["verdict"] == "nothing"
+    s = r["sentence"]
+    assert "zb vs off buys nothing: 0.998x decode tok/s" in s and "is within the noise" in s
+    assert "removes 10.0 idle points, but device work took their place" in s
+    assert "device busy per decode step 700 -> 800 us" in s
+    # the bubble did not move: said so
+    r = one(frame({"off": [(100, 0.30, 1000), (101, 0.30, 1000)],
+                   "zb": [(100.5, 0.303, 1000), (100, 0.30, 1000)]}), "zb")
+    assert "the idle share of the step did not change either" in r["sentence"]
+    # little bubble to remove in the first place
+    r = one(frame({"off": [(100, 0.02, 1000)], "zb": [(100.5, 0.02, 1000)]}), "zb")
+    assert "idle only 2.0% of the step" in r["sentence"]
+    assert "one repeat: no spread measured, noise floor ±2.0%" in r["sentence"]
+    assert r["noise"] == MIN_NOISE
+
+
+def test_wide_noise_and_a_loss():
+    r = one(frame({"off": [(100, 0.3, 1000), (150, 0.3, 1000)],
+                   "zb": [(110, 0.3, 1000), (111, 0.3, 1000)]}), "zb")
+    assert r["verdict"] == "nothing" and "the rounds disagree by up to 40%" in r["sentence"]
+    r = one(frame({"off": [(100, 0.3, 1000), (101, 0.3, 1000)],
+                   "zb": [(80, 0.5, 1000), (81, 0.5, 1000)]}), "zb")
+    assert r["verdict"] == "slower" and "zb vs off costs: 0.801x" in r["sentence"]
+
+
+def test_pairs_points_extra_and_failed_rows():
+    df = pd.concat([frame({"off": [(100, 0.3, 1000)], "ov": [(130, 0.1, 1000)]}, bs=1),
+                    frame({"off": [(200, 0.3, 1000)], "ov": [(202, 0.3, 1000)]}, bs=8)])
+    df["draft_ms"] = [1.0, 0.5, 2.0, 1.0]
+    df = pd.concat([df, pd.DataFrame([{"status": "failed", "arm": "ov", "batch_size": 8,
+                                       "decode_tok_per_s": math.nan}])])
+    eff = arm_effects(df, "arm", [("ov", "off"), ("missing", "off")], by=["batch_size"],
+                      extra=["draft_ms"])
+    assert list(eff["where"]) == ["bs 1", "bs 8"] and list(eff["n"]) == [1, 1]
+    assert list(eff["verdict"]) == ["faster", "nothing"]
+    assert list(eff["draft_ms"]) == [0.5, 1.0] and list(eff["draft_ms_base"]) == [1.0, 2.0]
+    ans = effect_answer(eff)
+    assert ans["bs1.ov_vs_off.tok_s_ratio"] == pytest.approx(1.3)
+    assert ans["bs8.ov_vs_off.buys"] == "nothing"
+    assert ans["summary"].count("\n") == 1
+    assert all(v is None or isinstance(v, (bool, int, float, str)) for v in ans.values())
+
+
+def test_plot_effects_saves_a_figure(tmp_path):
+    eff = arm_effects(frame({"off": [(100, 0.4, 1000)], "ov": [(120, 0.2, 1000)],
+                             "zb": [(121, 0.19, 1000)]}),
+                      "arm", [("ov", "off"), ("zb", "ov")], by=["batch_size"])
+    fig = plot_effects(eff, path=tmp_path / "effects.png", title="t")
+    assert (tmp_path / "effects.png").stat().st_size > 0
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_repeated_cells_interleave_rounds_with_the_probe_first():
+    base = {"device": "cpu", "model": "random-tiny", "draft": "none"}
+    cells = repeated_cells(base, [{"overlap": False}, {"overlap": True}],
+                           {"batch_size": [1, 2]}, repeats=3, probe={"profile": True})
+    assert len(cells) == 12 and len({c.cell_id for c in cells}) == 12
+    assert [c.workload.repeat for c in cells] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c.config.profile for c in cells] == [True] * 4 + [False] * 8
+    assert [(c.workload.batch_size, c.config.overlap) for c in cells[4:8]] == [
+        (1, False), (1, True), (2, False), (2, True)]
+    with pytest.raises(ValueError, match="repeats must be a positive integer"):
+        repeated_cells(base, [], {}, repeats=0)
+
+
+def test_a_smaller_bubble_with_less_busy_time_is_not_said_to_be_filled():
+    r = one(frame({"off": [(100, 0.30, 1000), (101, 0.30, 1000)],
+                   "zb": [(100.5, 0.20, 800), (100, 0.20, 800)]}), "zb")
+    assert r["verdict"] == "nothing" and "took their place" not in r["sentence"]
+    assert "removes 10.0 idle points, a change too small to show in tok/s" in r["sentence"]

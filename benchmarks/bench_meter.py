@@ -232,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the markdown here too")
     ap.add_argument("--only", nargs="+", default=None,
                     choices=["resolution", "planted", "profiler", "overhead"])
+    ap.add_argument("--overhead-reps", type=int, default=21,
+                    help="interleaved on/off pairs of the overhead figure")
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -249,7 +251,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
-        overhead(rows)
+        overhead(rows, a.overhead_reps)
     emit("\n".join(rows), a.out)
     return 0
 

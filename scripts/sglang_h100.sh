@@ -194,15 +194,15 @@ check() {
 }
 
 launch_args() {  # NUL-separated arguments of `mtplab sglang launch` for arm on|off|warm
-  local arm=$1 target=$2 draft=$3 traces=$4 port=30000 ov=--overlap
+  local arm=$1 target=$2 draft=$3 traces=$4 port=${MTP_SGL_PORT:-30000} ov=--overlap
   local work=(--prompts 32 --max-new-tokens 128 --profile-steps 20)
-  [ "$arm" = off ] && port=30001 ov=--no-overlap
-  [ "$arm" = warm ] && port=30002 work=(--prompts 8 --max-new-tokens 16 --profile-steps 0)
+  [ "$arm" = off ] && port=$((port + 1)) ov=--no-overlap
+  [ "$arm" = warm ] && port=$((port + 2)) work=(--prompts 8 --max-new-tokens 16 --profile-steps 0)
   printf '%s\0' --model-path "$target" --draft eagle --draft-model-path "$draft" \
     --num-steps 3 --topk 1 --simulate-accept-len 2.5 --dummy-weights "$ov" \
     --max-running-requests 8 --cuda-graph-max-bs 8 --concurrency 8 --prompt-len 256 \
     "${work[@]}" --port "$port" --run-name "sglang_h100_$arm" --trace-dir "$traces" \
-    --python "$PY" \
+    --python "${MTP_SGL_SERVER_PYTHON:-$PY}" \
     --extra-args "--sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.6 --watchdog-timeout 600"
 }
 
@@ -230,7 +230,11 @@ run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own se
 pkill_group() {  # TERM then KILL process group $1 (the session run_arm started), never ours
   [ "$1" = "$(ps -o pgid= -p $$ | tr -d ' ')" ] && return 0
   kill -TERM -- "-$1" 2>/dev/null || return 0
-  sleep 5; kill -KILL -- "-$1" 2>/dev/null
+  local i
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    sleep 1; kill -0 -- "-$1" 2>/dev/null || return 0
+  done
+  kill -KILL -- "-$1" 2>/dev/null
   return 0
 }
 
@@ -298,6 +302,8 @@ case "$cmd" in
   receive|install|check|warm|pair)
     OUTDIR=${OUT:-$MTP_SGL_TMP/out}; mkdir -p "$OUTDIR"
     exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
+    TEE_PID=$!
+    trap 'rc=$?; exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null; exit $rc' EXIT
     echo "== $cmd $* ($(date -u +%FT%TZ))" ;;
 esac
 case "$cmd" in

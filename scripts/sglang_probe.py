@@ -8,14 +8,16 @@ How: a finder at the end of sys.meta_path sees every import that nothing else co
 An import made (directly, or through the imports above it on the stack) inside
 `try: ... except (ImportError|Exception)` is left to fail as it would (the code has a
 fallback; reported as optional); any other one gets a permissive stub module so the
-import goes on, and is reported as REQUIRED with the file:line that asked for it. A module
-whose import still fails (a missing symbol, a wrong version) is reported with its error, and
-the next module is tried.
+import goes on, and is reported as REQUIRED with the file:line that asked for it (a name
+missing from a package, `from pkg import name`, shows up as the module `pkg.name`). A module
+whose import still fails (a wrong version, a stub used at import time) is reported with its
+error, and the next module is tried. The optional ones are listed by name only.
 
 --fake-cuda (CPU, no GPU; run it in an environment holding only what the GPU image and the
 carried wheels hold): torch.cuda is faked as one sm_90 device, so SGLang takes its CUDA import
-paths, and sgl_kernel's compiled ops are not loaded (its Python files are). Exit status: 0
-when nothing required is missing and every module imported.
+paths, sgl_kernel's compiled ops are not loaded (its Python files are), and torchvision is
+stubbed if it cannot import (give the environment a torchvision dist-info so transformers
+sees a version). Exit status: 0 when nothing required is missing and every module imported.
 """
 from __future__ import annotations
 
@@ -334,11 +336,13 @@ def main(argv=None) -> int:
                 f"{_short(fr.filename)}:{fr.lineno}" for fr in tb) + "]"
     sys.meta_path.remove(rec)
     print(f"probe: python {sys.version.split()[0]}, {len(modules)} modules")
-    for title, d in (("REQUIRED missing", rec.required), ("optional missing", rec.optional)):
-        tops = sorted({n.split(".")[0] for n in d})
-        print(f"{title} ({len(tops)} top-level): {' '.join(tops) or '-'}")
-        for n in sorted(d):
-            print(f"    {n}  <- {', '.join(sorted(d[n])[:3])}")
+    opt = sorted({n.split(".")[0] for n in rec.optional})   # names only: they have fallbacks
+    print(f"optional missing ({len(opt)} top-level, each import has a fallback): "
+          f"{' '.join(opt) or '-'}")
+    tops = sorted({n.split(".")[0] for n in rec.required})
+    print(f"REQUIRED missing ({len(tops)} top-level): {' '.join(tops) or '-'}")
+    for n in sorted(rec.required):
+        print(f"    {n}  <- {', '.join(sorted(rec.required[n])[:3])}")
     print(f"modules that failed to import ({len(failed)}):")
     for m, err in failed.items():
         print(f"    {m}: {err[:600]}")

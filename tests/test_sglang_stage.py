@@ -162,5 +162,59 @@ def test_probe_reports_every_missing_module_at_once(tmp_path):
     assert "absent_one" in req and "absent_two" in req and "absent_three" not in req
     assert "probe_demo/__init__.py:1" in out and "probe_demo/__init__.py:2" in out
     opt = out.split("optional missing", 1)[1].split("\n", 1)[0]
-    assert "absent_three" in opt
+    assert "absent_three" in opt and out.index("optional missing") < out.index("REQUIRED")
     assert "probe_demo.no_such_symbol  <- " in out and "probe_demo/bad.py:1" in out
+
+
+def device_env(tmp_path, server_python, port) -> dict:
+    """`pair` / `warm` here: an installed-site marker, the probe on one stdlib module, and a
+    fake SGLang as the server's python."""
+    site = tmp_path / "dev" / "site"
+    site.mkdir(parents=True)
+    (site / ".payload_sha256").write_text("x\n")
+    more = tmp_path / "probe.txt"
+    more.write_text("json\n")
+    return {"MTP_SGL_TMP": str(tmp_path / "dev"), "OUT": str(tmp_path / "out"),
+            "MTP_SGL_SERVER_PYTHON": str(server_python), "MTP_SGL_PORT": str(port),
+            "MTP_PROBE_MORE": str(more), "MTP_PROBE_ONLY_MORE": "1"}
+
+
+def test_pair_runs_both_arms_against_a_fake_server(tmp_path, monkeypatch):
+    from tests.test_sglang_adapter import fake_python, free_port, sglang_steps_trace
+    monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
+    env = device_env(tmp_path, fake_python(tmp_path), free_port())
+    r = sh("pair", env=env, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["arm_off.log", "arm_on.log", "results.tgz",
+                                                    "sgl.log", "summary.json"]
+    s = __import__("json").loads((out / "summary.json").read_text())
+    for arm in ("on", "off"):
+        m = s[f"overlap_{arm}"]
+        assert m["requests"] == 32 and m["completion_tokens"] == 32 * 128
+        assert "--disable-overlap-schedule" in m["server_command"] or arm == "on"
+        assert 0 < m["bubble_frac"] < 1
+    assert s["tok_per_s_on_over_off"] > 0
+    with tarfile.open(out / "results.tgz") as t:
+        names = t.getnames()
+    assert "traces/sglang_h100_on/metrics.json" in names
+    assert any(n.startswith("traces/sglang_h100_off/analysis/") for n in names)
+    assert "probe: OK" in (out / "sgl.log").read_text()
+    cfg = (tmp_path / "dev" / "models" / "draft" / "config.json").read_text()
+    assert "LlamaForCausalLMEagle" in cfg
+
+
+def test_warm_stops_a_server_that_never_answers(tmp_path):
+    """A server that hangs is stopped at the deadline, with its whole process group."""
+    pids = tmp_path / "pids"
+    hang = tmp_path / "hangpython"
+    hang.write_text(f"#!/bin/sh\necho $$ >> {shlex.quote(str(pids))}\n"
+                    "sleep 300 & echo $! >> " + shlex.quote(str(pids)) + "\nwait\n")
+    hang.chmod(0o755)
+    env = {**device_env(tmp_path, hang, 1), "MTP_SGL_DEADLINE": "8"}
+    r = sh("warm", env=env, check=False)
+    assert r.returncode != 0
+    assert "TIMEOUT" in r.stdout and "tail of" in r.stdout
+    for pid in pids.read_text().split():
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid

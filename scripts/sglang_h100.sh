@@ -146,7 +146,12 @@ print(":".join(sorted({os.path.dirname(p) for r in roots
 EOF
 )
   [ -n "$libs" ] && export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # SGLang's JIT kernels build with tvm-ffi: nvcc (CUDA_HOME from its path), c++ and ninja.
   command -v nvcc >/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH; }
+  if ! command -v ninja >/dev/null; then
+    local nb
+    nb=$($PY -c 'import ninja; print(ninja.BIN_DIR)' 2>/dev/null) && export PATH=$nb:$PATH
+  fi
   return 0
 }
 

@@ -286,7 +286,8 @@ def report() -> None:
             return "ABSENT"
 
     print(f"python {sys.version.split()[0]} | " + ", ".join(f"{n} {ver(n)}" for n in REPORT))
-    print(f"nvcc {shutil.which('nvcc') or 'not on PATH'} | CUDA_HOME "
+    tools = " | ".join(f"{t} {shutil.which(t) or 'not on PATH'}" for t in ("nvcc", "ninja", "c++"))
+    print(f"{tools} | CUDA_HOME "
           f"{os.environ.get('CUDA_HOME', '-')} | LD_LIBRARY_PATH entries "
           f"{len(os.environ.get('LD_LIBRARY_PATH', '').split(':'))}")
     try:

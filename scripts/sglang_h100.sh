@@ -1,129 +1,327 @@
 #!/usr/bin/env bash
-# A real SGLang 0.5.17 server on the lent H100, staged over consecutive device calls.
-# NOT RUN YET on a GPU (docs/sglang.md section 3 says why it is hard: ~463 MB of wheels,
-# sglang-kernel alone 383 MB, 64 MiB per call, carried files live only while the machine is
-# warm).
+# A real SGLang 0.5.17 server on the lent H100 (no network there, <= 64 MiB carried per call,
+# /tmp survives between calls only while the machine stays warm). docs/sglang.md section 3
+# has the sizes, the trimming and the exact device calls.
 #
-# Here (CPU, network):
-#   for d in .sglang_wheels .sglang_carry .sglang_stage; do echo /$d/ >> .git/info/exclude; done
-#   scripts/sglang_h100.sh stage          # download wheels, split into <= 60 MiB parts
-#   scripts/sglang_h100.sh batches        # how many calls (N) the parts need
-# Then for n in 1..N, back to back: here `scripts/sglang_h100.sh next n` (puts batch n in
-# .sglang_carry/), and on the device, carry [".sglang_carry"]:
-#   scripts/sglang_h100.sh receive        # copies this call's parts into .sglang_stage/
-# After the last batch, in the next call:
-#   scripts/sglang_h100.sh install && scripts/sglang_h100.sh pair
-# `pair` prints one metrics JSON per arm (overlap on / off, simulated acceptance 2.5, EAGLE
-# topk 1 steps 3 on a config-only Llama with dummy weights) and the bubble fraction of each
-# arm's trace (traces/sglang_h100_{on,off}/analysis).
-set -euo pipefail
+# Here (CPU, PyPI):
+#   scripts/sglang_h100.sh stage     # build + pack: download the wheels, install them for
+#                                    # cp312 into one site tree, trim it, tar.xz it, split it
+#                                    # into carry folders $MTP_SGL_CARRY_ROOT/.sgl_c1 .. .sgl_cN
+#   scripts/sglang_h100.sh dry       # the exact `mtplab sglang launch --dry-run` of both arms
+# On the device, carry [".sgl_cK"] in call K, back to back:
+#   bash scripts/sglang_h100.sh receive .sgl_cK     # adds call K's parts to $MTP_SGL_TMP/stage
+# and in the call that brings the last part (or any later call while the machine is warm):
+#   bash scripts/sglang_h100.sh install             # reassemble, sha256-check, extract
+#   bash scripts/sglang_h100.sh check               # import probe only (every missing piece)
+#   bash scripts/sglang_h100.sh warm                # probe + one short server run (compiles
+#                                                   # SGLang's nvcc JIT and Triton kernels)
+#   bash scripts/sglang_h100.sh pair                # probe, then overlap on / off arms
+# Device commands write under $OUT (else $MTP_SGL_TMP/out): sgl.log (this script's output),
+# arm_<warm|on|off>.log (client + server output), and from `pair` summary.json and
+# results.tgz (each arm's metrics.json, analysis/ and trace). Every wait has a timeout;
+# `warm` and `pair` end within $MTP_SGL_DEADLINE seconds (default 480) of their start.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-WHEELS=$ROOT/.sglang_wheels          # here: the full wheels
-CARRY=$ROOT/.sglang_carry            # carried to the device, one batch per call
-STAGE=$ROOT/.sglang_stage            # on the device: parts accumulate here between calls
-PART=60m
+MTP_SGL_TMP=${MTP_SGL_TMP:-/tmp/sgl}               # device: stage/, site/, models/, traces/
+STAGE=$MTP_SGL_TMP/stage
+SITE=$MTP_SGL_TMP/site
+WORK=${MTP_SGL_WORK:-$ROOT/.sgl_build}         # here: wheels/, site/, the payload (git-ignored)
+CARRY_ROOT=${MTP_SGL_CARRY_ROOT:-$ROOT}        # here: where .sgl_c1 .. go (the checkout that travels)
+PART_BYTES=${MTP_SGL_PART_BYTES:-48234496}     # 46 MiB per carry folder (the tree rides along)
+PAYLOAD=sglang-site.tar.xz
+PY=${PYTHON:-python3}
+PIP=${PIP:-$PY -m pip}
 PIP_PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64
-  --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
-  --platform manylinux2014_x86_64)
-# What a server needs beyond the GPU image (torch 2.11, triton 3.6, numpy, transformers,
-# torchvision, safetensors, tokenizers, sentencepiece, tiktoken, huggingface_hub): sglang's
-# own pins, then the packages requirements/sglang-ref.txt found for its imports.
-SERVER_WHEELS=(
-  sglang==0.5.17 sglang-kernel==0.4.5 xgrammar==0.2.1 apache-tvm-ffi==0.1.11
-  transformers==5.12.1 openai==2.6.1
-  aiohappyeyeballs aiohttp aiosignal compressed-tensors dill einops fastapi frozenlist gguf
-  loguru msgspec multidict opentelemetry-api partial-json-parser propcache pybase64
-  setproctitle sniffio starlette uvicorn yarl pyzmq uvloop orjson psutil interegular
-  python-multipart prometheus-client
+  --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+# What the server imports beyond the GPU image (torch 2.11, triton 3.6, numpy, aiohttp, uvloop,
+# requests, psutil, einops, cuda-bindings, nvidia-ml-py, ...), found by
+# scripts/sglang_probe.py --fake-cuda in an environment holding only the image's packages.
+# transformers/tokenizers: SGLang 0.5.17 pins transformers 5.12.1; the image's 5.17 already
+# ships `qwen3_asr`, which SGLang registers again (AutoConfig.register raises); 5.12.1 wants
+# tokenizers <= 0.23.0.
+WHEELS=(
+  sglang==0.5.17 sglang-kernel==0.4.5 flashinfer-python==0.6.15.post1 xgrammar==0.2.1
+  apache-tvm-ffi==0.1.11 transformers==5.12.1 tokenizers==0.22.2
+  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34
+  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
+  openai==2.6.1 distro==1.9.0 sniffio==1.3.1 orjson==3.13.0 msgspec==0.22.0 pyzmq==27.3.0
+  pybase64==1.5.1 setproctitle==1.3.8 partial-json-parser==0.2.1.1.post7 dill==0.4.1
+  compressed-tensors==0.20.0 gguf==0.19.0 loguru==0.7.3 opentelemetry-api==1.45.2
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+  soundfile==0.14.0 cffi==2.1.1 ipython==9.18.1 traitlets==5.16.1
+)
+# Removed from the installed tree (paths under site/): nothing an H100 server with the triton
+# attention backend, pytorch sampling and no grammar backend loads.
+TRIM=(
+  sgl_kernel/flash_ops.abi3.so                      # FA3 (--attention-backend fa3), 1.1 GB
+  sgl_kernel/flashmla_ops.abi3.so                   # FlashMLA (MLA models)
+  sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so   # InfLLM-v2 sparse attention
+  sgl_kernel/sm100                                  # common_ops for every GPU but sm_90
+  flashinfer/data                                   # JIT sources/headers (cutlass, csrc)
+  xgrammar/lib                                      # libxgrammar.a, a static archive
+  sglang/srt/server/_core.cpython-312-x86_64-linux-gnu.so      # Rust server (SGLANG_RUST_SERVER)
+  sglang/srt/grpc/_core.cpython-312-x86_64-linux-gnu.so        # native gRPC (--grpc-port)
+  sglang/srt/multimodal/_core.cpython-312-x86_64-linux-gnu.so  # Inkling image preprocessing
+  bin                                               # console scripts
 )
 
-stage() {
-  mkdir -p "$WHEELS" "$CARRY"
-  python3 -m pip download --no-deps "${PIP_PLATFORM[@]}" -d "$WHEELS" "${SERVER_WHEELS[@]}"
-  rm -rf "$WHEELS"/parts && mkdir -p "$WHEELS"/parts
-  (cd "$WHEELS" && sha256sum ./*.whl > "$WHEELS"/parts/MANIFEST.sha256)
-  for w in "$WHEELS"/*.whl; do
-    split -b "$PART" -d -a 3 "$w" "$WHEELS/parts/$(basename "$w").part-"
+# ---------------------------------------------------------------- here: build and pack
+build() {
+  mkdir -p "$WORK/wheels"
+  $PIP download -q --no-deps "${PIP_PLATFORM[@]}" -d "$WORK/wheels" "${WHEELS[@]}" || return 1
+  local want=() w
+  for w in "${WHEELS[@]}"; do want+=("$WORK/wheels/$(wheel_file "$w")"); done
+  rm -rf "$WORK/site"
+  $PIP install -q --no-deps --no-compile "${PIP_PLATFORM[@]}" --target "$WORK/site" \
+    "${want[@]}" || return 1
+  for w in "${TRIM[@]}"; do rm -rf "${WORK:?}/site/$w"; done
+  find "$WORK/site" -name __pycache__ -prune -exec rm -rf {} +
+  du -sb "$WORK/site"
+  # xz -9e: ~6 min on 2 cores for ~265 MB; python's tarfile reads it on the device.
+  tar -C "$WORK/site" --sort=name --owner=0 --group=0 --numeric-owner -cf - . \
+    | xz -9e -T2 > "$WORK/$PAYLOAD.tmp" && mv "$WORK/$PAYLOAD.tmp" "$WORK/$PAYLOAD"
+  ls -l "$WORK/$PAYLOAD"
+}
+
+wheel_file() {   # the downloaded file of requirement NAME==VERSION (names normalise to _)
+  local name=${1%%==*} ver=${1##*==}
+  name=$(echo "$name" | tr 'A-Z-' 'a-z_')
+  (cd "$WORK/wheels" && ls | grep -i "^${name}-${ver}-" | head -1)
+}
+
+pack() {         # split $1 (default the payload) into carry folders with one MANIFEST
+  local payload=${1:-$WORK/$PAYLOAD} name n i d
+  name=$(basename "$payload")
+  rm -rf "$WORK/parts" && mkdir -p "$WORK/parts"
+  split -b "$PART_BYTES" -d -a 3 "$payload" "$WORK/parts/$name.part-"
+  n=$(ls "$WORK/parts" | wc -l)
+  {
+    echo "# payload $name $(stat -c %s "$payload") bytes, $n parts"
+    (cd "$(dirname "$payload")" && sha256sum "$name")
+    (cd "$WORK/parts" && sha256sum ./*)
+  } > "$WORK/MANIFEST.sha256"
+  rm -rf "$CARRY_ROOT"/.sgl_c[0-9]*
+  i=0
+  for f in "$WORK/parts"/*; do
+    i=$((i + 1)); d=$CARRY_ROOT/.sgl_c$i
+    mkdir -p "$d" && cp "$f" "$WORK/MANIFEST.sha256" "$d/"
+    echo "$d $(du -sb "$d" | cut -f1) bytes"
   done
-  du -sh "$WHEELS"/parts
+  echo "$n carry folder(s); ignored by git: $(cd "$CARRY_ROOT" && git check-ignore -q .sgl_c1/x \
+    && echo yes || echo 'NO: add /.sgl_c*/ to .git/info/exclude')"
 }
 
-batches() {
-  # Greedy packing of parts into calls of <= 62 MiB (the working tree rides along too).
-  python3 - "$WHEELS/parts" "${1:-0}" <<'EOF'
-import os, sys
-d, want = sys.argv[1], int(sys.argv[2])
-parts = sorted(f for f in os.listdir(d) if ".part-" in f)
-batch, size, n = [], 0, 1
-for f in parts:
-    s = os.path.getsize(os.path.join(d, f))
-    if batch and size + s > 62 * 2**20:
-        if want in (0, n):
-            print(f"call {n}: " * (want == 0) + " ".join(batch))
-        batch, size, n = [], 0, n + 1
-    batch.append(f); size += s
-if want in (0, n):
-    print(f"call {n}: " * (want == 0) + " ".join(batch + ["MANIFEST.sha256"]))
+dry() {          # the launch lines `pair` (and `warm`) run, from the same function
+  local arm a args
+  for arm in warm on off; do
+    args=()
+    while IFS= read -r -d '' a; do args+=("$a"); done < <(
+      launch_args "$arm" "$MTP_SGL_TMP/models/target" "$MTP_SGL_TMP/models/draft" "$MTP_SGL_TMP/traces")
+    echo "# $arm"
+    $PY -m mtplab.cli sglang launch --dry-run "${args[@]}" || return 1
+  done
+}
+
+# ---------------------------------------------------------------- device
+device_env() {
+  export PYTHONPATH=$SITE:$ROOT PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  # flashinfer is imported unconditionally on CUDA (fp8_utils, sampler) but its JIT sources
+  # are trimmed: keep SGLang from choosing it anywhere it is optional.
+  export SGLANG_IS_FLASHINFER_AVAILABLE=false
+  # sgl_kernel's common_ops needs libnvrtc.so.13 / libcublas.so.13: torch's nvidia wheels.
+  local libs
+  libs=$($PY - <<'EOF' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+print(":".join(sorted({os.path.dirname(p) for r in roots
+                       for p in glob.glob(f"{r}/**/lib/lib*.so*", recursive=True)})))
 EOF
-}
-
-next_batch() {
-  rm -rf "$CARRY"/parts && mkdir -p "$CARRY"/parts
-  for f in $(batches "$1"); do cp "$WHEELS/parts/$f" "$CARRY/parts/"; done
-  du -sh "$CARRY"/parts
+)
+  [ -n "$libs" ] && export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # SGLang's JIT kernels build with tvm-ffi: nvcc (CUDA_HOME from its path), c++ and ninja.
+  command -v nvcc >/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH; }
+  if ! command -v ninja >/dev/null; then
+    local nb
+    nb=$($PY -c 'import ninja; print(ninja.BIN_DIR)' 2>/dev/null) && export PATH=$nb:$PATH
+  fi
+  return 0
 }
 
 receive() {
+  local src=${1:?usage: receive .sgl_cK}
+  [ -d "$src" ] || { echo "receive: $src is not here (was it in this call's carry?)"; return 2; }
   mkdir -p "$STAGE"
-  cp -n "$CARRY"/parts/* "$STAGE"/
-  ls "$STAGE" | wc -l
+  cp -f "$src"/*.part-* "$src"/MANIFEST.sha256 "$STAGE"/ || return 1
+  echo "receive: $(ls "$STAGE" | grep -c '\.part-') part(s) staged in $STAGE: $(ls "$STAGE" | tr '\n' ' ')"
 }
 
 install() {
-  mkdir -p "$STAGE/wheels" "$STAGE/site"
-  for first in "$STAGE"/*.whl.part-000; do
-    w=$(basename "${first%.part-000}")
-    cat "$STAGE/$w".part-* > "$STAGE/wheels/$w"
-  done
-  (cd "$STAGE/wheels" && sha256sum -c "$STAGE/MANIFEST.sha256")
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$STAGE/site" "$STAGE"/wheels/*.whl
-  PYTHONPATH=$STAGE/site python3 -c "import sgl_kernel, sglang.srt.server_args; print('sglang ok')"
-}
-
-model_dirs() {
-  # Config-only Llama target + EAGLE draft (dummy weights): the shapes of a 1B model.
-  mkdir -p "$STAGE/models/target" "$STAGE/models/draft"
-  python3 - "$STAGE/models" <<'EOF'
-import json, sys
-root = sys.argv[1]
-cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-       "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
-       "num_hidden_layers": 16, "vocab_size": 32000, "max_position_embeddings": 4096,
-       "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16"}
-json.dump(cfg, open(f"{root}/target/config.json", "w"))
-json.dump({**cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle"]},
-          open(f"{root}/draft/config.json", "w"))
+  local man=$STAGE/MANIFEST.sha256 name missing=() f sha
+  [ -f "$man" ] || { echo "install: no $man (run receive first)"; return 2; }
+  name=$(sed -n '2p' "$man" | awk '{print $2}')
+  sha=$(sed -n '2p' "$man" | awk '{print $1}')
+  if [ -f "$SITE/.payload_sha256" ] && [ "$(cat "$SITE/.payload_sha256")" = "$sha" ]; then
+    echo "install: $SITE already holds payload $sha"; return 0
+  fi
+  while read -r _ f; do
+    f=${f#./}; [ -f "$STAGE/$f" ] || missing+=("$f")
+  done < <(grep '\.part-' "$man")
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "install: missing ${#missing[@]} part(s): ${missing[*]} (receive each .sgl_cK first)"
+    return 3
+  fi
+  (cd "$STAGE" && grep '\.part-' "$man" | sha256sum -c --quiet -) || { echo "install: a part is corrupt"; return 4; }
+  cat $(grep '\.part-' "$man" | awk '{print $2}' | sed "s#^\./#$STAGE/#") > "$STAGE/$name"
+  (cd "$STAGE" && sed -n '2p' "$man" | sha256sum -c --quiet -) || { echo "install: reassembled payload is corrupt"; return 4; }
+  rm -rf "$SITE.tmp" && mkdir -p "$SITE.tmp"
+  $PY - "$STAGE/$name" "$SITE.tmp" <<'EOF' || return 5
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], filter="data")
 EOF
+  rm -rf "$SITE" && mv "$SITE.tmp" "$SITE" && echo "$sha" > "$SITE/.payload_sha256"
+  rm -f "$STAGE/$name"
+  echo "install: $(du -sb "$SITE" | cut -f1) bytes in $SITE ($(ls "$SITE" | grep -c dist-info) dists)"
 }
 
-pair() {
-  model_dirs
-  export PYTHONPATH=$STAGE/site:$ROOT
-  for arm in on off; do
-    flag=--overlap; [ "$arm" = off ] && flag=--no-overlap
-    python3 -m mtplab.cli sglang launch --model-path "$STAGE/models/target" \
-      --draft eagle --draft-model-path "$STAGE/models/draft" --num-steps 3 --topk 1 \
-      --dummy-weights --simulate-accept-len 2.5 $flag --prompts 32 --prompt-len 256 \
-      --max-new-tokens 128 --concurrency 16 --profile-steps 20 \
-      --run-name "sglang_h100_$arm" --extra-args "--sampling-backend pytorch --mem-fraction-static 0.6"
+check() {
+  device_env
+  echo "== check: $(nvidia-smi -L 2>/dev/null | head -1)"
+  timeout 300 $PY "$ROOT/scripts/sglang_probe.py" ${MTP_SGL_PROBE_ARGS:-}
+}
+
+launch_args() {  # NUL-separated arguments of `mtplab sglang launch` for arm on|off|warm
+  local arm=$1 target=$2 draft=$3 traces=$4 port=${MTP_SGL_PORT:-30000} ov=--overlap
+  local work=(--prompts 32 --max-new-tokens 128 --profile-steps 20)
+  [ "$arm" = off ] && port=$((port + 1)) ov=--no-overlap
+  [ "$arm" = warm ] && port=$((port + 2)) work=(--prompts 8 --max-new-tokens 16 --profile-steps 0)
+  printf '%s\0' --model-path "$target" --draft eagle --draft-model-path "$draft" \
+    --num-steps 3 --topk 1 --simulate-accept-len 2.5 --dummy-weights "$ov" \
+    --max-running-requests 8 --cuda-graph-max-bs 8 --concurrency 8 --prompt-len 256 \
+    "${work[@]}" --port "$port" --run-name "sglang_h100_$arm" --trace-dir "$traces" \
+    --python "${MTP_SGL_SERVER_PYTHON:-$PY}" \
+    --extra-args "--sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.6 --watchdog-timeout 600"
+}
+
+run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own session
+  local arm=$1 cap=$2 log=$OUTDIR/arm_$1.log pid t=0 rc a args=()
+  while IFS= read -r -d '' a; do args+=("$a"); done < <(
+    launch_args "$arm" "$MTP_SGL_TMP/models/target" "$MTP_SGL_TMP/models/draft" "$MTP_SGL_TMP/traces")
+  echo "== arm $arm: at most ${cap}s, log $log"
+  setsid $PY -m mtplab.cli sglang launch "${args[@]}" > "$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$t" -ge "$cap" ]; then
+      echo "arm $arm: TIMEOUT after ${cap}s; stopping its process group"
+      pkill_group "$pid"; break
+    fi
+    sleep 2; t=$((t + 2))
   done
+  wait "$pid"; rc=$?
+  pkill_group "$pid"          # server children left behind, if any
+  echo "arm $arm: exit $rc after ~${t}s"
+  if [ "$rc" -ne 0 ]; then echo "---- tail of $log"; tail -n 80 "$log"; echo "----"; fi
+  return "$rc"
 }
 
-case "${1:-}" in
-  stage) stage ;; batches) batches ;; next) next_batch "$2" ;; receive) receive ;;
-  install) install ;; pair) pair ;;
-  *) echo "usage: $0 stage|batches|next N|receive|install|pair" >&2; exit 2 ;;
+pkill_group() {  # TERM then KILL process group $1 (the session run_arm started), never ours
+  [ "$1" = "$(ps -o pgid= -p $$ | tr -d ' ')" ] && return 0
+  kill -TERM -- "-$1" 2>/dev/null || return 0
+  local i
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    sleep 1; kill -0 -- "-$1" 2>/dev/null || return 0
+  done
+  kill -KILL -- "-$1" 2>/dev/null
+  return 0
+}
+
+prepare() {      # environment, model dirs, import probe: what every server run needs first
+  device_env
+  [ -f "$SITE/.payload_sha256" ] || { echo "$SITE is empty: run receive + install first"; return 2; }
+  $PY -m mtplab.cli sglang models --out "$MTP_SGL_TMP/models" --model "${MTP_SGL_MODEL:-random-medium}" \
+    || return 2
+  check || { echo "the import probe failed; not launching (see above)"; return 3; }
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
+  return 0
+}
+
+warm() {         # one short server run: compiles SGLang's JIT (nvcc) and Triton kernels
+  local start=$SECONDS deadline=${MTP_SGL_DEADLINE:-480}
+  prepare || return $?
+  run_arm warm $((deadline - (SECONDS - start)))
+}
+
+pair() {         # overlap on, then off; after `warm` each takes a minute or two
+  local start=$SECONDS deadline=${MTP_SGL_DEADLINE:-480} left cap rc_on rc_off
+  prepare || return $?
+  rm -rf "$MTP_SGL_TMP/traces"
+  left=$((deadline - (SECONDS - start)))
+  cap=$((left - 120)); [ "$cap" -gt 300 ] && cap=300
+  run_arm on "$cap"; rc_on=$?
+  left=$((deadline - (SECONDS - start) - 10)); [ "$left" -lt 60 ] && left=60
+  run_arm off "$left"; rc_off=$?
+  summarize
+  echo "pair: on exit $rc_on, off exit $rc_off, $((SECONDS - start))s"
+  [ "$rc_on" -eq 0 ] && [ "$rc_off" -eq 0 ]
+}
+
+summarize() {
+  $PY - "$MTP_SGL_TMP/traces" "$OUTDIR/summary.json" <<'EOF'
+import json, pathlib, sys
+root, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+res = {}
+for arm in ("on", "off"):
+    m = root / f"sglang_h100_{arm}" / "metrics.json"
+    res[f"overlap_{arm}"] = json.loads(m.read_text()) if m.is_file() else None
+on, off = res["overlap_on"], res["overlap_off"]
+if on and off and off.get("tok_per_s"):
+    res["tok_per_s_on_over_off"] = on["tok_per_s"] / off["tok_per_s"]
+out.write_text(json.dumps(res, indent=2))
+keys = ("tok_per_s", "tpot_ms", "itl_p50_ms", "itl_p99_ms", "ttft_ms", "accept_len", "bubble_frac")
+for arm in ("on", "off"):
+    r = res[f"overlap_{arm}"]
+    print(f"overlap {arm}: " + (", ".join(f"{k} {r.get(k)}" for k in keys) if r else "no metrics"))
+print("on/off tok/s:", res.get("tok_per_s_on_over_off"))
+EOF
+  if [ -d "$MTP_SGL_TMP/traces" ]; then
+    tar -C "$MTP_SGL_TMP" -czf "$OUTDIR/results.tgz" traces
+    if [ "$(stat -c %s "$OUTDIR/results.tgz")" -gt 15728640 ]; then
+      echo "results.tgz > 15 MiB: leaving the raw traces out"
+      tar -C "$MTP_SGL_TMP" -czf "$OUTDIR/results.tgz" --exclude='*.trace.json*' traces
+    fi
+    ls -l "$OUTDIR/results.tgz"
+  fi
+}
+
+# ---------------------------------------------------------------- dispatch
+cmd=${1:-}; shift || true
+case "$cmd" in
+  receive|install|check|warm|pair)
+    OUTDIR=${OUT:-$MTP_SGL_TMP/out}; mkdir -p "$OUTDIR"
+    exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
+    TEE_PID=$!
+    trap 'rc=$?; exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null; exit $rc' EXIT
+    echo "== $cmd $* ($(date -u +%FT%TZ))" ;;
+esac
+case "$cmd" in
+  build) build ;;
+  pack) pack "$@" ;;
+  stage) build && pack ;;
+  dry) dry ;;
+  receive) receive "$@" ;;
+  install) install ;;
+  check) check ;;
+  warm) warm ;;
+  pair) pair ;;
+  *) echo "usage: $0 build|pack [PAYLOAD]|stage|dry  (here);" \
+       "receive DIR|install|check|warm|pair  (device)" >&2
+     exit 2 ;;
 esac

@@ -325,3 +325,22 @@ def test_gemma4_config_only_dirs_load_as_target_and_assistant(tmp_path):
     assert ac.architectures == ["Gemma4AssistantForCausalLM"]
     assert ac.backbone_hidden_size == 128 and ac.get_text_config().hidden_size == 64
     assert sorted(p.name for p in t.iterdir()) == ["config.json"]
+
+
+def test_llama_eagle_config_only_dirs(tmp_path, capsys):
+    """`mtplab sglang models`: a preset-shaped Llama target and an SGLang EAGLE draft at its
+    width, config only (transformers reads both back)."""
+    assert main_sglang(["models", "--out", str(tmp_path), "--model", "random-medium"]) == 0
+    assert "draft" in capsys.readouterr().out
+    t = json.loads((tmp_path / "target" / "config.json").read_text())
+    d = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert t["architectures"] == ["LlamaForCausalLM"] and t["torch_dtype"] == "bfloat16"
+    assert d["architectures"] == ["LlamaForCausalLMEagle"] and d["num_hidden_layers"] == 1
+    assert {k: v for k, v in d.items() if k not in ("architectures", "num_hidden_layers")} == \
+        {k: v for k, v in t.items() if k not in ("architectures", "num_hidden_layers")}
+    assert sorted(p.name for p in (tmp_path / "target").iterdir()) == ["config.json"]
+    assert main_sglang(["models", "--out", str(tmp_path), "--model", "no-such"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    c = transformers.AutoConfig.from_pretrained(tmp_path / "target")
+    assert (c.hidden_size, c.num_key_value_heads, c.vocab_size) == (1024, 4, 32000)

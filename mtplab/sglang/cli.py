@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--extra-args", default="", help="more server flags, one shell-quoted string")
     a.add_argument("--python", default=sys.executable)
     a.add_argument("--dry-run", action="store_true", help="print env + command line and exit")
+    m = sub.add_parser("models", help="write config-only model dirs for --dummy-weights runs")
+    m.add_argument("--out", required=True, help="root folder: target/ and draft/ go under it")
+    m.add_argument("--model", default="random-medium", help="mtplab preset whose shape to use")
+    m.add_argument("--draft-layers", type=int, default=1)
     return p
 
 
@@ -116,10 +120,21 @@ def launch(args) -> int:
     return 0
 
 
+def write_models(args) -> int:
+    """`mtplab sglang models`: a Llama target and its EAGLE draft, config only."""
+    from .models import write_llama_eagle_dirs
+    try:
+        t, d = write_llama_eagle_dirs(args.out, args.model, draft_layers=args.draft_layers)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(str(e).strip("'\"")) from None
+    print(f"target {t}\ndraft {d}")
+    return 0
+
+
 def main_sglang(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return launch(args)
+        return write_models(args) if args.cmd == "models" else launch(args)
     except (ConfigError, client.ServerError) as e:
         print(f"mtplab sglang: error: {e}", file=sys.stderr)
         return 2

@@ -1,9 +1,13 @@
 """Config-only model directories for SGLang runs with `--load-format dummy` (random weights):
-a Gemma-4 target and its Frozen-KV MTP assistant (SGLang promotes an EAGLE/NEXTN draft whose
-architecture is `Gemma4AssistantForCausalLM` to FROZEN_KV_MTP). The configs come from
-transformers' own Gemma-4 classes (transformers is needed here, imported on call), so every
-key SGLang reads has the library's default. A Llama target needs no helper: `Engine.save_target`
-writes an HF-style directory.
+
+- a Llama target in the shape of an mtplab model preset and an SGLang EAGLE draft for it
+  (`LlamaForCausalLMEagle`: the target's width, one layer), written from mtplab's own
+  LlamaConfig (no transformers needed). With real weights, `Engine.save_target` writes an
+  HF-style target directory instead.
+- a Gemma-4 target and its Frozen-KV MTP assistant (SGLang promotes an EAGLE/NEXTN draft whose
+  architecture is `Gemma4AssistantForCausalLM` to FROZEN_KV_MTP). The configs come from
+  transformers' own Gemma-4 classes (transformers is needed here, imported on call), so every
+  key SGLang reads has the library's default.
 """
 from __future__ import annotations
 
@@ -14,6 +18,25 @@ from typing import Union
 from ..atomic import atomic_write_text
 
 PathLike = Union[str, Path]
+
+
+def write_llama_eagle_dirs(root: PathLike, model: str = "random-medium", *,
+                           draft_layers: int = 1, dtype: str = "bfloat16") -> tuple[Path, Path]:
+    """(target_dir, draft_dir) under `root`, each holding only config.json: the HF Llama config
+    of mtplab preset `model` and an EAGLE draft of `draft_layers` layers at the same width."""
+    from ..models.zoo import model_config
+
+    target = model_config(model).to_hf_dict()
+    target["torch_dtype"] = dtype
+    draft = {**target, "num_hidden_layers": draft_layers,
+             "architectures": ["LlamaForCausalLMEagle"]}
+    out = []
+    for name, cfg in (("target", target), ("draft", draft)):
+        d = Path(root) / name
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, sort_keys=True))
+        out.append(d)
+    return out[0], out[1]
 
 
 def write_gemma4_frozen_dirs(root: PathLike, *, hidden_size: int = 256, layers: int = 4,

@@ -4,14 +4,16 @@
 # has the sizes, the trimming and the exact device calls.
 #
 # Here (CPU, PyPI):
-#   scripts/sglang_h100.sh stage     # build + pack: download the wheels, install them for
-#                                    # cp312 into one site tree, trim it, tar.xz it, split it
-#                                    # into carry folders $MTP_SGL_CARRY_ROOT/.sgl_c1 .. .sgl_cN
+#   scripts/sglang_h100.sh stage     # build + pack + extras: download the wheels, install them
+#                                    # for cp312 into one site tree, trim it, tar.xz it, split it
+#                                    # into carry folders $MTP_SGL_CARRY_ROOT/.sgl_c1 .. .sgl_cN;
+#                                    # .sgl_cx: flashinfer's JIT sources + a deep_gemm stub
 #   scripts/sglang_h100.sh dry       # the exact `mtplab sglang launch --dry-run` of both arms
 # On the device, carry [".sgl_cK"] in call K, back to back:
 #   bash scripts/sglang_h100.sh receive .sgl_cK     # adds call K's parts to $MTP_SGL_TMP/stage
 # and in the call that brings the last part (or any later call while the machine is warm):
 #   bash scripts/sglang_h100.sh install             # reassemble, sha256-check, extract
+#   bash scripts/sglang_h100.sh overlay .sgl_cx     # the extras over the site (carry it too)
 #   bash scripts/sglang_h100.sh check               # import probe only (every missing piece)
 #   bash scripts/sglang_h100.sh warm                # probe + one short server run (compiles
 #                                                   # SGLang's nvcc JIT and Triton kernels)
@@ -115,6 +117,30 @@ pack() {         # split $1 (default the payload) into carry folders with one MA
     && echo yes || echo 'NO: add /.sgl_c*/ to .git/info/exclude')"
 }
 
+extras() {       # $CARRY_ROOT/.sgl_cx: what the payload leaves out but a server run needs,
+  local d=$CARRY_ROOT/.sgl_cx t=$WORK/extras     # unpacked over the site by `overlay .sgl_cx`
+  rm -rf "$t" "$d" && mkdir -p "$t/deep_gemm" "$d"
+  # flashinfer/data: JIT sources; sgl_kernel's rmsnorm builds flashinfer's norm module with
+  # nvcc at the first forward (about 5 MB as xz, versus 76 MB unpacked)
+  (cd "$t" && unzip -q "$WORK/wheels/$(wheel_file flashinfer-python==0.6.15.post1)" \
+    'flashinfer/data/*') || return 1
+  tar -C "$t" --sort=name --owner=0 --group=0 --numeric-owner -cf - flashinfer \
+    | xz -6 -T2 > "$d/flashinfer-data.tar.xz" || return 1
+  # deep_gemm: not on PyPI; SGLang's DSA backend imports it at module level, and the EAGLE v2
+  # worker imports that backend while capturing graphs. An empty module satisfies the import;
+  # device_env turns SGLang's DeepGEMM use off.
+  cat > "$t/deep_gemm/__init__.py" <<'PYEOF'
+"""A stand-in for DeepGEMM (not on PyPI, not in the carried payload), written by mtplab's
+scripts/sglang_h100.sh: SGLang 0.5.17 imports `deep_gemm` at module level in its DSA
+attention backend, which the EAGLE v2 worker imports while capturing its graphs even for a
+Llama target. The module is empty (every attribute is missing), and the script turns
+SGLang's DeepGEMM use off (SGLANG_ENABLE_JIT_DEEPGEMM=0, SGLANG_DEEPGEMM_PDL=0)."""
+PYEOF
+  tar -C "$t" --owner=0 --group=0 --numeric-owner -cJf "$d/deep_gemm-stub.tar.xz" deep_gemm
+  (cd "$d" && sha256sum ./*.tar.xz > MANIFEST.sha256)
+  echo "$d $(du -sb "$d" | cut -f1) bytes"
+}
+
 dry() {          # the launch lines `pair` (and `warm`) run, from the same function
   local arm a args
   for arm in warm on off; do
@@ -132,6 +158,7 @@ device_env() {
   # flashinfer is imported unconditionally on CUDA (fp8_utils, sampler) but its JIT sources
   # are trimmed: keep SGLang from choosing it anywhere it is optional.
   export SGLANG_IS_FLASHINFER_AVAILABLE=false
+  export SGLANG_ENABLE_JIT_DEEPGEMM=0 SGLANG_DEEPGEMM_PDL=0   # DeepGEMM is not carried (a stub)
   # sgl_kernel's common_ops needs libnvrtc.so.13 / libcublas.so.13: torch's nvidia wheels.
   local libs
   libs=$($PY - <<'EOF' 2>/dev/null
@@ -190,6 +217,17 @@ EOF
   rm -rf "$SITE" && mv "$SITE.tmp" "$SITE" && echo "$sha" > "$SITE/.payload_sha256"
   rm -f "$STAGE/$name"
   echo "install: $(du -sb "$SITE" | cut -f1) bytes in $SITE ($(ls "$SITE" | grep -c dist-info) dists)"
+}
+
+overlay() {      # overlay DIR: its verified tarballs unpacked over the installed site
+  local src=${1:?usage: overlay .sgl_cK} t    # (flashinfer's JIT sources: norm kernels build at run time)
+  [ -f "$SITE/.payload_sha256" ] || { echo "overlay: install first"; return 2; }
+  (cd "$src" && sha256sum -c --quiet MANIFEST.sha256) || { echo "overlay: $src is corrupt"; return 4; }
+  for t in "$src"/*.tar.xz; do
+    $PY -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+      "$t" "$SITE" || return 5
+    echo "overlay: $(basename "$t") unpacked into $SITE"
+  done
 }
 
 check() {
@@ -304,7 +342,7 @@ EOF
 # ---------------------------------------------------------------- dispatch
 cmd=${1:-}; shift || true
 case "$cmd" in
-  receive|install|check|warm|pair)
+  receive|install|overlay|check|warm|pair)
     OUTDIR=${OUT:-$MTP_SGL_TMP/out}; mkdir -p "$OUTDIR"
     exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
     TEE_PID=$!
@@ -314,14 +352,15 @@ esac
 case "$cmd" in
   build) build ;;
   pack) pack "$@" ;;
-  stage) build && pack ;;
+  stage) build && pack && extras ;;
   dry) dry ;;
   receive) receive "$@" ;;
+  overlay) overlay "$@" ;;
   install) install ;;
   check) check ;;
   warm) warm ;;
   pair) pair ;;
   *) echo "usage: $0 build|pack [PAYLOAD]|stage|dry  (here);" \
-       "receive DIR|install|check|warm|pair  (device)" >&2
+       "receive DIR|install|overlay DIR|check|warm|pair  (device)" >&2
      exit 2 ;;
 esac

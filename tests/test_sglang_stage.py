@@ -86,6 +86,28 @@ def test_pack_receive_install_roundtrip(tmp_path):
     assert sh("receive", str(tmp_path / "nope"), env=env, check=False).returncode == 2
 
 
+def test_overlay_unpacks_verified_extras_over_the_site(tmp_path):
+    """`overlay .sgl_cx`: its sha256-checked tarballs land in the installed site (flashinfer's
+    JIT sources, the deep_gemm stub); before install, or with a corrupt tarball, it refuses."""
+    dev, extra = tmp_path / "dev", tmp_path / ".sgl_cx"
+    extra.mkdir()
+    env = {"MTP_SGL_TMP": str(dev), "OUT": str(tmp_path / "out")}
+    fake_payload(extra / "extra.tar.xz")
+    (extra / "MANIFEST.sha256").write_text(
+        f"{hashlib.sha256((extra / 'extra.tar.xz').read_bytes()).hexdigest()}  ./extra.tar.xz\n")
+    r = sh("overlay", str(extra), env=env, check=False)
+    assert r.returncode == 2 and "install first" in r.stdout
+    (dev / "site").mkdir(parents=True)
+    (dev / "site" / ".payload_sha256").write_text("x\n")
+    sh("overlay", str(extra), env=env)
+    assert (dev / "site" / "fake_pkg" / "__init__.py").read_text() == "VALUE = 42\n"
+    data = bytearray((extra / "extra.tar.xz").read_bytes())
+    data[20] ^= 0xFF
+    (extra / "extra.tar.xz").write_bytes(bytes(data))
+    r = sh("overlay", str(extra), env=env, check=False)
+    assert r.returncode == 4 and "corrupt" in r.stdout
+
+
 def arm_lines(tmp_path) -> dict:
     out = sh("dry", env={"MTP_SGL_TMP": str(tmp_path)}).stdout.splitlines()
     arms, cur = {}, None

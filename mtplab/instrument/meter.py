@@ -149,6 +149,7 @@ class BubbleMeter:
         self._read = 0                      # ring records consumed so far
         self._t0_ns: Optional[int] = None
         self._spans: dict = {}
+        self._kernel_stamps: dict = {}      # (stage, lane) -> kernel_stamp's tuple
         self._rows: list[tuple] = []        # (step, stage, lane, start_ns, end_ns)
 
     # -- issue (hot path) ------------------------------------------------------------------
@@ -179,8 +180,13 @@ class BubbleMeter:
     def kernel_stamp(self, stage: str, lane: str) -> tuple:
         """(ring, count, begin code, end code) for a stage whose one kernel stamps itself
         (kernels/stamp.py `stamped_copy`); `log` its two codes once it is launched."""
-        return (self.ring, self.count, stamp_code(stage, lane, False),
-                stamp_code(stage, lane, True))
+        key = (stage, lane)
+        st = self._kernel_stamps.get(key)
+        if st is None:
+            st = self._kernel_stamps[key] = (self.ring, self.count,
+                                             stamp_code(stage, lane, False),
+                                             stamp_code(stage, lane, True))
+        return st
 
     def device_stamp(self, code: int) -> None:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""

@@ -65,6 +65,18 @@ phase_peer() {
 # NB_BS04=8 NB_REPEATS04=3 (04: 15 cells, round 0 under the sync debug mode is not timed)
 # NB_BUDGET_S=520 (no notebook starts after it, a running one is stopped at it)
 # NB_WORK=/tmp/mtplab_nb (the notebooks' out_dirs: sweeps, traces).
+# A machine without papermill/ipykernel and no network (the lent H100): download their cp312
+# wheels here into an ignored folder (echo /.whl_nb/ >> .git/info/exclude), carry it, and
+# install them first on the device (34 wheels, 15 MB, the versions of `.[notebooks]`):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+#     -d .whl_nb papermill nbclient nbformat jupyter_client jupyter_core ipykernel ipython \
+#     comm debugpy pyzmq tornado traitlets nest_asyncio2 matplotlib_inline jedi parso \
+#     pexpect ptyprocess prompt_toolkit wcwidth stack_data asttokens executing pure_eval \
+#     ipython_pygments_lexers platformdirs entrypoints tenacity fastjsonschema jsonschema \
+#     jsonschema_specifications referencing rpds_py orjson
+#   device: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_nb/*.whl
+#           && export PYTHONPATH=/tmp/site && bash scripts/gpu_check.sh -o $OUT notebooks
 phase_notebooks() {
   python3 -c "import papermill, ipykernel" 2>/dev/null || {
     echo "papermill or ipykernel is not installed: pip install -e '.[notebooks]'"; return 1; }

@@ -150,6 +150,18 @@ def test_random_request_stream_equals_synchronous_loop(draft, sim):
     assert {"stop", "length", "abort"} <= reasons
 
 
+def test_future_map_padded_gather_gives_padding_lanes_the_pad_value():
+    """A captured resolve's gather: real rows read their entries, padding lanes (row 0) read
+    the pad value whatever padding lanes last wrote into row 0."""
+    fm = FutureMap(4, 3, 2, torch.float32, resolve_device("cpu"), with_topk=False)
+    fm.publish(torch.tensor([0, 2]), torch.tensor([77, 5]))         # row 0: a padding write
+    fm.stash(torch.tensor([0, 2]), DraftInputs(torch.tensor([9, 4]), torch.full((2, 3), 8.0)))
+    rows = torch.tensor([2, 0, 0])
+    assert fm.padded(fm.seq_lens, rows, 1).tolist() == [5, 1, 1]
+    assert fm.padded(fm.bonus, rows, 0).tolist() == [4, 0, 0]
+    assert fm.padded(fm.hidden, rows, 0).tolist() == [[8.0] * 3, [0.0] * 3, [0.0] * 3]
+
+
 def test_future_map_poison_catches_a_stale_resolve():
     fm = FutureMap(4, 8, 2, torch.float32, resolve_device("cpu"), with_topk=False, poison=True)
     rows = torch.tensor([1, 3])

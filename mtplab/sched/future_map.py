@@ -75,6 +75,14 @@ class FutureMap:
         """The lengths on the host: a sync on the last publish (zb_device_seq_lens off)."""
         return self.seq_lens[rows].tolist()
 
+    @staticmethod
+    def padded(buf: torch.Tensor, rows: torch.Tensor, pad) -> torch.Tensor:
+        """buf[rows], with `pad` on graph-padding lanes (row 0): the gather of a captured
+        resolve, whose padding lanes must read what GraphRunner pads them with, not what
+        padding lanes last wrote into row 0."""
+        real = (rows > 0).view(-1, *([1] * (buf.dim() - 1)))
+        return torch.where(real, buf[rows], pad)
+
     # -- draft inputs -----------------------------------------------------------------------
     def stash(self, rows: torch.Tensor, x: DraftInputs) -> None:
         self.bonus[rows] = x.bonus.long()

@@ -150,9 +150,9 @@ class TargetWorker:
             self.decode_graphs[greedy] = runner
         if in_graph:
             def resolve(rows):
-                bs, real = rows.shape[0], rows > 0
-                static["kv_lens"][:bs] = torch.where(real, fm.seq_lens[rows] + 1, 1)
-                static["input_ids"][:bs] = torch.where(real, fm.bonus[rows], 0)
+                bs = rows.shape[0]
+                static["kv_lens"][:bs] = fm.padded(fm.seq_lens, rows, 0) + 1
+                static["input_ids"][:bs] = fm.padded(fm.bonus, rows, 0)
                 return ()
             runner = GraphRunner(torch.no_grad()(resolve), dict(rows=static["rows"]),
                                  dict(rows=0), default_buckets(max_bs),

@@ -296,17 +296,17 @@ class SpecWorker:
         with_topk = fm.topk_logp is not None
 
         def fn(rows):
-            bs, real = rows.shape[0], rows > 0
-            common["seq_lens"][:bs] = torch.where(real, fm.seq_lens[rows], 1)
-            t["bonus"][:bs] = bonus = torch.where(real, fm.bonus[rows], 0)
+            bs, pick = rows.shape[0], fm.padded
+            common["seq_lens"][:bs] = pick(fm.seq_lens, rows, 1)
+            t["bonus"][:bs] = bonus = pick(fm.bonus, rows, 0)
             if self.p.draft_preexec:
                 for k, buf, pad in (("scores", fm.pre_scores, 0), ("tokens", fm.pre_tokens, 0),
                                     ("parents", fm.pre_parents, -1)):
-                    t[k][:bs] = torch.where(real[:, None], buf[rows], pad)
-            out = dict(bonus=bonus, hidden=fm.hidden[rows] * real[:, None])
+                    t[k][:bs] = pick(buf, rows, pad)
+            out = dict(bonus=bonus, hidden=pick(fm.hidden, rows, 0))
             if with_topk:
-                out.update(topk_logp=fm.topk_logp[rows] * real[:, None],
-                           topk_index=fm.topk_index[rows] * real[:, None])
+                out.update(topk_logp=pick(fm.topk_logp, rows, 0),
+                           topk_index=pick(fm.topk_index, rows, 0))
             if not direct:
                 return tuple(out.values())
             for k in self._draft_inputs:

@@ -30,13 +30,7 @@ def write_llama_eagle_dirs(root: PathLike, model: str = "random-medium", *,
     target["torch_dtype"] = dtype
     draft = {**target, "num_hidden_layers": draft_layers,
              "architectures": ["LlamaForCausalLMEagle"]}
-    out = []
-    for name, cfg in (("target", target), ("draft", draft)):
-        d = Path(root) / name
-        d.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, sort_keys=True))
-        out.append(d)
-    return out[0], out[1]
+    return _config_dirs(root, {"target": target, "draft": draft}, sort_keys=True)
 
 
 def write_gemma4_frozen_dirs(root: PathLike, *, hidden_size: int = 256, layers: int = 4,
@@ -58,10 +52,16 @@ def write_gemma4_frozen_dirs(root: PathLike, *, hidden_size: int = 256, layers: 
     assistant = Gemma4AssistantConfig(text_config=a_text,
                                       backbone_hidden_size=hidden_size).to_dict()
     assistant["architectures"] = ["Gemma4AssistantForCausalLM"]
+    return _config_dirs(root, {"target": target, "assistant": assistant}, default=str)
+
+
+def _config_dirs(root: PathLike, configs: dict, **json_options) -> tuple[Path, Path]:
+    """root/<name>/config.json for the two configs (name -> config), written atomically;
+    `json_options` go to json.dumps."""
     out = []
-    for name, cfg in (("target", target), ("assistant", assistant)):
+    for name, cfg in configs.items():
         d = Path(root) / name
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, default=str))
+        atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, **json_options))
         out.append(d)
     return out[0], out[1]

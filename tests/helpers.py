@@ -138,3 +138,18 @@ def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, late_other: bool = Fal
             t += 20.0
         s.host(f"ProfilerStep#{k}", step0, t - step0)
     return s
+
+
+def event_timeline_frame(n_steps: int = 4):
+    """An event-timeline table (the columns of timeline.parquet): per step a host step span,
+    `schedule` on the host, `verify` on forward and `d2h` on copy; host clocks only."""
+    import pandas as pd
+    rows = []
+    for step in range(n_steps):
+        t = 1000.0 * step
+        rows += [(step, "step[decode bs=2]", "host", t, t + 900),
+                 (step, "schedule", "host", t, t + 100),
+                 (step, "verify", "forward", t + 200, t + 700),
+                 (step, "d2h", "copy", t + 700, t + 750)]
+    df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
+    return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))

@@ -13,6 +13,7 @@ from mtplab.analysis.cli import (WARMUP_STEPS, analyze_run, format_report, main_
                                  main_plot, plot_source, time_unit)
 from mtplab.analysis.example import EXAMPLE_DIR, EXAMPLE_TRACE
 from test_bubbles import planted
+from tests.helpers import event_timeline_frame
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -120,22 +121,10 @@ def test_example_run_is_shipped_with_its_analysis(tmp_path):
     assert main_analyze(["--example", str(EXAMPLE_TRACE)]) == 2     # one or the other
 
 
-def _timeline_frame() -> pd.DataFrame:
-    rows = []
-    for step in range(3):
-        t = 1000.0 * step
-        rows += [(step, "step[decode bs=2]", "host", t, t + 900),
-                 (step, "schedule", "host", t, t + 100),
-                 (step, "verify", "forward", t + 200, t + 700),
-                 (step, "d2h", "copy", t + 700, t + 750)]
-    df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
-    return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))
-
-
 def test_plot_timeline_parquet_and_run_folder(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    _timeline_frame().to_parquet(run / "timeline.parquet")
+    event_timeline_frame(3).to_parquet(run / "timeline.parquet")
     for arg in (run, run / "timeline.parquet"):
         fig = plot_source(arg)
         assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host", "copy", "forward"]

@@ -8,6 +8,7 @@ from mtplab.analysis.bubbles import analyze
 from mtplab.analysis.plots import (plot_bubble_fraction, plot_event_timeline, plot_gap_lengths,
                                     plot_step_times, plot_timeline)
 from test_bubbles import planted
+from tests.helpers import event_timeline_frame
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +63,9 @@ def test_bubble_fraction_and_histograms(trace_and_result, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"frac.png", "steps.png", "gaps.svg"}
 
 
-def _event_frame(n_steps=4):
-    rows = []
-    for step in range(n_steps):
-        t = 1000.0 * step
-        rows += [(step, "step[decode bs=2]", "host", t, t + 900),
-                 (step, "schedule", "host", t, t + 100),
-                 (step, "verify", "forward", t + 200, t + 700),
-                 (step, "d2h", "copy", t + 700, t + 750)]
-    df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
-    return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))
-
-
 def test_event_timeline_title_step_marks_and_present_stages(tmp_path):
-    fig = plot_event_timeline(_event_frame(), steps=(1, 3), title="demo", path=tmp_path / "e.png")
+    fig = plot_event_timeline(event_timeline_frame(), steps=(1, 3), title="demo",
+                              path=tmp_path / "e.png")
     ax = fig.axes[0]
     assert _lanes(fig) == ["host", "copy", "forward"]
     assert ax.get_title() == "demo: steps 1–3 of 4 (dotted lines: step starts)"
@@ -83,8 +73,8 @@ def test_event_timeline_title_step_marks_and_present_stages(tmp_path):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["schedule", "verify", "d2h"]
     assert ax.get_xlabel() == "ms (host clock) from the start of step 1"  # a 2.9 ms window
     assert ax.get_xlim() == pytest.approx((0.0, 2.9))
-    fig = plot_event_timeline(_event_frame().query("stage != 'verify'"), steps=(0, 0))
+    fig = plot_event_timeline(event_timeline_frame().query("stage != 'verify'"), steps=(0, 0))
     assert "verify" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert fig.axes[0].get_xlabel().startswith("µs")
-    fig = plot_event_timeline(_event_frame(), steps=(0, 0), unit="ms")
+    fig = plot_event_timeline(event_timeline_frame(), steps=(0, 0), unit="ms")
     assert fig.axes[0].get_xlim() == pytest.approx((0.0, 0.9))

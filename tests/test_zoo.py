@@ -137,21 +137,27 @@ def test_shape_presets_and_depth(name, layers):
         zoo.with_layers(name, 10_000)
 
 
-def test_shape_preset_pipeline_at_small_width(monkeypatch):
-    """The real presets' embeddings alone are GBs, so the build path (seeded init, Gemma
-    pattern, tied embedding, depth suffix, engine with simulated acceptance) runs on a
-    narrow stand-in."""
+def _narrow_shape(monkeypatch) -> None:
+    """Register a narrow stand-in shape preset, "narrow-like", for this test only."""
     shape = zoo.ShapePreset("narrow-like", dict(
         vocab_size=320, hidden_size=64, intermediate_size=128, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         tie_word_embeddings=True), 6, 12, True, "test stand-in")
     monkeypatch.setitem(zoo.SHAPES, "narrow-like", shape)
+
+
+def test_shape_preset_pipeline_at_small_width(monkeypatch):
+    """The real presets' embeddings alone are GBs, so the build path (seeded init, Gemma
+    pattern, tied embedding, depth suffix, engine with simulated acceptance) runs on a
+    narrow stand-in."""
+    _narrow_shape(monkeypatch)
     model, _ = zoo.build_target("narrow-like@7", seed=0)
     assert sum(p.numel() for p in model.parameters()) == target_params(model.config)
     assert model.config.layer_types[5:] == ["full_attention", "full_attention"]
     eng = Engine(RunConfig(model="narrow-like@7", draft="frozen_kv_mtp", max_running_requests=2,
                            simulate_accept_len=2.5))
     assert len(eng.generate([[1, 5, 6]], 12, ignore_eos=True)[0]) == 12
+    eng.check_invariants()
     eng.check_invariants()
     with pytest.raises(ValueError, match="fixed depth"):
         zoo.with_layers("random-tiny", 2)
@@ -180,11 +186,7 @@ def test_shape_preset_device_build_path_matches_the_cpu_build(monkeypatch):
     the weights live) exercised on the CPU: there it draws from the same CPU generator, so the
     weights, the tied embedding and the RoPE tables equal a plain CPU build's; the drafts are
     initialised where the target was."""
-    shape = zoo.ShapePreset("narrow-like", dict(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        tie_word_embeddings=True), 6, 12, True, "test stand-in")
-    monkeypatch.setitem(zoo.SHAPES, "narrow-like", shape)
+    _narrow_shape(monkeypatch)
     want, _ = zoo.build_target("narrow-like@3", seed=4)
     monkeypatch.setattr(zoo, "_on_device", lambda device, dtype: True)
     got, _ = zoo.build_target("narrow-like@3", seed=4, device="cpu", dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Deterministic mode: its cost and what it fixes, side by side in one run (issue 17).
+"""Deterministic mode: its cost and what it fixes, side by side in one run.
 
 Table 1: tok/s (end to end and decode-only) at bs 1 and 32 of target-only and frozen_kv_mtp,
 deterministic off vs on, CUDA graphs on, bf16; the four arms of a batch size are built once,

@@ -1,4 +1,4 @@
-"""Production-class decode (issue 16): the HBM floor, kernels per layer and per step, fused vs
+"""Production-class decode: the HBM floor, kernels per layer and per step, fused vs
 unfused side by side in one run on one GPU.
 
     python -m benchmarks.bench_kernels [--out table.md] [--budget-s 300] [--only NAME ...]
@@ -24,7 +24,7 @@ Figures (each printed as it is measured, then one table: figure | value | target
                steps (sweep/metrics.py trace_metrics, as `mtplab bench` reads them), fused vs
                unfused (target: unfused / fused >= 2). Unfused = RunConfig(fused=False):
                the op-by-op model and the torch bodies of tree/accept/commit (the engine before
-               issue 16)
+               the fused decoder layer)
   bf16         tiny-code target-only, bf16, fused vs unfused greedy over 256 tokens: the first
                divergent token (if any) is printed, never hidden
   topk         the draft's branch_topk at V=128256, bf16, K=1, N=1 and N=4 (torch log_softmax +

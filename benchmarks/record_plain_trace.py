@@ -2,7 +2,7 @@
 transformers' `generate` (greedy, and assisted generation with a 1-layer assistant) on a tiny
 random Llama on the GPU, under torch.profiler with one ProfilerStep#N per generate call, then
 analyse them with mtplab's analyser and print the cause split (target: `other` <= 10% of
-bubble time, issue 15).
+bubble time).
 
     python -m benchmarks.record_plain_trace --out-dir $OUT
 writes

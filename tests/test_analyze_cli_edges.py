@@ -1,4 +1,4 @@
-"""`mtplab analyze` / `mtplab plot` edge cases (issue 14 item 7): a reader that closes the pipe,
+"""`mtplab analyze` / `mtplab plot` edge cases: a reader that closes the pipe,
 bad traces through the command line, `plot --out` errors naming the user's path."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ TRACE = Path(__file__).parent / "data" / "plain_transformers_h100.pt.trace.json.
 
 def test_a_plain_pytorch_bubble_is_explained():
     """Work issued late while the host ran Python (aten ops, no stage spans) is `host:python`;
-    `other` keeps at most 10% of the bubble (issue 15)."""
+    `other` keeps at most 10% of the bubble."""
     res = analyze(TRACE, skip_steps=0)
     s = res.summary
     assert s["step_source"].startswith("ProfilerStep") and s["n_steps"] >= 1

@@ -33,7 +33,7 @@ def test_steps_and_bubbles_are_consistent():
     assert (st["bubble_frac"] > 0).all() and (st["bubble_frac"] < 1).all()
     gaps = res.device_gaps
     assert set(cause_group(gaps["cause"])) <= {"sync", "host_prep", "launch", "host", "other"}
-    # every cause but `other` explains the bubble: other <= 10% of bubble time (issue 15)
+    # every cause but `other` explains the bubble: other <= 10% of bubble time
     assert s["bubble_other_us"] <= 0.10 * s["bubble_us"]
     assert s["bubble_host_us"] > 0 and any(c.startswith("host:") for c in s["bubble_by_cause_us"])
     assert abs(gaps["gap_us"].sum() - st["bubble_us"].sum()) < 1e-6 * st["dur_us"].sum()

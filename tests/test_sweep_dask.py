@@ -1,4 +1,4 @@
-"""Sweeps under Dask (issue 19): a 2-worker LocalCluster runs a grid with a failing and a
+"""Sweeps under Dask: a 2-worker LocalCluster runs a grid with a failing and a
 timing-out cell and gives the same table as the local executor; a worker killed mid-cell
 costs a retry or a failed record, never a lost or doubled one; the Slurm recipe renders."""
 from __future__ import annotations

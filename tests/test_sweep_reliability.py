@@ -1,4 +1,4 @@
-"""Sweeps that survive kill -9 and each other (issue 14, item 3), driven as real processes where
+"""Sweeps that survive kill -9 and each other, driven as real processes where
 it matters: a killed driver takes its cell with it, a second driver on one out dir is refused,
 a torn journal line is set aside before the next append, and grid-file errors are one line."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Validation at the door: every bad RunConfig field and every bad `generate` argument raises
 one sentence naming the field, the bad value and the fix, before anything is built or
-admitted (issue 14, item 4)."""
+admitted."""
 import math
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Deterministic mode on CUDA (issue 17): in bf16, greedy spec == target-only token for token
+"""Deterministic mode on CUDA: in bf16, greedy spec == target-only token for token
 at bs 1, 8 and 32, both drafts, topk 1 and 4, page 1 and 16, overlap off and on, CUDA graphs
 on; a request's tokens are the same alone and in a batch of 32. tiny-code (trained, so
 acceptance is real), held-out stdlib prompts, 192 new tokens.

@@ -2,17 +2,24 @@
 PASS/MISS against its target where it has one.
 
 1. Stamp resolution: back-to-back stamp kernels on a backlogged stream; min nonzero / median
-   delta between consecutive %globaltimer reads (stated, no target).
-2. Planted host delays, overlap off: a busy-wait of d in {0.2, 1, 5} ms in a per-step hook
-   (Engine.add_step_hook); the meter's median bubble per decode step must rise by d within
-   5% (or 10 µs). Arms interleaved with d = 0.
-3. The same with overlap on + zero_bubble: the rise and how much of d is hidden (no target).
+   delta between consecutive %globaltimer reads (stated, no target). Wake-up latency: how
+   much later than the host's launch a kernel or a graph replay starts after the host was
+   idle for d (real idle the meter counts as bubble; stated, no target).
+2. Stamp device cost: every segment graph of a decode step replayed back to back, captured
+   with and without the meter's stamps -> device µs per step the stamps add (stated).
+3. Planted host delays: a busy-wait of d in {0.2, 1, 5} ms in a per-step hook
+   (Engine.add_step_hook), arms interleaved with d = 0.
+   host-bound (tiny-code frozen, bs 1), overlap off: the meter's median bubble per decode
+   step must rise by d within 5% (or 10 µs); overlap on + zero_bubble: the rise and how much
+   of d is hidden (no target). gpu-bound (llama3-8b-like@16 target-only, bs 8, the GPU's step
+   longer than the host's): the same two modes, where overlap has queued work to hide d behind.
 4. Meter vs profiler in one profiled run: GPU-backlogged (a GPU sleep queued after every
    step, bracketed by meter stamps so both tools count it busy) -> bubble fractions within
    2 points; host-bound (no sleep) -> both, and profiler - meter = idle inside stages the
    meter cannot see (no target).
-5. Overhead: decode tok/s meter on vs off, interleaved repeats, tiny-code bs 1 and bs 32
-   (target <= 1%).
+5. Overhead: decode tok/s meter on vs off, interleaved pairs, tiny-code bs 1 and bs 32
+   (target <= 1%): the median of the per-pair ratios with its bootstrap 95% interval, and the
+   pooled ratio (all tokens / all decode time of each arm).
 
     python -m benchmarks.bench_meter --out $OUT/bench_meter.md
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+from statistics import harmonic_mean as hmean
 import sys
 import tempfile
 import time
@@ -31,11 +39,17 @@ import numpy as np
 
 from benchmarks.common import emit, sleep_cycles
 from mtplab import Engine, RunConfig
+from mtplab.graphs.runner import no_gc
 from mtplab.models.corpus import heldout_snippets
 
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
 OVERLAP = {"off": dict(overlap=False), "on+zb": dict(overlap=True, zero_bubble=True)}
 DELAYS_MS = (0.2, 1.0, 5.0)
+# planted-delay regimes: (config, batch size, decode tokens per generate)
+REGIMES = {
+    "host-bound": (BASE, 1, 192),
+    "gpu-bound": (dict(model="llama3-8b-like@16", draft="none", context_len=1024), 8, 64),
+}
 
 
 def prompts(eng, n, nbytes=256):
@@ -44,6 +58,13 @@ def prompts(eng, n, nbytes=256):
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+def spin_us(us: float) -> None:
+    """Busy-wait: the planted host time is exact (a sleep overshoots by the timer slack)."""
+    t = time.perf_counter_ns()
+    while time.perf_counter_ns() - t < us * 1e3:
+        pass
 
 
 def resolution(rows: list, n: int = 2000) -> None:
@@ -80,6 +101,81 @@ def resolution(rows: list, n: int = 2000) -> None:
     rows += [f"Host cost of one eager stamp (idle stream): {statistics.median(per):.2f} µs per "
              f"launch (launch path: "
              f"{'direct compiled launcher' if m._launch.direct else 'Triton JIT'})."]
+    wake_latency(rows, m, code)
+
+
+def wake_latency(rows: list, m, code: int, reps: int = 40) -> None:
+    """Stamp A, host busy-waits d, then stamp B (a kernel, or a replay of a graph holding one
+    stamp): the device gap B - A minus the host gap = how much later than its launch B
+    starts after d of idle. Its rise with d is real GPU idle a planted delay adds beyond d."""
+    import torch
+    g = torch.cuda.CUDAGraph()
+    with no_gc(), torch.cuda.graph(g):
+        m.device_stamp(code)
+    torch.cuda.synchronize()
+    ds = (0.0, 0.2, 1.0, 5.0)
+    rows += ["", f"Wake-up latency: device gap minus host gap between two stamps launched "
+             f"d apart, GPU idle in between (median [p10, p90] over {reps}, interleaved):", "",
+             "| second stamp | " + " | ".join(f"d = {d:g} ms" for d in ds) + " |",
+             "|---" * (len(ds) + 1) + "|"]
+    for kind in ("kernel", "graph replay"):
+        extra = {d: [] for d in ds}
+        for _ in range(reps):
+            for d in ds:
+                torch.cuda.synchronize()
+                n0 = int(m.count[0])
+                m.device_stamp(code)
+                ta = time.perf_counter_ns()
+                spin_us(d * 1e3)
+                tb = time.perf_counter_ns()
+                if kind == "kernel":
+                    m.device_stamp(code)
+                else:
+                    g.replay()
+                torch.cuda.synchronize()
+                r = m.ring.cpu().numpy()
+                gap = r[(n0 + 1) & (m.capacity - 1), 1] - r[n0 & (m.capacity - 1), 1]
+                extra[d].append((gap - (tb - ta)) / 1e3)
+        rows.append(f"| {kind} | " + " | ".join(
+            f"{np.median(v):.1f} [{np.percentile(v, 10):.0f}, {np.percentile(v, 90):.0f}] µs"
+            for v in extra.values()) + " |")
+
+
+def stamp_cost(rows: list, reps: int = 300) -> None:
+    """Device time of each segment graph of a frozen decode step, captured with and without
+    the meter's stamps, replayed back to back behind a GPU sleep (device time only)."""
+    import torch
+    rows += ["", f"Stamp device cost (tiny-code frozen, fold_seed, overlap + zero_bubble; each "
+             f"segment graph replayed {reps}x back to back, µs per replay; stamps in the "
+             f"graph):", "",
+             "| bs | graph | stamps | meter off µs | meter on µs | added µs |",
+             "|---|---|---|---|---|---|"]
+    for bs in (1, 32):
+        per: dict = {}
+        for on in (False, True):
+            eng = Engine(RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=on,
+                                   max_running_requests=bs))
+            eng.generate(prompts(eng, bs), max_new_tokens=16, ignore_eos=True)
+            for name, r in eng.worker.graphs.items():
+                g = r.graphs[r.bucket(bs)][0]
+                for _ in range(3):
+                    g.replay()
+                a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                torch.cuda._sleep(20_000_000)
+                a.record()
+                for _ in range(reps):
+                    g.replay()
+                b.record()
+                b.synchronize()
+                per.setdefault(name, {})[on] = (a.elapsed_time(b) / reps * 1e3, len(r.stamps))
+            del eng           # (replays by hand are outside the meter's log: never collected)
+        for name, v in per.items():
+            n = v[True][1]
+            rows.append(f"| {bs} | {name} | {n} | {v[False][0]:.1f} | {v[True][0]:.1f} | "
+                        f"{v[True][0] - v[False][0]:+.1f} |")
+        off, on = (sum(v[k][0] for v in per.values()) for k in (False, True))
+        rows.append(f"| {bs} | **all ({len(per)})** | {sum(v[True][1] for v in per.values())} | "
+                    f"{off:.1f} | {on:.1f} | **{on - off:+.1f}** |")
 
 
 @contextmanager
@@ -93,43 +189,42 @@ def gc_off():
         gc.enable()
 
 
-def _decode_bubble(eng, first: int) -> float:
+def _decode_bubble(eng, first: int) -> tuple[float, float]:
+    """(median bubble, median wall) µs per decode step since meter step `first`."""
     df = eng.meter_frame()
-    df = df[(df["step"] >= first) & df["name"].str.startswith("step[decode")]
-    return float(df["bubble_us"].iloc[1:].median())      # the first decode step follows prefill
+    df = df[(df["step"] >= first) & df["name"].str.startswith("step[decode")].iloc[1:]
+    return float(df["bubble_us"].median()), float(df["wall_us"].median())  # (after prefill)
 
 
-def planted(rows: list, mode: str, reps: int = 7) -> None:
+def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
     """Each delayed generate is paired with a d = 0 generate right before it (the machine's
     drift cancels in the pair); rise = median over the pairs of the difference of their
     median bubbles per decode step. GC is off while timing (both arms alike)."""
-    eng = Engine(RunConfig(**BASE, **OVERLAP[mode], bubble_meter=True, max_running_requests=1))
-    ps = prompts(eng, 1)
-    delay = {"s": 0.0}
+    cfg, bs, tokens = REGIMES[regime]
+    eng = Engine(RunConfig(**cfg, **OVERLAP[mode], bubble_meter=True, max_running_requests=bs))
+    ps = prompts(eng, bs)
+    delay = {"us": 0.0}
+    eng.add_step_hook(lambda _step: spin_us(delay["us"]))
+    eng.generate(ps, max_new_tokens=16, ignore_eos=True)          # warm-up
 
-    def spin(_step):                     # busy-wait: the planted time is exact
-        t = time.perf_counter()
-        while time.perf_counter() - t < delay["s"]:
-            pass
-    eng.add_step_hook(spin)
-    eng.generate(ps, max_new_tokens=32, ignore_eos=True)          # warm-up
-
-    def bubble(d: float) -> float:
-        delay["s"] = d / 1e3
+    def bubble(d: float) -> tuple[float, float]:
+        delay["us"] = d * 1e3
         first = eng.meter.step + 1
-        eng.generate(ps, max_new_tokens=192, ignore_eos=True)
+        eng.generate(ps, max_new_tokens=tokens, ignore_eos=True)
         return _decode_bubble(eng, first)
-    base, rise = [], {d: [] for d in DELAYS_MS}
+    base, walls, rise = [], [], {d: [] for d in DELAYS_MS}
     with gc_off():
         for _ in range(reps):
             for d in DELAYS_MS:
-                b0 = bubble(0.0)
+                b0, w0 = bubble(0.0)
                 base.append(b0)
-                rise[d].append(bubble(d) - b0)
-    rows += ["", f"Planted host delay per step, overlap {mode} (tiny-code frozen, fold_seed, "
-             f"bs 1; rise = median over {reps} pairs (a d = 0 generate, then d) of the "
-             f"difference of their median bubbles per decode step; baseline "
-             f"{statistics.median(base):.1f} µs):", ""]
+                walls.append(w0)
+                rise[d].append(bubble(d)[0] - b0)
+    wall = statistics.median(walls)
+    rows += ["", f"Planted host delay per step, {regime} ({cfg['model']} draft {cfg['draft']}, "
+             f"bs {bs}), overlap {mode}: rise = median over {reps} pairs (a d = 0 generate, "
+             f"then d) of the difference of their median bubbles per decode step; baseline "
+             f"bubble {statistics.median(base):.1f} µs of a {wall:.0f} µs step:", ""]
     if mode == "off":
         rows += ["| d µs | rise µs [IQR] | error | target | verdict |", "|---|---|---|---|---|"]
     else:
@@ -188,21 +283,85 @@ def vs_profiler(rows: list, d: Path) -> None:
                     f"{ok}{'' if names_agree else ' (step names differ: windows misaligned)'} |")
 
 
-def overhead(rows: list, reps: int = 21) -> None:
-    """Decode tok/s meter on vs off, interleaved; the verdict reads the median of the
-    per-repeat ratios (paired: neighbouring runs share the machine's state)."""
+def planted_vs_profiler(rows: list, d: Path) -> None:
+    """The host-bound planted delays once more, each d in its own profiled run: the meter's
+    and the profiler's median bubble per decode step over the same profiled steps, so the
+    rise beyond d (wake-up after idle, or the meter) is checked by an independent clock."""
+    from mtplab.analysis.bubbles import analyze
+    cfg, bs, _ = REGIMES["host-bound"]
+    w, u, a = 6, 2, 40
+    med = {}
+    for ms in (0.0,) + DELAYS_MS:
+        eng = Engine(RunConfig(**cfg, **OVERLAP["off"], bubble_meter=True, profile=True,
+                               profile_wait=w, profile_warmup=u, profile_active=a,
+                               trace_dir=str(d), run_name=f"planted-{ms:g}",
+                               max_running_requests=bs))
+        eng.add_step_hook(lambda _step, us=ms * 1e3: spin_us(us))
+        eng.generate(prompts(eng, bs), max_new_tokens=160, ignore_eos=True)
+        res = analyze(eng.finish()["trace0"], skip_steps=1)
+        st = res.steps[res.steps["name"].str.startswith("step[decode")]
+        mf = eng.meter_frame()
+        mf = mf[mf["step"].isin(st["step"] + w + u)]      # the same steps (the profiler's
+        same = list(mf["name"]) == list(st["name"])          # count starts at its window)
+        med[ms] = (float(mf["bubble_us"].median()), float(st["bubble_us"].median()),
+                   f"{len(st)}{'' if same else ' (step names differ: windows misaligned)'}")
+    rows += ["", f"Planted host delay vs the profiler (host-bound, overlap off; one profiled "
+             f"run per d, {a} profiled steps; median bubble per decode step over the same "
+             "steps, rise against d = 0):", "",
+             "| d µs | meter rise µs | profiler rise µs | meter - profiler µs | steps |",
+             "|---|---|---|---|---|"]
+    for ms in DELAYS_MS:
+        rm, rp = med[ms][0] - med[0.0][0], med[ms][1] - med[0.0][1]
+        rows.append(f"| {ms * 1e3:.0f} | {rm:.1f} | {rp:.1f} | {rm - rp:+.1f} | {med[ms][2]} |")
+
+
+@contextmanager
+def unstamped_graphs():
+    """Engines built inside capture their segment graphs without the meter's stamps; the rest
+    of the meter (step spans, the d2h kernel's stamps, prefill's eager stamps) stays on. The
+    overhead arm built so isolates what the graphs' stamps cost (their device time plus the
+    replay's log entry)."""
+    from mtplab.graphs import runner
+    init = runner.GraphRunner.__init__
+
+    def plain(self, *a, **k):
+        init(self, *a, **{**k, "meter": None})
+    runner.GraphRunner.__init__ = plain
+    try:
+        yield
+    finally:
+        runner.GraphRunner.__init__ = init
+
+
+def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
+    """Decode tok/s meter on vs off, interleaved (the order rotates every repeat); the verdict
+    reads the median of the per-repeat on/off ratios (paired: neighbouring runs share the
+    machine's state), with a bootstrap 95% interval; the pooled ratio is all decode tokens
+    over all decode time of each arm. A third arm, the meter on with unstamped graphs, splits
+    the overhead into the graphs' stamps and the rest of the meter."""
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
-             f"tok/s of 384-token generates, {reps} interleaved repeats, GC off; overhead = 1 - median of the per-repeat "
-             f"on/off ratios, IQR in brackets; eager stamp launches per decode step counted):",
-             "", "| bs | meter off (median) | meter on (median) | eager stamps / step | "
-             "overhead [IQR] | target | verdict |", "|---|---|---|---|---|---|---|"]
+             f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off; overhead = "
+             "1 - median of the per-repeat on/off ratios [bootstrap 95% interval]; pooled = 1 - "
+             "ratio of the arms' total decode tok/s; split: the same with the meter on but its "
+             "graphs unstamped; eager stamp launches per decode step counted):", "",
+             "| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / step | "
+             "overhead [95% CI] | pooled | of which graph stamps / rest | target | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rng = np.random.default_rng(0)
+    arms = ("off", "on", "on, unstamped graphs")
     for bs in (1, 32):
-        engs = {k: Engine(RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=k,
-                                    max_running_requests=bs)) for k in (False, True)}
-        ps = prompts(engs[False], bs)
+        def build(arm):
+            cfg = RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=arm != "off",
+                            max_running_requests=bs)
+            if arm != "on, unstamped graphs":
+                return Engine(cfg)
+            with unstamped_graphs():
+                return Engine(cfg)
+        engs = {a: build(a) for a in arms}
+        ps = prompts(engs["off"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
-        m, eager = engs[True].meter, [0]
+        m, eager = engs["on"].meter, [0]
         stamp = m.stamp
 
         def counting(code):
@@ -210,43 +369,62 @@ def overhead(rows: list, reps: int = 21) -> None:
             stamp(code)
         m.stamp = counting
         s0 = m.step
-        engs[True].generate(ps, max_new_tokens=64, ignore_eos=True)
+        engs["on"].generate(ps, max_new_tokens=64, ignore_eos=True)
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
-        rates = {k: [] for k in engs}
+        rates = {a: [] for a in arms}
         with gc_off():
             for i in range(reps):
-                for k in ((False, True) if i % 2 == 0 else (True, False)):
-                    engs[k].generate(ps, max_new_tokens=384, ignore_eos=True)
-                    rates[k].append(engs[k].stats()["decode_tok_per_s"])
-        ratio = np.array(rates[True]) / np.array(rates[False])
-        q1, q3 = np.percentile(1 - ratio, [25, 75]) * 100
-        ov = 100 * (1 - float(np.median(ratio)))
-        rows.append(f"| {bs} | {statistics.median(rates[False]):.0f} | "
-                    f"{statistics.median(rates[True]):.0f} | {per_step:.1f} | {ov:.2f}% "
-                    f"[{q1:.1f}, {q3:.1f}] | ≤ 1% | {verdict(ov <= 1.0)} |")
+                for a in arms[i % 3:] + arms[:i % 3]:
+                    engs[a].generate(ps, max_new_tokens=tokens, ignore_eos=True)
+                    rates[a].append(engs[a].stats()["decode_tok_per_s"])
+        r = {a: np.array(rates[a]) for a in arms}
+
+        def ov(on, off):
+            return 100 * (1 - float(np.median(r[on] / r[off])))
+        ratio = r["on"] / r["off"]
+        boots = np.median(ratio[rng.integers(0, reps, (4000, reps))], axis=1)
+        lo, hi = (1 - np.percentile(boots, [97.5, 2.5])) * 100
+        total = ov("on", "off")
+        # every generate decodes the same tokens: the pooled rate is the harmonic mean
+        pooled = 100 * (1 - hmean(rates["on"]) / hmean(rates["off"]))
+        rows.append(f"| {bs} | {statistics.median(rates['off']):.0f} | "
+                    f"{statistics.median(rates['on']):.0f} | {per_step:.1f} | {total:.2f}% "
+                    f"[{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
+                    f"{ov('on', 'on, unstamped graphs'):.2f}% / "
+                    f"{ov('on, unstamped graphs', 'off'):.2f}% | ≤ 1% | "
+                    f"{verdict(total <= 1.0)} |")
+        del engs
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write the markdown here too")
-    ap.add_argument("--only", nargs="+", default=None,
-                    choices=["resolution", "planted", "profiler", "overhead"])
-    ap.add_argument("--overhead-reps", type=int, default=21,
+    parts = ["resolution", "cost", "planted", "planted-profiler", "profiler", "overhead"]
+    ap.add_argument("--only", nargs="+", default=None, choices=parts)
+    ap.add_argument("--overhead-reps", type=int, default=201,
                     help="interleaved on/off pairs of the overhead figure")
+    ap.add_argument("--planted-reps", type=int, default=15,
+                    help="(d = 0, d) pairs per planted delay")
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         print("bench_meter needs a CUDA device (the CPU path is tested in tests/test_meter.py).",
               file=sys.stderr)
         return 2
-    want = set(a.only or ["resolution", "planted", "profiler", "overhead"])
+    want = set(a.only or parts)
     rows = ["### Bubble meter (benchmarks/bench_meter.py)"]
     if "resolution" in want:
         resolution(rows)
+    if "cost" in want:
+        stamp_cost(rows)
     if "planted" in want:
-        for mode in OVERLAP:
-            planted(rows, mode)
+        for regime in REGIMES:
+            for mode in OVERLAP:
+                planted(rows, regime, mode, a.planted_reps)
+    if "planted-profiler" in want:
+        with tempfile.TemporaryDirectory() as d:
+            planted_vs_profiler(rows, Path(d))
     if "profiler" in want:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))

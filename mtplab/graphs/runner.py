@@ -19,15 +19,34 @@ A graph of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash"))
 `fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one with one
 handover stamp (no host between them inside a graph):
     [b commit, ..., h publish, ..., h stash, ..., e stash]
-(mark is a no-op in the warm-up runs and must name the stages in order).
+(mark is a no-op in the warm-up runs and must name the stages in order). The stamps stay on
+the graph's one chain: a stamp on a side branch would cost less device time, but the graph
+would then run on two streams and its kernels would show on two stream lanes of a trace.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
+No garbage collection runs inside a capture (`no_gc`): a collection there may free a dead
+engine's CUDA graph (cudaGraphExecDestroy), pinned buffer or event, which is illegal while a
+stream captures and invalidates the capture (torch.cuda.graph no longer collects first).
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import gc
+from typing import Callable, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The garbage collector paused inside (restored as it was): wrap every graph capture."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def default_buckets(max_bs: int) -> list[int]:
@@ -72,7 +91,7 @@ class GraphRunner:
                     self._call(args, lambda name: None)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
+            with no_gc(), torch.cuda.graph(g, pool=pool):
                 if self.stamps:
                     self.meter.device_stamp(self.stamps[0])
                 out = self._call(args, self._marker())
@@ -134,7 +153,7 @@ class GraphRunner:
         g, out = self.graphs[b]
         g.replay()
         if self.stamps:
-            self.meter.log(*self.stamps)
+            self.meter.log(self.stamps)
         if isinstance(out, torch.Tensor):
             return out[:bs].clone() if clone else out[:bs]
         keep = range(len(out)) if clone is True else clone or ()

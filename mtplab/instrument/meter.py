@@ -144,7 +144,9 @@ class BubbleMeter:
         self.step = -1
         self.names: list[str] = []          # step -> step span name
         self.drains = 0                     # synchronizing reads forced by a half-full ring
-        self._log: list[int] = []           # issue order: step << 16 | code
+        self._log: list = []                # issue order: step << 16 | code, or (step << 16,
+        #                                     codes) for one launch's several stamps
+        self._issued = 0                    # stamps issued since the last read
         self._key = 0                       # current step << 16
         self._read = 0                      # ring records consumed so far
         self._t0_ns: Optional[int] = None
@@ -176,10 +178,11 @@ class BubbleMeter:
         else:
             stamp_ref(*self._host, code, time.perf_counter_ns())
         self._log.append(self._key | code)
+        self._issued += 1
 
     def kernel_stamp(self, stage: str, lane: str) -> tuple:
         """(ring, count, begin code, end code) for a stage whose one kernel stamps itself
-        (kernels/stamp.py `stamped_copy`); `log` its two codes once it is launched."""
+        (kernels/stamp.py `stamped_copy`); `log` its two codes (`[2:]`) once launched."""
         key = (stage, lane)
         st = self._kernel_stamps.get(key)
         if st is None:
@@ -192,13 +195,14 @@ class BubbleMeter:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""
         self._launch(code)
 
-    def log(self, *codes: int) -> None:
-        """A graph replay issued these captured stamps (in this order) for the current step."""
-        key = self._key
-        self._log.extend([key | c for c in codes])
+    def log(self, codes: tuple) -> None:
+        """One launch (a graph replay, a self-stamping kernel) issued these stamps, in this
+        order, for the current step: one log entry, expanded when collected."""
+        self._log.append((self._key, codes))
+        self._issued += len(codes)
 
     def begin_step(self, name: str) -> None:
-        if len(self._log) > self.capacity // 2:      # read before the ring could wrap
+        if self._issued > self.capacity // 2:        # read before the ring could wrap
             self.drains += 1
             self.collect()
         self.step += 1
@@ -212,9 +216,11 @@ class BubbleMeter:
             torch.cuda.synchronize(self.ring.device)
         n = int(self.count[0])
         new = n - self._read
-        if new != len(self._log):
+        log = [e for x in self._log
+               for e in ((x,) if isinstance(x, int) else [x[0] | c for c in x[1]])]
+        if new != len(log):
             raise RuntimeError(f"bubble meter: {new} stamps reached the ring but "
-                               f"{len(self._log)} were issued; a stamp ran outside the meter's "
+                               f"{len(log)} were issued; a stamp ran outside the meter's "
                                "log (e.g. a graph captured with stamps replayed by hand).")
         if new > self.capacity:
             raise RuntimeError(f"bubble meter: {new} stamps since the last read overflowed the "
@@ -223,8 +229,8 @@ class BubbleMeter:
             return
         slots = (self._read + torch.arange(new)) & (self.capacity - 1)
         rec = self.ring.cpu().numpy()[slots.numpy()]
-        log = np.asarray(self._log, dtype=np.int64)
-        self._read, self._log = n, []
+        log = np.asarray(log, dtype=np.int64)
+        self._read, self._log, self._issued = n, [], 0
         self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
         if self._t0_ns is None and self._rows:
             self._t0_ns = min(r[3] for r in self._rows)

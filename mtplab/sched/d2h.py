@@ -59,7 +59,7 @@ def d2h(dev: Device, spans: Spans, copy_stream, forward_stream, kind: str, reqs:
                     stamp = m.kernel_stamp("d2h", "copy") if m is not None else None
                     stamped_copy_triton(host, [t.contiguous() for t in results], stamp)
                     if m is not None:
-                        m.log(stamp[2], stamp[3])
+                        m.log(stamp[2:])
                 else:
                     for h, t in zip(host, results):
                         h.copy_(t, non_blocking=True)

@@ -285,8 +285,9 @@ def vs_profiler(rows: list, d: Path) -> None:
 
 def planted_vs_profiler(rows: list, d: Path) -> None:
     """The host-bound planted delays once more, each d in its own profiled run: the meter's
-    and the profiler's median bubble per decode step over the same profiled steps, so the
-    rise beyond d (wake-up after idle, or the meter) is checked by an independent clock."""
+    and the profiler's median bubble per decode step over the same profiled steps, so what
+    the meter reads beyond d (wake-up after idle, or the meter) is checked by an independent
+    clock."""
     from mtplab.analysis.bubbles import analyze
     cfg, bs, _ = REGIMES["host-bound"]
     w, u, a = 6, 2, 40
@@ -306,13 +307,13 @@ def planted_vs_profiler(rows: list, d: Path) -> None:
         med[ms] = (float(mf["bubble_us"].median()), float(st["bubble_us"].median()),
                    f"{len(st)}{'' if same else ' (step names differ: windows misaligned)'}")
     rows += ["", f"Planted host delay vs the profiler (host-bound, overlap off; one profiled "
-             f"run per d, {a} profiled steps; median bubble per decode step over the same "
-             "steps, rise against d = 0):", "",
-             "| d µs | meter rise µs | profiler rise µs | meter - profiler µs | steps |",
+             f"run per d, {a} profiled steps; median bubble per decode step of each tool over "
+             "the same steps, both under the profiler's host cost):", "",
+             "| d µs | meter µs/step | profiler µs/step | meter - profiler µs | steps |",
              "|---|---|---|---|---|"]
-    for ms in DELAYS_MS:
-        rm, rp = med[ms][0] - med[0.0][0], med[ms][1] - med[0.0][1]
-        rows.append(f"| {ms * 1e3:.0f} | {rm:.1f} | {rp:.1f} | {rm - rp:+.1f} | {med[ms][2]} |")
+    for ms in (0.0,) + DELAYS_MS:
+        m, p, n = med[ms]
+        rows.append(f"| {ms * 1e3:.0f} | {m:.1f} | {p:.1f} | {m - p:+.1f} | {n} |")
 
 
 @contextmanager

@@ -85,4 +85,3 @@ def test_graphed_decode_steps_launch_no_eager_stamp(draft, extra):
     need = {"resolve", "verify", "publish", "stash", "d2h"} | (
         {"tree", "accept", "commit"} if draft != "none" else set())
     assert all(need <= s for s in per_step), per_step.head()
-

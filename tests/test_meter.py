@@ -230,7 +230,7 @@ def test_frame_from_a_first_step_equals_the_full_frame_tail():
 
 def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypatch):
     """The %globaltimer path cannot run here; compile it ahead of time for an H100 (PTX):
-    the timer read is there, and the slot claim is one atomic issued by one thread."""
+    the timer read is there, and the slot claim is one relaxed atomic issued by one thread."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -254,6 +254,7 @@ def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypa
     assert "%globaltimer" in ptx
     atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
     assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread
+    assert ".relaxed" in atoms[0] and "acq_rel" not in atoms[0]      # no fence around it
 
 
 def test_step_hooks_run_before_the_profiler_step_boundary(tmp_path):

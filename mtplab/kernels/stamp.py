@@ -50,7 +50,9 @@ if triton is not None:
                                           is_pure=False, pack=1)
         else:
             t = tl.load(clock_ptr)
-        slot = tl.atomic_add(count_ptr, 1) & mask
+        # relaxed: the claim only needs a unique slot; the records are read after a
+        # synchronize, so no ordering (no fence: the stamp is a node on the critical path)
+        slot = tl.atomic_add(count_ptr, 1, sem="relaxed") & mask
         tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
         tl.store(ring_ptr + 2 * slot + 1, t)
 

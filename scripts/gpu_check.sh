@@ -173,11 +173,13 @@ print("\n".join(lines))
 PY
 }
 
-#: meter  bubble meter: GPU tests, then bench_meter (stamp resolution, planted delays, meter vs
+#: meter  bubble meter: GPU tests, then bench_meter (stamp resolution and wake-up latency, stamp
+#:        device cost, planted delays in two regimes and against the profiler, meter vs
 #:        profiler, overhead; PASS/MISS per target) -> bench_meter.md; plain PyTorch traces
 #:        (transformers generate) with their cause split -> plain_*.pt.trace.json.gz
 phase_meter() {
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_meter_gpu.py tests/test_meter.py \
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_meter_gpu.py tests/gpu/test_graphs_gpu.py \
+    tests/test_meter.py \
     || return 1
   python3 -m benchmarks.bench_meter --out "$OUT_DIR/bench_meter.md" || return 1
   python3 -m benchmarks.record_plain_trace --out-dir "$OUT_DIR"

@@ -52,7 +52,7 @@ from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
-from mtplab.graphs.runner import no_gc
+from mtplab.nogc import gc_paused
 from mtplab.sweep.metrics import trace_metrics
 
 FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16", "topk")
@@ -345,7 +345,7 @@ def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with no_gc(), torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         for _ in range(reps):
             fn()
     g.replay()

@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks.common import emit, sleep_cycles
 from mtplab import Engine, RunConfig
-from mtplab.graphs.runner import no_gc
+from mtplab.nogc import gc_paused
 from mtplab.models.corpus import heldout_snippets
 
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
@@ -110,7 +110,7 @@ def wake_latency(rows: list, m, code: int, reps: int = 40) -> None:
     starts after d of idle. Its rise with d is real GPU idle a planted delay adds beyond d."""
     import torch
     g = torch.cuda.CUDAGraph()
-    with no_gc(), torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         m.device_stamp(code)
     torch.cuda.synchronize()
     ds = (0.0, 0.2, 1.0, 5.0)

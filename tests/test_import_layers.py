@@ -2,7 +2,7 @@
 mtplab module, at module level or inside a function, must follow the allowed edges below;
 a new sideways or upward edge fails this test with the file and the line.
 
-    leaf      errors  stages  atomic  lossless  progress   (import nothing of mtplab)
+    leaf      errors  stages  atomic  nogc  lossless  progress   (import nothing of mtplab)
               core (only errors: it re-exports ConfigError)   validate (only errors)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
@@ -18,21 +18,21 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
-LEAVES = {"errors", "stages", "atomic", "lossless", "progress"}
+LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
-    "errors": set(), "stages": set(), "atomic": set(), "progress": set(),
+    "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
     "lossless": set(),             # output comparison (spec vs target-only), used by sweep
     "core": {"errors"},
     "validate": {"errors"},
     "device": {"core"},
     "kernels": {"core", "device"},
-    "analysis": {"stages", "atomic"},
+    "analysis": {"stages", "atomic", "nogc"},
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels"},
     "mem": {"core", "device"},
     "models": {"core", "errors", "kernels", "atomic", "device"},
-    "graphs": {"core", "device"},
+    "graphs": {"core", "device", "nogc"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
                     "stages"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)

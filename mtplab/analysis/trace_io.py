@@ -22,8 +22,6 @@ and what to do.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import json
 import os
@@ -37,6 +35,8 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import orjson
+
+from ..nogc import gc_paused
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -113,7 +113,7 @@ def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
     # The parse allocates one dict per event and no reference cycles: the cyclic GC would only
     # rescan the growing document again and again (most of the parse time), so it is
     # paused while the document exists.
-    with _gc_paused():
+    with gc_paused():
         if streaming:
             return _build(p, iter_events(p), {})
         doc = _parse_whole(p, gz)
@@ -234,18 +234,6 @@ def _as_float(v: Any, what: str, idx: int, p: Path) -> float:
             pass
     raise TraceError(f"{p} event #{idx} has a non-numeric {what} ({v!r}); the file is not a "
                      "well-formed Kineto trace, re-export it.")
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector inside the block (restored only if it was enabled)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class _NotSimple(Exception):

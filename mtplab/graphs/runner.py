@@ -24,29 +24,17 @@ the graph's one chain: a stamp on a side branch would cost less device time, but
 would then run on two streams and its kernels would show on two stream lanes of a trace.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
-No garbage collection runs inside a capture (`no_gc`): a collection there may free a dead
+No garbage collection runs inside a capture (`gc_paused`): a collection there may free a dead
 engine's CUDA graph (cudaGraphExecDestroy), pinned buffer or event, which is illegal while a
 stream captures and invalidates the capture (torch.cuda.graph no longer collects first).
 """
 from __future__ import annotations
 
-import contextlib
-import gc
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """The garbage collector paused inside (restored as it was): wrap every graph capture."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+from ..nogc import gc_paused
 
 
 def default_buckets(max_bs: int) -> list[int]:
@@ -91,7 +79,7 @@ class GraphRunner:
                     self._call(args, lambda name: None)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with no_gc(), torch.cuda.graph(g, pool=pool):
+            with gc_paused(), torch.cuda.graph(g, pool=pool):
                 if self.stamps:
                     self.meter.device_stamp(self.stamps[0])
                 out = self._call(args, self._marker())

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mtplab.kernels import fused_ops as fo
-from mtplab.graphs.runner import no_gc
+from mtplab.nogc import gc_paused
 from mtplab.kernels import topk as T
 from mtplab.speculative.draft_select import branch_topk
 
@@ -90,7 +90,7 @@ def test_graph_capture_without_host_sync():
     g = torch.cuda.CUDAGraph()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with no_gc(), torch.cuda.graph(g):
+        with gc_paused(), torch.cuda.graph(g):
             v, i = T.logp_topk_triton(x, 4)
             a = T.argmax_triton(xf)
     finally:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from mtplab.graphs.runner import no_gc
+from mtplab.nogc import gc_paused
 from mtplab.kernels.triton_attention import paged_attention_triton
 # tests/ is on sys.path (rootdir conftest, pytest's default prepend import mode)
 from test_triton_attention import check, make_case
@@ -68,7 +68,7 @@ def test_cuda_graph_replay_matches_eager(max_q, det):
     paged_attention_triton(q, k, v, meta, scale, 256, det)     # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with no_gc(), torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         out = paged_attention_triton(q, k, v, meta, scale, 256, det)
 
     # New contents in every captured input (same q_lens, hence same T and cu_q).

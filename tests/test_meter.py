@@ -170,6 +170,29 @@ def test_half_full_ring_is_drained_between_steps():
     assert m.drains >= 2 and len(m.frame()) == 6 and (m.frame()["n_stages"] == 2).all()
 
 
+def test_one_log_entry_per_launch_expands_in_issue_order_and_counts_for_the_drain():
+    """A graph replay logs its stamps as one entry (`log(codes)`): collected, they pair as if
+    logged one by one, and they count toward the half-ring drain stamp by stamp."""
+    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    codes = (stamp_code("commit", "forward", False),
+             stamp_code("publish", "forward", False, handover=True),
+             stamp_code("publish", "forward", True))
+    sp = Spans(enabled=False, meter=m)
+    for k in range(3):
+        with sp.stage("step[decode bs=1]", "host"):
+            for c, t in zip(codes, (0, 4, 6)):          # what the replayed graph writes
+                stamp_ref(m.ring, m.count, c, 100 * k + t)
+            m.log(codes)
+    assert len(m._log) == 3 and m._issued == 9 > m.capacity // 2
+    with sp.stage("step[decode bs=1]", "host"):         # 9 pending > 8: drained first
+        pass
+    assert m.drains == 1 and m._issued == 0
+    st = m.stages_frame()
+    assert list(st["stage"]) == ["commit", "publish"] * 3
+    assert list(st["step"]) == [0, 0, 1, 1, 2, 2]
+    assert st["dur_us"].tolist() == pytest.approx([0.004, 0.002] * 3)
+
+
 def _per_step_bubble(eng, prompts, n) -> pd.DataFrame:
     eng.generate(prompts, max_new_tokens=n, ignore_eos=True)
     df = eng.meter_frame()

@@ -242,6 +242,15 @@ def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
                         f"{100 * (want - r) / want:.1f}% |")
 
 
+def _same_steps(eng, steps, w: int, u: int):
+    """The meter's rows of the analyser's profiled `steps` (whose count starts at the
+    profiler's window, w + u engine steps in), and a note when their names disagree."""
+    mf = eng.meter_frame()
+    mf = mf[mf["step"].isin(steps["step"] + w + u)]
+    same = list(mf["name"]) == list(steps["name"])
+    return mf, "" if same else " (step names differ: windows misaligned)"
+
+
 def vs_profiler(rows: list, d: Path) -> None:
     import torch
     from mtplab.analysis.bubbles import analyze
@@ -270,17 +279,14 @@ def vs_profiler(rows: list, d: Path) -> None:
         eng.generate(prompts(eng, 8), max_new_tokens=96, ignore_eos=True)
         files = eng.finish()
         res = analyze(files["trace0"], skip_steps=1)
-        mf = eng.meter_frame()
-        n = res.summary["n_steps"]
-        sel = mf[(mf["step"] >= w + u + 1) & (mf["step"] < w + u + 1 + n)]
-        names_agree = list(sel["name"]) == list(res.steps["name"])
+        sel, note = _same_steps(eng, res.steps, w, u)
         meter = float(sel["bubble_us"].sum() / sel["wall_us"].sum())
         prof = float(res.summary["bubble_frac"])
         diff = 100 * (prof - meter)
         tgt = "≤ 2 points" if regime == "backlogged" else "(idle inside stages)"
         ok = verdict(abs(diff) <= 2.0) if regime == "backlogged" else "-"
         rows.append(f"| {regime} | {100 * meter:.1f} | {100 * prof:.1f} | {diff:+.1f} | {tgt} | "
-                    f"{ok}{'' if names_agree else ' (step names differ: windows misaligned)'} |")
+                    f"{ok}{note} |")
 
 
 def planted_vs_profiler(rows: list, d: Path) -> None:
@@ -301,11 +307,9 @@ def planted_vs_profiler(rows: list, d: Path) -> None:
         eng.generate(prompts(eng, bs), max_new_tokens=160, ignore_eos=True)
         res = analyze(eng.finish()["trace0"], skip_steps=1)
         st = res.steps[res.steps["name"].str.startswith("step[decode")]
-        mf = eng.meter_frame()
-        mf = mf[mf["step"].isin(st["step"] + w + u)]      # the same steps (the profiler's
-        same = list(mf["name"]) == list(st["name"])          # count starts at its window)
+        mf, note = _same_steps(eng, st, w, u)
         med[ms] = (float(mf["bubble_us"].median()), float(st["bubble_us"].median()),
-                   f"{len(st)}{'' if same else ' (step names differ: windows misaligned)'}")
+                   f"{len(st)}{note}")
     rows += ["", f"Planted host delay vs the profiler (host-bound, overlap off; one profiled "
              f"run per d, {a} profiled steps; median bubble per decode step of each tool over "
              "the same steps, both under the profiler's host cost):", "",

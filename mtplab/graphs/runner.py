@@ -19,9 +19,16 @@ A graph of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash"))
 `fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one with one
 handover stamp (no host between them inside a graph):
     [b commit, ..., h publish, ..., h stash, ..., e stash]
-(mark is a no-op in the warm-up runs and must name the stages in order). The stamps stay on
-the graph's one chain: a stamp on a side branch would cost less device time, but the graph
-would then run on two streams and its kernels would show on two stream lanes of a trace.
+(mark must name the stages in order). A segment whose tail is one self-stamping kernel (the
+future map's moves, kernels/future_map.py) takes the stamps still to come with
+`mark.carry(*stages)` instead: the kernel issues them itself, with no stamp node:
+    commit: [b commit, ..., move_rows{h publish, h stash, e stash}]
+    resolve (carry_begin=True, fn(rows, mark)): [move_rows{b resolve, e resolve}]
+`mark.fused` tells a fn it runs captured (an eager twin's is False); in the warm-up runs marks
+issue nothing and carried stamps go to a scratch ring (the same kernel variant is compiled before
+the capture). The stamps stay on the graph's one chain: a stamp on a side branch would cost
+less device time, but the graph would then run on two streams and its kernels would show
+on two stream lanes of a trace.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 No garbage collection runs inside a capture (`gc_paused`): a collection there may free a dead
@@ -45,8 +52,9 @@ def default_buckets(max_bs: int) -> list[int]:
 class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
                  pad_values: dict[str, int], buckets: list[int], sticky: tuple = (),
-                 meter=None, stage: str | tuple[str, ...] = ""):
+                 meter=None, stage: str | tuple[str, ...] = "", carry_begin: bool = False):
         self.fn = fn
+        self.carry_begin = carry_begin
         self.meter = meter
         self.stages = (stage,) if isinstance(stage, str) else tuple(stage)
         # [begin s0, handover s1, ..., handover s(n-1), end s(n-1)]
@@ -55,6 +63,11 @@ class GraphRunner:
                                for s in self.stages[1:])
                        + (meter.stamp_code(self.stages[-1], "forward", True),)
                        ) if meter is not None else ()
+        dev = next(iter(static_inputs.values())).device
+        # the carrying kernel's done counter; the warm-up runs' stamps go to a scratch ring
+        self._done = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._scratch = (torch.zeros(4, 2, dtype=torch.long, device=dev),
+                         torch.zeros(1, dtype=torch.int32, device=dev))
         self.sticky = sticky
         self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs
@@ -76,34 +89,19 @@ class GraphRunner:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):          # warm-up: Triton JIT, cuBLAS workspaces
-                    self._call(args, lambda name: None)
+                    self._call(args, _Marks(self, warm=True))
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with gc_paused(), torch.cuda.graph(g, pool=pool):
-                if self.stamps:
-                    self.meter.device_stamp(self.stamps[0])
-                out = self._call(args, self._marker())
-                if self.stamps:
-                    self.meter.device_stamp(self.stamps[-1])
+                out = self._call(args, _Marks(self, warm=False))
             self.graphs[bs] = (g, out)
         torch.cuda.synchronize()
 
-    def _call(self, args: dict, mark):
-        return self.fn(**args) if len(self.stages) == 1 else self.fn(**args, mark=mark)
-
-    def _marker(self):
-        """mark(name) for a capture: the stamps ending the current stage and beginning
-        `name` (the next one in `stages`)."""
-        nxt = iter(range(1, len(self.stages)))
-
-        def mark(name: str) -> None:
-            i = next(nxt)
-            if name != self.stages[i]:
-                raise ValueError(f"graph stages run in the order {self.stages}; got {name!r} "
-                                 f"where {self.stages[i]!r} comes next.")
-            if self.stamps:
-                self.meter.device_stamp(self.stamps[i])
-        return mark
+    def _call(self, args: dict, mark: "_Marks"):
+        plain = len(self.stages) == 1 and not self.carry_begin
+        out = self.fn(**args) if plain else self.fn(**args, mark=mark)
+        mark.finish()
+        return out
 
     def bucket(self, bs: int) -> int:
         for b in self.buckets:
@@ -146,3 +144,53 @@ class GraphRunner:
             return out[:bs].clone() if clone else out[:bs]
         keep = range(len(out)) if clone is True else clone or ()
         return tuple(o[:bs].clone() if i in keep else o[:bs] for i, o in enumerate(out))
+
+
+class _Marks:
+    """The stamps of one capture of `runner`, issued in order:
+        codes = [b s0, h s1, ..., h s(n-1), e s(n-1)]        (s = runner.stages)
+    b s0 at once (a stamp node) unless carry_begin; `mark(s)` = the handover into s as a
+    node; `carry(*stages)` = the codes still to come, for the fn's one kernel to issue;
+    `finish()` = the end as a node unless carried. Warm-up runs (`warm`) issue no node and
+    carry into the runner's scratch ring."""
+
+    fused = True           # the future map's tail in a graph is one kernel (sched/future_map.py)
+
+    def __init__(self, runner: GraphRunner, warm: bool):
+        self.r, self.warm, self.pos = runner, warm, 0
+        self.codes = runner.stamps or (0,) * (len(runner.stages) + 1)
+        if not runner.carry_begin:
+            self._node()
+
+    def _node(self) -> None:
+        if self.r.stamps and not self.warm:
+            self.r.meter.device_stamp(self.codes[self.pos])
+        self.pos += 1
+
+    def __call__(self, name: str) -> None:
+        st = self.r.stages
+        if not 0 < self.pos < len(st) or name != st[self.pos]:
+            raise ValueError(f"graph stages run in the order {st}; got {name!r} at "
+                             f"position {self.pos}.")
+        self._node()
+
+    def carry(self, *names: str):
+        """(ring, count, codes, done) for the kernel that begins `names` (the segment's
+        remaining stages) and ends the segment; None without a meter."""
+        st = self.r.stages
+        if names != st[self.pos:]:
+            raise ValueError(f"a carrying kernel must run the remaining stages "
+                             f"{st[self.pos:]} of {st}; got {names}.")
+        codes, self.pos = self.codes[self.pos:], len(self.codes)
+        if not self.r.stamps:
+            return None
+        ring, count = self.r._scratch if self.warm else (self.r.meter.ring, self.r.meter.count)
+        return ring, count, codes, self.r._done
+
+    def finish(self) -> None:
+        if self.pos == len(self.codes):
+            return
+        if self.pos != len(self.codes) - 1:
+            raise ValueError(f"graph stages {self.r.stages}: only "
+                             f"{self.r.stages[:self.pos]} were begun.")
+        self._node()

@@ -14,6 +14,10 @@ Row 0 mirrors the padding row of graph-padded lanes.
     resolve_seq_lens(rows)       the current stream waits on `publish_ready` (an event wait,
                                  no host block), then gathers
     stash(rows, x) / gather(rows)  next draft inputs (stream order suffices)
+Inside a captured segment each of these is one self-stamping kernel (kernels/future_map.py):
+    resolve_into(rows, fields, stamp)  every gather of the step, into the graphs' inputs
+    write(rows, mark, ...)             a segment's tail: publish and/or stash (eager: `mark`
+                                       begins each stage, then the ops above)
 Filtering or merging batches moves only row indices; no data moves. A row freed at k and
 reused by a new request while k's overshoot step is in flight is safe: the new owner's
 publish/stash come later in forward-stream order and win.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..core import DraftInputs
+from ..kernels.future_map import RowMove, move_rows_triton
 
 
 class FutureMapError(RuntimeError):
@@ -75,13 +80,51 @@ class FutureMap:
         """The lengths on the host: a sync on the last publish (zb_device_seq_lens off)."""
         return self.seq_lens[rows].tolist()
 
-    @staticmethod
-    def padded(buf: torch.Tensor, rows: torch.Tensor, pad) -> torch.Tensor:
-        """buf[rows], with `pad` on graph-padding lanes (row 0): the gather of a captured
-        resolve, whose padding lanes must read what GraphRunner pads them with, not what
-        padding lanes last wrote into row 0."""
-        real = (rows > 0).view(-1, *([1] * (buf.dim() - 1)))
-        return torch.where(real, buf[rows], pad)
+    def resolve_into(self, rows: torch.Tensor, fields: list[tuple], stamp=None) -> None:
+        """A captured resolve: dst <- field[rows] + add for every (dst, field name, pad, add),
+        `pad` on graph-padding lanes (row 0: they must read what GraphRunner pads them with,
+        not what padding lanes last wrote into row 0); one kernel carrying resolve's stamps
+        (`stamp`: its graph's `mark.carry("resolve")`)."""
+        move_rows_triton(rows, [RowMove(d, getattr(self, f), pad, add)
+                                for d, f, pad, add in fields], True, 0, stamp)
+
+    def write(self, rows: torch.Tensor, mark, seq_lens: torch.Tensor | None = None,
+              inputs: DraftInputs | None = None, predraft: tuple | None = None) -> None:
+        """A segment's tail: publish `seq_lens`, then stash `inputs` or the pre-drafted
+        candidates, `mark(stage)` beginning each; in a captured graph (`mark.fused`) one
+        kernel carrying their stamps (the host half of publish, `mark_published`, follows
+        the replay)."""
+        pub = [RowMove(self.seq_lens, seq_lens)] if seq_lens is not None else []
+        stash = self._stash_moves(inputs, predraft)
+        if mark.fused:
+            names = ("publish",) * bool(pub) + ("stash",) * bool(stash)
+            move_rows_triton(rows, pub + stash, False, len(pub) if pub and stash else 0,
+                             mark.carry(*names))
+            return
+        if pub:
+            mark("publish")
+            self.publish_rows(rows, seq_lens)
+        if stash:
+            mark("stash")
+            if inputs is not None:
+                self.stash(rows, inputs)
+            else:
+                self.stash_predraft(rows, *predraft)
+
+    def _stash_moves(self, x: DraftInputs | None, predraft: tuple | None) -> list[RowMove]:
+        """stash's fields as row moves (the fields `stash` writes)."""
+        if predraft is not None:
+            return [RowMove(b, v) for b, v in zip((self.pre_scores, self.pre_tokens,
+                                                   self.pre_parents), predraft)]
+        if x is None:
+            return []
+        moves = [RowMove(self.bonus, x.bonus)]
+        if x.hidden is not None and self.hidden.shape[1]:
+            moves.append(RowMove(self.hidden, x.hidden.contiguous()))
+        if self.topk_logp is not None and x.topk_logp is not None:
+            moves += [RowMove(self.topk_logp, x.topk_logp.contiguous()),
+                      RowMove(self.topk_index, x.topk_index.contiguous())]
+        return moves
 
     # -- draft inputs -----------------------------------------------------------------------
     def stash(self, rows: torch.Tensor, x: DraftInputs) -> None:

@@ -149,14 +149,15 @@ class TargetWorker:
                 runner.capture()
             self.decode_graphs[greedy] = runner
         if in_graph:
-            def resolve(rows):
+            def resolve(rows, mark):      # kv_lens = seq_lens + 1 (padding lanes: 1)
                 bs = rows.shape[0]
-                static["kv_lens"][:bs] = fm.padded(fm.seq_lens, rows, 0) + 1
-                static["input_ids"][:bs] = fm.padded(fm.bonus, rows, 0)
+                fm.resolve_into(rows, [(static["kv_lens"][:bs], "seq_lens", 1, 1),
+                                       (static["input_ids"][:bs], "bonus", 0, 0)],
+                                mark.carry("resolve"))
                 return ()
             runner = GraphRunner(torch.no_grad()(resolve), dict(rows=static["rows"]),
                                  dict(rows=0), default_buckets(max_bs),
-                                 meter=self.spans.meter, stage="resolve")
+                                 meter=self.spans.meter, stage="resolve", carry_begin=True)
             with self.spans.paused():
                 runner.capture()
             self.graphs["resolve"] = runner
@@ -167,9 +168,6 @@ class TargetWorker:
 
         def decode_publish_stash(input_ids, rows, kv_lens, temperature, top_p, seeds, mark):
             tok = fn(input_ids, rows, kv_lens, temperature, top_p, seeds)
-            mark("publish")
-            fm.publish_rows(rows, kv_lens)
-            mark("stash")
-            fm.stash(rows, DraftInputs(tok))
+            fm.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
             return tok
         return decode_publish_stash

@@ -60,8 +60,10 @@ from .verify import verify
 
 
 class _SpanChain:
-    """An eager multi-stage segment: one stage span at a time, `mark(name)` ends the current
-    one and begins `name` (the eager twin of a graph's in-graph stamps)."""
+    """An eager multi-stage segment: one stage span at a time; calling it with a name ends the
+    current one and begins `name` (the eager twin of a graph's marks)."""
+
+    fused = False                 # the future map's tail runs as its eager ops, stage by stage
 
     def __init__(self, spans, stages: tuple[str, ...]):
         self.spans, self.stages = spans, stages
@@ -71,7 +73,7 @@ class _SpanChain:
         self.cur.__enter__()
         return self
 
-    def mark(self, name: str) -> None:
+    def __call__(self, name: str) -> None:
         self.cur.__exit__(None, None, None)
         self.cur = self.spans.stage(name)
         self.cur.__enter__()
@@ -239,7 +241,7 @@ class SpecWorker:
             with self.spans.stage(name):
                 return make_fn(max_kv)(**args)
         with _SpanChain(self.spans, stages) as chain:
-            return make_fn(max_kv)(**args, mark=chain.mark)
+            return make_fn(max_kv)(**args, mark=chain)
 
     def _stages(self, name: str) -> tuple[str, ...]:
         """The stages a segment runs (the first names it): see the module map."""
@@ -280,8 +282,7 @@ class SpecWorker:
                      torch.cat([c.tokens for c in steps], 1),
                      torch.cat([c.parents for c in steps], 1))
             if mark is not None:
-                mark("stash")
-                fm.stash_predraft(rows, *cands)
+                fm.write(rows, mark, predraft=cands)
             return cands
         return fn
 
@@ -289,29 +290,28 @@ class SpecWorker:
         """Graphed resolve: lengths (+ pre-drafted candidates) into the shared and the tree
         graph's static inputs; the draft inputs into the draft graph's static inputs when
         the draft segment reads them unchanged (`_resolve_direct`), else returned (the eager
-        seed runs on them). Padding lanes (row 0): seq_len 1 and zeros, as GraphRunner pads."""
+        seed runs on them). Padding lanes (row 0): seq_len 1 and zeros, as GraphRunner pads.
+        One kernel, carrying resolve's stamps (`carry_begin`)."""
         fm, common = self.future_map, self.graphs["verify"].static
         d, t = self.graphs["draft"].static, self.graphs["tree"].static
         direct = self._resolve_direct
         with_topk = fm.topk_logp is not None
 
-        def fn(rows):
-            bs, pick = rows.shape[0], fm.padded
-            common["seq_lens"][:bs] = pick(fm.seq_lens, rows, 1)
-            t["bonus"][:bs] = bonus = pick(fm.bonus, rows, 0)
+        def fn(rows, mark):
+            bs = rows.shape[0]
+            fields = [(common["seq_lens"][:bs], "seq_lens", 1, 0), (t["bonus"][:bs], "bonus", 0, 0)]
             if self.p.draft_preexec:
-                for k, buf, pad in (("scores", fm.pre_scores, 0), ("tokens", fm.pre_tokens, 0),
-                                    ("parents", fm.pre_parents, -1)):
-                    t[k][:bs] = pick(buf, rows, pad)
-            out = dict(bonus=bonus, hidden=pick(fm.hidden, rows, 0))
-            if with_topk:
-                out.update(topk_logp=pick(fm.topk_logp, rows, 0),
-                           topk_index=pick(fm.topk_index, rows, 0))
-            if not direct:
-                return tuple(out.values())
-            for k in self._draft_inputs:
-                d[k][:bs] = out[k]
-            return ()
+                fields += [(t[k][:bs], "pre_" + k, pad, 0)
+                           for k, pad in (("scores", 0), ("tokens", 0), ("parents", -1))]
+            names = ("bonus", "hidden") + (("topk_logp", "topk_index") if with_topk else ())
+            if direct:
+                out = {k: d[k][:bs] for k in self._draft_inputs}
+            else:                                # graph outputs: the eager seed's inputs
+                out = {k: getattr(fm, k).new_empty((bs,) + getattr(fm, k).shape[1:])
+                       for k in names}
+            fm.resolve_into(rows, fields + [(v, k, 0, 0) for k, v in out.items()],
+                            mark.carry("resolve"))
+            return () if direct else tuple(out[k] for k in names)
         return fn
 
     @property
@@ -360,12 +360,10 @@ class SpecWorker:
             new_seq, hidden_path, hidden_last = commit(
                 self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens, hidden,
                 p.num_draft_tokens, move_kv=p.topk > 1)
-            mark("publish")
-            fm.publish_rows(rows, new_seq)
-            if not dw.extend_forward:
-                mark("stash")
-                fm.stash(rows, dw.extend(rows, seq_lens, tokens, bonus, hidden_path, hidden_last,
-                                         accept_lens, max_kv))
+            # no draft_extend forward: extend is a selection (no device work)
+            nxt = None if dw.extend_forward else dw.extend(
+                rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens, max_kv)
+            fm.write(rows, mark, seq_lens=new_seq, inputs=nxt)
             return new_seq, hidden_path, hidden_last
         return fn
 
@@ -376,8 +374,8 @@ class SpecWorker:
         def fn(rows, seq_lens, tokens, hidden_path, accept_lens, bonus, mark):
             out = self.draft_worker.extend(rows, seq_lens, tokens, None, hidden_path, None,
                                            accept_lens, max_kv)
-            mark("stash")
-            fm.stash(rows, DraftInputs(bonus, out.hidden, out.topk_logp, out.topk_index))
+            fm.write(rows, mark, inputs=DraftInputs(bonus, out.hidden, out.topk_logp,
+                                                    out.topk_index))
             return out.hidden, out.topk_logp, out.topk_index
         return fn
 
@@ -397,7 +395,8 @@ class SpecWorker:
 
         def runner(name, fn, static):
             r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets,
-                            meter=self.spans.meter, stage=self._stages(name))
+                            meter=self.spans.meter, stage=self._stages(name),
+                            carry_begin=name == "resolve")
             with self.spans.paused():
                 r.capture()
             self.graphs[name] = r

@@ -85,3 +85,31 @@ def test_graphed_decode_steps_launch_no_eager_stamp(draft, extra):
     need = {"resolve", "verify", "publish", "stash", "d2h"} | (
         {"tree", "accept", "commit"} if draft != "none" else set())
     assert all(need <= s for s in per_step), per_step.head()
+
+
+@pytest.mark.parametrize("draft,extra", [("none", {}), ("frozen_kv_mtp", dict(fold_seed=True)),
+                                         ("eagle", dict(zb_draft_preexec=True))])
+def test_future_map_kernels_carry_their_stages_stamps(draft, extra):
+    """resolve is one kernel stamping its own begin and end; a segment's publish/stash tail is
+    one kernel whose stamps hand over from the segment's stage before it: per decode step,
+    one resolve interval, and commit (or verify) -> publish -> stash end-to-start."""
+    kw = dict(model="random-tiny", device="cuda", context_len=256, draft=draft, overlap=True,
+              zero_bubble=True, cuda_graphs=True, **extra)
+    on = Engine(RunConfig(**kw, bubble_meter=True))
+    off = Engine(RunConfig(**kw))
+    ps = random_prompts(3, [5, 30], on.model.config.vocab_size, seed=7)
+    assert on.generate(ps, max_new_tokens=24, ignore_eos=True) == \
+        off.generate(ps, max_new_tokens=24, ignore_eos=True)
+    on.check_invariants()
+    df = on.meter_frame()
+    dec = df.loc[df["name"].str.startswith("step[decode"), "step"]
+    st = on.meter_frame(stages=True)
+    st = st[st["step"].isin(dec) & (st["lane"] == "forward")]
+    assert len(dec) > 5 and (st["dur_us"] >= 0).all()
+    for _, s in st.groupby("step"):
+        assert (s["stage"] == "resolve").sum() == 1
+        ends = lambda *names: set(s.loc[s["stage"].isin(names), "end_us"])   # noqa: E731
+        # a handover: the tail's first stage begins where the segment's stage before it ends
+        assert set(s.loc[s["stage"] == "publish", "start_us"]) <= ends("verify", "commit")
+        assert set(s.loc[s["stage"] == "stash", "start_us"]) <= ends("publish", "draft_extend",
+                                                                     "draft")

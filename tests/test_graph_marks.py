@@ -1,0 +1,85 @@
+"""GraphRunner's marks (graphs/runner.py `_Marks`): the stamps of one capture, in order,
+issued as stamp nodes or handed to the segment's one self-stamping kernel (`carry`). The
+capture itself needs a GPU (tests/gpu); the issue order is checked here with a recording
+meter."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtplab.graphs.runner import GraphRunner, _Marks
+from mtplab.instrument.meter import stamp_code
+
+
+class _Meter:
+    """Records the stamp nodes a capture would issue."""
+    stamp_code = staticmethod(stamp_code)
+
+    def __init__(self):
+        self.nodes, self.ring, self.count = [], "ring", "count"
+
+    def device_stamp(self, code):
+        self.nodes.append(code)
+
+
+def _runner(stages, carry_begin=False, meter=True):
+    m = _Meter() if meter else None
+    r = GraphRunner(lambda **kw: None, dict(rows=torch.zeros(4, dtype=torch.long)),
+                    dict(rows=0), [4], meter=m, stage=stages, carry_begin=carry_begin)
+    return r, m
+
+
+def test_marks_issue_every_stamp_as_a_node_in_stage_order():
+    r, m = _runner(("commit", "publish", "stash"))
+    marks = _Marks(r, warm=False)
+    marks("publish")
+    marks("stash")
+    marks.finish()
+    assert m.nodes == list(r.stamps) and len(r.stamps) == 4
+    assert r.stamps[-1] == stamp_code("stash", "forward", True)
+
+
+def test_a_carrying_kernel_takes_the_stamps_still_to_come():
+    r, m = _runner(("commit", "publish", "stash"))
+    marks = _Marks(r, warm=False)
+    ring, count, codes, done = marks.carry("publish", "stash")
+    marks.finish()
+    assert m.nodes == [r.stamps[0]]                      # only the begin is a node
+    assert codes == r.stamps[1:] and (ring, count, done) == ("ring", "count", r._done)
+
+
+def test_resolve_carries_its_begin_and_end():
+    r, m = _runner("resolve", carry_begin=True)
+    marks = _Marks(r, warm=False)
+    assert marks.carry("resolve")[2] == r.stamps == (stamp_code("resolve", "forward", False),
+                                                     stamp_code("resolve", "forward", True))
+    marks.finish()
+    assert m.nodes == []
+
+
+def test_warm_up_runs_issue_no_node_and_carry_into_the_scratch_ring():
+    r, m = _runner(("commit", "publish", "stash"))
+    marks = _Marks(r, warm=True)
+    marks("publish")
+    ring, count, codes, _ = marks.carry("stash")
+    marks.finish()
+    assert m.nodes == [] and (ring, count) == r._scratch and codes == r.stamps[2:]
+
+
+def test_without_a_meter_the_kernel_carries_nothing():
+    r, _ = _runner(("verify", "publish", "stash"), meter=False)
+    marks = _Marks(r, warm=False)
+    assert marks.carry("publish", "stash") is None
+    marks.finish()
+
+
+def test_marks_reject_stages_out_of_order_or_left_out():
+    r, _ = _runner(("commit", "publish", "stash"))
+    with pytest.raises(ValueError, match="in the order"):
+        _Marks(r, warm=False)("stash")
+    with pytest.raises(ValueError, match="remaining stages"):
+        _Marks(r, warm=False).carry("stash")
+    marks = _Marks(r, warm=False)
+    marks("publish")
+    with pytest.raises(ValueError, match="were begun"):
+        marks.finish()

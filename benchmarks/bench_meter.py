@@ -409,13 +409,77 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
         del engs
 
 
+def quiet_d2h(eng) -> None:
+    """This engine's d2h copy kernel runs unstamped (its codes are not logged either): with
+    `unstamped_graphs`, what is left of the meter is the step span, span lookups and
+    prefill's eager stamps."""
+    import mtplab.sched.d2h as d2h
+    m, copy = eng.meter, d2h.stamped_copy_triton
+    if not hasattr(d2h, "_quiet_rings"):
+        d2h._quiet_rings = set()
+
+        def stamped_copy(host, results, stamp=None):
+            if stamp is not None and id(stamp[0]) in d2h._quiet_rings:
+                stamp = None
+            copy(host, results, stamp)
+        d2h.stamped_copy_triton = stamped_copy
+    d2h._quiet_rings.add(id(m.ring))
+    codes, log = m.kernel_stamp("d2h", "copy")[2:], m.log
+    m.log = lambda c: None if c == codes else log(c)
+
+
+def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
+    """The meter's cost outside its graphs, by parts: engines off a / off b (A/A), the meter
+    on with unstamped graphs (U), and U with an unstamped d2h kernel too (UD); interleaved,
+    the order rotating."""
+    rows += ["", f"Meter cost outside the graphs (as the overhead part, {reps} repeats; U = meter "
+             "on, graphs unstamped; UD = U with the d2h kernel unstamped; each 1 - median "
+             "ratio):", "",
+             "| bs | off tok/s | A/A off b vs a | U vs off | UD vs off | d2h stamps (U vs UD) |",
+             "|---|---|---|---|---|---|"]
+    names = ("off a", "off b", "U", "UD")
+    for bs in (1, 32):
+        def build(n):
+            cfg = RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=n in ("U", "UD"),
+                            max_running_requests=bs)
+            if n not in ("U", "UD"):
+                return Engine(cfg)
+            with unstamped_graphs():
+                e = Engine(cfg)
+            if n == "UD":
+                quiet_d2h(e)
+            return e
+        engs = {n: build(n) for n in names}
+        ps = prompts(engs["off a"], bs)
+        for e in engs.values():
+            e.generate(ps, max_new_tokens=16, ignore_eos=True)
+        rates = {n: [] for n in names}
+        with gc_off():
+            for i in range(reps):
+                k = i % len(names)
+                for n in names[k:] + names[:k]:
+                    engs[n].generate(ps, max_new_tokens=tokens, ignore_eos=True)
+                    rates[n].append(engs[n].stats()["decode_tok_per_s"])
+        r = {n: np.array(v) for n, v in rates.items()}
+        off = np.sqrt(r["off a"] * r["off b"])
+
+        def ov(x, y):
+            return f"{100 * (1 - float(np.median(x / y))):.2f}%"
+        rows.append(f"| {bs} | {np.median(off):.0f} | {ov(r['off b'], r['off a'])} | "
+                    f"{ov(r['U'], off)} | {ov(r['UD'], off)} | {ov(r['U'], r['UD'])} |")
+        del engs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write the markdown here too")
-    parts = ["resolution", "cost", "planted", "planted-profiler", "profiler", "overhead"]
+    parts = ["resolution", "cost", "planted", "planted-profiler", "profiler", "overhead",
+             "split"]
     ap.add_argument("--only", nargs="+", default=None, choices=parts)
     ap.add_argument("--overhead-reps", type=int, default=201,
                     help="interleaved on/off pairs of the overhead figure")
+    ap.add_argument("--split-reps", type=int, default=101,
+                    help="interleaved repeats of the split part")
     ap.add_argument("--planted-reps", type=int, default=15,
                     help="(d = 0, d) pairs per planted delay")
     a = ap.parse_args(argv)
@@ -442,6 +506,8 @@ def main(argv=None) -> int:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
         overhead(rows, a.overhead_reps)
+    if "split" in want:
+        split(rows, a.split_reps)
     emit("\n".join(rows), a.out)
     return 0
 

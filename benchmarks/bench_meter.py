@@ -338,6 +338,20 @@ def unstamped_graphs():
         runner.GraphRunner.__init__ = init
 
 
+def _rotate(engs: dict, ps, reps: int, tokens: int) -> dict:
+    """Every engine generates `tokens` per prompt once per repeat, the order rotating each
+    repeat, GC off -> decode tok/s per engine (an array over repeats)."""
+    names = list(engs)
+    rates = {n: [] for n in names}
+    with gc_off():
+        for i in range(reps):
+            k = i % len(names)
+            for n in names[k:] + names[:k]:
+                engs[n].generate(ps, max_new_tokens=tokens, ignore_eos=True)
+                rates[n].append(engs[n].stats()["decode_tok_per_s"])
+    return {n: np.array(v) for n, v in rates.items()}
+
+
 def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat), two engines
     per arm: an engine's own state (its graphs, their memory) can move its tok/s by as much
@@ -383,14 +397,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
         engs["on a"].generate(ps, max_new_tokens=64, ignore_eos=True)
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
-        rates = {n: [] for n in engines}
-        with gc_off():
-            for i in range(reps):
-                k = i % len(engines)
-                for n in engines[k:] + engines[:k]:
-                    engs[n].generate(ps, max_new_tokens=tokens, ignore_eos=True)
-                    rates[n].append(engs[n].stats()["decode_tok_per_s"])
-        r = {n: np.array(v) for n, v in rates.items()}
+        r = _rotate(engs, ps, reps, tokens)
         r["off"], r["on"] = np.sqrt(r["off a"] * r["off b"]), np.sqrt(r["on a"] * r["on b"])
 
         def ov(x, y):
@@ -400,7 +407,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
         lo, hi = (1 - np.percentile(boots, [97.5, 2.5])) * 100
         total = ov("on", "off")
         # every generate decodes the same tokens: the pooled rate is the harmonic mean
-        pooled = 100 * (1 - hmean(r["on"]) / hmean(r["off"]))
+        pooled = 100 * (1 - hmean(list(r["on"])) / hmean(list(r["off"])))
         rows.append(f"| {bs} | {np.median(r['off']):.0f} | {np.median(r['on']):.0f} | "
                     f"{per_step:.1f} | {total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
                     f"{ov('off b', 'off a'):.2f}%, {ov('on b', 'on a'):.2f}% | "
@@ -453,14 +460,7 @@ def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
         ps = prompts(engs["off a"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
-        rates = {n: [] for n in names}
-        with gc_off():
-            for i in range(reps):
-                k = i % len(names)
-                for n in names[k:] + names[:k]:
-                    engs[n].generate(ps, max_new_tokens=tokens, ignore_eos=True)
-                    rates[n].append(engs[n].stats()["decode_tok_per_s"])
-        r = {n: np.array(v) for n, v in rates.items()}
+        r = _rotate(engs, ps, reps, tokens)
         off = np.sqrt(r["off a"] * r["off b"])
 
         def ov(x, y):

@@ -63,11 +63,12 @@ class GraphRunner:
                                for s in self.stages[1:])
                        + (meter.stamp_code(self.stages[-1], "forward", True),)
                        ) if meter is not None else ()
-        dev = next(iter(static_inputs.values())).device
-        # the carrying kernel's done counter; the warm-up runs' stamps go to a scratch ring
-        self._done = torch.zeros(1, dtype=torch.int32, device=dev)
-        self._scratch = (torch.zeros(4, 2, dtype=torch.long, device=dev),
-                         torch.zeros(1, dtype=torch.int32, device=dev))
+        if meter is not None:
+            # the carrying kernel's done counter; the warm-up runs' stamps go to a scratch ring
+            dev = next(iter(static_inputs.values())).device
+            self._done = torch.zeros(1, dtype=torch.int32, device=dev)
+            self._scratch = (torch.zeros(4, 2, dtype=torch.long, device=dev),
+                             torch.zeros(1, dtype=torch.int32, device=dev))
         self.sticky = sticky
         self._last: dict = {}                   # sticky key -> the tensor copied last
         self.static = static_inputs

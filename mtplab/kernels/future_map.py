@@ -83,10 +83,6 @@ def _width(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 2 else 1
 
 
-def _row_stride(t: torch.Tensor) -> int:
-    return t.stride(0)
-
-
 if triton is not None:
     import triton.language as tl
 
@@ -180,7 +176,7 @@ def move_rows_triton(rows: torch.Tensor, moves: list[RowMove], gather: bool, spl
         if k < len(moves):
             m = moves[k]
             kw.update({f"D{k}": m.dst, f"S{k}": m.src, f"W{k}": _width(m.src),
-                       f"SS{k}": _row_stride(m.src), f"DS{k}": _row_stride(m.dst),
+                       f"SS{k}": m.src.stride(0), f"DS{k}": m.dst.stride(0),
                        f"P{k}": m.pad, f"A{k}": m.add})
         else:                                        # an unused slot: not compiled in
             kw.update({f"D{k}": rows, f"S{k}": rows, f"W{k}": 0, f"SS{k}": 0, f"DS{k}": 0,

@@ -98,21 +98,20 @@ class FutureMap:
         stash = self._stash_moves(inputs, predraft)
         if mark.fused:
             names = ("publish",) * bool(pub) + ("stash",) * bool(stash)
-            move_rows_triton(rows, pub + stash, False, len(pub) if pub and stash else 0,
+            # the kernel reads a 2-D field's columns contiguously (a 1-D one by its stride)
+            moves = [RowMove(m.dst, m.src.contiguous() if m.src.dim() == 2 else m.src)
+                     for m in pub + stash]
+            move_rows_triton(rows, moves, False, len(pub) if pub and stash else 0,
                              mark.carry(*names))
             return
-        if pub:
-            mark("publish")
-            self.publish_rows(rows, seq_lens)
-        if stash:
-            mark("stash")
-            if inputs is not None:
-                self.stash(rows, inputs)
-            else:
-                self.stash_predraft(rows, *predraft)
+        for name, moves in (("publish", pub), ("stash", stash)):
+            if moves:
+                mark(name)
+                _scatter(rows, moves)
 
     def _stash_moves(self, x: DraftInputs | None, predraft: tuple | None) -> list[RowMove]:
-        """stash's fields as row moves (the fields `stash` writes)."""
+        """The fields stash writes, as row moves: the next draft inputs `x` (bonus, hidden
+        when both have one, the top-k when both have it), or the pre-drafted candidates."""
         if predraft is not None:
             return [RowMove(b, v) for b, v in zip((self.pre_scores, self.pre_tokens,
                                                    self.pre_parents), predraft)]
@@ -120,20 +119,15 @@ class FutureMap:
             return []
         moves = [RowMove(self.bonus, x.bonus)]
         if x.hidden is not None and self.hidden.shape[1]:
-            moves.append(RowMove(self.hidden, x.hidden.contiguous()))
+            moves.append(RowMove(self.hidden, x.hidden))
         if self.topk_logp is not None and x.topk_logp is not None:
-            moves += [RowMove(self.topk_logp, x.topk_logp.contiguous()),
-                      RowMove(self.topk_index, x.topk_index.contiguous())]
+            moves += [RowMove(self.topk_logp, x.topk_logp),
+                      RowMove(self.topk_index, x.topk_index)]
         return moves
 
     # -- draft inputs -----------------------------------------------------------------------
     def stash(self, rows: torch.Tensor, x: DraftInputs) -> None:
-        self.bonus[rows] = x.bonus.long()
-        if x.hidden is not None and self.hidden.shape[1]:
-            self.hidden[rows] = x.hidden.to(self.hidden.dtype)
-        if self.topk_logp is not None and x.topk_logp is not None:
-            self.topk_logp[rows] = x.topk_logp.float()
-            self.topk_index[rows] = x.topk_index.long()
+        _scatter(rows, self._stash_moves(x, None))
 
     def gather(self, rows: torch.Tensor) -> DraftInputs:
         bonus = self.bonus[rows]
@@ -144,7 +138,7 @@ class FutureMap:
         return DraftInputs(bonus, self.hidden[rows], self.topk_logp[rows], self.topk_index[rows])
 
     def stash_predraft(self, rows, scores, tokens, parents) -> None:
-        self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows] = scores, tokens, parents
+        _scatter(rows, self._stash_moves(None, (scores, tokens, parents)))
 
     def gather_predraft(self, rows):
         return self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows]
@@ -158,3 +152,9 @@ class FutureMap:
             raise FutureMapError(f"resolve of {name} for rows {stale} without a fresh publish "
                                  "(consume-once violated).")
         buf[rows[real]] = -1
+
+
+def _scatter(rows: torch.Tensor, moves: list[RowMove]) -> None:
+    """The eager ops of a scatter: dst[rows] = src, cast to dst's dtype."""
+    for m in moves:
+        m.dst[rows] = m.src.to(m.dst.dtype)

@@ -12,6 +12,9 @@ from mtplab.sched.future_map import FutureMap, FutureMapError
 from mtplab.core import DraftInputs
 from tests.helpers import make_agreeable, random_prompts
 
+# the future map's row-move kernel runs on CUDA, or on CPU through the Triton interpreter
+KERNEL_DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 PROMPTS = random_prompts(6, [1, 7, 30, 90], 320, seed=21)
 MAX_NEW = [19, 6, 25, 11, 2, 14]
 
@@ -151,19 +154,20 @@ def test_random_request_stream_equals_synchronous_loop(draft, sim):
 
 
 def test_future_map_resolve_into_gives_padding_lanes_the_pad_value():
-    """A captured resolve's one kernel (here the interpreter): real rows read their entries
+    """A captured resolve's one kernel (the interpreter on CPU): real rows read their entries
     (+ add), padding lanes (row 0) read the pad value whatever padding lanes last wrote into
     row 0."""
-    fm = FutureMap(4, 3, 2, torch.float32, resolve_device("cpu"), with_topk=False)
-    fm.publish(torch.tensor([0, 2]), torch.tensor([77, 5]))         # row 0: a padding write
-    fm.stash(torch.tensor([0, 2]), DraftInputs(torch.tensor([9, 4]), torch.full((2, 3), 8.0)))
-    rows = torch.tensor([2, 0, 0])
-    kv, bonus, hidden = torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), \
-        torch.ones(3, 3)
-    fm.resolve_into(rows, [(kv, "seq_lens", 1, 1), (bonus, "bonus", 0, 0),
-                           (hidden, "hidden", 0, 0)])
-    assert kv.tolist() == [6, 1, 1] and bonus.tolist() == [4, 0, 0]
-    assert hidden.tolist() == [[8.0] * 3, [0.0] * 3, [0.0] * 3]
+    with torch.device(KERNEL_DEV):   # the interpreter on CPU, else the GPU
+        fm = FutureMap(4, 3, 2, torch.float32, resolve_device(KERNEL_DEV), with_topk=False)
+        fm.publish(torch.tensor([0, 2]), torch.tensor([77, 5]))         # row 0: a padding write
+        fm.stash(torch.tensor([0, 2]), DraftInputs(torch.tensor([9, 4]), torch.full((2, 3), 8.0)))
+        rows = torch.tensor([2, 0, 0])
+        kv, bonus, hidden = torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), \
+            torch.ones(3, 3)
+        fm.resolve_into(rows, [(kv, "seq_lens", 1, 1), (bonus, "bonus", 0, 0),
+                               (hidden, "hidden", 0, 0)])
+        assert kv.tolist() == [6, 1, 1] and bonus.tolist() == [4, 0, 0]
+        assert hidden.tolist() == [[8.0] * 3, [0.0] * 3, [0.0] * 3]
 
 
 def test_future_map_write_eager_marks_each_stage_and_matches_the_fused_kernel():
@@ -182,24 +186,26 @@ def test_future_map_write_eager_marks_each_stage_and_matches_the_fused_kernel():
             self.extend(names)
             return None                 # no meter: the kernel stamps nothing
 
-    rows, seq = torch.tensor([3, 1]), torch.tensor([11, 12])
-    x = DraftInputs(torch.tensor([5, 6], dtype=torch.int32), torch.randn(2, 3))
-    maps = [FutureMap(4, 3, 2, torch.float32, resolve_device("cpu"), with_topk=False,
-                      num_candidates=4)
-            for _ in range(2)]
-    marks = [Eager(), Fused()]
-    for fm, m in zip(maps, marks):
-        fm.write(rows, m, seq_lens=seq, inputs=x)
-    assert marks[0] == marks[1] == ["publish", "stash"]
-    for f in ("seq_lens", "bonus", "hidden"):
-        assert torch.equal(getattr(maps[0], f), getattr(maps[1], f))
-    assert maps[0].bonus[rows].tolist() == [5, 6] and maps[0].seq_lens[rows].tolist() == [11, 12]
-    cands = (torch.randn(2, 4), torch.randint(0, 9, (2, 4)), torch.randint(-1, 3, (2, 4)))
-    for fm, m in zip(maps, (Eager(), Fused())):
-        fm.write(rows, m, predraft=cands)
-        assert m == ["stash"]
-    for f in ("pre_scores", "pre_tokens", "pre_parents"):
-        assert torch.equal(getattr(maps[0], f), getattr(maps[1], f))
+    with torch.device(KERNEL_DEV):   # the interpreter on CPU, else the GPU
+        rows, seq = torch.tensor([3, 1]), torch.tensor([11, 12])
+        x = DraftInputs(torch.tensor([5, 6], dtype=torch.int32), torch.randn(2, 3))
+        maps = [FutureMap(4, 3, 2, torch.float32, resolve_device(KERNEL_DEV), with_topk=False,
+                          num_candidates=4)
+                for _ in range(2)]
+        marks = [Eager(), Fused()]
+        for fm, m in zip(maps, marks):
+            fm.write(rows, m, seq_lens=seq, inputs=x)
+        assert marks[0] == marks[1] == ["publish", "stash"]
+        for f in ("seq_lens", "bonus", "hidden"):
+            assert torch.equal(getattr(maps[0], f), getattr(maps[1], f))
+        assert maps[0].bonus[rows].tolist() == [5, 6]
+        assert maps[0].seq_lens[rows].tolist() == [11, 12]
+        cands = (torch.randn(2, 4), torch.randint(0, 9, (2, 4)), torch.randint(-1, 3, (2, 4)))
+        for fm, m in zip(maps, (Eager(), Fused())):
+            fm.write(rows, m, predraft=cands)
+            assert m == ["stash"]
+        for f in ("pre_scores", "pre_tokens", "pre_parents"):
+            assert torch.equal(getattr(maps[0], f), getattr(maps[1], f))
 
 
 def test_future_map_poison_catches_a_stale_resolve():

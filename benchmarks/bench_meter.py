@@ -1,4 +1,4 @@
-"""Bubble meter validation on the GPU (issue: Bubble meter). Every figure is printed with
+"""Bubble meter validation on the GPU (docs/benchmarks.md "Bubble meter"). Every figure is printed with
 PASS/MISS against its target where it has one.
 
 1. Stamp resolution: back-to-back stamp kernels on a backlogged stream; min nonzero / median
@@ -17,9 +17,12 @@ PASS/MISS against its target where it has one.
    step, bracketed by meter stamps so both tools count it busy) -> bubble fractions within
    2 points; host-bound (no sleep) -> both, and profiler - meter = idle inside stages the
    meter cannot see (no target).
-5. Overhead: decode tok/s meter on vs off, interleaved pairs, tiny-code bs 1 and bs 32
-   (target <= 1%): the median of the per-pair ratios with its bootstrap 95% interval, and the
-   pooled ratio (all tokens / all decode time of each arm).
+5. Overhead: decode tok/s meter on vs off, interleaved repeats, two engines per arm,
+   tiny-code bs 1 and bs 32 (target <= 1%): the median of the per-repeat ratios with its
+   bootstrap 95% interval, the pooled ratio (all tokens / all decode time of each arm), the
+   A/A ratio within each arm, and a split against an engine with unstamped graphs.
+6. Split: the meter's cost outside its graphs, by part (unstamped graphs, then the d2h
+   kernel unstamped too) against two meter-off engines (stated, no target).
 
     python -m benchmarks.bench_meter --out $OUT/bench_meter.md
 """
@@ -338,6 +341,16 @@ def unstamped_graphs():
         runner.GraphRunner.__init__ = init
 
 
+def _engine(bs: int, meter: bool, graph_stamps: bool = True):
+    """An overhead arm's engine (tiny-code frozen, overlap + zero_bubble, bs requests); with
+    the meter on, `graph_stamps=False` captures its graphs without the meter's stamps."""
+    cfg = RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=meter, max_running_requests=bs)
+    if graph_stamps:
+        return Engine(cfg)
+    with unstamped_graphs():
+        return Engine(cfg)
+
+
 def _rotate(engs: dict, ps, reps: int, tokens: int) -> dict:
     """Every engine generates `tokens` per prompt once per repeat, the order rotating each
     repeat, GC off -> decode tok/s per engine (an array over repeats)."""
@@ -375,14 +388,8 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
     rng = np.random.default_rng(0)
     engines = ("off a", "off b", "on a", "on b", "unstamped")
     for bs in (1, 32):
-        def build(name):
-            cfg = RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=name != "off a"
-                            and name != "off b", max_running_requests=bs)
-            if name != "unstamped":
-                return Engine(cfg)
-            with unstamped_graphs():
-                return Engine(cfg)
-        engs = {n: build(n) for n in engines}
+        engs = {n: _engine(bs, meter=n != "off a" and n != "off b",
+                           graph_stamps=n != "unstamped") for n in engines}
         ps = prompts(engs["off a"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
@@ -446,17 +453,8 @@ def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
              "|---|---|---|---|---|---|"]
     names = ("off a", "off b", "U", "UD")
     for bs in (1, 32):
-        def build(n):
-            cfg = RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=n in ("U", "UD"),
-                            max_running_requests=bs)
-            if n not in ("U", "UD"):
-                return Engine(cfg)
-            with unstamped_graphs():
-                e = Engine(cfg)
-            if n == "UD":
-                quiet_d2h(e)
-            return e
-        engs = {n: build(n) for n in names}
+        engs = {n: _engine(bs, meter=n in ("U", "UD"), graph_stamps=False) for n in names}
+        quiet_d2h(engs["UD"])
         ps = prompts(engs["off a"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)

@@ -1,5 +1,5 @@
-"""Bubble meter validation on the GPU (docs/benchmarks.md "Bubble meter"). Every figure is printed with
-PASS/MISS against its target where it has one.
+"""Bubble meter validation on the GPU (docs/benchmarks.md "Bubble meter"). Every figure is
+printed with PASS/MISS against its target where it has one.
 
 1. Stamp resolution: back-to-back stamp kernels on a backlogged stream; min nonzero / median
    delta between consecutive %globaltimer reads (stated, no target). Wake-up latency: how

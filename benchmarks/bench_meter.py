@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+from collections import Counter
 import statistics
 from statistics import harmonic_mean as hmean
 import sys
@@ -151,13 +152,21 @@ def stamp_cost(rows: list, reps: int = 300) -> None:
     rows += ["", f"Stamp device cost (tiny-code frozen, fold_seed, overlap + zero_bubble; each "
              f"segment graph replayed {reps}x back to back, µs per replay; stamps in the "
              f"graph):", "",
-             "| bs | graph | stamps | meter off µs | meter on µs | added µs |",
+             "| bs | graph | stamps (nodes) | meter off µs | meter on µs | added µs |",
              "|---|---|---|---|---|---|"]
+    from mtplab.instrument.meter import BubbleMeter
     for bs in (1, 32):
         per: dict = {}
         for on in (False, True):
-            eng = Engine(RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=on,
-                                   max_running_requests=bs))
+            nodes: Counter = Counter()          # stamp nodes captured, by code
+            real = BubbleMeter.device_stamp
+            BubbleMeter.device_stamp = lambda self, code: (nodes.update([code]),
+                                                           real(self, code))[1]
+            try:
+                eng = Engine(RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=on,
+                                       max_running_requests=bs))
+            finally:
+                BubbleMeter.device_stamp = real
             eng.generate(prompts(eng, bs), max_new_tokens=16, ignore_eos=True)
             for name, r in eng.worker.graphs.items():
                 g = r.graphs[r.bucket(bs)][0]
@@ -170,15 +179,17 @@ def stamp_cost(rows: list, reps: int = 300) -> None:
                     g.replay()
                 b.record()
                 b.synchronize()
-                per.setdefault(name, {})[on] = (a.elapsed_time(b) / reps * 1e3, len(r.stamps))
+                per.setdefault(name, {})[on] = (a.elapsed_time(b) / reps * 1e3, len(r.stamps),
+                                                sum(nodes[c] for c in set(r.stamps))
+                                                // len(r.graphs))
             del eng           # (replays by hand are outside the meter's log: never collected)
         for name, v in per.items():
-            n = v[True][1]
-            rows.append(f"| {bs} | {name} | {n} | {v[False][0]:.1f} | {v[True][0]:.1f} | "
-                        f"{v[True][0] - v[False][0]:+.1f} |")
+            rows.append(f"| {bs} | {name} | {v[True][1]} ({v[True][2]}) | {v[False][0]:.1f} | "
+                        f"{v[True][0]:.1f} | {v[True][0] - v[False][0]:+.1f} |")
         off, on = (sum(v[k][0] for v in per.values()) for k in (False, True))
-        rows.append(f"| {bs} | **all ({len(per)})** | {sum(v[True][1] for v in per.values())} | "
-                    f"{off:.1f} | {on:.1f} | **{on - off:+.1f}** |")
+        n, k = (sum(v[True][i] for v in per.values()) for i in (1, 2))
+        rows.append(f"| {bs} | **all ({len(per)})** | {n} ({k}) | {off:.1f} | {on:.1f} | "
+                    f"**{on - off:+.1f}** |")
 
 
 @contextmanager

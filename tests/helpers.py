@@ -153,3 +153,40 @@ def event_timeline_frame(n_steps: int = 4):
                  (step, "d2h", "copy", t + 700, t + 750)]
     df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
     return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))
+
+
+def sm90_ptx(monkeypatch, kernel, signature: dict, constexprs: dict, num_warps: int = 4,
+             do_not_specialize=()) -> str:
+    """PTX of a @triton.jit kernel compiled ahead of time for an H100 (sm_90). Under
+    TRITON_INTERPRET=1 the kernel and the jit helpers it calls (and theirs) are interpreted
+    functions: each is swapped for a JITFunction of its Python source for the compile. Skips
+    only where this Triton install cannot compile for sm_90 at all (no backend)."""
+    import pytest
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    def as_jit(f, seen):
+        g = f.fn.__globals__
+        for name in f.fn.__code__.co_names:
+            h = g.get(name)
+            if hasattr(h, "fn") and callable(h.fn) and (id(g), name) not in seen:
+                seen.add((id(g), name))          # per module: helpers are imported across
+                monkeypatch.setitem(g, name, JITFunction(h.fn))
+                as_jit(h, seen)
+    as_jit(kernel, set())
+    target = GPUTarget("cuda", 90, 32)
+
+    def probe(X):
+        tl.store(X, 1)
+    try:
+        triton.compile(ASTSource(fn=JITFunction(probe), signature={"X": "*i32"}),
+                       target=target)
+    except Exception as e:          # no LLVM/ptxas backend in this Triton install
+        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
+    jit = JITFunction(kernel.fn, do_not_specialize=list(do_not_specialize))
+    sig = dict(signature, **{k: "constexpr" for k in constexprs})
+    return triton.compile(ASTSource(fn=jit, signature=sig, constexprs=constexprs),
+                          target=target, options={"num_warps": num_warps}).asm["ptx"]

@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from mtplab.kernels import fused_spec as fs
+from mtplab.kernels.stamp import CARRY_CODES, Carried
+from mtplab.kernels.topk import argmax_triton
 from mtplab.speculative import accept, commit, tree
-from mtplab.speculative.draft_select import branch_topk, select_root, select_step
+from mtplab.speculative.draft_select import (StepCandidates, branch_topk, select_root,
+                                             select_step)
+from tests.helpers import sm90_ptx
 
 
 def candidates(B, K, S, V=50, seed=0):
@@ -102,3 +106,96 @@ def test_commit_kernels_match_torch(B, K, S, D):
     got = fs.accept_moves_triton(want_w, index)
     for name, w, x in zip(("src", "dst", "valid", "row_index"), want, got):
         assert torch.equal(x, w), name
+
+
+# -- the stamps a captured stage's kernels carry (kernels/stamp.py `carried_begin/_end`) --------
+T = 10**15 + 4242                                      # an ns-sized clock value
+
+
+def _stamp_kernel_calls(B: int):
+    """Each carrying kernel of a captured stage as f(begin, end, clock) -> its outputs."""
+    K, S, D = 2, 3, 5
+    scores, tokens, parents = candidates(B, K, S, seed=B + 5)
+    sel_tok, sel_par = tree._organize_torch(scores, tokens, parents, D - 1)
+    bonus, seq = torch.arange(B) + 7, torch.arange(B) * 3 + 5
+    t = tree.build_tree(tree.DraftSelection(sel_tok, sel_par, S), bonus, seq)
+    argmax = torch.randint(0, 50, (B, D), generator=torch.Generator().manual_seed(B))
+    table = torch.arange(6 * 64).view(6, 64).int()
+    logits = torch.randn(B, D, 300, generator=torch.Generator().manual_seed(B))
+    return {
+        "organize": lambda b, e, c: fs.organize_triton(scores, tokens, parents, D - 1, b, e, c),
+        "build_tree": lambda b, e, c: fs.build_tree_triton(sel_tok, sel_par, bonus, seq, b, e,
+                                                           c),
+        "accept_greedy": lambda b, e, c: fs.accept_greedy_triton(t.tokens, t.parents, argmax,
+                                                                 S, b, e, c),
+        "accept_chain": lambda b, e, c: fs.accept_chain_triton(
+            t.tokens, t.retrieve_next_token, argmax, torch.full((B,), 2), S, b, e, c),
+        "window_slots": lambda b, e, c: (fs.window_slots_triton(
+            table, torch.arange(B), seq, D, b, e, c),),
+        # argmax carries a begin only (accept's, in its graph): block 64 -> a (B*D, 5) grid
+        "argmax": lambda b, e, c: (argmax_triton(logits, 64, b, c),),
+    }
+
+
+@pytest.mark.parametrize("B", [1, 3])                 # one program (no counter), several
+@pytest.mark.parametrize("name", ["organize", "build_tree", "accept_greedy", "accept_chain",
+                                  "window_slots", "argmax"])
+def test_spec_kernels_carry_a_stages_begin_and_end_stamp(name, B):
+    """Stamped or not, the same outputs; program 0 writes the begin record first, the last
+    program out the end record, and the done counter is back at zero (the next kernel on
+    the chain reuses it)."""
+    call = _stamp_kernel_calls(B)[name]
+    plain = call(None, None, None)
+    ring = torch.zeros(8, 2, dtype=torch.long)
+    count = torch.tensor([6], dtype=torch.int32)          # the two records wrap the ring
+    done = torch.zeros(1, dtype=torch.int32)
+    end = Carried(ring, count, (31,), done) if name != "argmax" else None
+    got = call(Carried(ring, count, (30,), done), end, torch.tensor([T]))
+    for a, b in zip(got, plain):
+        assert torch.equal(a, b)
+    want = [[30, T], [31, T]] if end is not None else [[30, T]]
+    assert ring[6:6 + len(want)].tolist() == want and int(count[0]) == 6 + len(want)
+    assert int(done[0]) == 0 and not ring[:6].any()
+
+
+def test_stage_functions_stamp_around_their_torch_fallback():
+    """Where a stage runs its torch body (off CUDA here, or after a kernel failure), a
+    carried stamp becomes a stamp launch before or after it: the meter's record count per
+    replay does not depend on which path ran."""
+    scores, tokens, parents = candidates(2, 2, 3, seed=3)
+    ring, count = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
+    done = torch.zeros(1, dtype=torch.int32)
+    steps = [StepCandidates(tokens, scores, parents)]
+    sel = tree.organize(steps, 5, Carried(ring, count, (40,), done))
+    t = tree.build_tree(sel, torch.arange(2), torch.arange(2) + 4,
+                        Carried(ring, count, (41,), done))
+    assert torch.equal(t.tokens, tree.build_tree(tree.organize(steps, 5), torch.arange(2),
+                                                 torch.arange(2) + 4).tokens)
+    assert int(count[0]) == 2 and ring[:2, 0].tolist() == [40, 41]
+    assert (ring[:2, 1] > 0).all() and ring[0, 1] <= ring[1, 1]       # host (or GPU) times
+
+
+def test_carried_stamps_are_one_code_each():
+    ring, count = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="one code"):
+        fs.window_slots_triton(torch.zeros(2, 8, dtype=torch.int32), torch.arange(1),
+                               torch.zeros(1, dtype=torch.long), 3,
+                               Carried(ring, count, (1, 2), count))
+
+
+@pytest.mark.parametrize("stamp", ["begin", "end"])
+def test_carrying_kernels_compile_for_sm90_with_one_timer_read(monkeypatch, stamp):
+    """Compiled ahead of time for an H100 (the interpreter cannot run %globaltimer): a begin
+    is one timer read and one relaxed slot claim; an end adds the acq_rel done counter,
+    skipped at run time by a one-program grid."""
+    sig = {"Table": "*i32", "Rows": "*i64", "Seq": "*i64", "Out": "*i64", "stride_t": "i32",
+           "D": "i32", "Ring": "*i64", "Count": "*i32", "Clock": "*i64", "Done": "*i32",
+           "code_b": "i32", "code_e": "i32", "st_mask": "i32"}
+    const = dict(BLOCK_D=16, STAMP_B=stamp == "begin", STAMP_E=stamp == "end",
+                 GLOBALTIMER=True)
+    ptx = sm90_ptx(monkeypatch, fs._window_slots_kernel, sig, const,
+                   do_not_specialize=CARRY_CODES)
+    atoms = [ln.strip() for ln in ptx.splitlines() if "atom.global" in ln]
+    assert ptx.count("%globaltimer") == 1 and all(a.startswith("@%p") for a in atoms)
+    assert sum(".relaxed" in a for a in atoms) == 1
+    assert sum("acq_rel" in a for a in atoms) == (stamp == "end")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtplab.kernels.future_map import MAX_MOVES, RowMove, move_rows_ref, move_rows_triton
+from tests.helpers import sm90_ptx
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 10**15 + 4242                                      # an ns-sized clock value
@@ -111,17 +112,7 @@ def test_move_rows_compiles_for_sm90_with_three_stamps_and_a_last_program_counte
     """Compiled ahead of time for an H100 (the interpreter cannot run %globaltimer): a
     publish + stash scatter reads the timer three times; its slot claims are relaxed and the
     done counter, which orders the end stamp after every program's moves, is acq_rel."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
     import mtplab.kernels.future_map as fmk
-    import mtplab.kernels.stamp as stamp
-    g = fmk._move_rows_kernel.fn.__globals__           # the interpreter wraps the helpers
-    monkeypatch.setitem(g, "_stamp_now", JITFunction(stamp._stamp_now.fn))
-    monkeypatch.setitem(g, "_slot", JITFunction(fmk._slot.fn))
-    jit = JITFunction(fmk._move_rows_kernel.fn, do_not_specialize=["c0", "c1", "c_end", "mask"])
     sig = {"Rows": "*i64", "done_ptr": "*i32", "ring_ptr": "*i64", "count_ptr": "*i32",
            "clock_ptr": "*i64", "c0": "i32", "c1": "i32", "c_end": "i32", "mask": "i32"}
     const = dict(N=3, SPLIT=1, GATHER=False, STAMP=True, GLOBALTIMER=True, BLOCK=256)
@@ -130,13 +121,8 @@ def test_move_rows_compiles_for_sm90_with_three_stamps_and_a_last_program_counte
         dt, w = fields[k] if k < len(fields) else ("*i64", 0)
         sig.update({f"D{k}": dt, f"S{k}": dt})
         const.update({f"W{k}": w, f"SS{k}": w, f"DS{k}": w, f"P{k}": 0, f"A{k}": 0})
-    sig.update({k: "constexpr" for k in const})
-    try:
-        k = triton.compile(ASTSource(fn=jit, signature=sig, constexprs=const),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    except Exception as e:          # no LLVM/ptxas backend in this Triton install
-        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
-    ptx = k.asm["ptx"]
+    ptx = sm90_ptx(monkeypatch, fmk._move_rows_kernel, sig, const,
+                   do_not_specialize=["c0", "c1", "c_end", "mask"])
     assert ptx.count("%globaltimer") == 3
     atoms = [ln.strip() for ln in ptx.splitlines() if "atom.global" in ln]
     assert all(a.startswith("@%p") for a in atoms)                 # one thread each

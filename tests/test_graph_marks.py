@@ -83,3 +83,34 @@ def test_marks_reject_stages_out_of_order_or_left_out():
     marks("publish")
     with pytest.raises(ValueError, match="were begun"):
         marks.finish()
+
+
+def test_a_first_kernel_carries_the_begin_and_a_last_kernel_the_end():
+    """tree: [organize{b tree}, build_tree{e tree}] -- no stamp node at all."""
+    r, m = _runner("tree", carry_begin=True)
+    marks = _Marks(r, warm=False)
+    b, e = marks.begin(), marks.carry()
+    marks.finish()
+    assert m.nodes == [] and b.codes + e.codes == r.stamps
+    assert (b.ring, b.count, b.done) == ("ring", "count", r._done)
+
+
+def test_commit_carries_its_begin_and_hands_the_rest_to_the_future_map_kernel():
+    r, m = _runner(("commit", "publish", "stash"), carry_begin=True)
+    marks = _Marks(r, warm=False)
+    assert marks.begin().codes == r.stamps[:1]
+    assert marks.carry("publish", "stash").codes == r.stamps[1:]
+    marks.finish()
+    assert m.nodes == []
+
+
+def test_the_begin_is_carried_once_and_only_where_the_runner_says():
+    with pytest.raises(ValueError, match="carry_begin"):
+        _Marks(_runner("tree")[0], warm=False).begin()
+    marks = _Marks(_runner("tree", carry_begin=True)[0], warm=False)
+    marks.begin()
+    with pytest.raises(ValueError, match="once"):
+        marks.begin()
+    forgot = _Marks(_runner("tree", carry_begin=True)[0], warm=False)
+    with pytest.raises(ValueError, match="were begun"):      # nobody took the begin
+        forgot.finish()

@@ -32,7 +32,8 @@ ALLOWED = {
     "instrument": {"core", "stages", "atomic", "device", "kernels"},
     "mem": {"core", "device"},
     "models": {"core", "errors", "kernels", "atomic", "device"},
-    "graphs": {"core", "device", "nogc"},
+    # graphs -> kernels: a capture hands its stamps to carrying kernels (kernels/stamp.py)
+    "graphs": {"core", "device", "nogc", "kernels"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
                     "stages"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)

@@ -19,6 +19,7 @@ from mtplab.engine import Engine, RunConfig
 from mtplab.instrument.meter import BubbleMeter, stamp_code
 from mtplab.instrument.spans import Spans
 from mtplab.kernels.stamp import stamp_ref, stamp_triton, stamped_copy_ref, stamped_copy_triton
+from tests.helpers import sm90_ptx
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -254,26 +255,11 @@ def test_frame_from_a_first_step_equals_the_full_frame_tail():
 def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypatch):
     """The %globaltimer path cannot run here; compile it ahead of time for an H100 (PTX):
     the timer read is there, and the slot claim is one relaxed atomic issued by one thread."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from triton.runtime.jit import JITFunction
-
     import mtplab.kernels.stamp as stamp
-    # under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: compile its Python source
-    # (and the helper it calls)
-    monkeypatch.setitem(stamp._stamp_kernel.fn.__globals__, "_stamp_now",
-                        JITFunction(stamp._stamp_now.fn))
-    jit = JITFunction(stamp._stamp_kernel.fn, do_not_specialize=["code"])
     sig = {"ring_ptr": "*i64", "count_ptr": "*i32", "clock_ptr": "*i64", "code": "i32",
-           "mask": "i32", "GLOBALTIMER": "constexpr"}
-    try:
-        k = triton.compile(ASTSource(fn=jit, signature=sig, constexprs={"GLOBALTIMER": True}),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-    except Exception as e:          # no LLVM/ptxas backend in this Triton install
-        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
-    ptx = k.asm["ptx"]
+           "mask": "i32"}
+    ptx = sm90_ptx(monkeypatch, stamp._stamp_kernel, sig, {"GLOBALTIMER": True}, num_warps=1,
+                   do_not_specialize=["code"])
     assert "%globaltimer" in ptx
     atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
     assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread

@@ -22,8 +22,13 @@ handover stamp (no host between them inside a graph):
 (mark must name the stages in order). A segment whose tail is one self-stamping kernel (the
 future map's moves, kernels/future_map.py) takes the stamps still to come with
 `mark.carry(*stages)` instead: the kernel issues them itself, with no stamp node:
-    commit: [b commit, ..., move_rows{h publish, h stash, e stash}]
-    resolve (carry_begin=True, fn(rows, mark)): [move_rows{b resolve, e resolve}]
+    draft:  [b draft, ..., move_rows{h stash, e stash}]
+A segment whose first kernel is one of ours (`carry_begin=True`, fn(..., mark)) hands it the
+begin with `mark.begin()`; a one-stage segment's last kernel takes the end with `mark.carry()`:
+    resolve: [move_rows{b resolve, e resolve}]      (one kernel: mark.carry("resolve"))
+    tree:    [organize{b tree}, build_tree{e tree}]                     (no stamp node)
+    accept:  [argmax{b accept}, ..., walk{e accept}]
+    commit:  [window_slots{b commit}, ..., move_rows{h publish, h stash, e stash}]
 `mark.fused` tells a fn it runs captured (an eager twin's is False); in the warm-up runs marks
 issue nothing and carried stamps go to a scratch ring (the same kernel variant is compiled before
 the capture). The stamps stay on the graph's one chain: a stamp on a side branch would cost
@@ -37,10 +42,11 @@ stream captures and invalidates the capture (torch.cuda.graph no longer collects
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
+from ..kernels.stamp import Carried
 from ..nogc import gc_paused
 
 
@@ -150,10 +156,10 @@ class GraphRunner:
 class _Marks:
     """The stamps of one capture of `runner`, issued in order:
         codes = [b s0, h s1, ..., h s(n-1), e s(n-1)]        (s = runner.stages)
-    b s0 at once (a stamp node) unless carry_begin; `mark(s)` = the handover into s as a
-    node; `carry(*stages)` = the codes still to come, for the fn's one kernel to issue;
-    `finish()` = the end as a node unless carried. Warm-up runs (`warm`) issue no node and
-    carry into the runner's scratch ring."""
+    b s0 at once (a stamp node) unless carry_begin, where the fn's first kernel takes it
+    (`begin()`); `mark(s)` = the handover into s as a node; `carry(*stages)` = the codes
+    still to come, for the fn's last kernel to issue; `finish()` = the end as a node unless
+    carried. Warm-up runs (`warm`) issue no node and carry into the runner's scratch ring."""
 
     fused = True           # the future map's tail in a graph is one kernel (sched/future_map.py)
 
@@ -175,18 +181,30 @@ class _Marks:
                              f"position {self.pos}.")
         self._node()
 
-    def carry(self, *names: str):
-        """(ring, count, codes, done) for the kernel that begins `names` (the segment's
-        remaining stages) and ends the segment; None without a meter."""
+    def begin(self) -> Optional[Carried]:
+        """The segment's begin stamp for its first kernel to carry (a runner built with
+        `carry_begin`); None without a meter."""
+        if not self.r.carry_begin or self.pos != 0:
+            raise ValueError("only the first kernel of a graph captured with carry_begin "
+                             "carries its begin stamp, once.")
+        self.pos = 1
+        return self._carried(self.codes[:1])
+
+    def carry(self, *names: str) -> Optional[Carried]:
+        """The stamps of the kernel that begins `names` (the segment's remaining stages, none
+        when only the end is left) and ends the segment; None without a meter."""
         st = self.r.stages
         if names != st[self.pos:]:
             raise ValueError(f"a carrying kernel must run the remaining stages "
                              f"{st[self.pos:]} of {st}; got {names}.")
         codes, self.pos = self.codes[self.pos:], len(self.codes)
+        return self._carried(codes)
+
+    def _carried(self, codes: tuple) -> Optional[Carried]:
         if not self.r.stamps:
             return None
         ring, count = self.r._scratch if self.warm else (self.r.meter.ring, self.r.meter.count)
-        return ring, count, codes, self.r._done
+        return Carried(ring, count, codes, self.r._done)
 
     def finish(self) -> None:
         if self.pos == len(self.codes):

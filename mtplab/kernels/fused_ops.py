@@ -28,6 +28,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .stamp import Carried, stamp_around
+
 logger = logging.getLogger("mtplab")
 _failed: set[str] = set()       # ops whose kernel failed once: they run the reference
 _references = 0                 # > 0 inside `references()`
@@ -49,18 +51,23 @@ def references(on: bool = True):
         _references -= bool(on)
 
 
-def dispatch(name: str, kernel, ref, *args):
+def dispatch(name: str, kernel, ref, *args, begin: Optional[Carried] = None,
+             end: Optional[Carried] = None):
     """kernel(*args) on CUDA tensors (ref after a failure, logged once, or inside
-    `references()`), ref(*args) otherwise."""
+    `references()`), ref(*args) otherwise. `begin` / `end`: a captured stage's stamps the
+    kernel carries (kernels/stamp.py); the reference runs between stamp launches instead."""
     if args[0].is_cuda and not _references and name not in _failed:
         try:
-            return kernel(*args)
+            stamps = {k: c for k, c in (("begin", begin), ("end", end)) if c is not None}
+            return kernel(*args, **stamps)
         except Exception as e:   # a compile/launch failure: fall back, loudly, once
             _failed.add(name)
             logger.warning("fused %s: the Triton kernel failed (%s: %s); this op runs its "
                            "torch reference from now on.", name, type(e).__name__,
                            str(e).splitlines()[0] if str(e) else "")
-    return ref(*args)
+    if begin is None and end is None:
+        return ref(*args)
+    return stamp_around(begin, end, ref, *args)
 
 
 # -- residual add + RMSNorm ---------------------------------------------------------------

@@ -7,7 +7,10 @@ functions in mtplab/speculative/{tree,accept}.py; they call these kernels on CUD
 back to their torch bodies (logged once) when a kernel fails. `MAX_CANDIDATES` bounds the
 pairwise [C, C] tiles: larger candidate sets run the torch bodies.
 
-Static grids, no host synchronisation: CUDA-graph capturable.
+Static grids, no host synchronisation: CUDA-graph capturable. Each kernel can carry a
+captured stage's begin and/or end stamp (kernels/stamp.py `carried_begin` / `carried_end`):
+organize the tree's begin, build_tree its end, the accept walks accept's end, window_slots
+commit's begin.
 """
 from __future__ import annotations
 
@@ -15,16 +18,21 @@ import torch
 import triton
 import triton.language as tl
 
+from .stamp import CARRY_CODES, Carried, carried_begin, carried_end, carry_args
+
 MAX_CANDIDATES = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=CARRY_CODES)
 def _organize_kernel(Scores, Tokens, Parents, OutTok, OutPar, C, n_sel,
                      stride_s, stride_t, stride_p, stride_ot, stride_op,
-                     BLOCK_C: tl.constexpr):
+                     BLOCK_C: tl.constexpr,
+                     Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                     STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
     """Best n_sel of C candidates by score (desc, ties to the lower index), in candidate
     order: node of a selected c = 1 + #selected below c; parent node = node of its parent
     candidate (0 = root)."""
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_C)
     ok = i < C
@@ -42,29 +50,39 @@ def _organize_kernel(Scores, Tokens, Parents, OutTok, OutPar, C, n_sel,
     tok = tl.load(Tokens + b * stride_t + i, mask=ok, other=0)
     tl.store(OutTok + b * stride_ot + node - 1, tok.to(tl.int64), mask=sel)
     tl.store(OutPar + b * stride_op + node - 1, par_node.to(tl.int64), mask=sel)
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 def organize_triton(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                    n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """scores/tokens/parents [B, C] -> (tokens, tree parents) [B, n] int64 (tree.organize)."""
+                    n: int, begin: Carried | None = None, end: Carried | None = None,
+                    clock: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores/tokens/parents [B, C] -> (tokens, tree parents) [B, n] int64 (tree.organize);
+    `begin` / `end`: the stamps it carries (kernels/stamp.py)."""
     B, C = scores.shape
-    if C > MAX_CANDIDATES:
-        raise ValueError(f"organize_triton handles up to {MAX_CANDIDATES} candidates, got {C}.")
-    out_tok = torch.zeros(B, n, dtype=torch.long, device=scores.device)
-    out_par = torch.zeros(B, n, dtype=torch.long, device=scores.device)
-    if B and n:
+    if C > MAX_CANDIDATES or n > C:
+        raise ValueError(f"organize_triton selects n <= C <= {MAX_CANDIDATES} candidates, "
+                         f"got n={n}, C={C}.")
+    # no fill: exactly n candidates rank below n, so the kernel writes every entry (and is
+    # the graph's first kernel, carrying the tree stage's begin)
+    out_tok = torch.empty(B, n, dtype=torch.long, device=scores.device)
+    out_par = torch.empty(B, n, dtype=torch.long, device=scores.device)
+    if B and (n or begin or end):
         _organize_kernel[(B,)](scores, tokens, parents, out_tok, out_par, C, n,
                                scores.stride(0), tokens.stride(0), parents.stride(0),
                                out_tok.stride(0), out_par.stride(0),
-                               BLOCK_C=max(16, triton.next_power_of_2(C)), num_warps=4)
+                               BLOCK_C=max(16, triton.next_power_of_2(C)), num_warps=4,
+                               **carry_args(begin, end, scores, clock))
     return out_tok, out_par
 
 
-@triton.jit
+@triton.jit(do_not_specialize=CARRY_CODES)
 def _build_tree_kernel(SelTok, SelPar, Bonus, Seq, Tok, Par, Depth, Pos, Mask, Next, Sib,
-                       D, stride_sel_t, stride_sel_p, BLOCK_D: tl.constexpr):
+                       D, stride_sel_t, stride_sel_p, BLOCK_D: tl.constexpr,
+                       Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                       STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
     """Node 0 = bonus (parent -1), nodes 1.. = the selection. Ancestors by walking parents
     (at most D-1 hops; parents of this request are re-read from SelPar)."""
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_D)
     ok = i < D
@@ -98,12 +116,15 @@ def _build_tree_kernel(SelTok, SelPar, Bonus, Seq, Tok, Par, Depth, Pos, Mask, N
     tl.store(Sib + row, tl.where(next_sib < BLOCK_D, next_sib, -1).to(tl.int64), mask=ok)
     tl.store(Mask + b * D * D + i[:, None] * D + j, anc.to(tl.uint8),
              mask=ok[:, None] & (j < D))
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 def build_tree_triton(sel_tokens: torch.Tensor, sel_parents: torch.Tensor, bonus: torch.Tensor,
-                      seq_lens: torch.Tensor):
+                      seq_lens: torch.Tensor, begin: Carried | None = None,
+                      end: Carried | None = None, clock: torch.Tensor | None = None):
     """-> (tokens, parents, depth, positions, mask, next_token, next_sibling), as
-    tree.build_tree (sel_* [B, D-1] from organize, bonus/seq_lens [B])."""
+    tree.build_tree (sel_* [B, D-1] from organize, bonus/seq_lens [B]); `begin` / `end`:
+    the stamps it carries."""
     B, n = sel_tokens.shape
     D = n + 1
     dev = sel_tokens.device
@@ -114,16 +135,20 @@ def build_tree_triton(sel_tokens: torch.Tensor, sel_parents: torch.Tensor, bonus
         _build_tree_kernel[(B,)](sel_tokens, sel_parents, bonus, seq_lens, *outs,
                                  mask.view(torch.uint8), nxt, sib, D, sel_tokens.stride(0),
                                  sel_parents.stride(0),
-                                 BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+                                 BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
+                                 **carry_args(begin, end, bonus, clock))
     tok, par, depth, pos = outs
     return tok, par, depth, pos, mask, nxt, sib
 
 
-@triton.jit
+@triton.jit(do_not_specialize=CARRY_CODES)
 def _accept_greedy_kernel(Tok, Par, Argmax, Index, Lens, Out, Bonus, D,
-                          S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                          STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
     """Walk from the root: at each level the target's token after `cur` is accepted when a
     child of `cur` (lowest index first) carries it."""
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_D)
     ok = j < D
@@ -149,6 +174,7 @@ def _accept_greedy_kernel(Tok, Par, Argmax, Index, Lens, Out, Bonus, D,
     tl.store(Out + base + S, tl.where(alive > 0, x, -1))
     tl.store(Lens + b, n)
     tl.store(Bonus + b, tl.where(alive > 0, x, bonus))
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 def _accept_outputs(B: int, S: int, dev):
@@ -161,24 +187,30 @@ def _accept_outputs(B: int, S: int, dev):
 
 
 def accept_greedy_triton(tokens: torch.Tensor, parents: torch.Tensor, argmax: torch.Tensor,
-                         num_steps: int):
+                         num_steps: int, begin: Carried | None = None,
+                         end: Carried | None = None, clock: torch.Tensor | None = None):
     """-> (accept_index [B,S+1], accept_lens [B], tokens [B,S+1], bonus [B]) int64, as
-    accept.accept_greedy (tokens/parents/argmax [B, D] contiguous)."""
+    accept.accept_greedy (tokens/parents/argmax [B, D] contiguous); `begin` / `end`: the
+    stamps it carries."""
     B, D = tokens.shape
     S = num_steps
     index, lens, out, bonus = _accept_outputs(B, S, tokens.device)
     if B:
         _accept_greedy_kernel[(B,)](tokens.contiguous(), parents.contiguous(),
                                     argmax.contiguous(), index, lens, out, bonus, D, S=S,
-                                    BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1)
+                                    BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1,
+                                    **carry_args(begin, end, lens, clock))
     return index, lens, out, bonus
 
 
-@triton.jit
+@triton.jit(do_not_specialize=CARRY_CODES)
 def _accept_chain_kernel(Tok, Next, Argmax, N, Index, Lens, Out, Bonus, D,
-                         S: tl.constexpr):
+                         S: tl.constexpr,
+                         Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                         STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
     """Simulated acceptance: the first n nodes of the first chain (first children from the
     root), n clipped to the chain's length; then the bonus = argmax at the last of them."""
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     b = tl.program_id(0).to(tl.int64)
     row = b * D
     base = b * (S + 1)
@@ -201,24 +233,30 @@ def _accept_chain_kernel(Tok, Next, Argmax, N, Index, Lens, Out, Bonus, D,
         cur = tl.where((k + 1 < n) & (nxt >= 0), nxt, cur)
     tl.store(Lens + b, n)
     tl.store(Bonus + b, bonus)
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 def accept_chain_triton(tokens: torch.Tensor, next_token: torch.Tensor, argmax: torch.Tensor,
-                        n: torch.Tensor, num_steps: int):
+                        n: torch.Tensor, num_steps: int, begin: Carried | None = None,
+                        end: Carried | None = None, clock: torch.Tensor | None = None):
     """-> (accept_index [B,S+1], accept_lens [B], tokens [B,S+1], bonus [B]) int64, as the
-    chain part of accept.accept_simulated (tokens/next_token/argmax [B, D], n [B])."""
+    chain part of accept.accept_simulated (tokens/next_token/argmax [B, D], n [B]);
+    `begin` / `end`: the stamps it carries."""
     B, D = tokens.shape
     S = num_steps
     index, lens, out, bonus = _accept_outputs(B, S, tokens.device)
     if B:
         _accept_chain_kernel[(B,)](tokens.contiguous(), next_token.contiguous(),
                                    argmax.contiguous(), n.contiguous(), index, lens, out, bonus,
-                                   D, S=S, num_warps=1)
+                                   D, S=S, num_warps=1, **carry_args(begin, end, lens, clock))
     return index, lens, out, bonus
 
 
-@triton.jit
-def _window_slots_kernel(Table, Rows, Seq, Out, stride_t, D, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=CARRY_CODES)
+def _window_slots_kernel(Table, Rows, Seq, Out, stride_t, D, BLOCK_D: tl.constexpr,
+                         Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                         STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_D)
     ok = i < D
@@ -226,17 +264,22 @@ def _window_slots_kernel(Table, Rows, Seq, Out, stride_t, D, BLOCK_D: tl.constex
     seq = tl.load(Seq + b).to(tl.int64)
     slot = tl.load(Table + row * stride_t + seq + i, mask=ok, other=0)
     tl.store(Out + b * D + i, slot.to(tl.int64), mask=ok)
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 def window_slots_triton(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
-                        num_draft_tokens: int) -> torch.Tensor:
-    """[B, D] int64 req_to_token[rows, seq_lens + 0..D-1] (commit.window_slots)."""
+                        num_draft_tokens: int, begin: Carried | None = None,
+                        end: Carried | None = None,
+                        clock: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, D] int64 req_to_token[rows, seq_lens + 0..D-1] (commit.window_slots); `begin` /
+    `end`: the stamps it carries."""
     B, D = rows.shape[0], num_draft_tokens
     out = torch.empty(B, D, dtype=torch.long, device=rows.device)
     if B:
         _window_slots_kernel[(B,)](req_to_token, rows.contiguous(), seq_lens.contiguous(), out,
                                    req_to_token.stride(0), D,
-                                   BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1)
+                                   BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1,
+                                   **carry_args(begin, end, out, clock))
     return out
 
 

@@ -10,9 +10,8 @@ launch that also carries the bubble meter's stamps of those stages (no stamp nod
     [c*BLOCK, (c+1)*BLOCK) of lane i of every move, in move order.
     stamps (codes c0, [c1,] c_end; `split` = the first move of the second stage):
         program (0, 0)        c0 before its first move; c1 before its move `split`
-        the last program out  c_end after every program's moves (a done counter: each program
-                              adds 1 once its moves are issued; the one reading nprog-1
-                              resets it to 0 and stamps)
+        the last program out  c_end after every program's moves (kernels/stamp.py
+                              `carried_end`: a done counter, reset by the last program)
     c0 and c_end bound the kernel exactly; c1 is where program (0, 0) crossed from the first
     stage's moves to the second's (other programs may already be moving the second stage's
     columns: the two stages' split inside one kernel is good to a move's duration).
@@ -86,7 +85,7 @@ def _width(t: torch.Tensor) -> int:
 if triton is not None:
     import triton.language as tl
 
-    from .stamp import _stamp_now
+    from .stamp import _stamp_now, carried_end
 
     @triton.jit
     def _slot(K: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr, STAMP: tl.constexpr,
@@ -156,12 +155,7 @@ if triton is not None:
               GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
         _slot(7, N, SPLIT, STAMP, first, r, i, c, D7, S7, W7, SS7, DS7, P7, A7,
               GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        if STAMP:
-            tl.debug_barrier()                      # every thread's moves are issued
-            n = tl.num_programs(0) * tl.num_programs(1)
-            if tl.atomic_add(done_ptr, 1, sem="acq_rel") == n - 1:
-                tl.store(done_ptr, 0)
-                _stamp_now(ring_ptr, count_ptr, clock_ptr, c_end, mask, GLOBALTIMER)
+        carried_end(done_ptr, ring_ptr, count_ptr, clock_ptr, c_end, mask, STAMP, GLOBALTIMER)
 
 
 def move_rows_triton(rows: torch.Tensor, moves: list[RowMove], gather: bool, split: int = 0,

@@ -15,12 +15,24 @@ pinned host buffers, one launch instead of a copy per tensor plus two stamp laun
     [stamp begin] dst0[:] = src0 ; dst1[:] = src1 [stamp end]     one program, in order
 its reference is the copies between two `stamp_ref` calls.
 
+A kernel that does a stage's own work can carry the stage's stamps (`Carried`, handed out by
+a captured graph's marks, graphs/runner.py): no stamp node of its own on the graph's chain.
+    carried_begin   program 0 stamps the begin before its work (a grid's programs start together)
+    carried_end     the last program out stamps the end: each program adds 1 to the call
+                    site's `done` counter once its work is issued; the one reading nprog - 1
+                    resets it to 0 and stamps (a one-program grid stamps at once)
+`carry_args` gives such a kernel its stamp arguments; `stamp_around` runs a stage's torch
+fallback between stamp launches instead (the same records, as nodes).
+
 `stamp_ref` is the plain-torch reference of the same function: the caller gives the time
 (host `perf_counter_ns` on CPU). Under TRITON_INTERPRET=1 the `%globaltimer` read (inline PTX)
 cannot run, so the interpreter path takes its time from a tensor (`clock`): the slot and
 buffer logic are the same code.
 """
 from __future__ import annotations
+
+import time
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -31,6 +43,15 @@ except ImportError:          # CPU installs without Triton: the reference path o
     triton = None
 
 RECORD_WORDS = 2             # (code, ns)
+
+
+class Carried(NamedTuple):
+    """Stamps one kernel issues itself: `codes` into `ring` (slots claimed through `count`);
+    `done` is the last-program-out counter (int32 [1], zero between launches)."""
+    ring: torch.Tensor
+    count: torch.Tensor
+    codes: tuple
+    done: torch.Tensor
 
 
 def stamp_ref(ring, count, code: int, now_ns: int) -> None:
@@ -55,6 +76,28 @@ if triton is not None:
         slot = tl.atomic_add(count_ptr, 1, sem="relaxed") & mask
         tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
         tl.store(ring_ptr + 2 * slot + 1, t)
+
+    @triton.jit
+    def carried_begin(Ring, Count, Clock, code, mask, ON: tl.constexpr,
+                      GLOBALTIMER: tl.constexpr):
+        """Program 0 stamps `code` (call before the program's work)."""
+        if ON:
+            if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+                _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
+
+    @triton.jit
+    def carried_end(Done, Ring, Count, Clock, code, mask, ON: tl.constexpr,
+                    GLOBALTIMER: tl.constexpr):
+        """The last program out stamps `code` (call after the program's work)."""
+        if ON:
+            tl.debug_barrier()                      # every thread's work is issued
+            n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+            before = n - 1                          # one program: no counter to claim
+            if n > 1:
+                before = tl.atomic_add(Done, 1, sem="acq_rel")
+            if before == n - 1:
+                tl.store(Done, 0)
+                _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
 
     # `code` is not specialized: one compiled variant serves every stamp site (no compile,
     # hence no module load, can happen later inside a graph capture)
@@ -117,6 +160,45 @@ class StampLauncher:
             self.direct(self.ring, self.count, self.ring, code, self.mask, True)
         else:
             stamp_triton(self.ring, self.count, code)
+
+
+def carry_args(begin: Optional[Carried], end: Optional[Carried], like: torch.Tensor,
+               clock: torch.Tensor | None = None) -> dict:
+    """A carrying kernel's stamp arguments (Ring, Count, Clock, Done, code_b, code_e,
+    st_mask, STAMP_B, STAMP_E, GLOBALTIMER): `begin` / `end` each carry one code (None: not
+    stamped; `like`, any tensor of the call, fills unused pointers). `clock` replaces
+    %globaltimer (the interpreter, tests)."""
+    for c in (begin, end):
+        if c is not None and len(c.codes) != 1:
+            raise ValueError(f"a carried begin or end stamp is one code, got {c.codes}.")
+    s = begin if begin is not None else end
+    if s is None:
+        return dict(Ring=like, Count=like, Clock=like, Done=like, code_b=0, code_e=0,
+                    st_mask=0, STAMP_B=False, STAMP_E=False, GLOBALTIMER=True)
+    return dict(Ring=s.ring, Count=s.count, Clock=s.ring if clock is None else clock,
+                Done=end.done if end is not None else s.count,
+                code_b=begin.codes[0] if begin is not None else 0,
+                code_e=end.codes[0] if end is not None else 0, st_mask=s.ring.shape[0] - 1,
+                STAMP_B=begin is not None, STAMP_E=end is not None, GLOBALTIMER=clock is None)
+
+
+CARRY_CODES = ["code_b", "code_e", "st_mask"]    # a carrying kernel's do_not_specialize
+
+
+def stamp_around(begin: Optional[Carried], end: Optional[Carried], fn, *args):
+    """fn(*args) between a begin and an end stamp launch: a carrying kernel's fallback (a
+    stamp kernel each, inside a capture a node each; on CPU `stamp_ref` at host time)."""
+    def one(c: Optional[Carried]) -> None:
+        if c is None:
+            return
+        if c.ring.is_cuda:
+            stamp_triton(c.ring, c.count, c.codes[0])
+        else:
+            stamp_ref(c.ring.numpy(), c.count.numpy(), c.codes[0], time.perf_counter_ns())
+    one(begin)
+    out = fn(*args)
+    one(end)
+    return out
 
 
 def stamped_copy_ref(dsts: list, srcs: list, stamp=None, now_ns=None) -> None:

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .fused_ops import dispatch
+from .stamp import CARRY_CODES, Carried, carried_begin, carried_end, carry_args
 
 MAX_K = 16                   # larger K runs the torch reference
 _SENT = tl.constexpr(-2 ** 63)   # below every real key (a real key's high word >= ord(-inf))
@@ -72,10 +73,14 @@ def _index(key):
     return 2147483647 - (key & 0x7FFFFFFF).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=CARRY_CODES)
 def _partial_kernel(X, PKey, PMax, PSum, V, stride_x, P,
-                    K: tl.constexpr, BLOCK: tl.constexpr, LSE: tl.constexpr):
-    """Stage 1: chunk p of row r -> its K best keys (+ chunk max and sum of exp if LSE)."""
+                    K: tl.constexpr, BLOCK: tl.constexpr, LSE: tl.constexpr,
+                    Ring, Count, Clock, Done, code_b, code_e, st_mask,
+                    STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
+    """Stage 1: chunk p of row r -> its K best keys (+ chunk max and sum of exp if LSE); may
+    carry a captured stage's begin stamp (kernels/stamp.py: accept's, in its graph)."""
+    carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     cols = p * BLOCK + tl.arange(0, BLOCK)
@@ -94,6 +99,7 @@ def _partial_kernel(X, PKey, PMax, PSum, V, stride_x, P,
     for k in tl.static_range(1, K):
         best = tl.max(tl.where(keys < best, keys, _SENT), axis=0)
         tl.store(PKey + out + k, best)
+    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 @triton.jit
@@ -133,7 +139,8 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-def _run(logits: torch.Tensor, K: int, lse: bool, block: int | None):
+def _run(logits: torch.Tensor, K: int, lse: bool, block: int | None,
+         begin: Carried | None = None, clock: torch.Tensor | None = None):
     V = logits.shape[-1]
     x = logits.reshape(-1, V)
     if x.stride(-1) != 1:
@@ -149,7 +156,8 @@ def _run(logits: torch.Tensor, K: int, lse: bool, block: int | None):
     out_i = torch.empty(N, K, dtype=torch.int64, device=dev)
     if N:
         _partial_kernel[(N, P)](x, pkey, pmax, psum, V, x.stride(0), P, K=K, BLOCK=block,
-                                LSE=lse, num_warps=_warps(block))
+                                LSE=lse, num_warps=_warps(block),
+                                **carry_args(begin, None, x, clock))
         bc = max(16, triton.next_power_of_2(P * K))
         _merge_kernel[(N,)](pkey, pmax, psum, out_v, out_i, P, K=K,
                             BLOCK_P=max(16, triton.next_power_of_2(P)), BLOCK_C=bc, LSE=lse,
@@ -188,15 +196,20 @@ def argmax_ref(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def argmax_triton(logits: torch.Tensor, block: int | None = None) -> torch.Tensor:
+def argmax_triton(logits: torch.Tensor, block: int | None = None, begin: Carried | None = None,
+                  clock: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of `argmax_ref`: the first maximal index (a NaN counts as the maximum,
-    the first NaN wins), as torch.argmax."""
+    the first NaN wins), as torch.argmax. `begin`: a stage's begin stamp, carried by the
+    first stage's program (0, 0)."""
     if logits.shape[-1] == 0:
         raise ValueError("argmax_triton: empty last dimension.")
-    _, i = _run(logits, 1, False, block)
+    if begin is not None and logits.numel() == 0:
+        raise ValueError("argmax_triton: an empty batch launches no kernel to carry a stamp.")
+    _, i = _run(logits, 1, False, block, begin, clock)
     return i.view(logits.shape[:-1])
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """logits [..., V] -> [...] int64 argmax over the last dim (kernel on CUDA)."""
-    return dispatch("argmax", argmax_triton, argmax_ref, logits)
+def argmax(logits: torch.Tensor, begin: Carried | None = None) -> torch.Tensor:
+    """logits [..., V] -> [...] int64 argmax over the last dim (kernel on CUDA); `begin`: a
+    captured stage's begin stamp for the kernel to carry."""
+    return dispatch("argmax", argmax_triton, argmax_ref, logits, begin=begin)

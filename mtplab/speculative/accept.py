@@ -15,7 +15,8 @@ AcceptResult (S+1 = the longest possible path, root included):
 
 Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA the greedy walk is
 one Triton kernel and so is the simulated chain (kernels/fused_spec.py); `_walk` and
-`_accept_chain_torch` are their references and the fallbacks.
+`_accept_chain_torch` are their references and the fallbacks. In a captured graph the
+target's argmax carries the stage's begin stamp and the walk its end (no stamp node).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import accept_chain_triton, accept_greedy_triton
 from ..kernels.sampling import inverse_cdf, last_in_support, target_probs
+from ..kernels.stamp import Carried
 from .tree import DraftTree
 
 
@@ -64,10 +66,13 @@ def _walk(tree: DraftTree, choose: Callable[[int, torch.Tensor], torch.Tensor]) 
                         tokens=torch.stack(tokens, dim=1), bonus=bonus)
 
 
-def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
-    """target_argmax [B, D]: the target's greedy token after each node."""
+def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor,
+                  end: Optional[Carried] = None) -> AcceptResult:
+    """target_argmax [B, D]: the target's greedy token after each node. `end`: the accept
+    stage's end stamp, carried by the walk's kernel in a captured graph."""
     return AcceptResult(*dispatch("accept_greedy", accept_greedy_triton, _accept_greedy_torch,
-                                  tree.tokens, tree.parents, target_argmax, tree.num_steps))
+                                  tree.tokens, tree.parents, target_argmax, tree.num_steps,
+                                  end=end))
 
 
 def _accept_greedy_torch(tokens, parents, target_argmax, num_steps):
@@ -107,7 +112,8 @@ def accept_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: tor
 
 def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: torch.Tensor, *,
                     mean_accept_len: Optional[float] = None,
-                    accept_rates: Optional[Sequence[float]] = None) -> AcceptResult:
+                    accept_rates: Optional[Sequence[float]] = None,
+                    end: Optional[Carried] = None) -> AcceptResult:
     """Simulated acceptance along the tree's first chain (root, first child, first child, ...).
 
     uniforms [B, S+1] in [0, 1). Exactly one of:
@@ -116,7 +122,8 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
                           mean 1 + sum_k prod_{i<=k} r[i-1].
     accept_lens is clipped to the first chain's length (S+1 for topk 1 or D = S*K+1 trees).
     Tokens are the chain's draft tokens then target_argmax at the last accepted node (bonus).
-    For topk > 1 the first chain is only one of the tree's paths: a performance proxy."""
+    For topk > 1 the first chain is only one of the tree's paths: a performance proxy.
+    `end`: the accept stage's end stamp, carried by the chain's kernel in a captured graph."""
     S = tree.num_steps
     u = uniforms.float()
     if (mean_accept_len is None) == (accept_rates is None):
@@ -135,7 +142,8 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
         ok = torch.stack([u[:, i] < rates[i] for i in range(S)], dim=1).long()   # [B, S]
         n = 1 + torch.cumprod(ok, dim=1).sum(dim=1)
     return AcceptResult(*dispatch("accept_chain", accept_chain_triton, _accept_chain_torch,
-                                  tree.tokens, tree.retrieve_next_token, target_argmax, n, S))
+                                  tree.tokens, tree.retrieve_next_token, target_argmax, n, S,
+                                  end=end))
 
 
 def _accept_chain_torch(tree_tokens, next_token, target_argmax, n, S):

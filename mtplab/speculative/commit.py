@@ -21,11 +21,13 @@ torch bodies are their reference and fallback.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import accept_moves_triton, window_slots_triton
+from ..kernels.stamp import Carried
 from .accept import AcceptResult
 
 
@@ -39,10 +41,11 @@ class AcceptMoves:
 
 
 def window_slots(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
-                 num_draft_tokens: int) -> torch.Tensor:
-    """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1]."""
+                 num_draft_tokens: int, begin: Optional[Carried] = None) -> torch.Tensor:
+    """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1].
+    `begin`: the commit stage's begin stamp, carried by the kernel in a captured graph."""
     return dispatch("window_slots", window_slots_triton, _window_slots_torch, req_to_token,
-                    rows, seq_lens, num_draft_tokens)
+                    rows, seq_lens, num_draft_tokens, begin=begin)
 
 
 def _window_slots_torch(req_to_token, rows, seq_lens, num_draft_tokens):
@@ -81,12 +84,13 @@ def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMo
 
 def commit(kv, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
            accept_index: torch.Tensor, accept_lens: torch.Tensor, hidden: torch.Tensor,
-           num_draft_tokens: int, move_kv: bool):
+           num_draft_tokens: int, move_kv: bool, begin: Optional[Carried] = None):
     """The commit stage: with move_kv (topk > 1) the accepted path's KV moves to the front of
     the window; the path's hidden rows are gathered; lengths advance on the device.
-    -> (new_seq_lens [B], hidden_path [B, S+1, H], hidden_last [B, H] at accept_len-1)."""
+    -> (new_seq_lens [B], hidden_path [B, S+1, H], hidden_last [B, H] at accept_len-1).
+    `begin`: the stage's begin stamp, carried by its first kernel (window_slots)."""
     B = rows.shape[0]
-    window = window_slots(req_to_token, rows, seq_lens, num_draft_tokens)
+    window = window_slots(req_to_token, rows, seq_lens, num_draft_tokens, begin)
     moves = accept_moves(window, AcceptResult(accept_index, accept_lens, None, None))
     if move_kv:
         apply_kv_moves(kv.k, kv.v, moves)

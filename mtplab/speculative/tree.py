@@ -16,17 +16,19 @@ Children are ordered by node index, i.e. by selection order.
 
 Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA, organize and
 build_tree are one Triton kernel each (kernels/fused_spec.py); the torch bodies below are
-their reference and the fallback (kernels/fused_ops.dispatch).
+their reference and the fallback (kernels/fused_ops.dispatch). In a captured graph the two
+kernels carry the stage's stamps: [organize{b tree}, build_tree{e tree}], no stamp node.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import MAX_CANDIDATES, build_tree_triton, organize_triton
+from ..kernels.stamp import Carried, stamp_around
 from .draft_select import StepCandidates
 
 
@@ -38,8 +40,10 @@ class DraftSelection:
     num_steps: int         # S: the deepest node has depth <= S
 
 
-def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
-    """The best D-1 candidates over all steps (see the module sketch), in tree order."""
+def organize(steps: Sequence[StepCandidates], num_draft_tokens: int,
+             begin: Optional[Carried] = None) -> DraftSelection:
+    """The best D-1 candidates over all steps (see the module sketch), in tree order.
+    `begin`: the tree stage's begin stamp, carried by the kernel in a captured graph."""
     n = num_draft_tokens - 1
     if len(steps) == 1:
         scores, tokens, parents = steps[0].scores, steps[0].tokens, steps[0].parents
@@ -52,9 +56,9 @@ def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSel
                          f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
     if scores.shape[1] <= MAX_CANDIDATES:
         tok, par = dispatch("organize", organize_triton, _organize_torch, scores, tokens,
-                            parents, n)
+                            parents, n, begin=begin)
     else:
-        tok, par = _organize_torch(scores, tokens, parents, n)
+        tok, par = stamp_around(begin, None, _organize_torch, scores, tokens, parents, n)
     return DraftSelection(tokens=tok, parents=par, num_steps=len(steps))
 
 
@@ -92,12 +96,16 @@ def _first_true(m: torch.Tensor) -> torch.Tensor:
     return torch.where(first == D, -1, first)
 
 
-def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor,
+               end: Optional[Carried] = None) -> DraftTree:
+    """The verify tree of a selection (module map); `end`: the tree stage's end stamp,
+    carried by the kernel in a captured graph."""
     if sel.tokens.shape[1] < MAX_CANDIDATES:
         fields = dispatch("build_tree", build_tree_triton, _build_tree_torch, sel.tokens,
-                          sel.parents, bonus, seq_lens)
+                          sel.parents, bonus, seq_lens, end=end)
     else:
-        fields = _build_tree_torch(sel.tokens, sel.parents, bonus, seq_lens)
+        fields = stamp_around(None, end, _build_tree_torch, sel.tokens, sel.parents, bonus,
+                              seq_lens)
     return DraftTree(*fields, num_steps=sel.num_steps)
 
 

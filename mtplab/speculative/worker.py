@@ -82,6 +82,26 @@ class _SpanChain:
         self.cur.__exit__(*exc)
         return False
 
+    def begin(self) -> None:
+        """No stamp to carry: an eager stage's span stamps it (the graph twin's `begin`)."""
+        return None
+
+
+# segments whose first kernel is one of ours and carries the segment's begin stamp when
+# captured (GraphRunner `carry_begin`): the future map's gathers, organize, the argmax, and
+# window_slots; draft, verify and draft_extend begin with a stamp node
+CARRY_BEGIN = ("resolve", "tree", "accept", "commit")
+
+
+def _begin(mark):
+    """A single-stage segment's begin stamp for its first kernel (None when eager)."""
+    return mark.begin() if mark is not None else None
+
+
+def _end(mark):
+    """A single-stage segment's end stamp for its last kernel (None when eager)."""
+    return mark.carry() if mark is not None else None
+
 
 @dataclass(frozen=True)
 class SpecParams:
@@ -321,12 +341,14 @@ class SpecWorker:
         return self.p.fold_seed or not self.draft_worker.seed_forward
 
     def _tree_fn(self, max_kv: int):
+        """organize + build_tree; captured, the two kernels carry the stage's begin and end."""
         p = self.p
 
-        def fn(rows, seq_lens, bonus, scores, tokens, parents):
+        def fn(rows, seq_lens, bonus, scores, tokens, parents, mark=None):
             steps = [StepCandidates(tokens, scores, parents)]
-            sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
-            return astuple(build_tree(sel, bonus, seq_lens))[:-1]
+            sel = replace(organize(steps, p.num_draft_tokens, _begin(mark)),
+                          num_steps=p.num_steps)
+            return astuple(build_tree(sel, bonus, seq_lens, _end(mark)))[:-1]
         return fn
 
     def _verify_fn(self, max_kv: int):
@@ -335,31 +357,34 @@ class SpecWorker:
         return fn
 
     def _accept_fn(self, max_kv: int):
-        """Greedy or simulated accept (the engine's static mode): graph friendly."""
+        """Greedy or simulated accept (the engine's static mode): graph friendly; captured,
+        the argmax kernel carries the stage's begin and the walk its end."""
         p = self.p
 
-        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds):
+        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds, mark=None):
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
-            argmax = vocab_argmax(logits)      # = logits.argmax(-1); split-V kernel on CUDA
+            # = logits.argmax(-1); split-V kernel on CUDA
+            argmax = vocab_argmax(logits, _begin(mark))
             if not p.simulated:
-                acc = accept_greedy(tree, argmax)
+                acc = accept_greedy(tree, argmax, _end(mark))
             else:
                 # level k decides position seq_len + 1 + k (not keyed by the step)
                 u = position_uniform(seeds, seq_lens + 1, p.num_steps + 1, SIMULATE)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
-                                       accept_rates=p.simulate_accept_rates)
+                                       accept_rates=p.simulate_accept_rates, end=_end(mark))
             return astuple(acc)
         return fn
 
     def _commit_fn(self, max_kv: int):
-        """commit -> publish (-> the draft's selection -> stash, `_commit_extra` inputs)."""
+        """commit -> publish (-> the draft's selection -> stash, `_commit_extra` inputs);
+        captured, window_slots carries commit's begin and the future map's kernel the rest."""
         p, fm, dw = self.p, self.future_map, self.draft_worker
 
         def fn(rows, seq_lens, accept_index, accept_lens, hidden, mark, tokens=None,
                bonus=None):
             new_seq, hidden_path, hidden_last = commit(
                 self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens, hidden,
-                p.num_draft_tokens, move_kv=p.topk > 1)
+                p.num_draft_tokens, move_kv=p.topk > 1, begin=mark.begin())
             # no draft_extend forward: extend is a selection (no device work)
             nxt = None if dw.extend_forward else dw.extend(
                 rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens, max_kv)
@@ -396,7 +421,7 @@ class SpecWorker:
         def runner(name, fn, static):
             r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets,
                             meter=self.spans.meter, stage=self._stages(name),
-                            carry_begin=name == "resolve")
+                            carry_begin=name in CARRY_BEGIN)
             with self.spans.paused():
                 r.capture()
             self.graphs[name] = r

@@ -113,3 +113,42 @@ def test_future_map_kernels_carry_their_stages_stamps(draft, extra):
         assert set(s.loc[s["stage"] == "publish", "start_us"]) <= ends("verify", "commit")
         assert set(s.loc[s["stage"] == "stash", "start_us"]) <= ends("publish", "draft_extend",
                                                                      "draft")
+
+
+@pytest.mark.parametrize("draft,extra,nodes", [
+    ("frozen_kv_mtp", dict(fold_seed=True), {"draft": 1, "verify": 2}),
+    ("frozen_kv_mtp", dict(fold_seed=True, num_steps=3, topk=2, num_draft_tokens=5,
+                           simulate_accept_len=2.0), {"draft": 1, "verify": 2}),
+    ("eagle", {}, {"draft": 1, "verify": 2, "draft_extend": 1})])
+def test_only_draft_verify_and_draft_extend_capture_stamp_nodes(monkeypatch, draft, extra,
+                                                                nodes):
+    """resolve, tree, accept and commit begin and end with kernels of ours, which carry the
+    stamps (organize/build_tree, the argmax/the accept walk, window_slots/the future map's
+    kernel): per bucket, the only stamp nodes captured are the draft's begin (+ its end
+    without pre-drafting), verify's begin and end, and draft_extend's begin. The step's
+    stages still all have their intervals, and the tokens equal the meter-off engine's."""
+    from mtplab.instrument import meter as meter_mod
+    captured = []
+    real = BubbleMeter.device_stamp
+    monkeypatch.setattr(BubbleMeter, "device_stamp",
+                        lambda self, code: (captured.append(code), real(self, code)))
+    kw = dict(model="random-tiny", device="cuda", context_len=256, draft=draft, overlap=True,
+              zero_bubble=True, cuda_graphs=True, **extra)
+    on = Engine(RunConfig(**kw, bubble_meter=True))
+    n_buckets = len(on.worker.graphs["verify"].graphs)
+    per_stage = {}
+    for code in captured:
+        stage = meter_mod._STAGE_OF[(code >> 1) & 0x7F]
+        per_stage[stage] = per_stage.get(stage, 0) + 1
+    assert per_stage == {s: n * n_buckets for s, n in nodes.items()}
+    off = Engine(RunConfig(**kw))
+    ps = random_prompts(3, [5, 30], on.model.config.vocab_size, seed=11)
+    assert on.generate(ps, max_new_tokens=24, ignore_eos=True) == \
+        off.generate(ps, max_new_tokens=24, ignore_eos=True)
+    on.check_invariants()
+    df = on.meter_frame()
+    dec = df.loc[df["name"].str.startswith("step[decode"), "step"]
+    st = on.meter_frame(stages=True)
+    per_step = st[st["step"].isin(dec)].groupby("step")["stage"].apply(set)
+    need = {"resolve", "draft", "tree", "verify", "accept", "commit", "publish", "stash", "d2h"}
+    assert len(per_step) > 5 and all(need <= s for s in per_step), per_step.head()

@@ -376,7 +376,7 @@ def _rotate(engs: dict, ps, reps: int, tokens: int) -> dict:
     return {n: np.array(v) for n, v in rates.items()}
 
 
-def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
+def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat), two engines
     per arm: an engine's own state (its graphs, their memory) can move its tok/s by as much
     as the meter, so each arm's rate per repeat is the geometric mean of its two engines,
@@ -384,7 +384,9 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
     verdict reads the median of the per-repeat on/off ratios (paired: neighbouring runs share
     the machine's state), with a bootstrap 95% interval; the pooled ratio is all decode
     tokens over all decode time of each arm. A fifth engine, the meter on with unstamped
-    graphs, splits the overhead into the graphs' stamps and the rest of the meter."""
+    graphs, splits the overhead into the graphs' stamps and the rest of the meter. `raw`: an
+    .npz path for every engine's decode tok/s per repeat (repeat i starts the rotation at
+    engine i mod 5, in the order of `engines`)."""
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
              f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off, two "
              "engines per arm; overhead = 1 - median of the per-repeat on/off ratios "
@@ -398,6 +400,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     rng = np.random.default_rng(0)
     engines = ("off a", "off b", "on a", "on b", "unstamped")
+    saved = {}
     for bs in (1, 32):
         engs = {n: _engine(bs, meter=n != "off a" and n != "off b",
                            graph_stamps=n != "unstamped") for n in engines}
@@ -416,6 +419,9 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256) -> None:
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
         r = _rotate(engs, ps, reps, tokens)
+        saved.update({f"bs{bs} {n}": v for n, v in r.items()})
+        if raw:
+            np.savez(raw, **saved)
         r["off"], r["on"] = np.sqrt(r["off a"] * r["off b"]), np.sqrt(r["on a"] * r["on b"])
 
         def ov(x, y):
@@ -491,7 +497,16 @@ def main(argv=None) -> int:
                     help="interleaved repeats of the split part")
     ap.add_argument("--planted-reps", type=int, default=15,
                     help="(d = 0, d) pairs per planted delay")
+    ap.add_argument("--raw", default=None,
+                    help="overhead: save every engine's tok/s per repeat to this .npz")
+    ap.add_argument("--pin-cpus", type=int, default=0,
+                    help="run on this many CPUs (the allowed set's second on), 0: as started")
     a = ap.parse_args(argv)
+    if a.pin_cpus:
+        import os
+        cpus = sorted(os.sched_getaffinity(0))[1:1 + a.pin_cpus]
+        os.sched_setaffinity(0, cpus)          # before CUDA starts its threads
+        print(f"pinned to CPUs {cpus}", file=sys.stderr)
     import torch
     if not torch.cuda.is_available():
         print("bench_meter needs a CUDA device (the CPU path is tested in tests/test_meter.py).",
@@ -514,7 +529,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
-        overhead(rows, a.overhead_reps)
+        overhead(rows, a.overhead_reps, raw=a.raw)
     if "split" in want:
         split(rows, a.split_reps)
     emit("\n".join(rows), a.out)

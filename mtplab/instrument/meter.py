@@ -144,13 +144,15 @@ class BubbleMeter:
         self.step = -1
         self.names: list[str] = []          # step -> step span name
         self.drains = 0                     # synchronizing reads forced by a half-full ring
-        self._log: list = []                # issue order: step << 16 | code, or (step << 16,
-        #                                     codes) for one launch's several stamps
+        # issue order: step << 16 | code (an eager stamp), a codes tuple (one launch's stamps,
+        # of the step of the last marker before it), or ~step (a step marker, negative)
+        self._log: list = []
+        self._log_step = 0                  # the step of launch entries before any marker
         self._issued = 0                    # stamps issued since the last read
         self._key = 0                       # current step << 16
         self._read = 0                      # ring records consumed so far
         self._t0_ns: Optional[int] = None
-        self._spans: dict = {}
+        self._spans: dict = {}              # lane -> {name: span}
         self._kernel_stamps: dict = {}      # (stage, lane) -> kernel_stamp's tuple
         self._rows: list[tuple] = []        # (step, stage, lane, start_ns, end_ns)
 
@@ -159,16 +161,18 @@ class BubbleMeter:
         """The meter's context manager for a span: stamps for an eager device-lane stage,
         a step opener for a step span, nothing for host spans and graphed stages (their
         graph, or the stage's self-stamping kernel, carries the stamps)."""
-        key = (name, lane, graphed)
-        sp = self._spans.get(key)
+        if graphed and lane in _LANE_ID:
+            return _NULL
+        by_name = self._spans.get(lane)         # two str-keyed lookups: no key tuple per call
+        if by_name is None:
+            by_name = self._spans[lane] = {}
+        sp = by_name.get(name)
         if sp is None:
             if lane not in _LANE_ID:
                 sp = _StepSpan(self, name) if STEP_RE.match(name) else _NULL
-            elif graphed:
-                sp = _NULL
             else:
                 sp = _StampSpan(self, stamp_code(name, lane, False), stamp_code(name, lane, True))
-            self._spans[key] = sp
+            by_name[name] = sp
         return sp
 
     def stamp(self, code: int) -> None:
@@ -197,8 +201,9 @@ class BubbleMeter:
 
     def log(self, codes: tuple) -> None:
         """One launch (a graph replay, a self-stamping kernel) issued these stamps, in this
-        order, for the current step: one log entry, expanded when collected."""
-        self._log.append((self._key, codes))
+        order, for the current step: one log entry (the tuple itself: its step is the last
+        marker's), expanded when collected."""
+        self._log.append(codes)
         self._issued += len(codes)
 
     def begin_step(self, name: str) -> None:
@@ -208,6 +213,7 @@ class BubbleMeter:
         self.step += 1
         self.names.append(name)
         self._key = self.step << _CODE_BITS
+        self._log.append(~self.step)
 
     # -- read back ---------------------------------------------------------------------------
     def collect(self) -> None:
@@ -216,8 +222,14 @@ class BubbleMeter:
             torch.cuda.synchronize(self.ring.device)
         n = int(self.count[0])
         new = n - self._read
-        log = [e for x in self._log
-               for e in ((x,) if isinstance(x, int) else [x[0] | c for c in x[1]])]
+        log, step = [], self._log_step
+        for x in self._log:
+            if type(x) is not int:                  # one launch's codes
+                log.extend(step << _CODE_BITS | c for c in x)
+            elif x < 0:                             # a step marker
+                step = ~x
+            else:                                   # an eager stamp: step << 16 | code
+                log.append(x)
         if new != len(log):
             raise RuntimeError(f"bubble meter: {new} stamps reached the ring but "
                                f"{len(log)} were issued; a stamp ran outside the meter's "
@@ -226,11 +238,14 @@ class BubbleMeter:
             raise RuntimeError(f"bubble meter: {new} stamps since the last read overflowed the "
                                f"ring of {self.capacity}; construct it with a larger capacity.")
         if new == 0:
+            self._log.clear()
+            self._log_step = step
             return
         slots = (self._read + torch.arange(new)) & (self.capacity - 1)
         rec = self.ring.cpu().numpy()[slots.numpy()]
         log = np.asarray(log, dtype=np.int64)
-        self._read, self._log, self._issued = n, [], 0
+        self._read, self._issued, self._log_step = n, 0, step
+        self._log.clear()
         self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
         if self._t0_ns is None and self._rows:
             self._t0_ns = min(r[3] for r in self._rows)

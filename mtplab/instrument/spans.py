@@ -116,6 +116,8 @@ class Spans:
             m = self.meter
             if m is None or graphed:         # a graph (or kernel) carries its own stamps
                 return _NULL
+            if stream == "host" and not name.startswith("step["):
+                return _NULL                 # host spans are not GPU work: never stamped
             return m.span(name, stream or self.stream_name)
         _check(name)
         return _Span(self, name, stream or self.stream_name, graphed)

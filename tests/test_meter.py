@@ -44,7 +44,9 @@ def test_stamped_copy_matches_reference(pairs, stamped):
     begin and end stamps, against the copies between two reference stamps."""
     g = torch.Generator().manual_seed(pairs)
     srcs = [torch.randint(-2**40, 2**40, (n,), generator=g).to(DEVICE) for n in (300, 7)][:pairs]
+    # host buffers as the d2h stage makes them: pinned where a GPU kernel writes them
     dsts = [torch.zeros_like(s, device="cpu") for s in srcs]
+    dsts = [d.pin_memory() for d in dsts] if DEVICE == "cuda" else dsts
     ring = torch.zeros(8, 2, dtype=torch.long, device=DEVICE)
     count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     count[0] = 6                                          # the two records wrap the ring

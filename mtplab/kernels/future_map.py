@@ -9,7 +9,8 @@ launch that also carries the bubble meter's stamps of those stages (no stamp nod
     grid (lanes, column blocks of the widest field): program (i, c) moves columns
     [c*BLOCK, (c+1)*BLOCK) of lane i of every move, in move order.
     stamps (codes c0, [c1,] c_end; `split` = the first move of the second stage):
-        program (0, 0)        c0 before its first move; c1 before its move `split`
+        program (0, 0)        c0 before its first move (`carried_begin`); c1 before its
+                              move `split`
         the last program out  c_end after every program's moves (kernels/stamp.py
                               `carried_end`: a done counter, reset by the last program)
     c0 and c_end bound the kernel exactly; c1 is where program (0, 0) crossed from the first
@@ -85,7 +86,7 @@ def _width(t: torch.Tensor) -> int:
 if triton is not None:
     import triton.language as tl
 
-    from .stamp import _stamp_now, carried_end
+    from .stamp import _stamp_now, carried_begin, carried_end
 
     @triton.jit
     def _slot(K: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr, STAMP: tl.constexpr,
@@ -136,9 +137,7 @@ if triton is not None:
         c = tl.program_id(1)
         first = (i == 0) & (c == 0)
         r = tl.load(Rows + i)
-        if STAMP:
-            if first:
-                _stamp_now(ring_ptr, count_ptr, clock_ptr, c0, mask, GLOBALTIMER)
+        carried_begin(ring_ptr, count_ptr, clock_ptr, c0, mask, STAMP, GLOBALTIMER)
         _slot(0, N, SPLIT, STAMP, first, r, i, c, D0, S0, W0, SS0, DS0, P0, A0,
               GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
         _slot(1, N, SPLIT, STAMP, first, r, i, c, D1, S1, W1, SS1, DS1, P1, A1,

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from .fused_ops import dispatch
-from .stamp import CARRY_CODES, Carried, carried_begin, carried_end, carry_args
+from .stamp import CARRY_CODES, Carried, carried_begin, carry_args
 
 MAX_K = 16                   # larger K runs the torch reference
 _SENT = tl.constexpr(-2 ** 63)   # below every real key (a real key's high word >= ord(-inf))
@@ -79,7 +79,8 @@ def _partial_kernel(X, PKey, PMax, PSum, V, stride_x, P,
                     Ring, Count, Clock, Done, code_b, code_e, st_mask,
                     STAMP_B: tl.constexpr, STAMP_E: tl.constexpr, GLOBALTIMER: tl.constexpr):
     """Stage 1: chunk p of row r -> its K best keys (+ chunk max and sum of exp if LSE); may
-    carry a captured stage's begin stamp (kernels/stamp.py: accept's, in its graph)."""
+    carry a captured stage's begin stamp (kernels/stamp.py: accept's, in its graph). It never
+    ends a stage (the merge runs after it): the end arguments of `carry_args` stay unused."""
     carried_begin(Ring, Count, Clock, code_b, st_mask, STAMP_B, GLOBALTIMER)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -99,7 +100,6 @@ def _partial_kernel(X, PKey, PMax, PSum, V, stride_x, P,
     for k in tl.static_range(1, K):
         best = tl.max(tl.where(keys < best, keys, _SENT), axis=0)
         tl.store(PKey + out + k, best)
-    carried_end(Done, Ring, Count, Clock, code_e, st_mask, STAMP_E, GLOBALTIMER)
 
 
 @triton.jit

@@ -58,8 +58,10 @@ def dispatch(name: str, kernel, ref, *args, begin: Optional[Carried] = None,
     kernel carries (kernels/stamp.py); the reference runs between stamp launches instead."""
     if args[0].is_cuda and not _references and name not in _failed:
         try:
-            stamps = {k: c for k, c in (("begin", begin), ("end", end)) if c is not None}
-            return kernel(*args, **stamps)
+            if begin is None and end is None:        # every op's hot path: no stamps
+                return kernel(*args)
+            return kernel(*args, **{k: c for k, c in (("begin", begin), ("end", end))
+                                    if c is not None})
         except Exception as e:   # a compile/launch failure: fall back, loudly, once
             _failed.add(name)
             logger.warning("fused %s: the Triton kernel failed (%s: %s); this op runs its "

@@ -237,15 +237,14 @@ class BubbleMeter:
         if new > self.capacity:
             raise RuntimeError(f"bubble meter: {new} stamps since the last read overflowed the "
                                f"ring of {self.capacity}; construct it with a larger capacity.")
+        self._log.clear()
+        self._log_step, self._issued = step, 0
         if new == 0:
-            self._log.clear()
-            self._log_step = step
             return
         slots = (self._read + torch.arange(new)) & (self.capacity - 1)
         rec = self.ring.cpu().numpy()[slots.numpy()]
         log = np.asarray(log, dtype=np.int64)
-        self._read, self._issued, self._log_step = n, 0, step
-        self._log.clear()
+        self._read = n
         self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
         if self._t0_ns is None and self._rows:
             self._t0_ns = min(r[3] for r in self._rows)

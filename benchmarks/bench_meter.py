@@ -43,6 +43,7 @@ import numpy as np
 
 from benchmarks.common import emit, sleep_cycles
 from mtplab import Engine, RunConfig
+from mtplab.atomic import atomic_path
 from mtplab.nogc import gc_paused
 from mtplab.models.corpus import heldout_snippets
 
@@ -420,8 +421,9 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
         del m.stamp
         r = _rotate(engs, ps, reps, tokens)
         saved.update({f"bs{bs} {n}": v for n, v in r.items()})
-        if raw:
-            np.savez(raw, **saved)
+        if raw:                                  # after each bs: a later failure keeps it
+            with atomic_path(raw) as tmp, open(tmp, "wb") as f:
+                np.savez(f, **saved)
         r["off"], r["on"] = np.sqrt(r["off a"] * r["off b"]), np.sqrt(r["on a"] * r["on b"])
 
         def ov(x, y):

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from mtplab.graphs.runner import GraphRunner, _Marks
-from mtplab.instrument.meter import stamp_code
+from mtplab.instrument.meter import launch_codes, stamp_code
 
 
 class _Meter:
     """Records the stamp nodes a capture would issue."""
     stamp_code = staticmethod(stamp_code)
+    launch_codes = staticmethod(launch_codes)
 
     def __init__(self):
         self.nodes, self.ring, self.count = [], "ring", "count"

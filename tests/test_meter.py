@@ -104,7 +104,7 @@ def test_codes_and_spans():
         stamp_code("verfy", "forward", False)
     m = BubbleMeter(torch.device("cpu"), capacity=64)
     sp = Spans(enabled=False, meter=m)
-    with sp.stage("step[decode bs=1]", "host"):
+    with sp.step("step[decode bs=1]"):
         with sp.stage("schedule", "host"):           # host spans: not stamped
             pass
         with sp.stage("verify"), sp.stage("draft.step"):
@@ -113,8 +113,9 @@ def test_codes_and_spans():
             pass
         with sp.paused(), sp.stage("accept"):        # capture: nothing
             pass
-    assert m.step == 0 and m.names == ["step[decode bs=1]"] and int(m.count[0]) == 4
+    assert m.step == 0 and int(m.count[0]) == 4
     m.collect()
+    assert m.names == ["step[decode bs=1]"]
     st = m.stages_frame()
     assert list(st["stage"]) == ["draft.step", "verify"]     # inner ends first
     assert (st["step"] == 0).all() and (st["dur_us"] >= 0).all()
@@ -122,14 +123,13 @@ def test_codes_and_spans():
 
 def _synthetic(meter: BubbleMeter, plan) -> None:
     """Write ring records and the issue log by hand: plan = [(step, stage, lane, t0, t1)]
-    in issue order per lane (ns)."""
+    in issue order per lane (ns), steps in order from 0."""
     for st, stage, lane, t0, t1 in plan:
-        meter._key = st << 16
+        while meter.step < st:
+            meter.begin_step("step[decode bs=1]")
         for code, t in ((stamp_code(stage, lane, False), t0), (stamp_code(stage, lane, True), t1)):
             stamp_ref(meter.ring, meter.count, code, t)
-            meter._log.append(meter._key | code)
-    meter.step = max(p[0] for p in plan)
-    meter.names = ["step[decode bs=1]" for _ in range(meter.step + 1)]
+            meter.log(code)
 
 
 def test_frame_windows_busy_and_bubble():
@@ -153,7 +153,7 @@ def test_frame_windows_busy_and_bubble():
 def test_lane_order_mismatch_is_reported():
     m = BubbleMeter(torch.device("cpu"), capacity=16)
     _synthetic(m, [(0, "verify", "forward", 0, 5)])
-    m._log.reverse()                  # the host believes another order
+    m._log[1:] = m._log[:0:-1]        # the host believes another order (after the marker)
     with pytest.raises(RuntimeError, match="begin|order"):
         m.collect()
     m2 = BubbleMeter(torch.device("cpu"), capacity=16)
@@ -167,33 +167,58 @@ def test_half_full_ring_is_drained_between_steps():
     m = BubbleMeter(torch.device("cpu"), capacity=8)
     sp = Spans(enabled=False, meter=m)
     for _ in range(6):
-        with sp.stage("step[decode bs=1]", "host"), sp.stage("verify"), sp.stage("stash"):
+        with sp.step("step[decode bs=1]"), sp.stage("verify"), sp.stage("stash"):
             pass
     m.collect()
     assert m.drains >= 2 and len(m.frame()) == 6 and (m.frame()["n_stages"] == 2).all()
 
 
-def test_one_log_entry_per_launch_expands_in_issue_order_and_counts_for_the_drain():
+def test_one_log_entry_per_launch_expands_in_issue_order_and_drains_in_time():
     """A graph replay logs its stamps as one entry (`log(codes)`): collected, they pair as if
-    logged one by one, and they count toward the half-ring drain stamp by stamp."""
-    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    logged one by one. The drain bound counts every entry as MAX_LAUNCH_STAMPS stamps, so the
+    ring is read before it could wrap however long the launches' entries are."""
+    m = BubbleMeter(torch.device("cpu"), capacity=64)     # drain at 64 // 16 = 4 entries
     codes = (stamp_code("commit", "forward", False),
              stamp_code("publish", "forward", False, handover=True),
              stamp_code("publish", "forward", True))
     sp = Spans(enabled=False, meter=m)
     for k in range(3):
-        with sp.stage("step[decode bs=1]", "host"):
+        with sp.step("step[decode bs=1]"):
             for c, t in zip(codes, (0, 4, 6)):          # what the replayed graph writes
                 stamp_ref(m.ring, m.count, c, 100 * k + t)
             m.log(codes)
-    assert sum(type(x) is tuple for x in m._log) == 3 and m._issued == 9 > m.capacity // 2
-    with sp.stage("step[decode bs=1]", "host"):         # 9 pending > 8: drained first
+    # 4 entries (2 markers, 2 launches) pending when the third step opened: drained then
+    assert m.drains == 1 and [type(x) for x in m._log] == [str, tuple]
+    with sp.step("step[decode bs=1]"):
         pass
-    assert m.drains == 1 and m._issued == 0
+    assert m.drains == 1 and len(m._log) == 3
+    m.collect()
     st = m.stages_frame()
     assert list(st["stage"]) == ["commit", "publish"] * 3
     assert list(st["step"]) == [0, 0, 1, 1, 2, 2]
     assert st["dur_us"].tolist() == pytest.approx([0.004, 0.002] * 3)
+    assert m.names == ["step[decode bs=1]"] * 4 and m.step == 3
+
+
+def test_launch_codes_bound_and_stamps_outside_a_step():
+    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    with pytest.raises(ValueError, match="1 to 8 stamps"):
+        m.launch_codes((stamp_code("commit", "forward", False),) * 9)
+    m.stamp(stamp_code("verify", "forward", False))
+    m.stamp(stamp_code("verify", "forward", True))
+    with pytest.raises(RuntimeError, match="before the first step span"):
+        m.collect()
+
+
+def test_step_spans_and_stage_spans_do_not_mix():
+    sp = Spans(enabled=True, annotate=False)
+    with pytest.raises(ValueError, match="Spans.step"):
+        sp.stage("step[decode bs=1]", "host")
+    with pytest.raises(ValueError, match="not a step span name"):
+        sp.step("verify")
+    m = BubbleMeter(torch.device("cpu"), capacity=16)
+    with pytest.raises(ValueError, match="not a step span name"):
+        m.step_span("decode")
 
 
 def _per_step_bubble(eng, prompts, n) -> pd.DataFrame:

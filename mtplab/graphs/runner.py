@@ -64,11 +64,10 @@ class GraphRunner:
         self.meter = meter
         self.stages = (stage,) if isinstance(stage, str) else tuple(stage)
         # [begin s0, handover s1, ..., handover s(n-1), end s(n-1)]
-        self.stamps = ((meter.stamp_code(self.stages[0], "forward", False),)
-                       + tuple(meter.stamp_code(s, "forward", False, handover=True)
-                               for s in self.stages[1:])
-                       + (meter.stamp_code(self.stages[-1], "forward", True),)
-                       ) if meter is not None else ()
+        self.stamps = meter.launch_codes(
+            (meter.stamp_code(self.stages[0], "forward", False),)
+            + tuple(meter.stamp_code(s, "forward", False, handover=True) for s in self.stages[1:])
+            + (meter.stamp_code(self.stages[-1], "forward", True),)) if meter is not None else ()
         if meter is not None:
             # the carrying kernel's done counter; the warm-up runs' stamps go to a scratch ring
             dev = next(iter(static_inputs.values())).device
@@ -146,7 +145,7 @@ class GraphRunner:
         g, out = self.graphs[b]
         g.replay()
         if self.stamps:
-            self.meter.log(self.stamps)
+            self.meter.log(self.stamps)          # one list append (instrument/meter.py)
         if isinstance(out, torch.Tensor):
             return out[:bs].clone() if clone else out[:bs]
         keep = range(len(out)) if clone is True else clone or ()

@@ -43,7 +43,7 @@ start_us, end_us, dur_us). Times are µs since the meter's first stamp (device c
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -56,13 +56,20 @@ LANES = ("forward", "copy")         # stamped lanes; "host" spans are never stam
 _STAGE_ID = {s: i + 1 for i, s in enumerate(STAGES)}      # 1-based: codes are never 0 or 1
 _STAGE_OF = {i: s for s, i in _STAGE_ID.items()}
 _LANE_ID = {lane: i for i, lane in enumerate(LANES)}
-_CODE_BITS = 16                     # host log entry = step << 16 | code
+_CODE_BITS = 16                     # a collected log entry = step << 16 | code
 STEP_COLUMNS = ["step", "name", "start_us", "wall_us", "busy_us", "bubble_us", "bubble_frac",
                 "n_stages"]
 STAGE_COLUMNS = ["step", "stage", "lane", "start_us", "end_us", "dur_us"]
 
 
 _HANDOVER = 1 << 12                 # a begin stamp that also ends the lane's open stage
+MAX_LAUNCH_STAMPS = 8               # stamps one launch may log as one entry (`launch_codes`)
+
+
+class KernelStamp(NamedTuple):
+    """A self-stamping kernel's stamps: `args` it takes, `codes` the log entry after it."""
+    args: tuple                     # (ring, count, begin code, end code)
+    codes: tuple                    # (begin code, end code)
 
 
 def stamp_code(stage: str, lane: str, end: bool, handover: bool = False) -> int:
@@ -77,6 +84,14 @@ def stamp_code(stage: str, lane: str, end: bool, handover: bool = False) -> int:
     if handover and end:
         raise ValueError("a handover stamp begins a stage; it cannot also be an end stamp.")
     return handover * _HANDOVER | _LANE_ID[lane] << 8 | _STAGE_ID[stage] << 1 | int(end)
+
+
+def launch_codes(codes: tuple) -> tuple:
+    """`codes` checked as one launch's log entry (`log(codes)` after each launch)."""
+    if not 1 <= len(codes) <= MAX_LAUNCH_STAMPS:
+        raise ValueError(f"one launch logs 1 to {MAX_LAUNCH_STAMPS} stamps, got {len(codes)}; "
+                         "split the graph into more segments.")
+    return tuple(codes)
 
 
 class _StampSpan:
@@ -97,7 +112,8 @@ class _StampSpan:
 
 
 class _StepSpan:
-    """The step span: opens the meter's next step (stateless, cached per name)."""
+    """The step span: opens the meter's next step (stateless, cached per name). Its enter
+    is the meter's whole per-step host cost: a length test, a counter, one log append."""
 
     __slots__ = ("meter", "name")
 
@@ -105,7 +121,12 @@ class _StepSpan:
         self.meter, self.name = meter, name
 
     def __enter__(self):
-        self.meter.begin_step(self.name)
+        m = self.meter
+        if len(m._log) >= m._drain_at:           # read before the ring could wrap
+            m.drains += 1
+            m.collect()
+        m.step += 1
+        m.log(self.name)
         return self
 
     def __exit__(self, *exc):
@@ -129,6 +150,7 @@ class BubbleMeter:
     """Device stamps at stage boundaries -> per-step wall, stage intervals and bubble."""
 
     stamp_code = staticmethod(stamp_code)     # graphs/runner.py codes its captured stamps
+    launch_codes = staticmethod(launch_codes)
 
     def __init__(self, device: torch.device, capacity: int = 1 << 16):
         if capacity < 4 or capacity & (capacity - 1):
@@ -141,19 +163,25 @@ class BubbleMeter:
         self._launch = StampLauncher(self.ring, self.count) if self.cuda else None
         # CPU: stamp_ref on numpy views of the same memory (no torch op per stamp)
         self._host = (self.ring.numpy(), self.count.numpy()) if not self.cuda else None
-        self.step = -1
-        self.names: list[str] = []          # step -> step span name
+        self.step = -1                      # the open step (-1: none yet)
+        self.names: list[str] = []          # step -> step span name (filled by collect)
         self.drains = 0                     # synchronizing reads forced by a half-full ring
-        # issue order: step << 16 | code (an eager stamp), a codes tuple (one launch's stamps,
-        # of the step of the last marker before it), or ~step (a step marker, negative)
+        # The issue log, in issue order; `log` is its bound append (one C call per launch):
+        #   "step[...]"   a step marker: the next step begins (its name)
+        #   (c0, c1, ..)  one launch's stamps (a graph replay, a self-stamping kernel)
+        #   c             one eager stamp
+        # Entries belong to the step of the last marker before them. The list is cleared in
+        # place, never rebound (`log` stays valid).
         self._log: list = []
-        self._log_step = 0                  # the step of launch entries before any marker
-        self._issued = 0                    # stamps issued since the last read
-        self._key = 0                       # current step << 16
+        self.log = self._log.append
+        self._log_step = -1                 # the step of entries before any marker
+        # drain before the ring could wrap: every entry holds at most MAX_LAUNCH_STAMPS
+        self._drain_at = max(1, capacity // (2 * MAX_LAUNCH_STAMPS))
         self._read = 0                      # ring records consumed so far
         self._t0_ns: Optional[int] = None
         self._spans: dict = {}              # lane -> {name: span}
-        self._kernel_stamps: dict = {}      # (stage, lane) -> kernel_stamp's tuple
+        self._step_spans: dict = {}         # step span name -> _StepSpan
+        self._kernel_stamps: dict = {}      # (stage, lane) -> KernelStamp
         self._rows: list[tuple] = []        # (step, stage, lane, start_ns, end_ns)
 
     # -- issue (hot path) ------------------------------------------------------------------
@@ -163,16 +191,24 @@ class BubbleMeter:
         graph, or the stage's self-stamping kernel, carries the stamps)."""
         if graphed and lane in _LANE_ID:
             return _NULL
+        if lane not in _LANE_ID:
+            return self.step_span(name) if STEP_RE.match(name) else _NULL
         by_name = self._spans.get(lane)         # two str-keyed lookups: no key tuple per call
         if by_name is None:
             by_name = self._spans[lane] = {}
         sp = by_name.get(name)
         if sp is None:
-            if lane not in _LANE_ID:
-                sp = _StepSpan(self, name) if STEP_RE.match(name) else _NULL
-            else:
-                sp = _StampSpan(self, stamp_code(name, lane, False), stamp_code(name, lane, True))
-            by_name[name] = sp
+            sp = by_name[name] = _StampSpan(self, stamp_code(name, lane, False),
+                                            stamp_code(name, lane, True))
+        return sp
+
+    def step_span(self, name: str) -> "_StepSpan":
+        """The step span `name` (step[decode bs=N] ...): entering it opens the next step."""
+        sp = self._step_spans.get(name)
+        if sp is None:
+            if not STEP_RE.match(name):
+                raise ValueError(f"{name!r} is not a step span name (step[decode bs=N]).")
+            sp = self._step_spans[name] = _StepSpan(self, name)
         return sp
 
     def stamp(self, code: int) -> None:
@@ -181,39 +217,25 @@ class BubbleMeter:
             self._launch(code)
         else:
             stamp_ref(*self._host, code, time.perf_counter_ns())
-        self._log.append(self._key | code)
-        self._issued += 1
+        self.log(code)
 
-    def kernel_stamp(self, stage: str, lane: str) -> tuple:
-        """(ring, count, begin code, end code) for a stage whose one kernel stamps itself
-        (kernels/stamp.py `stamped_copy`); `log` its two codes (`[2:]`) once launched."""
+    def kernel_stamp(self, stage: str, lane: str) -> KernelStamp:
+        """A stage whose one kernel stamps itself (kernels/stamp.py `stamped_copy`): `.args`
+        for the kernel (ring, count, begin code, end code); `log(.codes)` once launched."""
         key = (stage, lane)
         st = self._kernel_stamps.get(key)
         if st is None:
-            st = self._kernel_stamps[key] = (self.ring, self.count,
-                                             stamp_code(stage, lane, False),
-                                             stamp_code(stage, lane, True))
+            b, e = stamp_code(stage, lane, False), stamp_code(stage, lane, True)
+            st = self._kernel_stamps[key] = KernelStamp((self.ring, self.count, b, e), (b, e))
         return st
 
     def device_stamp(self, code: int) -> None:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""
         self._launch(code)
 
-    def log(self, codes: tuple) -> None:
-        """One launch (a graph replay, a self-stamping kernel) issued these stamps, in this
-        order, for the current step: one log entry (the tuple itself: its step is the last
-        marker's), expanded when collected."""
-        self._log.append(codes)
-        self._issued += len(codes)
-
     def begin_step(self, name: str) -> None:
-        if self._issued > self.capacity // 2:        # read before the ring could wrap
-            self.drains += 1
-            self.collect()
-        self.step += 1
-        self.names.append(name)
-        self._key = self.step << _CODE_BITS
-        self._log.append(~self.step)
+        """Open the next step (what entering its step span does)."""
+        self.step_span(name).__enter__()
 
     # -- read back ---------------------------------------------------------------------------
     def collect(self) -> None:
@@ -222,14 +244,16 @@ class BubbleMeter:
             torch.cuda.synchronize(self.ring.device)
         n = int(self.count[0])
         new = n - self._read
-        log, step = [], self._log_step
+        log, step, names = [], self._log_step, self.names
         for x in self._log:
-            if type(x) is not int:                  # one launch's codes
+            t = type(x)
+            if t is tuple:                          # one launch's codes
                 log.extend(step << _CODE_BITS | c for c in x)
-            elif x < 0:                             # a step marker
-                step = ~x
-            else:                                   # an eager stamp: step << 16 | code
-                log.append(x)
+            elif t is str:                          # a step marker
+                step += 1
+                names.append(x)
+            else:                                   # an eager stamp's code
+                log.append(step << _CODE_BITS | x)
         if new != len(log):
             raise RuntimeError(f"bubble meter: {new} stamps reached the ring but "
                                f"{len(log)} were issued; a stamp ran outside the meter's "
@@ -238,9 +262,12 @@ class BubbleMeter:
             raise RuntimeError(f"bubble meter: {new} stamps since the last read overflowed the "
                                f"ring of {self.capacity}; construct it with a larger capacity.")
         self._log.clear()
-        self._log_step, self._issued = step, 0
+        self._log_step = step
         if new == 0:
             return
+        if min(log) < 0:
+            raise RuntimeError("bubble meter: a stamp was issued before the first step span; "
+                               "stamps belong to a step (open one with the step span).")
         slots = (self._read + torch.arange(new)) & (self.capacity - 1)
         rec = self.ring.cpu().numpy()[slots.numpy()]
         log = np.asarray(log, dtype=np.int64)

@@ -28,15 +28,20 @@ from ..stages import STAGES, STEP_RE
 _NULL = contextlib.nullcontext()
 
 
-_checked: set = set()
+_checked: tuple = (set(), set())         # names checked as a stage, as a step span
 
 
-def _check(name: str) -> None:
-    if name in _checked:
+def _check(name: str, step: bool = False) -> None:
+    """A stage name for `stage`, a step span name for `step` (checked once per name)."""
+    if name in _checked[step]:
         return
-    if name not in STAGES and not STEP_RE.match(name):
+    if step and not STEP_RE.match(name):
+        raise ValueError(f"{name!r} is not a step span name (step[decode bs=N]).")
+    if not step and STEP_RE.match(name):
+        raise ValueError(f"{name!r} is a step span: open it with Spans.step, not stage.")
+    if not step and name not in STAGES:
         raise ValueError(f"{name!r} is not a stage name of docs/design.md (mtplab/stages.py).")
-    _checked.add(name)
+    _checked[step].add(name)
 
 
 class _Span:
@@ -110,17 +115,24 @@ class Spans:
             self.enabled, self._master, self.meter = was
 
     def stage(self, name: str, stream: Optional[str] = None, graphed: bool = False):
-        """Context manager for one stage (or step) span; `stream` labels the timeline lane.
+        """Context manager for one stage span; `stream` labels the timeline lane.
         `graphed`: the body is one replay of a graph captured with the meter's stamps."""
         if not self.enabled:
             m = self.meter
-            if m is None or graphed:         # a graph (or kernel) carries its own stamps
-                return _NULL
-            if stream == "host" and not name.startswith("step["):
-                return _NULL                 # host spans are not GPU work: never stamped
+            if m is None or graphed or stream == "host":
+                return _NULL     # a graph (or kernel) carries its stamps; host is not GPU work
             return m.span(name, stream or self.stream_name)
         _check(name)
         return _Span(self, name, stream or self.stream_name, graphed)
+
+    def step(self, name: str):
+        """Context manager for one engine step's span (`step[decode bs=N]`, on the host lane):
+        it also opens the bubble meter's next step."""
+        if not self.enabled:
+            m = self.meter
+            return _NULL if m is None else m.step_span(name)
+        _check(name, step=True)
+        return _Span(self, name, "host", False)
 
 
 NO_SPANS = Spans(enabled=False)

@@ -56,10 +56,11 @@ def d2h(dev: Device, spans: Spans, copy_stream, forward_stream, kind: str, reqs:
             with spans.stage("d2h", "copy", graphed=one_kernel):
                 if one_kernel:
                     m = spans.meter
-                    stamp = m.kernel_stamp("d2h", "copy") if m is not None else None
-                    stamped_copy_triton(host, [t.contiguous() for t in results], stamp)
-                    if m is not None:
-                        m.log(stamp[2:])
+                    ks = m.kernel_stamp("d2h", "copy") if m is not None else None
+                    stamped_copy_triton(host, [t.contiguous() for t in results],
+                                        ks.args if ks is not None else None)
+                    if ks is not None:
+                        m.log(ks.codes)
                 else:
                     for h, t in zip(host, results):
                         h.copy_(t, non_blocking=True)

@@ -218,7 +218,7 @@ class Scheduler:
 
     @contextlib.contextmanager
     def _step_span(self, kind: str, batch: list[Req]):
-        with self.sp.stage(step_name(kind, len(batch)), "host"), self.syncs.record(kind):
+        with self.sp.step(step_name(kind, len(batch))), self.syncs.record(kind):
             yield
 
     def _stall(self) -> None:

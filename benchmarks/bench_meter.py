@@ -7,8 +7,9 @@ printed with PASS/MISS against its target where it has one.
    idle for d (real idle the meter counts as bubble; stated, no target).
 2. Stamp device cost: every segment graph of a decode step replayed back to back, captured
    with and without the meter's stamps -> device µs per step the stamps add (stated).
-3. Planted host delays: a busy-wait of d in {0.2, 1, 5} ms in a per-step hook
-   (Engine.add_step_hook), arms interleaved with d = 0.
+3. Planted host delays: a sleep of d in {0.2, 1, 5} ms (its last 100 µs spun, so exact) in
+   a per-step hook (Engine.add_step_hook), arms interleaved with d = 0; the host's own step
+   period (host clock) is read beside it, so a host that slows after being away shows apart.
    host-bound (tiny-code frozen, bs 1), overlap off: the meter's median bubble per decode
    step must rise by d within 5% (or 10 µs); overlap on + zero_bubble: the rise and how much
    of d is hidden (no target). gpu-bound (llama3-8b-like@16 target-only, bs 8, the GPU's step
@@ -68,6 +69,19 @@ def verdict(ok: bool) -> str:
 def spin_us(us: float) -> None:
     """Busy-wait: the planted host time is exact (a sleep overshoots by the timer slack)."""
     t = time.perf_counter_ns()
+    while time.perf_counter_ns() - t < us * 1e3:
+        pass
+
+
+SLACK_US = 100.0     # a sleep's overshoot this machine's timer slack allows (spun instead)
+
+
+def sleep_us(us: float) -> None:
+    """The planted delay: sleep (the CPU is given up, as in the issue's hook), the last
+    SLACK_US spun so that the planted time is d, not d plus the timer's overshoot."""
+    t = time.perf_counter_ns()
+    if us > SLACK_US:
+        time.sleep((us - SLACK_US) * 1e-6)
     while time.perf_counter_ns() - t < us * 1e3:
         pass
 
@@ -214,47 +228,67 @@ def _decode_bubble(eng, first: int) -> tuple[float, float]:
 def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
     """Each delayed generate is paired with a d = 0 generate right before it (the machine's
     drift cancels in the pair); rise = median over the pairs of the difference of their
-    median bubbles per decode step. GC is off while timing (both arms alike)."""
+    median bubbles per decode step. GC is off while timing (both arms alike). The hook also
+    reads the host clock at every step: the host's step period (hook to hook, the delay
+    included) rises by d plus whatever the host itself slows by after being away for d; the
+    meter's rise is compared with both."""
     cfg, bs, tokens = REGIMES[regime]
     eng = Engine(RunConfig(**cfg, **OVERLAP[mode], bubble_meter=True, max_running_requests=bs))
     ps = prompts(eng, bs)
-    delay = {"us": 0.0}
-    eng.add_step_hook(lambda _step: spin_us(delay["us"]))
+    delay, starts = {"us": 0.0}, []
+
+    def hook(_step):
+        starts.append(time.perf_counter_ns())
+        sleep_us(delay["us"])
+    eng.add_step_hook(hook)
     eng.generate(ps, max_new_tokens=16, ignore_eos=True)          # warm-up
 
-    def bubble(d: float) -> tuple[float, float]:
+    def bubble(d: float) -> tuple[float, float, float]:
+        """(meter bubble, meter wall, host step period) µs, medians over decode steps."""
         delay["us"] = d * 1e3
         first = eng.meter.step + 1
+        starts.clear()
         eng.generate(ps, max_new_tokens=tokens, ignore_eos=True)
-        return _decode_bubble(eng, first)
-    base, walls, rise = [], [], {d: [] for d in DELAYS_MS}
+        period = float(np.median(np.diff(starts[1:]))) / 1e3      # after the prefill step
+        return (*_decode_bubble(eng, first), period)
+    base, walls, rise, host = [], [], {d: [] for d in DELAYS_MS}, {d: [] for d in DELAYS_MS}
     with gc_off():
         for _ in range(reps):
             for d in DELAYS_MS:
-                b0, w0 = bubble(0.0)
+                b0, w0, p0 = bubble(0.0)
                 base.append(b0)
                 walls.append(w0)
-                rise[d].append(bubble(d)[0] - b0)
+                b, _, p = bubble(d)
+                rise[d].append(b - b0)
+                host[d].append(p - p0)
     wall = statistics.median(walls)
-    rows += ["", f"Planted host delay per step, {regime} ({cfg['model']} draft {cfg['draft']}, "
-             f"bs {bs}), overlap {mode}: rise = median over {reps} pairs (a d = 0 generate, "
-             f"then d) of the difference of their median bubbles per decode step; baseline "
-             f"bubble {statistics.median(base):.1f} µs of a {wall:.0f} µs step:", ""]
+    rows += ["", f"Planted host delay per step (a sleep, its last {SLACK_US:.0f} µs spun), "
+             f"{regime} ({cfg['model']} draft {cfg['draft']}, bs {bs}), overlap {mode}: rise = "
+             f"median over {reps} pairs (a d = 0 generate, then d) of the difference of their "
+             f"median bubbles per decode step; host rise = the same for the host's step period "
+             f"(host clock, hook to hook); baseline bubble {statistics.median(base):.1f} µs of a "
+             f"{wall:.0f} µs step:", ""]
     if mode == "off":
-        rows += ["| d µs | rise µs [IQR] | error | target | verdict |", "|---|---|---|---|---|"]
+        rows += ["| d µs | rise µs [IQR] | error vs d | target | verdict | host rise µs [IQR] | "
+                 "host slowdown (host rise - d) | meter - host (per pair, median) |",
+                 "|---|---|---|---|---|---|---|---|"]
     else:
-        rows += ["| d µs | rise µs [IQR] | hidden µs | hidden % |", "|---|---|---|---|"]
+        rows += ["| d µs | rise µs [IQR] | hidden µs | hidden % | host rise µs |",
+                 "|---|---|---|---|---|"]
     for d in DELAYS_MS:
-        r = float(np.median(rise[d]))
+        r, h = float(np.median(rise[d])), float(np.median(host[d]))
         q1, q3 = np.percentile(rise[d], [25, 75])
         want = d * 1e3
         if mode == "off":
             tol = max(0.05 * want, 10.0)
+            h1, h3 = np.percentile(host[d], [25, 75])
+            diff = float(np.median(np.subtract(rise[d], host[d])))
             rows.append(f"| {want:.0f} | {r:.1f} [{q1:.0f}, {q3:.0f}] | {r - want:+.1f} µs | "
-                        f"±{tol:.0f} µs | {verdict(abs(r - want) <= tol)} |")
+                        f"±{tol:.0f} µs | {verdict(abs(r - want) <= tol)} | {h:.1f} [{h1:.0f}, "
+                        f"{h3:.0f}] | {h - want:+.1f} µs | {diff:+.1f} µs |")
         else:
             rows.append(f"| {want:.0f} | {r:.1f} [{q1:.0f}, {q3:.0f}] | {want - r:.1f} | "
-                        f"{100 * (want - r) / want:.1f}% |")
+                        f"{100 * (want - r) / want:.1f}% | {h:.1f} |")
 
 
 def _same_steps(eng, steps, w: int, u: int):
@@ -377,7 +411,8 @@ def _rotate(engs: dict, ps, reps: int, tokens: int) -> dict:
     return {n: np.array(v) for n, v in rates.items()}
 
 
-def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None) -> None:
+def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
+             sizes: tuple = (1, 32)) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat), two engines
     per arm: an engine's own state (its graphs, their memory) can move its tok/s by as much
     as the meter, so each arm's rate per repeat is the geometric mean of its two engines,
@@ -402,7 +437,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
     rng = np.random.default_rng(0)
     engines = ("off a", "off b", "on a", "on b", "unstamped")
     saved = {}
-    for bs in (1, 32):
+    for bs in sizes:
         engs = {n: _engine(bs, meter=n != "off a" and n != "off b",
                            graph_stamps=n != "unstamped") for n in engines}
         ps = prompts(engs["off a"], bs)
@@ -499,6 +534,8 @@ def main(argv=None) -> int:
                     help="interleaved repeats of the split part")
     ap.add_argument("--planted-reps", type=int, default=15,
                     help="(d = 0, d) pairs per planted delay")
+    ap.add_argument("--overhead-bs", type=int, nargs="+", default=[1, 32],
+                    help="batch sizes of the overhead part")
     ap.add_argument("--raw", default=None,
                     help="overhead: save every engine's tok/s per repeat to this .npz")
     ap.add_argument("--pin-cpus", type=int, default=0,
@@ -531,7 +568,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
-        overhead(rows, a.overhead_reps, raw=a.raw)
+        overhead(rows, a.overhead_reps, raw=a.raw, sizes=tuple(a.overhead_bs))
     if "split" in want:
         split(rows, a.split_reps)
     emit("\n".join(rows), a.out)

@@ -208,6 +208,11 @@ def test_launch_codes_bound_and_stamps_outside_a_step():
     m.stamp(stamp_code("verify", "forward", True))
     with pytest.raises(RuntimeError, match="before the first step span"):
         m.collect()
+    m.begin_step("step[decode bs=1]")                 # the meter stays usable
+    m.stamp(stamp_code("verify", "forward", False))
+    m.stamp(stamp_code("verify", "forward", True))
+    m.collect()
+    assert list(m.stages_frame()["step"]) == [0]
 
 
 def test_step_spans_and_stage_spans_do_not_mix():

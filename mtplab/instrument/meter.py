@@ -265,13 +265,13 @@ class BubbleMeter:
         self._log_step = step
         if new == 0:
             return
-        if min(log) < 0:
-            raise RuntimeError("bubble meter: a stamp was issued before the first step span; "
-                               "stamps belong to a step (open one with the step span).")
         slots = (self._read + torch.arange(new)) & (self.capacity - 1)
         rec = self.ring.cpu().numpy()[slots.numpy()]
         log = np.asarray(log, dtype=np.int64)
-        self._read = n
+        self._read = n                      # consumed: an error below leaves the meter usable
+        if log.min() < 0:
+            raise RuntimeError("bubble meter: a stamp was issued before the first step span; "
+                               "stamps belong to a step (open one with Spans.step).")
         self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
         if self._t0_ns is None and self._rows:
             self._t0_ns = min(r[3] for r in self._rows)

@@ -215,6 +215,19 @@ def test_launch_codes_bound_and_stamps_outside_a_step():
     assert list(m.stages_frame()["step"]) == [0]
 
 
+def test_enabled_spans_open_the_step_and_stamp_device_stages_only():
+    """With spans enabled (a timeline or profiler run) the meter sees what it sees disabled:
+    the step span opens a step, a host span stamps nothing, an eager device stage two."""
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    sp = Spans(enabled=True, annotate=False, meter=m)
+    with sp.step("step[decode bs=1]"):
+        with sp.stage("schedule", "host"), sp.stage("verify"), sp.stage("tree", graphed=True):
+            pass
+    assert m.step == 0 and int(m.count[0]) == 2
+    m.collect()
+    assert list(m.stages_frame()["stage"]) == ["verify"] and m.names == ["step[decode bs=1]"]
+
+
 def test_step_spans_and_stage_spans_do_not_mix():
     sp = Spans(enabled=True, annotate=False)
     with pytest.raises(ValueError, match="Spans.step"):

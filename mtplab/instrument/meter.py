@@ -186,13 +186,11 @@ class BubbleMeter:
 
     # -- issue (hot path) ------------------------------------------------------------------
     def span(self, name: str, lane: str, graphed: bool = False):
-        """The meter's context manager for a span: stamps for an eager device-lane stage,
-        a step opener for a step span, nothing for host spans and graphed stages (their
-        graph, or the stage's self-stamping kernel, carries the stamps)."""
-        if graphed and lane in _LANE_ID:
+        """The meter's context manager for a stage span: stamps for an eager device-lane
+        stage, nothing for host spans and graphed stages (their graph, or the stage's
+        self-stamping kernel, carries the stamps). A step span is `step_span`."""
+        if graphed or lane not in _LANE_ID:
             return _NULL
-        if lane not in _LANE_ID:
-            return self.step_span(name) if STEP_RE.match(name) else _NULL
         by_name = self._spans.get(lane)         # two str-keyed lookups: no key tuple per call
         if by_name is None:
             by_name = self._spans[lane] = {}

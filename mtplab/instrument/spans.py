@@ -49,10 +49,8 @@ class _Span:
 
     __slots__ = ("spans", "name", "stream", "rec", "mark", "meter")
 
-    def __init__(self, spans: "Spans", name: str, stream: str, graphed: bool):
-        self.spans, self.name, self.stream = spans, name, stream
-        m = spans.meter
-        self.meter = m.span(name, stream, graphed) if m is not None else _NULL
+    def __init__(self, spans: "Spans", name: str, stream: str, meter):
+        self.spans, self.name, self.stream, self.meter = spans, name, stream, meter
 
     def __enter__(self):
         sp = self.spans
@@ -123,7 +121,9 @@ class Spans:
                 return _NULL     # a graph (or kernel) carries its stamps; host is not GPU work
             return m.span(name, stream or self.stream_name)
         _check(name)
-        return _Span(self, name, stream or self.stream_name, graphed)
+        stream = stream or self.stream_name
+        m = self.meter
+        return _Span(self, name, stream, m.span(name, stream, graphed) if m is not None else _NULL)
 
     def step(self, name: str):
         """Context manager for one engine step's span (`step[decode bs=N]`, on the host lane):
@@ -132,7 +132,8 @@ class Spans:
             m = self.meter
             return _NULL if m is None else m.step_span(name)
         _check(name, step=True)
-        return _Span(self, name, "host", False)
+        m = self.meter
+        return _Span(self, name, "host", m.step_span(name) if m is not None else _NULL)
 
 
 NO_SPANS = Spans(enabled=False)

@@ -397,10 +397,9 @@ def _engine(bs: int, meter: bool, graph_stamps: bool = True):
         return Engine(cfg)
 
 
-def _rotate(engs: dict, ps, reps: int, tokens: int, steps: dict | None = None) -> dict:
+def _rotate(engs: dict, ps, reps: int, tokens: int) -> tuple[dict, dict]:
     """Every engine generates `tokens` per prompt once per repeat, the order rotating each
-    repeat, GC off -> decode tok/s per engine (an array over repeats); `steps` gets each
-    engine's median decode step time (ms) per repeat."""
+    repeat, GC off -> (decode tok/s, median decode step ms) per engine, arrays over repeats."""
     names = list(engs)
     rates = {n: [] for n in names}
     p50 = {n: [] for n in names}
@@ -412,9 +411,16 @@ def _rotate(engs: dict, ps, reps: int, tokens: int, steps: dict | None = None) -
                 st = engs[n].stats()
                 rates[n].append(st["decode_tok_per_s"])
                 p50[n].append(st["decode_step_p50_ms"])
-    if steps is not None:
-        steps.update({n: np.array(v) for n, v in p50.items()})
-    return {n: np.array(v) for n, v in rates.items()}
+    return ({n: np.array(v) for n, v in rates.items()},
+            {n: np.array(v) for n, v in p50.items()})
+
+
+def _overhead_ci(ratio: np.ndarray, rng) -> tuple[float, float, float]:
+    """1 - median of per-repeat on/off ratios, % -> (overhead, bootstrap 95% interval)."""
+    n = ratio.size
+    boots = np.median(ratio[rng.integers(0, n, (4000, n))], axis=1)
+    lo, hi = (1 - np.percentile(boots, [97.5, 2.5])) * 100
+    return 100 * (1 - float(np.median(ratio))), float(lo), float(hi)
 
 
 def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
@@ -461,8 +467,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
         engs["on a"].generate(ps, max_new_tokens=64, ignore_eos=True)
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
-        p50: dict = {}
-        r = _rotate(engs, ps, reps, tokens, p50)
+        r, p50 = _rotate(engs, ps, reps, tokens)
         saved.update({f"bs{bs} {n}": v for n, v in r.items()})
         saved.update({f"bs{bs} {n} step_p50_ms": v for n, v in p50.items()})
         if raw:                                  # after each bs: a later failure keeps it
@@ -472,16 +477,11 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
 
         def ov(x, y):
             return 100 * (1 - float(np.median(r[x] / r[y])))
-        ratio = r["on"] / r["off"]
-        boots = np.median(ratio[rng.integers(0, reps, (4000, reps))], axis=1)
-        lo, hi = (1 - np.percentile(boots, [97.5, 2.5])) * 100
-        total = ov("on", "off")
+        total, lo, hi = _overhead_ci(r["on"] / r["off"], rng)
         # the same ratio from each generate's median step time (every arm decodes the same
         # tokens in the same steps): a host stall in a few steps moves the mean, not this
-        sr = np.sqrt(p50["off a"] * p50["off b"]) / np.sqrt(p50["on a"] * p50["on b"])
-        sboots = np.median(sr[rng.integers(0, reps, (4000, reps))], axis=1)
-        slo, shi = (1 - np.percentile(sboots, [97.5, 2.5])) * 100
-        step_ov = 100 * (1 - float(np.median(sr)))
+        step_ov, slo, shi = _overhead_ci(np.sqrt(p50["off a"] * p50["off b"])
+                                         / np.sqrt(p50["on a"] * p50["on b"]), rng)
         # every generate decodes the same tokens: the pooled rate is the harmonic mean
         pooled = 100 * (1 - hmean(list(r["on"])) / hmean(list(r["off"])))
         rows.append(f"| {bs} | {np.median(r['off']):.0f} | {np.median(r['on']):.0f} | "
@@ -528,7 +528,7 @@ def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
         ps = prompts(engs["off a"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
-        r = _rotate(engs, ps, reps, tokens)
+        r, _ = _rotate(engs, ps, reps, tokens)
         off = np.sqrt(r["off a"] * r["off b"])
 
         def ov(x, y):

@@ -18,10 +18,10 @@ printed with PASS/MISS against its target where it has one.
    step, bracketed by meter stamps so both tools count it busy) -> bubble fractions within
    2 points; host-bound (no sleep) -> both, and profiler - meter = idle inside stages the
    meter cannot see (no target).
-5. Overhead: decode tok/s meter on vs off, interleaved repeats, two engines per arm,
-   tiny-code bs 1 and bs 32 (target <= 1%): the median of the per-repeat ratios with its
-   bootstrap 95% interval, the pooled ratio (all tokens / all decode time of each arm), the
-   A/A ratio within each arm, and a split against an engine with unstamped graphs.
+5. Overhead: decode tok/s meter on vs off, interleaved repeats, three engines per arm built
+   interleaved, tiny-code bs 1 and bs 32 (target <= 1%): the median of the per-repeat
+   ratios with its bootstrap 95% interval, the pooled ratio (all tokens / all decode time
+   of each arm), each arm's engine spread, and a split against an arm with unstamped graphs.
 6. Split: the meter's cost outside its graphs, by part (unstamped graphs, then the d2h
    kernel unstamped too) against two meter-off engines (stated, no target).
 
@@ -423,40 +423,56 @@ def _overhead_ci(ratio: np.ndarray, rng) -> tuple[float, float, float]:
     return 100 * (1 - float(np.median(ratio))), float(lo), float(hi)
 
 
+def _arm_rate(r: dict, arm: str, k: int) -> np.ndarray:
+    """An arm's figure per repeat: the geometric mean over its k engines."""
+    return np.exp(np.mean([np.log(r[f"{arm} {i}"]) for i in range(k)], axis=0))
+
+
+def _spread(r: dict, arm: str, k: int) -> float:
+    """The arm's engine spread, %: (largest - smallest) / median of its engines' medians."""
+    med = [float(np.median(r[f"{arm} {i}"])) for i in range(k)]
+    return 100 * (max(med) - min(med)) / float(np.median(med))
+
+
 def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
-             sizes: tuple = (1, 32)) -> None:
-    """Decode tok/s meter on vs off, interleaved (the order rotates every repeat), two engines
-    per arm: an engine's own state (its graphs, their memory) can move its tok/s by as much
-    as the meter, so each arm's rate per repeat is the geometric mean of its two engines,
-    and the same-arm ratios (off b / off a, on b / on a) are reported as the A/A floor. The
-    verdict reads the median of the per-repeat on/off ratios (paired: neighbouring runs share
-    the machine's state), with a bootstrap 95% interval; the pooled ratio is all decode
-    tokens over all decode time of each arm. A fifth engine, the meter on with unstamped
-    graphs, splits the overhead into the graphs' stamps and the rest of the meter. `raw`: an
-    .npz path for every engine's decode tok/s per repeat (repeat i starts the rotation at
-    engine i mod 5, in the order of `engines`)."""
+             sizes: tuple = (1, 32), per_arm: int = 3) -> None:
+    """Decode tok/s meter on vs off, interleaved (the order rotates every repeat). An engine's
+    own state (its graphs, their memory, its place in the build order) can move its tok/s by
+    as much as the meter, so each arm has `per_arm` engines, built interleaved (off 0, on 0,
+    unstamped 0, off 1, ...), and an arm's rate per repeat is the geometric mean of its
+    engines; the engine spread per arm is reported beside it. The verdict reads the median
+    of the per-repeat on/off ratios (paired: neighbouring runs share the machine's state),
+    with a bootstrap 95% interval; the pooled ratio is all decode tokens over all decode
+    time of each arm. The third arm, the meter on with unstamped graphs, splits the
+    overhead into the graphs' stamps (on vs unstamped) and the rest of the meter
+    (unstamped vs off). `raw`: an .npz path for every engine's decode tok/s and median
+    step time per repeat (repeat i starts the rotation at engine i mod the engine count,
+    in build order)."""
+    k = per_arm
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
-             f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off, two "
-             "engines per arm; overhead = 1 - median of the per-repeat on/off ratios "
-             "[bootstrap 95% interval]; pooled = 1 - ratio of the arms' total decode tok/s; "
-             "from median step time = the same from each generate's median decode step time; "
-             "A/A = 1 - median of engine b / engine a within one arm; split: against an "
-             "engine with the meter on but its graphs unstamped; eager stamp launches per "
-             "decode step counted):", "",
+             f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off, {k} "
+             "engines per arm built interleaved, an arm's rate = the geometric mean of its "
+             "engines; overhead = 1 - median of the per-repeat on/off ratios [bootstrap 95% "
+             "interval]; pooled = 1 - ratio of the arms' total decode tok/s; from median step "
+             "time = the same from each generate's median decode step time; engine spread = "
+             "(largest - smallest) / median of one arm's engine medians; split: against the "
+             "arm with the meter on but its graphs unstamped; eager stamp launches per step "
+             "counted over a generate, prefill included):", "",
              "| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / step | "
-             "overhead [95% CI] | pooled | from median step time [95% CI] | A/A off, on | "
-             "of which graph stamps / rest | target | verdict |",
+             "overhead [95% CI] | pooled | from median step time [95% CI] | engine spread "
+             "off, on | of which graph stamps / rest | target | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rng = np.random.default_rng(0)
-    engines = ("off a", "off b", "on a", "on b", "unstamped")
+    arms = ("off", "on", "unstamped")
+    names = [f"{arm} {i}" for i in range(k) for arm in arms]       # the build order
     saved = {}
     for bs in sizes:
-        engs = {n: _engine(bs, meter=n != "off a" and n != "off b",
-                           graph_stamps=n != "unstamped") for n in engines}
-        ps = prompts(engs["off a"], bs)
+        engs = {n: _engine(bs, meter=not n.startswith("off"),
+                           graph_stamps=not n.startswith("unstamped")) for n in names}
+        ps = prompts(engs["off 0"], bs)
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
-        m, eager = engs["on a"].meter, [0]
+        m, eager = engs["on 0"].meter, [0]
         stamp = m.stamp
 
         def counting(code):
@@ -464,7 +480,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
             stamp(code)
         m.stamp = counting
         s0 = m.step
-        engs["on a"].generate(ps, max_new_tokens=64, ignore_eos=True)
+        engs["on 0"].generate(ps, max_new_tokens=64, ignore_eos=True)
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
         r, p50 = _rotate(engs, ps, reps, tokens)
@@ -473,22 +489,23 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
         if raw:                                  # after each bs: a later failure keeps it
             with atomic_path(raw) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **saved)
-        r["off"], r["on"] = np.sqrt(r["off a"] * r["off b"]), np.sqrt(r["on a"] * r["on b"])
+        rate = {a: _arm_rate(r, a, k) for a in arms}
+        step = {a: _arm_rate(p50, a, k) for a in arms}
 
         def ov(x, y):
-            return 100 * (1 - float(np.median(r[x] / r[y])))
-        total, lo, hi = _overhead_ci(r["on"] / r["off"], rng)
+            return 100 * (1 - float(np.median(rate[x] / rate[y])))
+        total, lo, hi = _overhead_ci(rate["on"] / rate["off"], rng)
         # the same ratio from each generate's median step time (every arm decodes the same
         # tokens in the same steps): a host stall in a few steps moves the mean, not this
-        step_ov, slo, shi = _overhead_ci(np.sqrt(p50["off a"] * p50["off b"])
-                                         / np.sqrt(p50["on a"] * p50["on b"]), rng)
+        step_ov, slo, shi = _overhead_ci(step["off"] / step["on"], rng)
         # every generate decodes the same tokens: the pooled rate is the harmonic mean
-        pooled = 100 * (1 - hmean(list(r["on"])) / hmean(list(r["off"])))
-        rows.append(f"| {bs} | {np.median(r['off']):.0f} | {np.median(r['on']):.0f} | "
+        pooled = 100 * (1 - hmean(np.concatenate([r[f"on {i}"] for i in range(k)]))
+                        / hmean(np.concatenate([r[f"off {i}"] for i in range(k)])))
+        rows.append(f"| {bs} | {np.median(rate['off']):.0f} | {np.median(rate['on']):.0f} | "
                     f"{per_step:.1f} | {total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
                     f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
-                    f"{ov('off b', 'off a'):.2f}%, {ov('on b', 'on a'):.2f}% | "
-                    f"{ov('on a', 'unstamped'):.2f}% / {ov('unstamped', 'off a'):.2f}% | "
+                    f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
+                    f"{ov('on', 'unstamped'):.2f}% / {ov('unstamped', 'off'):.2f}% | "
                     f"≤ 1% | {verdict(total <= 1.0)} |")
         del engs
 
@@ -552,11 +569,15 @@ def main(argv=None) -> int:
                     help="(d = 0, d) pairs per planted delay")
     ap.add_argument("--overhead-bs", type=int, nargs="+", default=[1, 32],
                     help="batch sizes of the overhead part")
+    ap.add_argument("--overhead-engines", type=int, default=3,
+                    help="engines per arm of the overhead part (built interleaved)")
     ap.add_argument("--raw", default=None,
                     help="overhead: save every engine's tok/s per repeat to this .npz")
     ap.add_argument("--pin-cpus", type=int, default=0,
                     help="run on this many CPUs (the allowed set's second on), 0: as started")
     a = ap.parse_args(argv)
+    if a.overhead_engines < 1:
+        ap.error(f"--overhead-engines {a.overhead_engines}: an arm needs at least 1 engine.")
     if a.pin_cpus:
         import os
         cpus = sorted(os.sched_getaffinity(0))[1:1 + a.pin_cpus]
@@ -584,7 +605,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
-        overhead(rows, a.overhead_reps, raw=a.raw, sizes=tuple(a.overhead_bs))
+        overhead(rows, a.overhead_reps, raw=a.raw, sizes=tuple(a.overhead_bs),
+                 per_arm=a.overhead_engines)
     if "split" in want:
         split(rows, a.split_reps)
     emit("\n".join(rows), a.out)

@@ -63,7 +63,7 @@ SHORT = {"batch_size": "bs"}
 # -- grids -------------------------------------------------------------------------------------
 def grid_doc(group: str) -> dict:
     """The grid file of a group name (mtplab/bench_grids/<group>.yaml) or a path."""
-    from .core import ConfigError
+    from .errors import ConfigError
     path = Path(group) if group.endswith((".yaml", ".yml")) else GRID_DIR / f"{group}.yaml"
     if not path.is_file():
         raise ConfigError(f"no bench group {group!r}: use one of {list(GROUPS)} or a grid file.")
@@ -224,7 +224,7 @@ def hbm_bandwidth() -> Optional[float]:
 
 # -- command line ------------------------------------------------------------------------------
 def main_bench(argv=None) -> int:
-    from .core import ConfigError
+    from .errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="mtplab bench", description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")

@@ -228,7 +228,7 @@ def main(argv: Optional[list] = None) -> int:
         module, func, _ = EXTERNAL[argv[0]]
         return getattr(importlib.import_module(module), func)(argv[1:])
     args = build_parser().parse_args(argv)
-    from .core import ConfigError
+    from .errors import ConfigError
     try:
         return COMMANDS[args.cmd](args)
     except (ConfigError, ValueError) as e:

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core import ConfigError
+from ..errors import ConfigError
 from .llama_config import LlamaConfig
 
 GiB = 1 << 30

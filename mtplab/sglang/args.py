@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config import RunConfig
-from ..core import ConfigError
+from ..errors import ConfigError
 
 ALGORITHMS = {"eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
 # SGLang's allow-list for topk > 1 with page > 1 (_handle_eagle_family), which it skips for

@@ -17,7 +17,7 @@ import orjson
 
 from ..atomic import atomic_write_bytes
 from ..config import RunConfig
-from ..core import ConfigError
+from ..errors import ConfigError
 from . import client
 from .args import ServerSpec, server_launch
 

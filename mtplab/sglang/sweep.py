@@ -25,7 +25,7 @@ import numpy as np
 
 from ..atomic import atomic_write_text
 from ..config import RunConfig
-from ..core import ConfigError
+from ..errors import ConfigError
 from . import client
 from .args import ServerLaunch, ServerSpec, server_launch
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..core import ConfigError
+from ..errors import ConfigError
 from .executors import DaskExecutor, LocalExecutor, visible_gpus
 from .grid import Cell, check_timeout, load_grid, yaml_problem
 from .lock import OutDirLocked, hold_out_dir

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ..core import ConfigError
+from ..errors import ConfigError
 from .process import CellJob, CellOutcome, run_job, run_on_worker
 
 Status = Callable[[str], Any]

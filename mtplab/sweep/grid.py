@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from ..config import RunConfig
-from ..core import ConfigError
+from ..errors import ConfigError
 
 GRID_KEYS = ("out", "timeout_s", "base", "arms", "grid", "exclude")
 # Resolved RunConfig fields that say where a cell writes, not what it runs: not hashed.

@@ -21,7 +21,8 @@
 # Device commands write under $OUT (else $MTP_SGL_TMP/out): sgl.log (this script's output),
 # arm_<warm|on|off>.log (client + server output), and from `pair` summary.json and
 # results.tgz (each arm's metrics.json, analysis/ and trace). Every wait has a timeout;
-# `warm` and `pair` end within $MTP_SGL_DEADLINE seconds (default 480) of their start.
+# `warm` and `pair` end within $MTP_SGL_DEADLINE seconds (default 480) of their start; a
+# TERM or INT (the call's own timeout) stops the running arm's whole session before exiting.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -253,9 +254,13 @@ run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own se
   local arm=$1 cap=$2 log=$OUTDIR/arm_$1.log pid t=0 rc a args=()
   while IFS= read -r -d '' a; do args+=("$a"); done < <(
     launch_args "$arm" "$MTP_SGL_TMP/models/target" "$MTP_SGL_TMP/models/draft" "$MTP_SGL_TMP/traces")
+  if [ "$cap" -lt 1 ]; then     # the deadline went on the steps before: launch nothing
+    echo "arm $arm: TIMEOUT before launch (${cap}s of MTP_SGL_DEADLINE left); raise it"
+    return 124
+  fi
   echo "== arm $arm: at most ${cap}s, log $log"
   setsid $PY -m mtplab.cli sglang launch "${args[@]}" > "$log" 2>&1 &
-  pid=$!
+  pid=$! ARM_PID=$!
   while kill -0 "$pid" 2>/dev/null; do
     if [ "$t" -ge "$cap" ]; then
       echo "arm $arm: TIMEOUT after ${cap}s; stopping its process group"
@@ -265,9 +270,19 @@ run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own se
   done
   wait "$pid"; rc=$?
   pkill_group "$pid"          # server children left behind, if any
+  ARM_PID=
   echo "arm $arm: exit $rc after ~${t}s"
   if [ "$rc" -ne 0 ]; then echo "---- tail of $log"; tail -n 80 "$log"; echo "----"; fi
   return "$rc"
+}
+
+ARM_PID=          # the session of the arm running now (run_arm), if any
+on_signal() {    # TERM/INT (the call's timeout, ^C): stop the running arm's session first
+  if [ -n "$ARM_PID" ]; then
+    echo "stopped by a signal: stopping arm session $ARM_PID"
+    pkill_group "$ARM_PID"
+  fi
+  exit 143
 }
 
 pkill_group() {  # TERM then KILL process group $1 (the session run_arm started), never ours
@@ -347,6 +362,7 @@ case "$cmd" in
     exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
     TEE_PID=$!
     trap 'rc=$?; exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null; exit $rc' EXIT
+    trap on_signal TERM INT
     echo "== $cmd $* ($(date -u +%FT%TZ))" ;;
 esac
 case "$cmd" in

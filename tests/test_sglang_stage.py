@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -226,17 +227,67 @@ def test_pair_runs_both_arms_against_a_fake_server(tmp_path, monkeypatch):
     assert "LlamaForCausalLMEagle" in cfg
 
 
-def test_warm_stops_a_server_that_never_answers(tmp_path):
-    """A server that hangs is stopped at the deadline, with its whole process group."""
+def hanging_server(tmp_path) -> tuple[Path, Path]:
+    """A fake server python that records its pid and a child's, then hangs -> (it, pids)."""
     pids = tmp_path / "pids"
     hang = tmp_path / "hangpython"
     hang.write_text(f"#!/bin/sh\necho $$ >> {shlex.quote(str(pids))}\n"
                     "sleep 300 & echo $! >> " + shlex.quote(str(pids)) + "\nwait\n")
     hang.chmod(0o755)
-    env = {**device_env(tmp_path, hang, 1), "MTP_SGL_DEADLINE": "8"}
-    r = sh("warm", env=env, check=False)
-    assert r.returncode != 0
-    assert "TIMEOUT" in r.stdout and "tail of" in r.stdout
+    return hang, pids
+
+
+def assert_all_gone(pids: Path) -> None:
     for pid in pids.read_text().split():
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
+
+
+@pytest.mark.slow
+def test_warm_stops_a_server_that_never_answers(tmp_path):
+    """A server that hangs is stopped at the deadline, with its whole process group."""
+    hang, pids = hanging_server(tmp_path)
+    # the deadline counts from warm's start: prepare (model dirs, probe) and the launcher's
+    # imports take 10-25 s on a busy 2-core machine; 60 s leaves the fake server time to hang
+    env = {**device_env(tmp_path, hang, 1), "MTP_SGL_DEADLINE": "60"}
+    r = sh("warm", env=env, check=False)
+    assert r.returncode != 0
+    assert "TIMEOUT after" in r.stdout and "tail of" in r.stdout
+    assert pids.is_file(), "the fake server never started: " + r.stdout
+    assert_all_gone(pids)
+
+
+def test_a_terminated_warm_stops_its_server(tmp_path):
+    """TERM to the script (the device call's timeout) stops the running arm's process group
+    before the script exits: no server is left behind."""
+    hang, pids = hanging_server(tmp_path)
+    env = {**os.environ, "PYTHON": sys.executable, **device_env(tmp_path, hang, 1)}
+    p = subprocess.Popen(["bash", str(SCRIPT), "warm"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(600):                 # the server and its child are up
+            if pids.is_file() and len(pids.read_text().split()) == 2:
+                break
+            assert p.poll() is None, p.communicate()[0]
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the fake server did not start within 60 s")
+        p.terminate()
+        out = p.communicate(timeout=60)[0]
+    finally:
+        p.kill()
+    assert p.returncode == 143 and "stopped by a signal" in out, out
+    assert_all_gone(pids)
+
+
+def test_warm_launches_nothing_when_the_deadline_is_spent(tmp_path):
+    """A deadline used up before the launch says so, and starts no server."""
+    started = tmp_path / "started"
+    server = tmp_path / "serverpython"
+    server.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\n")
+    server.chmod(0o755)
+    env = {**device_env(tmp_path, server, 1), "MTP_SGL_DEADLINE": "1"}
+    r = sh("warm", env=env, check=False)
+    assert r.returncode == 124, r.stdout + r.stderr
+    assert "TIMEOUT before launch" in r.stdout and "raise it" in r.stdout
+    assert not started.exists() and not (tmp_path / "out" / "arm_warm.log").exists()

@@ -286,7 +286,7 @@ def test_warm_launches_nothing_when_the_deadline_is_spent(tmp_path):
     server = tmp_path / "serverpython"
     server.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(started))}\n")
     server.chmod(0o755)
-    env = {**device_env(tmp_path, server, 1), "MTP_SGL_DEADLINE": "1"}
+    env = {**device_env(tmp_path, server, 1), "MTP_SGL_DEADLINE": "0"}
     r = sh("warm", env=env, check=False)
     assert r.returncode == 124, r.stdout + r.stderr
     assert "TIMEOUT before launch" in r.stdout and "raise it" in r.stdout

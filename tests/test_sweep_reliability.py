@@ -74,7 +74,7 @@ def test_kill_9_of_the_driver_takes_the_cell_with_it(tmp_path):
     cells = _wait_for(lambda: _cell_pids(out), 120, "the cell process")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    _wait_for(lambda: not _cell_pids(out), 5, "the orphaned cell to die")
+    _wait_for(lambda: not _cell_pids(out), 30, "the orphaned cell to die")
     assert not any(_alive(p) for p in cells)
     # a resumed sweep runs the cell from clean folders, to the end
     rc = main_sweep([str(grid), "--out", str(out), "--no-progress"])

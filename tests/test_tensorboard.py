@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def _get(url: str):
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=30) as r:     # a busy CI machine is slow
         return json.loads(r.read())
 
 
@@ -65,7 +65,7 @@ def _check(base: str, proc: subprocess.Popen, worker: str, tmp_path) -> None:
             runs = _get(f"{base}/runs")
             if "run1" in runs["runs"] and not runs.get("loading"):
                 break
-        except (urllib.error.URLError, ConnectionError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
     assert runs is not None and "run1" in runs["runs"], runs

@@ -26,6 +26,7 @@ printed with PASS/MISS against its target where it has one.
    kernel unstamped too) against two meter-off engines (stated, no target).
 
     python -m benchmarks.bench_meter --out $OUT/bench_meter.md
+    python -m benchmarks.bench_meter --pool run1.npz run2.npz    # saved --raw runs, pooled
 """
 from __future__ import annotations
 
@@ -434,6 +435,38 @@ def _spread(r: dict, arm: str, k: int) -> float:
     return 100 * (max(med) - min(med)) / float(np.median(med))
 
 
+OVERHEAD_HEADER = ("| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / "
+                   "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
+                   "engine spread off, on | of which graph stamps / rest | target | verdict |")
+OVERHEAD_ARMS = ("off", "on", "unstamped")
+
+
+def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | None) -> str:
+    """The overhead table's row from every engine's decode tok/s (`r`) and median decode
+    step ms (`p50`) per repeat, keyed "<arm> <i>" (the arms of OVERHEAD_ARMS); `per_step`
+    eager stamps per step (None: not counted)."""
+    k, rng = per_arm, np.random.default_rng(0)
+    rate = {a: _arm_rate(r, a, k) for a in OVERHEAD_ARMS}
+    step = {a: _arm_rate(p50, a, k) for a in OVERHEAD_ARMS}
+
+    def ov(x, y):
+        return 100 * (1 - float(np.median(rate[x] / rate[y])))
+    total, lo, hi = _overhead_ci(rate["on"] / rate["off"], rng)
+    # the same ratio from each generate's median step time (every arm decodes the same
+    # tokens in the same steps): a host stall in a few steps moves the mean, not this
+    step_ov, slo, shi = _overhead_ci(step["off"] / step["on"], rng)
+    # every generate decodes the same tokens: the pooled rate is the harmonic mean
+    pooled = 100 * (1 - hmean(np.concatenate([r[f"on {i}"] for i in range(k)]))
+                    / hmean(np.concatenate([r[f"off {i}"] for i in range(k)])))
+    return (f"| {bs} | {np.median(rate['off']):.0f} | {np.median(rate['on']):.0f} | "
+            f"{'-' if per_step is None else f'{per_step:.1f}'} | "
+            f"{total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
+            f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
+            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
+            f"{ov('on', 'unstamped'):.2f}% / {ov('unstamped', 'off'):.2f}% | "
+            f"≤ 1% | {verdict(total <= 1.0)} |")
+
+
 def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
              sizes: tuple = (1, 32), per_arm: int = 3) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat). An engine's
@@ -446,8 +479,8 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
     time of each arm. The third arm, the meter on with unstamped graphs, splits the
     overhead into the graphs' stamps (on vs unstamped) and the rest of the meter
     (unstamped vs off). `raw`: an .npz path for every engine's decode tok/s and median
-    step time per repeat (repeat i starts the rotation at engine i mod the engine count,
-    in build order)."""
+    step time per repeat and the eager stamps per step (repeat i starts the rotation at
+    engine i mod the engine count, in build order); `--pool` reads such files back."""
     k = per_arm
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
              f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off, {k} "
@@ -457,14 +490,9 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
              "time = the same from each generate's median decode step time; engine spread = "
              "(largest - smallest) / median of one arm's engine medians; split: against the "
              "arm with the meter on but its graphs unstamped; eager stamp launches per step "
-             "counted over a generate, prefill included):", "",
-             "| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / step | "
-             "overhead [95% CI] | pooled | from median step time [95% CI] | engine spread "
-             "off, on | of which graph stamps / rest | target | verdict |",
+             "counted over a generate, prefill included):", "", OVERHEAD_HEADER,
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    rng = np.random.default_rng(0)
-    arms = ("off", "on", "unstamped")
-    names = [f"{arm} {i}" for i in range(k) for arm in arms]       # the build order
+    names = [f"{arm} {i}" for i in range(k) for arm in OVERHEAD_ARMS]      # the build order
     saved = {}
     for bs in sizes:
         engs = {n: _engine(bs, meter=not n.startswith("off"),
@@ -486,28 +514,45 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
         r, p50 = _rotate(engs, ps, reps, tokens)
         saved.update({f"bs{bs} {n}": v for n, v in r.items()})
         saved.update({f"bs{bs} {n} step_p50_ms": v for n, v in p50.items()})
+        saved[f"bs{bs} eager_per_step"] = np.array(per_step)
         if raw:                                  # after each bs: a later failure keeps it
             with atomic_path(raw) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **saved)
-        rate = {a: _arm_rate(r, a, k) for a in arms}
-        step = {a: _arm_rate(p50, a, k) for a in arms}
-
-        def ov(x, y):
-            return 100 * (1 - float(np.median(rate[x] / rate[y])))
-        total, lo, hi = _overhead_ci(rate["on"] / rate["off"], rng)
-        # the same ratio from each generate's median step time (every arm decodes the same
-        # tokens in the same steps): a host stall in a few steps moves the mean, not this
-        step_ov, slo, shi = _overhead_ci(step["off"] / step["on"], rng)
-        # every generate decodes the same tokens: the pooled rate is the harmonic mean
-        pooled = 100 * (1 - hmean(np.concatenate([r[f"on {i}"] for i in range(k)]))
-                        / hmean(np.concatenate([r[f"off {i}"] for i in range(k)])))
-        rows.append(f"| {bs} | {np.median(rate['off']):.0f} | {np.median(rate['on']):.0f} | "
-                    f"{per_step:.1f} | {total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
-                    f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
-                    f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
-                    f"{ov('on', 'unstamped'):.2f}% / {ov('unstamped', 'off'):.2f}% | "
-                    f"≤ 1% | {verdict(total <= 1.0)} |")
+        rows.append(overhead_row(bs, r, p50, k, per_step))
         del engs
+
+
+def pool(rows: list, paths: list) -> None:
+    """The overhead rows of several saved runs (`--raw` files of this layout) pooled: each
+    engine's repeats concatenated across the files, per batch size found in all of them."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(dict(np.load(path)))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--pool {path}: cannot read it as a --raw .npz ({e}).") from None
+    sizes = sorted({int(key.split()[0][2:]) for key in runs[0] if key.endswith(" off 0")})
+    if not sizes or not all(f"bs{bs} off 0" in z for z in runs for bs in sizes):
+        raise SystemExit("--pool: every file must be a --raw of the overhead part from the "
+                         "three-arm layout (keys 'bs<N> off 0', 'bs<N> on 0', ...), with the "
+                         "same batch sizes.")
+    rows += ["", f"Meter overhead pooled over {len(paths)} saved runs ({', '.join(paths)}; each "
+             "engine's repeats concatenated; columns as in the overhead part):", "",
+             OVERHEAD_HEADER, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for bs in sizes:
+        k = sum(1 for key in runs[0] if key.startswith(f"bs{bs} off ")
+                and not key.endswith("step_p50_ms"))
+        keys = [f"{a} {i}" for a in OVERHEAD_ARMS for i in range(k)]
+        missing = [key for key in keys for z in runs if f"bs{bs} {key}" not in z]
+        if missing:
+            raise SystemExit(f"--pool: bs {bs}: the files differ in engines per arm "
+                             f"(missing {missing[0]!r}); pool runs of one --overhead-engines.")
+        r = {key: np.concatenate([z[f"bs{bs} {key}"] for z in runs]) for key in keys}
+        p50 = {key: np.concatenate([z[f"bs{bs} {key} step_p50_ms"] for z in runs])
+               for key in keys}
+        eager = [float(z[f"bs{bs} eager_per_step"]) for z in runs
+                 if f"bs{bs} eager_per_step" in z]          # (runs saved before 2026-11-23)
+        rows.append(overhead_row(bs, r, p50, k, float(np.mean(eager)) if eager else None))
 
 
 def quiet_d2h(eng) -> None:
@@ -575,7 +620,14 @@ def main(argv=None) -> int:
                     help="overhead: save every engine's tok/s per repeat to this .npz")
     ap.add_argument("--pin-cpus", type=int, default=0,
                     help="run on this many CPUs (the allowed set's second on), 0: as started")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="RAW",
+                    help="print the overhead rows of these saved --raw runs pooled (no GPU)")
     a = ap.parse_args(argv)
+    if a.pool:
+        rows = ["### Bubble meter (benchmarks/bench_meter.py --pool)"]
+        pool(rows, a.pool)
+        emit("\n".join(rows), a.out)
+        return 0
     if a.overhead_engines < 1:
         ap.error(f"--overhead-engines {a.overhead_engines}: an arm needs at least 1 engine.")
     if a.pin_cpus:

@@ -67,9 +67,10 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def spin_us(us: float) -> None:
-    """Busy-wait: the planted host time is exact (a sleep overshoots by the timer slack)."""
-    t = time.perf_counter_ns()
+def spin_us(us: float, since_ns: int | None = None) -> None:
+    """Busy-wait until `us` after `since_ns` (perf_counter_ns; None: now): the planted host
+    time is exact (a sleep overshoots by the timer slack)."""
+    t = time.perf_counter_ns() if since_ns is None else since_ns
     while time.perf_counter_ns() - t < us * 1e3:
         pass
 
@@ -78,13 +79,12 @@ SLACK_US = 100.0     # a sleep's overshoot this machine's timer slack allows (sp
 
 
 def sleep_us(us: float) -> None:
-    """The planted delay: sleep (the CPU is given up, as in the issue's hook), the last
-    SLACK_US spun so that the planted time is d, not d plus the timer's overshoot."""
+    """The planted delay: sleep (the CPU is given up, as a real per-step hook's wait does),
+    the last SLACK_US spun so that the planted time is d, not d plus the timer's overshoot."""
     t = time.perf_counter_ns()
     if us > SLACK_US:
         time.sleep((us - SLACK_US) * 1e-6)
-    while time.perf_counter_ns() - t < us * 1e3:
-        pass
+    spin_us(us, t)
 
 
 def resolution(rows: list, n: int = 2000) -> None:
@@ -435,9 +435,10 @@ def _spread(r: dict, arm: str, k: int) -> float:
     return 100 * (max(med) - min(med)) / float(np.median(med))
 
 
-OVERHEAD_HEADER = ("| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / "
+OVERHEAD_HEADER = ["| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / "
                    "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
-                   "engine spread off, on | of which graph stamps / rest | target | verdict |")
+                   "engine spread off, on | of which graph stamps / rest | target | verdict |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|"]
 OVERHEAD_ARMS = ("off", "on", "unstamped")
 
 
@@ -490,8 +491,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
              "time = the same from each generate's median decode step time; engine spread = "
              "(largest - smallest) / median of one arm's engine medians; split: against the "
              "arm with the meter on but its graphs unstamped; eager stamp launches per step "
-             "counted over a generate, prefill included):", "", OVERHEAD_HEADER,
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "counted over a generate, prefill included):", "", *OVERHEAD_HEADER]
     names = [f"{arm} {i}" for i in range(k) for arm in OVERHEAD_ARMS]      # the build order
     saved = {}
     for bs in sizes:
@@ -538,7 +538,7 @@ def pool(rows: list, paths: list) -> None:
                          "same batch sizes.")
     rows += ["", f"Meter overhead pooled over {len(paths)} saved runs ({', '.join(paths)}; each "
              "engine's repeats concatenated; columns as in the overhead part):", "",
-             OVERHEAD_HEADER, "|---|---|---|---|---|---|---|---|---|---|---|"]
+             *OVERHEAD_HEADER]
     for bs in sizes:
         k = sum(1 for key in runs[0] if key.startswith(f"bs{bs} off ")
                 and not key.endswith("step_p50_ms"))

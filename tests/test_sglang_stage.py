@@ -26,10 +26,14 @@ pytestmark = pytest.mark.skipif(
     reason="needs bash, split, sha256sum and setsid")
 
 
+def script_env(env=None) -> dict:
+    """The script's environment: ours, this Python as $PYTHON, then `env`."""
+    return {**os.environ, "PYTHON": sys.executable, **(env or {})}
+
+
 def sh(*args, env=None, check=True):
-    e = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=e,
-                       timeout=120)
+    r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                       env=script_env(env), timeout=120)
     if check and r.returncode != 0:
         raise AssertionError(f"{args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return r
@@ -261,7 +265,7 @@ def test_a_terminated_warm_stops_its_server(tmp_path):
     """TERM to the script (the device call's timeout) stops the running arm's process group
     before the script exits: no server is left behind."""
     hang, pids = hanging_server(tmp_path)
-    env = {**os.environ, "PYTHON": sys.executable, **device_env(tmp_path, hang, 1)}
+    env = script_env(device_env(tmp_path, hang, 1))
     p = subprocess.Popen(["bash", str(SCRIPT), "warm"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:

@@ -398,14 +398,20 @@ def _engine(bs: int, meter: bool, graph_stamps: bool = True):
         return Engine(cfg)
 
 
-def _rotate(engs: dict, ps, reps: int, tokens: int) -> tuple[dict, dict]:
+def _rotate(engs: dict, ps, reps: int, tokens: int,
+            seconds: float | None = None) -> tuple[dict, dict]:
     """Every engine generates `tokens` per prompt once per repeat, the order rotating each
-    repeat, GC off -> (decode tok/s, median decode step ms) per engine, arrays over repeats."""
+    repeat, GC off -> (decode tok/s, median decode step ms) per engine, arrays over repeats.
+    `seconds`: no repeat after the first starts after this long (the repeats done are
+    returned)."""
     names = list(engs)
     rates = {n: [] for n in names}
     p50 = {n: [] for n in names}
+    t0 = time.perf_counter()
     with gc_off():
         for i in range(reps):
+            if i and seconds is not None and time.perf_counter() - t0 > seconds:
+                break
             k = i % len(names)
             for n in names[k:] + names[:k]:
                 engs[n].generate(ps, max_new_tokens=tokens, ignore_eos=True)
@@ -439,16 +445,18 @@ OVERHEAD_HEADER = ["| bs | meter off (median tok/s) | meter on (median tok/s) | 
                    "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
                    "engine spread off, on | of which graph stamps / rest | target | verdict |",
                    "|---|---|---|---|---|---|---|---|---|---|---|"]
-OVERHEAD_ARMS = ("off", "on", "unstamped")
+OVERHEAD_ARMS = ("off", "on", "unstamped")      # "unstamped" is left out by --no-split
 
 
 def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | None) -> str:
     """The overhead table's row from every engine's decode tok/s (`r`) and median decode
-    step ms (`p50`) per repeat, keyed "<arm> <i>" (the arms of OVERHEAD_ARMS); `per_step`
-    eager stamps per step (None: not counted)."""
+    step ms (`p50`) per repeat, keyed "<arm> <i>" (the arms of OVERHEAD_ARMS; without the
+    "unstamped" ones the split cell reads "-"); `per_step` eager stamps per step (None: not
+    counted)."""
     k, rng = per_arm, np.random.default_rng(0)
-    rate = {a: _arm_rate(r, a, k) for a in OVERHEAD_ARMS}
-    step = {a: _arm_rate(p50, a, k) for a in OVERHEAD_ARMS}
+    arms = [a for a in OVERHEAD_ARMS if f"{a} 0" in r]
+    rate = {a: _arm_rate(r, a, k) for a in arms}
+    step = {a: _arm_rate(p50, a, k) for a in arms}
 
     def ov(x, y):
         return 100 * (1 - float(np.median(rate[x] / rate[y])))
@@ -459,17 +467,19 @@ def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | No
     # every generate decodes the same tokens: the pooled rate is the harmonic mean
     pooled = 100 * (1 - hmean(np.concatenate([r[f"on {i}"] for i in range(k)]))
                     / hmean(np.concatenate([r[f"off {i}"] for i in range(k)])))
+    split_cell = (f"{ov('on', 'unstamped'):.2f}% / {ov('unstamped', 'off'):.2f}%"
+                  if "unstamped" in arms else "-")
     return (f"| {bs} | {np.median(rate['off']):.0f} | {np.median(rate['on']):.0f} | "
             f"{'-' if per_step is None else f'{per_step:.1f}'} | "
             f"{total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
             f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
-            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
-            f"{ov('on', 'unstamped'):.2f}% / {ov('unstamped', 'off'):.2f}% | "
+            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | {split_cell} | "
             f"≤ 1% | {verdict(total <= 1.0)} |")
 
 
 def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
-             sizes: tuple = (1, 32), per_arm: int = 3) -> None:
+             sizes: tuple = (1, 32), per_arm: int = 3, split_arm: bool = True,
+             seconds: float | None = None) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat). An engine's
     own state (its graphs, their memory, its place in the build order) can move its tok/s by
     as much as the meter, so each arm has `per_arm` engines, built interleaved (off 0, on 0,
@@ -479,21 +489,28 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
     with a bootstrap 95% interval; the pooled ratio is all decode tokens over all decode
     time of each arm. The third arm, the meter on with unstamped graphs, splits the
     overhead into the graphs' stamps (on vs unstamped) and the rest of the meter
-    (unstamped vs off). `raw`: an .npz path for every engine's decode tok/s and median
-    step time per repeat and the eager stamps per step (repeat i starts the rotation at
-    engine i mod the engine count, in build order); `--pool` reads such files back."""
+    (unstamped vs off); `split_arm=False` leaves it out, so that a repeat is shorter and
+    its on and off generates closer in time. `seconds`: per batch size, no repeat starts
+    after this long. `raw`: an .npz path for every engine's decode tok/s and median step
+    time per repeat, the eager stamps per step and the tokens per generate (repeat i starts
+    the rotation at engine i mod the engine count, in build order); `--pool` reads such
+    files back."""
     k = per_arm
+    arms = OVERHEAD_ARMS if split_arm else OVERHEAD_ARMS[:2]
+    cap = "" if seconds is None else f" (or as many as {seconds:.0f} s allow)"
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
-             f"tok/s of {tokens}-token generates, {reps} interleaved repeats, GC off, {k} "
-             "engines per arm built interleaved, an arm's rate = the geometric mean of its "
-             "engines; overhead = 1 - median of the per-repeat on/off ratios [bootstrap 95% "
-             "interval]; pooled = 1 - ratio of the arms' total decode tok/s; from median step "
-             "time = the same from each generate's median decode step time; engine spread = "
-             "(largest - smallest) / median of one arm's engine medians; split: against the "
-             "arm with the meter on but its graphs unstamped; eager stamp launches per step "
-             "counted over a generate, prefill included):", "", *OVERHEAD_HEADER]
-    names = [f"{arm} {i}" for i in range(k) for arm in OVERHEAD_ARMS]      # the build order
-    saved = {}
+             f"tok/s of {tokens}-token generates, {reps} interleaved repeats{cap}, GC off, "
+             f"{k} engines per arm built interleaved, an arm's rate = the geometric mean of "
+             "its engines; overhead = 1 - median of the per-repeat on/off ratios [bootstrap "
+             "95% interval]; pooled = 1 - ratio of the arms' total decode tok/s; from median "
+             "step time = the same from each generate's median decode step time; engine "
+             "spread = (largest - smallest) / median of one arm's engine medians; split: "
+             + ("against the arm with the meter on but its graphs unstamped" if split_arm
+                else "not run (--no-split)")
+             + "; eager stamp launches per step counted over a generate, prefill included):",
+             "", *OVERHEAD_HEADER]
+    names = [f"{arm} {i}" for i in range(k) for arm in arms]      # the build order
+    saved, done = {}, []
     for bs in sizes:
         engs = {n: _engine(bs, meter=not n.startswith("off"),
                            graph_stamps=not n.startswith("unstamped")) for n in names}
@@ -511,20 +528,24 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
         engs["on 0"].generate(ps, max_new_tokens=64, ignore_eos=True)
         per_step = eager[0] / max(1, m.step - s0)
         del m.stamp
-        r, p50 = _rotate(engs, ps, reps, tokens)
+        r, p50 = _rotate(engs, ps, reps, tokens, seconds)
         saved.update({f"bs{bs} {n}": v for n, v in r.items()})
         saved.update({f"bs{bs} {n} step_p50_ms": v for n, v in p50.items()})
         saved[f"bs{bs} eager_per_step"] = np.array(per_step)
+        saved[f"bs{bs} tokens"] = np.array(tokens)
         if raw:                                  # after each bs: a later failure keeps it
             with atomic_path(raw) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **saved)
         rows.append(overhead_row(bs, r, p50, k, per_step))
+        done.append(f"bs {bs}: {len(r['off 0'])}")
         del engs
+    rows += ["", f"Repeats run: {', '.join(done)}."]
 
 
 def pool(rows: list, paths: list) -> None:
     """The overhead rows of several saved runs (`--raw` files of this layout) pooled: each
-    engine's repeats concatenated across the files, per batch size found in all of them."""
+    engine's repeats concatenated across the files, per batch size found in all of them.
+    The files must agree in arms, engines per arm and tokens per generate."""
     runs = []
     for path in paths:
         try:
@@ -532,21 +553,28 @@ def pool(rows: list, paths: list) -> None:
         except (OSError, ValueError) as e:
             raise SystemExit(f"--pool {path}: cannot read it as a --raw .npz ({e}).") from None
     sizes = sorted({int(key.split()[0][2:]) for key in runs[0] if key.endswith(" off 0")})
-    if not sizes or not all(f"bs{bs} off 0" in z for z in runs for bs in sizes):
-        raise SystemExit("--pool: every file must be a --raw of the overhead part from the "
-                         "three-arm layout (keys 'bs<N> off 0', 'bs<N> on 0', ...), with the "
-                         "same batch sizes.")
+    if not sizes or not all(f"bs{bs} off 0" in z and f"bs{bs} on 0" in z
+                            for z in runs for bs in sizes):
+        raise SystemExit("--pool: every file must be a --raw of the overhead part (keys "
+                         "'bs<N> off 0', 'bs<N> on 0', ...), with the same batch sizes.")
     rows += ["", f"Meter overhead pooled over {len(paths)} saved runs ({', '.join(paths)}; each "
              "engine's repeats concatenated; columns as in the overhead part):", "",
              *OVERHEAD_HEADER]
     for bs in sizes:
-        k = sum(1 for key in runs[0] if key.startswith(f"bs{bs} off ")
-                and not key.endswith("step_p50_ms"))
-        keys = [f"{a} {i}" for a in OVERHEAD_ARMS for i in range(k)]
-        missing = [key for key in keys for z in runs if f"bs{bs} {key}" not in z]
-        if missing:
-            raise SystemExit(f"--pool: bs {bs}: the files differ in engines per arm "
-                             f"(missing {missing[0]!r}); pool runs of one --overhead-engines.")
+        def layout(z):          # (arms, engines per arm, tokens per generate)
+            arms = tuple(a for a in OVERHEAD_ARMS if f"bs{bs} {a} 0" in z)
+            k = sum(1 for key in z if key.startswith(f"bs{bs} off ")
+                    and not key.endswith("step_p50_ms"))
+            return arms, k, int(z.get(f"bs{bs} tokens", 256))     # no key: saved at 256
+        first = layout(runs[0])
+        for path, z in zip(paths, runs):
+            if layout(z) != first:
+                raise SystemExit(
+                    f"--pool: bs {bs}: {path} differs from {paths[0]} in its layout (arms, "
+                    f"engines per arm, tokens per generate: {layout(z)} vs {first}); pool runs "
+                    "of one --overhead-engines, --overhead-tokens and --no-split setting.")
+        arms, k, _ = first
+        keys = [f"{a} {i}" for a in arms for i in range(k)]
         r = {key: np.concatenate([z[f"bs{bs} {key}"] for z in runs]) for key in keys}
         p50 = {key: np.concatenate([z[f"bs{bs} {key} step_p50_ms"] for z in runs])
                for key in keys}
@@ -616,6 +644,13 @@ def main(argv=None) -> int:
                     help="batch sizes of the overhead part")
     ap.add_argument("--overhead-engines", type=int, default=3,
                     help="engines per arm of the overhead part (built interleaved)")
+    ap.add_argument("--overhead-tokens", type=int, default=256,
+                    help="decode tokens per generate of the overhead part")
+    ap.add_argument("--overhead-seconds", type=float, default=None,
+                    help="overhead: per batch size, start no repeat after this many seconds")
+    ap.add_argument("--no-split", action="store_true",
+                    help="overhead: leave out the unstamped-graphs arm (two arms: shorter "
+                         "repeats, on and off closer in time; no split)")
     ap.add_argument("--raw", default=None,
                     help="overhead: save every engine's tok/s per repeat to this .npz")
     ap.add_argument("--pin-cpus", type=int, default=0,
@@ -630,6 +665,11 @@ def main(argv=None) -> int:
         return 0
     if a.overhead_engines < 1:
         ap.error(f"--overhead-engines {a.overhead_engines}: an arm needs at least 1 engine.")
+    if a.overhead_tokens < 16:
+        ap.error(f"--overhead-tokens {a.overhead_tokens}: a generate needs at least 16 decode "
+                 "tokens for a median step time.")
+    if a.overhead_seconds is not None and a.overhead_seconds <= 0:
+        ap.error(f"--overhead-seconds {a.overhead_seconds}: give a positive number of seconds.")
     if a.pin_cpus:
         import os
         cpus = sorted(os.sched_getaffinity(0))[1:1 + a.pin_cpus]
@@ -657,8 +697,9 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             vs_profiler(rows, Path(d))
     if "overhead" in want:
-        overhead(rows, a.overhead_reps, raw=a.raw, sizes=tuple(a.overhead_bs),
-                 per_arm=a.overhead_engines)
+        overhead(rows, a.overhead_reps, a.overhead_tokens, raw=a.raw,
+                 sizes=tuple(a.overhead_bs), per_arm=a.overhead_engines,
+                 split_arm=not a.no_split, seconds=a.overhead_seconds)
     if "split" in want:
         split(rows, a.split_reps)
     emit("\n".join(rows), a.out)

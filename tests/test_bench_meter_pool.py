@@ -1,20 +1,21 @@
-"""benchmarks/bench_meter.py --pool: saved overhead runs pooled (no GPU). Planted rates: the
-meter arm exactly 2% slower than off, the unstamped arm 0.5% slower, so every column is
-known."""
+"""benchmarks/bench_meter.py's overhead part on CPU, and --pool: saved overhead runs pooled
+(no GPU). Planted rates: the meter arm exactly 2% slower than off, the unstamped arm 0.5%
+slower, so every column is known."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks.bench_meter import OVERHEAD_ARMS, main
+from benchmarks.bench_meter import OVERHEAD_ARMS, main, overhead
 
 
-def raw(path, reps: int, seed: int, eager: bool = True, per_arm: int = 3):
+def raw(path, reps: int, seed: int, eager: bool = True, per_arm: int = 3,
+        arms: tuple = OVERHEAD_ARMS, tokens: int | None = None):
     rng = np.random.default_rng(seed)
     machine = 3000 * np.exp(rng.normal(0, 0.05, reps))        # shared by every engine
     slow = {"off": 1.0, "on": 0.98, "unstamped": 0.995}
-    z = {}
-    for a in OVERHEAD_ARMS:
+    z = {} if tokens is None else {"bs1 tokens": np.array(tokens)}
+    for a in arms:
         for i in range(per_arm):
             z[f"bs1 {a} {i}"] = machine * slow[a]
             z[f"bs1 {a} {i} step_p50_ms"] = 1e3 / (machine * slow[a])
@@ -45,10 +46,16 @@ def test_pool_reads_planted_ratios_back(tmp_path, capsys):
 def test_pool_refuses_what_it_cannot_pool(tmp_path):
     two = raw(tmp_path / "two.npz", 10, 0, per_arm=2)
     three = raw(tmp_path / "three.npz", 10, 1)
-    with pytest.raises(SystemExit, match="differ in engines per arm"):
+    with pytest.raises(SystemExit, match=r"three.npz in its layout .*--overhead-engines"):
         main(["--pool", str(three), str(two)])
+    no_split = raw(tmp_path / "no_split.npz", 10, 2, arms=("off", "on"))
+    with pytest.raises(SystemExit, match=r"\('off', 'on'\), 3, 256\) vs"):
+        main(["--pool", str(three), str(no_split)])
+    short = raw(tmp_path / "short.npz", 10, 3, tokens=128)
+    with pytest.raises(SystemExit, match=r"3, 128\) vs .*3, 256\)"):
+        main(["--pool", str(three), str(short)])       # no tokens key: saved at 256
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
-    with pytest.raises(SystemExit, match="three-arm layout"):
+    with pytest.raises(SystemExit, match="a --raw of the overhead part"):
         main(["--pool", str(tmp_path / "other.npz")])
     with pytest.raises(SystemExit, match="cannot read it"):
         main(["--pool", str(tmp_path / "absent.npz")])
@@ -62,3 +69,42 @@ def test_pool_of_the_recorded_h100_runs(capsys):
     assert main(["--pool", *files]) == 0
     cells = row(capsys.readouterr().out)
     assert cells[4] == "1.19% [-0.52, 2.40]" and cells[6] == "0.47% [-0.65, 1.82]"
+
+
+def test_pool_of_two_arm_runs_has_no_split(tmp_path, capsys):
+    a = raw(tmp_path / "a.npz", 30, 0, arms=("off", "on"), tokens=128)
+    b = raw(tmp_path / "b.npz", 20, 1, arms=("off", "on"), tokens=128)
+    assert main(["--pool", str(a), str(b)]) == 0
+    cells = row(capsys.readouterr().out)
+    assert cells[4].startswith("2.00% [2.00, 2.00]") and cells[8] == "-"
+
+
+def test_overhead_two_arms_on_cpu_saves_what_pool_reads_back(tmp_path, capsys):
+    """The overhead part end to end on CPU engines (the meter's host-clock stamps): two arms
+    (--no-split), one engine each, stopped by its time cap after the first repeat; the saved
+    raw pools back to the very row the run printed."""
+    rows, path = [], tmp_path / "raw.npz"
+    overhead(rows, reps=50, tokens=16, raw=str(path), sizes=(1,), per_arm=1,
+             split_arm=False, seconds=1e-6)
+    table = [ln for ln in rows if ln.startswith("| 1 |")]
+    assert len(table) == 1 and rows[-1] == "Repeats run: bs 1: 1."
+    assert "not run (--no-split)" in "\n".join(rows)
+    z = np.load(path)
+    assert sorted(z) == ["bs1 eager_per_step", "bs1 off 0", "bs1 off 0 step_p50_ms",
+                         "bs1 on 0", "bs1 on 0 step_p50_ms", "bs1 tokens"]
+    assert int(z["bs1 tokens"]) == 16 and z["bs1 on 0"].shape == (1,)
+    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    assert cells[8] == "-" and float(cells[3]) > 0             # prefill's eager stamps
+    assert main(["--pool", str(path)]) == 0
+    assert row(capsys.readouterr().out) == cells
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--overhead-tokens", "8"], "at least 16 decode tokens"),
+    (["--overhead-seconds", "0"], "positive number of seconds"),
+    (["--overhead-engines", "0"], "at least 1 engine"),
+])
+def test_overhead_options_refuse_bad_values(args, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--only", "overhead", *args])
+    assert message in capsys.readouterr().err

@@ -18,10 +18,11 @@ printed with PASS/MISS against its target where it has one.
    step, bracketed by meter stamps so both tools count it busy) -> bubble fractions within
    2 points; host-bound (no sleep) -> both, and profiler - meter = idle inside stages the
    meter cannot see (no target).
-5. Overhead: decode tok/s meter on vs off, interleaved repeats, three engines per arm built
-   interleaved, tiny-code bs 1 and bs 32 (target <= 1%): the median of the per-repeat
-   ratios with its bootstrap 95% interval, the pooled ratio (all tokens / all decode time
-   of each arm), each arm's engine spread, and a split against an arm with unstamped graphs.
+5. Overhead: decode tok/s meter on vs off, 128-token generates in interleaved repeats for
+   420 s per batch size, three engines per arm built interleaved, tiny-code bs 1 and bs 32
+   (target <= 1%): the median of the per-repeat ratios with its bootstrap 95% interval, the
+   pooled ratio (all tokens / all decode time of each arm), each arm's engine spread, and
+   with --split a third arm with unstamped graphs that splits the cost.
 6. Split: the meter's cost outside its graphs, by part (unstamped graphs, then the d2h
    kernel unstamped too) against two meter-off engines (stated, no target).
 
@@ -445,7 +446,7 @@ OVERHEAD_HEADER = ["| bs | meter off (median tok/s) | meter on (median tok/s) | 
                    "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
                    "engine spread off, on | of which graph stamps / rest | target | verdict |",
                    "|---|---|---|---|---|---|---|---|---|---|---|"]
-OVERHEAD_ARMS = ("off", "on", "unstamped")      # "unstamped" is left out by --no-split
+OVERHEAD_ARMS = ("off", "on", "unstamped")      # "unstamped" only with --split
 
 
 def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | None) -> str:
@@ -477,21 +478,21 @@ def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | No
             f"≤ 1% | {verdict(total <= 1.0)} |")
 
 
-def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = None,
-             sizes: tuple = (1, 32), per_arm: int = 3, split_arm: bool = True,
-             seconds: float | None = None) -> None:
+def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = None,
+             sizes: tuple = (1, 32), per_arm: int = 3, split_arm: bool = False,
+             seconds: float | None = 420.0) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat). An engine's
     own state (its graphs, their memory, its place in the build order) can move its tok/s by
     as much as the meter, so each arm has `per_arm` engines, built interleaved (off 0, on 0,
     unstamped 0, off 1, ...), and an arm's rate per repeat is the geometric mean of its
     engines; the engine spread per arm is reported beside it. The verdict reads the median
-    of the per-repeat on/off ratios (paired: neighbouring runs share the machine's state),
-    with a bootstrap 95% interval; the pooled ratio is all decode tokens over all decode
-    time of each arm. The third arm, the meter on with unstamped graphs, splits the
-    overhead into the graphs' stamps (on vs unstamped) and the rest of the meter
-    (unstamped vs off); `split_arm=False` leaves it out, so that a repeat is shorter and
-    its on and off generates closer in time. `seconds`: per batch size, no repeat starts
-    after this long. `raw`: an .npz path for every engine's decode tok/s and median step
+    of the per-repeat on/off ratios (paired: neighbouring runs share the machine's state,
+    and the machine's speed drifts by several % within a second, so short generates and
+    two arms keep a pair close in time), with a bootstrap 95% interval; the pooled ratio is
+    all decode tokens over all decode time of each arm. `split_arm` adds a third arm, the
+    meter on with unstamped graphs, which splits the overhead into the graphs' stamps (on
+    vs unstamped) and the rest of the meter (unstamped vs off). `seconds`: per batch size,
+    no repeat after the first starts after this long (None: `reps` of them). `raw`: an .npz path for every engine's decode tok/s and median step
     time per repeat, the eager stamps per step and the tokens per generate (repeat i starts
     the rotation at engine i mod the engine count, in build order); `--pool` reads such
     files back."""
@@ -506,7 +507,7 @@ def overhead(rows: list, reps: int = 201, tokens: int = 256, raw: str | None = N
              "step time = the same from each generate's median decode step time; engine "
              "spread = (largest - smallest) / median of one arm's engine medians; split: "
              + ("against the arm with the meter on but its graphs unstamped" if split_arm
-                else "not run (--no-split)")
+                else "not run (add --split)")
              + "; eager stamp launches per step counted over a generate, prefill included):",
              "", *OVERHEAD_HEADER]
     names = [f"{arm} {i}" for i in range(k) for arm in arms]      # the build order
@@ -572,7 +573,7 @@ def pool(rows: list, paths: list) -> None:
                 raise SystemExit(
                     f"--pool: bs {bs}: {path} differs from {paths[0]} in its layout (arms, "
                     f"engines per arm, tokens per generate: {layout(z)} vs {first}); pool runs "
-                    "of one --overhead-engines, --overhead-tokens and --no-split setting.")
+                    "of one --overhead-engines, --overhead-tokens and --split setting.")
         arms, k, _ = first
         keys = [f"{a} {i}" for a in arms for i in range(k)]
         r = {key: np.concatenate([z[f"bs{bs} {key}"] for z in runs]) for key in keys}
@@ -634,8 +635,8 @@ def main(argv=None) -> int:
     parts = ["resolution", "cost", "planted", "planted-profiler", "profiler", "overhead",
              "split"]
     ap.add_argument("--only", nargs="+", default=None, choices=parts)
-    ap.add_argument("--overhead-reps", type=int, default=201,
-                    help="interleaved on/off pairs of the overhead figure")
+    ap.add_argument("--overhead-reps", type=int, default=5000,
+                    help="overhead: at most this many interleaved repeats per batch size")
     ap.add_argument("--split-reps", type=int, default=101,
                     help="interleaved repeats of the split part")
     ap.add_argument("--planted-reps", type=int, default=15,
@@ -644,13 +645,13 @@ def main(argv=None) -> int:
                     help="batch sizes of the overhead part")
     ap.add_argument("--overhead-engines", type=int, default=3,
                     help="engines per arm of the overhead part (built interleaved)")
-    ap.add_argument("--overhead-tokens", type=int, default=256,
+    ap.add_argument("--overhead-tokens", type=int, default=128,
                     help="decode tokens per generate of the overhead part")
-    ap.add_argument("--overhead-seconds", type=float, default=None,
+    ap.add_argument("--overhead-seconds", type=float, default=420.0,
                     help="overhead: per batch size, start no repeat after this many seconds")
-    ap.add_argument("--no-split", action="store_true",
-                    help="overhead: leave out the unstamped-graphs arm (two arms: shorter "
-                         "repeats, on and off closer in time; no split)")
+    ap.add_argument("--split", action="store_true",
+                    help="overhead: add a third arm, the meter on with unstamped graphs, "
+                         "to split the cost into the graphs' stamps and the rest")
     ap.add_argument("--raw", default=None,
                     help="overhead: save every engine's tok/s per repeat to this .npz")
     ap.add_argument("--pin-cpus", type=int, default=0,
@@ -699,7 +700,7 @@ def main(argv=None) -> int:
     if "overhead" in want:
         overhead(rows, a.overhead_reps, a.overhead_tokens, raw=a.raw,
                  sizes=tuple(a.overhead_bs), per_arm=a.overhead_engines,
-                 split_arm=not a.no_split, seconds=a.overhead_seconds)
+                 split_arm=a.split, seconds=a.overhead_seconds)
     if "split" in want:
         split(rows, a.split_reps)
     emit("\n".join(rows), a.out)

@@ -81,14 +81,13 @@ def test_pool_of_two_arm_runs_has_no_split(tmp_path, capsys):
 
 def test_overhead_two_arms_on_cpu_saves_what_pool_reads_back(tmp_path, capsys):
     """The overhead part end to end on CPU engines (the meter's host-clock stamps): two arms
-    (--no-split), one engine each, stopped by its time cap after the first repeat; the saved
+    (no --split), one engine each, stopped by its time cap after the first repeat; the saved
     raw pools back to the very row the run printed."""
     rows, path = [], tmp_path / "raw.npz"
-    overhead(rows, reps=50, tokens=16, raw=str(path), sizes=(1,), per_arm=1,
-             split_arm=False, seconds=1e-6)
+    overhead(rows, reps=50, tokens=16, raw=str(path), sizes=(1,), per_arm=1, seconds=1e-6)
     table = [ln for ln in rows if ln.startswith("| 1 |")]
     assert len(table) == 1 and rows[-1] == "Repeats run: bs 1: 1."
-    assert "not run (--no-split)" in "\n".join(rows)
+    assert "not run (add --split)" in "\n".join(rows)
     z = np.load(path)
     assert sorted(z) == ["bs1 eager_per_step", "bs1 off 0", "bs1 off 0 step_p50_ms",
                          "bs1 on 0", "bs1 on 0 step_p50_ms", "bs1 tokens"]

@@ -3,6 +3,8 @@
 slower, so every column is known."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -61,14 +63,25 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
         main(["--pool", str(tmp_path / "absent.npz")])
 
 
-def test_pool_of_the_recorded_h100_runs(capsys):
-    """docs/benchmarks.md's pooled bs 1 row comes from these two files by this command."""
-    from pathlib import Path
-    data = Path(__file__).resolve().parents[1] / "docs" / "data"
-    files = [str(data / f"meter_overhead_bs1_81bcc1f_run{i}.npz") for i in (1, 2)]
+DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
+
+
+@pytest.mark.parametrize("bench, bs, overhead, from_step", [
+    ("81bcc1f", 1, "1.19% [-0.52, 2.40]", "0.47% [-0.65, 1.82]"),     # three arms, 256 tokens
+    ("7e19970", 1, "0.48% [0.37, 0.61]", "0.60% [0.45, 0.70]"),       # two arms, 128 tokens
+])
+def test_pool_of_the_recorded_h100_runs(bench, bs, overhead, from_step, capsys):
+    """docs/benchmarks.md's pooled bs 1 rows come from these files by this command."""
+    files = [str(DATA / f"meter_overhead_bs{bs}_{bench}_run{i}.npz") for i in (1, 2)]
     assert main(["--pool", *files]) == 0
     cells = row(capsys.readouterr().out)
-    assert cells[4] == "1.19% [-0.52, 2.40]" and cells[6] == "0.47% [-0.65, 1.82]"
+    assert cells[4] == overhead and cells[6] == from_step
+
+
+def test_the_recorded_bs32_run(capsys):
+    assert main(["--pool", str(DATA / "meter_overhead_bs32_7e19970.npz")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 32 |"))
+    assert "| 0.44% [0.05, 0.77] | 0.13% | 0.47% [0.21, 0.77] |" in line
 
 
 def test_pool_of_two_arm_runs_has_no_split(tmp_path, capsys):

@@ -4,7 +4,9 @@ printed with PASS/MISS against its target where it has one.
 1. Stamp resolution: back-to-back stamp kernels on a backlogged stream; min nonzero / median
    delta between consecutive %globaltimer reads (stated, no target). Wake-up latency: how
    much later than the host's launch a kernel or a graph replay starts after the host was
-   idle for d (real idle the meter counts as bubble; stated, no target).
+   idle for d (real idle the meter counts as bubble; stated, no target). Host wake: how much
+   longer pure Python, six launches, and six launches + sync take right after a sleep or a
+   busy-wait of d (stated, no target; it explains the planted rows' excess over d).
 2. Stamp device cost: every segment graph of a decode step replayed back to back, captured
    with and without the meter's stamps -> device µs per step the stamps add (stated).
 3. Planted host delays: a sleep of d in {0.2, 1, 5} ms (its last 100 µs spun, so exact) in
@@ -160,6 +162,57 @@ def wake_latency(rows: list, m, code: int, reps: int = 40) -> None:
         rows.append(f"| {kind} | " + " | ".join(
             f"{np.median(v):.1f} [{np.percentile(v, 10):.0f}, {np.percentile(v, 90):.0f}] µs"
             for v in extra.values()) + " |")
+
+
+def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:
+    """How much slower is the host's next piece of work after it was away for d (the planted
+    hook's sleep, or a busy-wait)? Works, each timed on the host right after the wait, the
+    d arms interleaved: `python` walks 15k of 150k small dicts (no CUDA call, about the
+    engine's host step in length), `launch x6` issues six small tensor ops on `device`
+    without waiting, `launch x6 + sync` then synchronizes. The rise over d = 0 is host time
+    a planted delay adds to the next step beyond d (no target; explains the planted rows)."""
+    import torch
+    objs = [{"a": i, "b": str(i)} for i in range(150_000)]
+    x = torch.ones(256, device=device)
+
+    def python():
+        s = 0
+        for o in objs[::10]:
+            s += o["a"]
+
+    def launch():
+        y = x
+        for _ in range(6):
+            y = y + 1
+
+    def launch_sync():
+        launch()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    ds = (0.0, *DELAYS_MS)
+    rows += ["", f"Host work right after a wait of d (median µs over {reps}, the d arms "
+             "interleaved, GC off; + the rise over d = 0):", "",
+             "| work | wait | " + " | ".join(f"d = {d:g} ms" for d in ds) + " |",
+             "|---|---" + "|---" * len(ds) + "|"]
+    with gc_off():
+        for name, work in (("python", python), ("launch x6", launch),
+                           ("launch x6 + sync", launch_sync)):
+            for _ in range(20):
+                work()
+            launch_sync()
+            for wait_name, wait in (("sleep", sleep_us), ("spin", spin_us)):
+                took = {d: [] for d in ds}
+                for _ in range(reps):
+                    for d in ds:
+                        wait(d * 1e3)
+                        t = time.perf_counter_ns()
+                        work()
+                        took[d].append((time.perf_counter_ns() - t) / 1e3)
+                    launch_sync()                   # a launch arm's queue drained per repeat
+                base = float(np.median(took[0.0]))
+                rows.append(f"| {name} | {wait_name} | {base:.1f} | " + " | ".join(
+                    f"{np.median(took[d]):.1f} ({np.median(took[d]) - base:+.1f})"
+                    for d in ds[1:]) + " |")
 
 
 def stamp_cost(rows: list, reps: int = 300) -> None:
@@ -632,8 +685,8 @@ def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write the markdown here too")
-    parts = ["resolution", "cost", "planted", "planted-profiler", "profiler", "overhead",
-             "split"]
+    parts = ["resolution", "host-wake", "cost", "planted", "planted-profiler", "profiler",
+             "overhead", "split"]
     ap.add_argument("--only", nargs="+", default=None, choices=parts)
     ap.add_argument("--overhead-reps", type=int, default=5000,
                     help="overhead: at most this many interleaved repeats per batch size")
@@ -685,6 +738,8 @@ def main(argv=None) -> int:
     rows = ["### Bubble meter (benchmarks/bench_meter.py)"]
     if "resolution" in want:
         resolution(rows)
+    if "host-wake" in want:
+        host_wake(rows)
     if "cost" in want:
         stamp_cost(rows)
     if "planted" in want:

@@ -1,6 +1,6 @@
-"""benchmarks/bench_meter.py's overhead part on CPU, and --pool: saved overhead runs pooled
-(no GPU). Planted rates: the meter arm exactly 2% slower than off, the unstamped arm 0.5%
-slower, so every column is known."""
+"""benchmarks/bench_meter.py on CPU (the overhead and host-wake parts), and --pool: saved
+overhead runs pooled (no GPU). Planted rates: the meter arm exactly 2% slower than off, the
+unstamped arm 0.5% slower, so every column is known."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -120,3 +120,20 @@ def test_overhead_options_refuse_bad_values(args, message, capsys):
     with pytest.raises(SystemExit):
         main(["--only", "overhead", *args])
     assert message in capsys.readouterr().err
+
+
+def test_host_wake_table_on_cpu():
+    """The host-wake part's table (its CPU path: the launches are CPU tensor ops): one row per
+    work and wait, a median per d and its rise over d = 0."""
+    from benchmarks.bench_meter import host_wake
+    rows = []
+    host_wake(rows, reps=2, device="cpu")
+    table = [ln for ln in rows if ln.startswith("| ") and not ln.startswith("| work")]
+    assert [tuple(c.strip() for c in ln.strip("|").split("|")[:2]) for ln in table] == [
+        (w, t) for w in ("python", "launch x6", "launch x6 + sync") for t in ("sleep", "spin")]
+    for ln in table:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        assert len(cells) == 6 and float(cells[2]) > 0
+        for c in cells[3:]:
+            median, rise = c.rstrip(")").split(" (")
+            assert float(median) - float(cells[2]) == pytest.approx(float(rise), abs=0.11)

@@ -545,15 +545,16 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
     all decode tokens over all decode time of each arm. `split_arm` adds a third arm, the
     meter on with unstamped graphs, which splits the overhead into the graphs' stamps (on
     vs unstamped) and the rest of the meter (unstamped vs off). `seconds`: per batch size,
-    no repeat after the first starts after this long (None: `reps` of them). `raw`: an .npz path for every engine's decode tok/s and median step
-    time per repeat, the eager stamps per step and the tokens per generate (repeat i starts
-    the rotation at engine i mod the engine count, in build order); `--pool` reads such
-    files back."""
+    no repeat after the first starts after this long (None: `reps` of them). `raw`: an .npz
+    path for every engine's decode tok/s and median step time per repeat, the eager stamps
+    per step and the tokens per generate (repeat i starts the rotation at engine i mod the
+    engine count, in build order); `--pool` reads such files back."""
     k = per_arm
     arms = OVERHEAD_ARMS if split_arm else OVERHEAD_ARMS[:2]
-    cap = "" if seconds is None else f" (or as many as {seconds:.0f} s allow)"
+    count = (f"{reps} interleaved repeats" if seconds is None else
+             f"interleaved repeats for {seconds:.0f} s (at most {reps})")
     rows += ["", f"Meter overhead (tiny-code frozen, fold_seed, overlap + zero_bubble, decode "
-             f"tok/s of {tokens}-token generates, {reps} interleaved repeats{cap}, GC off, "
+             f"tok/s of {tokens}-token generates, {count} per batch size, GC off, "
              f"{k} engines per arm built interleaved, an arm's rate = the geometric mean of "
              "its engines; overhead = 1 - median of the per-repeat on/off ratios [bootstrap "
              "95% interval]; pooled = 1 - ratio of the arms' total decode tok/s; from median "

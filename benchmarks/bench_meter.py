@@ -10,7 +10,7 @@ printed with PASS/MISS against its target where it has one.
 2. Stamp device cost: every segment graph of a decode step replayed back to back, captured
    with and without the meter's stamps -> device µs per step the stamps add (stated).
 3. Planted host delays: a sleep of d in {0.2, 1, 5} ms (its last 100 µs spun, so exact) in
-   a per-step hook (Engine.add_step_hook), arms interleaved with d = 0; the host's own step
+   a per-step hook (Engine.on_step), arms interleaved with d = 0; the host's own step
    period (host clock) is read beside it, so a host that slows after being away shows apart.
    host-bound (tiny-code frozen, bs 1), overlap off: the meter's median bubble per decode
    step must rise by d within 5% (or 10 µs); overlap on + zero_bubble: the rise and how much
@@ -295,7 +295,7 @@ def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
     def hook(_step):
         starts.append(time.perf_counter_ns())
         sleep_us(delay["us"])
-    eng.add_step_hook(hook)
+    eng.on_step(hook)
     eng.generate(ps, max_new_tokens=16, ignore_eos=True)          # warm-up
 
     def bubble(d: float) -> tuple[float, float, float]:
@@ -379,7 +379,7 @@ def vs_profiler(rows: list, d: Path) -> None:
                     eng.meter.stamp(b)
                     torch.cuda._sleep(cycles)
                     eng.meter.stamp(e)
-            eng.add_step_hook(hold)
+            eng.on_step(hold)
         eng.generate(prompts(eng, 8), max_new_tokens=96, ignore_eos=True)
         files = eng.finish()
         res = analyze(files["trace0"], skip_steps=1)
@@ -407,7 +407,7 @@ def planted_vs_profiler(rows: list, d: Path) -> None:
                                profile_wait=w, profile_warmup=u, profile_active=a,
                                trace_dir=str(d), run_name=f"planted-{ms:g}",
                                max_running_requests=bs))
-        eng.add_step_hook(lambda _step, us=ms * 1e3: spin_us(us))
+        eng.on_step(lambda _step, us=ms * 1e3: spin_us(us))
         eng.generate(prompts(eng, bs), max_new_tokens=160, ignore_eos=True)
         res = analyze(eng.finish()["trace0"], skip_steps=1)
         st = res.steps[res.steps["name"].str.startswith("step[decode")]

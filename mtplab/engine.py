@@ -185,9 +185,10 @@ class Engine:
         self.meter.collect()
         return self.meter.stages_frame() if stages else self.meter.frame()
 
-    def add_step_hook(self, fn) -> None:
+    def on_step(self, fn) -> None:
         """Call `fn(step_index)` after every engine step (the scheduler's iteration that
-        launched work), e.g. to plant a host delay; index counts from 0 per Engine."""
+        launched work), e.g. to plant a host delay or sample a figure per step; the index
+        counts from 0 per Engine. Hooks run in the order added, on the engine's thread."""
         self._step_hooks.append(fn)
 
     def _on_step(self) -> None:

@@ -254,7 +254,7 @@ def test_planted_host_delay_rises_the_bubble_cpu(overlap, tmp_path):
     prompts = [[5, 6, 7], [8, 9]]
     base = _per_step_bubble(eng, prompts, 10)
     d_ms = 40.0
-    eng.add_step_hook(lambda i: time.sleep(d_ms / 1e3))
+    eng.on_step(lambda i: time.sleep(d_ms / 1e3))
     first = eng.meter.step + 1
     eng.generate(prompts, max_new_tokens=10, ignore_eos=True)
     df = eng.meter_frame()
@@ -320,7 +320,7 @@ def test_step_hooks_run_before_the_profiler_step_boundary(tmp_path):
     order = []
     real = eng.profiler.step
     eng.profiler.step = lambda: (order.append("profiler"), real())[1]
-    eng.add_step_hook(lambda i: order.append("hook"))
+    eng.on_step(lambda i: order.append("hook"))
     eng.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True)
     assert order and order[0] == "hook" and order == ["hook", "profiler"] * (len(order) // 2)
     eng.finish()

@@ -3,7 +3,8 @@ step, traces written atomically under the run folder with the name the TensorBoa
 reads:  <run_dir>/<worker>.<time_ns>.pt.trace.json.gz
 
 Start it before CUDA graph capture (so CUPTI sees the captured kernels when they replay).
-`on_step(step_index)` hooks let a notebook run a callback per step.
+`hooks`: callbacks `fn(step_index)` run right after each profiler step boundary (work that
+must fall between profiled steps); `Engine.on_step` hooks run before it, inside the step.
 `held()`: while inside, engine steps do not advance the schedule (it stays in `wait`, nothing is
 collected), so timed work can run in the same engine before the profiled steps; the schedule
 must still be in `wait` when it is entered.

@@ -495,18 +495,50 @@ def _spread(r: dict, arm: str, k: int) -> float:
     return 100 * (max(med) - min(med)) / float(np.median(med))
 
 
+# Student's t, 97.5th percentile, by degrees of freedom (1..30); beyond 30, 2.0
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def _over_engines(runs: list, k: int) -> str:
+    """The overhead with the engines as the sample: in each run (a dict of its engines'
+    rates per repeat; a run's engines are its own), each engine's mean log rate relative to
+    its repeat's mean over the on and off engines (the machine's drift cancels), then
+    1 - exp(mean on - mean off) over the engines of all runs, with a t interval. Unlike the
+    per-repeat interval, this counts how far one engine's own speed sits from another's."""
+    n = k * len(runs)                                       # engines per arm
+    if n < 2:
+        return "- (1 engine per arm)"
+    on, off = [], []
+    for r in runs:
+        logs = np.log(np.array([r[f"{a} {i}"] for a in ("on", "off") for i in range(k)]))
+        rel = (logs - logs.mean(axis=0)).mean(axis=1)       # per engine, drift removed
+        on += list(rel[:k])
+        off += list(rel[k:])
+    on, off = np.array(on), np.array(off)
+    d = float(on.mean() - off.mean())
+    se = float(np.sqrt(on.var(ddof=1) / n + off.var(ddof=1) / n))
+    t = _T975[2 * n - 3] if 2 * n - 2 <= len(_T975) else 2.0
+    ov = [100 * (1 - np.exp(x)) for x in (d, d + t * se, d - t * se)]
+    return f"{ov[0]:.2f}% [{ov[1]:.2f}, {ov[2]:.2f}]"
+
+
 OVERHEAD_HEADER = ["| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / "
                    "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
-                   "engine spread off, on | of which graph stamps / rest | target | verdict |",
-                   "|---|---|---|---|---|---|---|---|---|---|---|"]
+                   "engine spread off, on | over engines [95% CI] | of which graph stamps / "
+                   "rest | target | verdict |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 OVERHEAD_ARMS = ("off", "on", "unstamped")      # "unstamped" only with --split
 
 
-def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | None) -> str:
+def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | None,
+                 runs: list | None = None) -> str:
     """The overhead table's row from every engine's decode tok/s (`r`) and median decode
     step ms (`p50`) per repeat, keyed "<arm> <i>" (the arms of OVERHEAD_ARMS; without the
     "unstamped" ones the split cell reads "-"); `per_step` eager stamps per step (None: not
-    counted)."""
+    counted); `runs`: for a pool, each saved run's own `r` (its engines are other engines
+    than another run's; the over-engines cell keeps them apart)."""
     k, rng = per_arm, np.random.default_rng(0)
     arms = [a for a in OVERHEAD_ARMS if f"{a} 0" in r]
     rate = {a: _arm_rate(r, a, k) for a in arms}
@@ -527,7 +559,8 @@ def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | No
             f"{'-' if per_step is None else f'{per_step:.1f}'} | "
             f"{total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
             f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
-            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | {split_cell} | "
+            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
+            f"{_over_engines(runs or [r], k)} | {split_cell} | "
             f"≤ 1% | {verdict(total <= 1.0)} |")
 
 
@@ -559,7 +592,9 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
              "its engines; overhead = 1 - median of the per-repeat on/off ratios [bootstrap "
              "95% interval]; pooled = 1 - ratio of the arms' total decode tok/s; from median "
              "step time = the same from each generate's median decode step time; engine "
-             "spread = (largest - smallest) / median of one arm's engine medians; split: "
+             "spread = (largest - smallest) / median of one arm's engine medians; over "
+             "engines = the engines as the sample (each engine's mean log tok/s relative to "
+             "its repeat's mean, a t interval over the engines of both arms); split: "
              + ("against the arm with the meter on but its graphs unstamped" if split_arm
                 else "not run (add --split)")
              + "; eager stamp launches per step counted over a generate, prefill included):",
@@ -635,7 +670,8 @@ def pool(rows: list, paths: list) -> None:
                for key in keys}
         eager = [float(z[f"bs{bs} eager_per_step"]) for z in runs
                  if f"bs{bs} eager_per_step" in z]          # (runs saved before 2026-11-23)
-        rows.append(overhead_row(bs, r, p50, k, float(np.mean(eager)) if eager else None))
+        own = [{key: z[f"bs{bs} {key}"] for key in keys} for z in runs]
+        rows.append(overhead_row(bs, r, p50, k, float(np.mean(eager)) if eager else None, own))
 
 
 def quiet_d2h(eng) -> None:

@@ -39,9 +39,10 @@ def test_pool_reads_planted_ratios_back(tmp_path, capsys):
     assert cells[3] == "0.2"                                  # mean of the runs that counted
     assert cells[4].startswith("2.00% [2.00, 2.00]") and cells[5] == "2.00%"
     assert cells[6].startswith("2.00%") and cells[7] == "0.00%, 0.00%"
-    graph, rest = (float(x.rstrip("%")) for x in cells[8].split(" / "))
+    assert cells[8] == "2.00% [2.00, 2.00]"              # every engine of an arm alike
+    graph, rest = (float(x.rstrip("%")) for x in cells[9].split(" / "))
     assert graph == pytest.approx(1.51, abs=0.01) and rest == pytest.approx(0.50, abs=0.01)
-    assert cells[10] == "MISS"
+    assert cells[11] == "MISS"
     assert "pooled over 2 saved runs" in (tmp_path / "p.md").read_text()
 
 
@@ -66,22 +67,24 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 
 
-@pytest.mark.parametrize("bench, bs, overhead, from_step", [
-    ("81bcc1f", 1, "1.19% [-0.52, 2.40]", "0.47% [-0.65, 1.82]"),     # three arms, 256 tokens
-    ("7e19970", 1, "0.48% [0.37, 0.61]", "0.60% [0.45, 0.70]"),       # two arms, 128 tokens
+@pytest.mark.parametrize("bench, bs, overhead, from_step, over_engines", [
+    ("81bcc1f", 1, "1.19% [-0.52, 2.40]", "0.47% [-0.65, 1.82]", "0.45% [-0.87, 1.75]"),
+    ("7e19970", 1, "0.48% [0.37, 0.61]", "0.60% [0.45, 0.70]", "0.61% [0.28, 0.94]"),
 ])
-def test_pool_of_the_recorded_h100_runs(bench, bs, overhead, from_step, capsys):
-    """docs/benchmarks.md's pooled bs 1 rows come from these files by this command."""
+def test_pool_of_the_recorded_h100_runs(bench, bs, overhead, from_step, over_engines, capsys):
+    """docs/benchmarks.md's pooled bs 1 rows come from these files by this command
+    (81bcc1f: three arms, 256-token generates; 7e19970: two arms, 128 tokens)."""
     files = [str(DATA / f"meter_overhead_bs{bs}_{bench}_run{i}.npz") for i in (1, 2)]
     assert main(["--pool", *files]) == 0
     cells = row(capsys.readouterr().out)
-    assert cells[4] == overhead and cells[6] == from_step
+    assert (cells[4], cells[6], cells[8]) == (overhead, from_step, over_engines)
 
 
 def test_the_recorded_bs32_run(capsys):
     assert main(["--pool", str(DATA / "meter_overhead_bs32_7e19970.npz")]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 32 |"))
     assert "| 0.44% [0.05, 0.77] | 0.13% | 0.47% [0.21, 0.77] |" in line
+    assert "| 0.17% [-0.19, 0.54] |" in line                  # over its three engines per arm
 
 
 def test_pool_of_two_arm_runs_has_no_split(tmp_path, capsys):
@@ -89,7 +92,7 @@ def test_pool_of_two_arm_runs_has_no_split(tmp_path, capsys):
     b = raw(tmp_path / "b.npz", 20, 1, arms=("off", "on"), tokens=128)
     assert main(["--pool", str(a), str(b)]) == 0
     cells = row(capsys.readouterr().out)
-    assert cells[4].startswith("2.00% [2.00, 2.00]") and cells[8] == "-"
+    assert cells[4].startswith("2.00% [2.00, 2.00]") and cells[9] == "-"
 
 
 def test_overhead_two_arms_on_cpu_saves_what_pool_reads_back(tmp_path, capsys):
@@ -106,7 +109,8 @@ def test_overhead_two_arms_on_cpu_saves_what_pool_reads_back(tmp_path, capsys):
                          "bs1 on 0", "bs1 on 0 step_p50_ms", "bs1 tokens"]
     assert int(z["bs1 tokens"]) == 16 and z["bs1 on 0"].shape == (1,)
     cells = [c.strip() for c in table[0].strip("|").split("|")]
-    assert cells[8] == "-" and float(cells[3]) > 0             # prefill's eager stamps
+    assert cells[9] == "-" and float(cells[3]) > 0             # prefill's eager stamps
+    assert cells[8] == "- (1 engine per arm)"
     assert main(["--pool", str(path)]) == 0
     assert row(capsys.readouterr().out) == cells
 
@@ -137,3 +141,45 @@ def test_host_wake_table_on_cpu():
         for c in cells[3:]:
             median, rise = c.rstrip(")").split(" (")
             assert float(median) - float(cells[2]) == pytest.approx(float(rise), abs=0.11)
+
+
+def test_over_engines_counts_how_far_engines_sit_apart(tmp_path, capsys):
+    """Engines with their own fixed speeds (log offsets +a, -a, 0 in the meter arm, +b, -b, 0
+    off): the over-engines point stays 2%, and its t interval (4 degrees of freedom) is the
+    one written out by hand; the per-repeat interval does not see them."""
+    a, b = 0.01, 0.005
+    rng = np.random.default_rng(0)
+    machine = 3000 * np.exp(rng.normal(0, 0.05, 40))
+    z = {}
+    for arm, base, e in (("off", 1.0, b), ("on", 0.98, a)):
+        for i, sign in enumerate((1, -1, 0)):
+            z[f"bs1 {arm} {i}"] = machine * base * np.exp(sign * e)
+            z[f"bs1 {arm} {i} step_p50_ms"] = 1e3 / z[f"bs1 {arm} {i}"]
+    np.savez(tmp_path / "e.npz", **z)
+    assert main(["--pool", str(tmp_path / "e.npz")]) == 0
+    cells = row(capsys.readouterr().out)
+    half = 2.776 * np.sqrt((a * a + b * b) / 3)
+    lo, hi = (100 * (1 - 0.98 * np.exp(x)) for x in (half, -half))
+    assert cells[8] == f"2.00% [{lo:.2f}, {hi:.2f}]" == "2.00% [0.23, 3.74]"
+    assert cells[7] != "0.00%, 0.00%"
+
+
+def test_pool_keeps_each_runs_engines_apart(tmp_path, capsys):
+    """Two runs whose meter engines sit at log offsets (+a, -a, 0) and (-a, +a, 0): pooled,
+    "on 0" of one run and "on 0" of the other are different engines, so the over-engines
+    interval is over six engines per arm (10 degrees of freedom), not three mixed ones."""
+    a, paths = 0.01, []
+    for run, signs in enumerate(((1, -1, 0), (-1, 1, 0))):
+        machine = 3000 * np.exp(np.random.default_rng(run).normal(0, 0.05, 30))
+        z = {}
+        for i in range(3):
+            z[f"bs1 off {i}"] = machine
+            z[f"bs1 on {i}"] = machine * 0.98 * np.exp(signs[i] * a)
+        for key in list(z):
+            z[f"{key} step_p50_ms"] = 1e3 / z[key]
+        paths.append(str(tmp_path / f"run{run}.npz"))
+        np.savez(paths[-1], **z)
+    assert main(["--pool", *paths]) == 0
+    half = 2.228 * np.sqrt(0.8 * a * a / 6)           # on offsets' variance: 4a² / 5
+    lo, hi = (100 * (1 - 0.98 * np.exp(x)) for x in (half, -half))
+    assert row(capsys.readouterr().out)[8] == f"2.00% [{lo:.2f}, {hi:.2f}]" == "2.00% [1.20, 2.79]"

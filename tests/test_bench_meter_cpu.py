@@ -80,6 +80,16 @@ def test_pool_of_the_recorded_h100_runs(bench, bs, overhead, from_step, over_eng
     assert (cells[4], cells[6], cells[8]) == (overhead, from_step, over_engines)
 
 
+def test_the_three_recorded_bs1_runs_of_the_two_arm_design(capsys):
+    files = [str(DATA / f) for f in ("meter_overhead_bs1_7e19970_run1.npz",
+                                     "meter_overhead_bs1_7e19970_run2.npz",
+                                     "meter_overhead_bs1_9cc5a3b.npz")]
+    assert main(["--pool", *files]) == 0
+    cells = row(capsys.readouterr().out)
+    assert (cells[4], cells[6], cells[8], cells[11]) == (
+        "0.45% [0.36, 0.58]", "0.60% [0.47, 0.71]", "0.52% [0.25, 0.79]", "PASS")
+
+
 def test_the_recorded_bs32_run(capsys):
     assert main(["--pool", str(DATA / "meter_overhead_bs32_7e19970.npz")]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 32 |"))

@@ -665,12 +665,12 @@ def pool(rows: list, paths: list) -> None:
                     "of one --overhead-engines, --overhead-tokens and --split setting.")
         arms, k, _ = first
         keys = [f"{a} {i}" for a in arms for i in range(k)]
-        r = {key: np.concatenate([z[f"bs{bs} {key}"] for z in runs]) for key in keys}
+        own = [{key: z[f"bs{bs} {key}"] for key in keys} for z in runs]     # per run
+        r = {key: np.concatenate([o[key] for o in own]) for key in keys}
         p50 = {key: np.concatenate([z[f"bs{bs} {key} step_p50_ms"] for z in runs])
                for key in keys}
         eager = [float(z[f"bs{bs} eager_per_step"]) for z in runs
                  if f"bs{bs} eager_per_step" in z]          # (runs saved before 2026-11-23)
-        own = [{key: z[f"bs{bs} {key}"] for key in keys} for z in runs]
         rows.append(overhead_row(bs, r, p50, k, float(np.mean(eager)) if eager else None, own))
 
 

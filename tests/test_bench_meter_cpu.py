@@ -12,24 +12,29 @@ from benchmarks.bench_meter import OVERHEAD_ARMS, main, overhead
 
 
 def raw(path, reps: int, seed: int, eager: bool = True, per_arm: int = 3,
-        arms: tuple = OVERHEAD_ARMS, tokens: int | None = None):
+        arms: tuple = OVERHEAD_ARMS, tokens: int | None = None, offsets: dict | None = None):
+    """A planted --raw file; `offsets`: per arm, each engine's own log speed offset."""
     rng = np.random.default_rng(seed)
     machine = 3000 * np.exp(rng.normal(0, 0.05, reps))        # shared by every engine
     slow = {"off": 1.0, "on": 0.98, "unstamped": 0.995}
     z = {} if tokens is None else {"bs1 tokens": np.array(tokens)}
     for a in arms:
         for i in range(per_arm):
-            z[f"bs1 {a} {i}"] = machine * slow[a]
-            z[f"bs1 {a} {i} step_p50_ms"] = 1e3 / (machine * slow[a])
+            rate = machine * slow[a] * np.exp((offsets or {}).get(a, [0.0] * per_arm)[i])
+            z[f"bs1 {a} {i}"] = rate
+            z[f"bs1 {a} {i} step_p50_ms"] = 1e3 / rate
     if eager:
         z["bs1 eager_per_step"] = np.array(0.25)
     np.savez(path, **z)
     return path
 
 
-def row(out: str) -> list[str]:
-    line = next(ln for ln in out.splitlines() if ln.startswith("| 1 |"))
+def cells_of(line: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
+
+
+def row(out: str) -> list[str]:
+    return cells_of(next(ln for ln in out.splitlines() if ln.startswith("| 1 |")))
 
 
 def test_pool_reads_planted_ratios_back(tmp_path, capsys):
@@ -118,7 +123,7 @@ def test_overhead_two_arms_on_cpu_saves_what_pool_reads_back(tmp_path, capsys):
     assert sorted(z) == ["bs1 eager_per_step", "bs1 off 0", "bs1 off 0 step_p50_ms",
                          "bs1 on 0", "bs1 on 0 step_p50_ms", "bs1 tokens"]
     assert int(z["bs1 tokens"]) == 16 and z["bs1 on 0"].shape == (1,)
-    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    cells = cells_of(table[0])
     assert cells[9] == "-" and float(cells[3]) > 0             # prefill's eager stamps
     assert cells[8] == "- (1 engine per arm)"
     assert main(["--pool", str(path)]) == 0
@@ -143,10 +148,10 @@ def test_host_wake_table_on_cpu():
     rows = []
     host_wake(rows, reps=2, device="cpu")
     table = [ln for ln in rows if ln.startswith("| ") and not ln.startswith("| work")]
-    assert [tuple(c.strip() for c in ln.strip("|").split("|")[:2]) for ln in table] == [
+    assert [tuple(cells_of(ln)[:2]) for ln in table] == [
         (w, t) for w in ("python", "launch x6", "launch x6 + sync") for t in ("sleep", "spin")]
     for ln in table:
-        cells = [c.strip() for c in ln.strip("|").split("|")]
+        cells = cells_of(ln)
         assert len(cells) == 6 and float(cells[2]) > 0
         for c in cells[3:]:
             median, rise = c.rstrip(")").split(" (")
@@ -158,15 +163,9 @@ def test_over_engines_counts_how_far_engines_sit_apart(tmp_path, capsys):
     off): the over-engines point stays 2%, and its t interval (4 degrees of freedom) is the
     one written out by hand; the per-repeat interval does not see them."""
     a, b = 0.01, 0.005
-    rng = np.random.default_rng(0)
-    machine = 3000 * np.exp(rng.normal(0, 0.05, 40))
-    z = {}
-    for arm, base, e in (("off", 1.0, b), ("on", 0.98, a)):
-        for i, sign in enumerate((1, -1, 0)):
-            z[f"bs1 {arm} {i}"] = machine * base * np.exp(sign * e)
-            z[f"bs1 {arm} {i} step_p50_ms"] = 1e3 / z[f"bs1 {arm} {i}"]
-    np.savez(tmp_path / "e.npz", **z)
-    assert main(["--pool", str(tmp_path / "e.npz")]) == 0
+    path = raw(tmp_path / "e.npz", 40, 0, eager=False, arms=("off", "on"),
+               offsets={"off": (b, -b, 0), "on": (a, -a, 0)})
+    assert main(["--pool", str(path)]) == 0
     cells = row(capsys.readouterr().out)
     half = 2.776 * np.sqrt((a * a + b * b) / 3)
     lo, hi = (100 * (1 - 0.98 * np.exp(x)) for x in (half, -half))
@@ -178,17 +177,10 @@ def test_pool_keeps_each_runs_engines_apart(tmp_path, capsys):
     """Two runs whose meter engines sit at log offsets (+a, -a, 0) and (-a, +a, 0): pooled,
     "on 0" of one run and "on 0" of the other are different engines, so the over-engines
     interval is over six engines per arm (10 degrees of freedom), not three mixed ones."""
-    a, paths = 0.01, []
-    for run, signs in enumerate(((1, -1, 0), (-1, 1, 0))):
-        machine = 3000 * np.exp(np.random.default_rng(run).normal(0, 0.05, 30))
-        z = {}
-        for i in range(3):
-            z[f"bs1 off {i}"] = machine
-            z[f"bs1 on {i}"] = machine * 0.98 * np.exp(signs[i] * a)
-        for key in list(z):
-            z[f"{key} step_p50_ms"] = 1e3 / z[key]
-        paths.append(str(tmp_path / f"run{run}.npz"))
-        np.savez(paths[-1], **z)
+    a = 0.01
+    paths = [str(raw(tmp_path / f"run{run}.npz", 30, run, eager=False, arms=("off", "on"),
+                     offsets={"on": (sign * a, -sign * a, 0)}))
+             for run, sign in enumerate((1, -1))]
     assert main(["--pool", *paths]) == 0
     half = 2.228 * np.sqrt(0.8 * a * a / 6)           # on offsets' variance: 4a² / 5
     lo, hi = (100 * (1 - 0.98 * np.exp(x)) for x in (half, -half))

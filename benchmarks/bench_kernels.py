@@ -7,11 +7,13 @@ Figures (each printed as it is measured, then one table: figure | value | target
   bandwidth    device-to-device copy, bytes read + written / time (the floor's bandwidth)
   build        llama3-8b-like@16 build_target on the device (target <= 10 s)
   floor        target-only decode at bs 1, overlap + zero_bubble, CUDA graphs, fused:
-               floor = weight bytes / bandwidth; ratio = floor / step (target >= 0.85) for
-               llama3-8b-like@16 and gemma4-31b-like@8
+               floor = the bytes a step reads (mtplab/models/floor.py: weights actually read,
+               not the untied input-embedding table, + the KV in context) / bandwidth;
+               ratio = floor / step (target >= 0.85) for llama3-8b-like@16 and
+               gemma4-31b-like@8
   frozen       frozen_kv_mtp (fold_seed, S=3) with simulated accept 3.0 on llama3-8b-like@16:
-               floor per token = (target bytes + S * (assistant + LM head bytes)) / accept_len
-               / bandwidth; ratio = floor / measured ms per token (target >= 0.80)
+               floor per token = the spec step's bytes (models/floor.py: target, S x (assistant
+               + LM head), the KV both read) / accept_len / bandwidth; ratio = floor / measured ms per token (target >= 0.80)
   layers       (measured on the llama3-8b-like@16 engine of `floor`)
                kernels (GPU activities: kernels, memcpy, memset) per decoder layer per forward,
                from torch.profiler traces of one eager decode forward at two depths:
@@ -52,6 +54,7 @@ from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
+from mtplab.models.floor import engine_step_bytes, module_bytes
 from mtplab.nogc import gc_paused
 from mtplab.sweep.metrics import trace_metrics
 
@@ -86,17 +89,6 @@ def free():
     torch.cuda.empty_cache()
 
 
-def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the module's parameters, each storage once (a tied embedding counts once)."""
-    seen, n = set(), 0
-    for p in module.parameters():
-        key = p.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            n += p.untyped_storage().nbytes()
-    return n
-
-
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second."""
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -115,7 +107,16 @@ def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     return bw
 
 
-def prompts(V: int, bs: int, n: int = 64, seed: int = 0) -> list[list[int]]:
+PROMPT = 64     # prompt tokens of every timed decode
+
+
+def floor_bytes(eng: Engine, bs: int, new_tokens: int) -> int:
+    """The bytes a mean decode step of `decode_ms_per_token`'s timed generate reads (prompt +
+    half the output in context): the HBM floor's numerator, mtplab/models/floor.py."""
+    return engine_step_bytes(eng, bs, PROMPT + new_tokens / 2).total
+
+
+def prompts(V: int, bs: int, n: int = PROMPT, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed + bs)
     return torch.randint(3, V, (bs, n), generator=g).tolist()
 
@@ -138,7 +139,7 @@ def fig_build(rep: Report) -> None:
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     rep.add("build llama3-8b-like@16 on the device", f"{dt:.1f} s "
-            f"({weight_bytes(model) / 1e9:.2f} GB)", "<= 10 s", dt <= 10.0)
+            f"({module_bytes(model) / 1e9:.2f} GB)", "<= 10 s", dt <= 10.0)
     del model
     free()
 
@@ -150,11 +151,11 @@ def fig_floor(rep: Report, bw: float, model: str, unfused_too: bool, layers: boo
             rep.add(f"floor {model} fused={fused}", "SKIPPED (time box)", ">= 0.85", False)
             continue
         eng = Engine(RunConfig(model=model, max_running_requests=1, fused=fused, **BASE))
-        floor_ms = 1e3 * weight_bytes(eng.model) / bw
+        floor = 1e3 * floor_bytes(eng, 1, 96) / bw
         step_ms, _ = decode_ms_per_token(eng, 1, 96)
-        ratio = floor_ms / step_ms
+        ratio = floor / step_ms
         label = f"target-only {model} bs 1 fused={fused}: floor/step"
-        rep.add(label, f"{ratio:.3f} (floor {floor_ms:.2f} ms, step {step_ms:.2f} ms)",
+        rep.add(label, f"{ratio:.3f} (floor {floor:.2f} ms, step {step_ms:.2f} ms)",
                 ">= 0.85" if fused else "", ratio >= 0.85 if fused else None)
         if fused and layers:
             layer_table(rep, eng, model)
@@ -168,11 +169,9 @@ def fig_frozen(rep: Report, bw: float) -> None:
     eng = Engine(RunConfig(model=model, max_running_requests=1, draft="frozen_kv_mtp",
                            fold_seed=True, num_steps=S, simulate_accept_len=3.0, fused=True,
                            **BASE))
-    tgt = weight_bytes(eng.model)
-    draft = weight_bytes(eng.draft_model) + eng.model.lm_head.weight.untyped_storage().nbytes()
     ms_tok, st = decode_ms_per_token(eng, 1, 120)
     acc = st["accept_len"]
-    floor_tok = 1e3 * (tgt + S * draft) / acc / bw
+    floor_tok = 1e3 * floor_bytes(eng, 1, 120) / acc / bw
     ratio = floor_tok / ms_tok
     rep.add(f"frozen_kv_mtp {model} accept {acc:.2f}: floor/token", f"{ratio:.3f} "
             f"(floor {floor_tok:.3f} ms/token, measured {ms_tok:.3f} ms/token)", ">= 0.80",

@@ -34,8 +34,13 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     kernels/layer    GPU activities per decoder layer of the target forward: the block of
                      kernel names the profiled verify repeats once per layer
                      (kernels_per_layer, sweep/metrics.py; "-" on CPU)
-    mem floor        weight bytes read per decode step / the HBM copy bandwidth measured
-                     by this command, per token (/ accept length)
+    mem floor        the bytes a decode step reads (weights actually read + the KV of the
+                     mean step's context; mtplab/models/floor.py) / the HBM copy bandwidth
+                     measured by this command, per token (/ accept length)
+    floor ms (KV)    the same floor per step, and in parentheses its KV term
+    floor/step       floor ms / step ms (1.0 = the step runs at the HBM floor)
+    step vs base     step ms / the first arm's step ms at the same grid point (a spec step
+                     over the target step when the first arm is target-only)
 """
 from __future__ import annotations
 
@@ -150,11 +155,11 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
              "accept len", "bubble % meter (profiled: sync/host_prep/launch/host/other)", "bound ms", "achieved",
              "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
-             "mem floor ms/tok"])
+             "mem floor ms/tok", "floor ms (KV)", "floor/step", "step vs base"])
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     points = list(dict.fromkeys(p for p, _ in cells))
     for pt in points:
-        base = None
+        base = base_step = None
         for i, arm in enumerate(arms):
             recs = cells.get((pt, i))
             if not recs:
@@ -167,18 +172,19 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
                 continue
             tps = [float(x) for x in ok["decode_tok_per_s"]]
             med = statistics.median(tps)
+            busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
             if i == 0:
-                base = med
+                base, base_step = med, step
             acc = _med(ok, "accept_len") or 1.0
             bub = _med(ok, "bubble_frac")
             causes = "-" if _med(ok, "bubble_frac_profiled") is None else "/".join(
                 _fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
                 for c in ("sync", "host_prep", "launch", "host", "other"))
-            busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
             seed, draft = _med(ok, "stage_draft.seed_ms"), _med(ok, "stage_draft_ms")
             dms = None if seed is None and draft is None else (seed or 0.0) + (draft or 0.0)
-            wb = _med(ok, "weight_bytes_per_step")
-            floor = wb / bw * 1e3 / acc if bw and wb else None
+            wb, kvb = _med(ok, "weight_bytes_per_step"), _med(ok, "kv_bytes_per_step") or 0.0
+            floor_step = (wb + kvb) / bw * 1e3 if bw and wb else None
+            floor = floor_step / acc if floor_step else None
             out.append("| " + " | ".join(lead + [
                 str(len(ok)),
                 f"{min(tps):.4g} / {med:.4g} / {max(tps):.4g}",
@@ -192,7 +198,10 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
                 f"{_fmt(dms, '.3f')} / {_fmt(_med(ok, 'draft_launches_per_step'), '.1f')}",
                 _fmt(_med(ok, "kernels_per_step"), ".0f"),
                 _fmt(_med(ok, "kernels_per_layer"), ".4g"),
-                _fmt(floor, ".4f")]) + " |")
+                _fmt(floor, ".4f"),
+                "-" if floor_step is None else f"{floor_step:.3f} ({kvb / bw * 1e3:.3f})",
+                "-" if floor_step is None or not step else f"{floor_step / step:.2f}",
+                "-" if not base_step or not step else f"{step / base_step:.2f}x"]) + " |")
     return "\n".join(out)
 
 

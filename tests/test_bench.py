@@ -66,7 +66,7 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
                                 bubble_host_prep_frac=0.05, bubble_launch_frac=0.1,
                                 bubble_host_frac=0.02, bubble_other_frac=0.0,
                                 kernels_per_step=230.0, kernels_per_layer=12.0,
-                                weight_bytes_per_step=4e9))
+                                weight_bytes_per_step=4e9, kv_bytes_per_step=2e9))
     recs.append(_record({"repeat": 1, "batch_size": 8, "draft": "eagle"},   # not an arm
                         decode_tok_per_s=1.0))
     got = {(r[0], r[1]): r for r in rows_of(table(pd.DataFrame(recs), doc, bw=2e12))}
@@ -82,7 +82,10 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
     assert r[9] == "1.500" and r[10] == "75%"                      # bound ms, achieved
     assert r[13] == "230"                                          # kernels per decode step
     assert r[14] == "12"                                           # kernels per decoder layer
-    assert r[15] == "2.0000"                                       # 4e9 B / 2e12 B/s, per tok
+    assert r[15] == "3.0000"                     # (4e9 + 2e9 KV) B / 2e12 B/s, per token
+    assert r[16] == "3.000 (1.000)"              # floor per step (its KV term)
+    assert r[17] == "1.50"                       # floor / step: 3 ms / 2 ms
+    assert got[("8", "draft=frozen_kv_mtp")][18] == "1.00x"       # step / the first arm's
 
 
 def test_an_arm_whose_settings_another_arm_extends_keeps_its_own_rows():

@@ -32,7 +32,10 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   throughput  requests, tokens, wall_s, tok_per_s, decode_tok_per_s, steps, decode_steps,
               prefill_steps, retractions (of the measured generate; warm-up excluded),
               timeline_decode_tok_per_s (the timeline generate: the same workload, spans on),
-              weight_bytes_per_step (target + draft x num_steps: the bytes a step reads)
+              weight_bytes_per_step, kv_bytes_per_step: the HBM floor's terms, the bytes
+              a mean decode step reads (mtplab/models/floor.py `step_bytes`: weights actually
+              read, the KV of floor_context_tokens = prompt + output / 2, windows counted as
+              the window, the draft's S forwards)
   latency     step_time_p50_ms (all steps), decode_step_time_p50_ms (decode step wall time),
               itl_p50_ms, itl_p99_ms, tpot_p50_ms, tpot_p90_ms, from Engine.stats(): ITL =
               time between consecutive token deliveries to one request (a speculative step

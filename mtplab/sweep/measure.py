@@ -29,6 +29,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..lossless import divergence
+from ..models.floor import StepBytes, engine_step_bytes
 from .grid import Workload
 from ..instrument.meter import meter_figures
 from .metrics import stage_metrics, trace_metrics
@@ -75,13 +76,16 @@ def code_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return out
 
 
-def weight_bytes_per_step(eng) -> int:
-    """Weight bytes a decode step reads: the target once (verify) + the draft once per step."""
-    n = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    if eng.draft_model is not None:
-        d = sum(p.numel() * p.element_size() for p in eng.draft_model.parameters())
-        n += d * eng.cfg.num_steps
-    return n
+def floor_context(wl: Workload) -> float:
+    """The committed context of a mean measured decode step: the prompt plus half the output
+    (the KV term of the floor grows linearly over the generate)."""
+    return wl.prompt_len_tokens + wl.output_len_tokens / 2
+
+
+def floor_bytes_per_step(eng, wl: Workload) -> StepBytes:
+    """The bytes a mean decode step of the workload reads (models/floor.py `step_bytes`)."""
+    bs = min(wl.batch_size, wl.requests)
+    return engine_step_bytes(eng, bs, floor_context(wl))
 
 
 def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
@@ -135,7 +139,10 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row.update(meter_figures(st))
     row["accept_len"] = st.get("accept_len", float("nan"))
     row["accept_simulated"] = bool(st.get("simulated", False))
-    row["weight_bytes_per_step"] = weight_bytes_per_step(eng)
+    fb = floor_bytes_per_step(eng, wl)
+    row["weight_bytes_per_step"] = fb.weights          # the floor's terms (models/floor.py)
+    row["kv_bytes_per_step"] = fb.kv
+    row["floor_context_tokens"] = floor_context(wl)
     for i, r in enumerate(st.get("accept_rate_per_pos", []), start=1):
         row[f"accept_rate_pos{i}"] = r
     man = cfg.manifest()

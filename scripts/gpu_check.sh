@@ -55,8 +55,9 @@ phase_peer() {
   python3 -m benchmarks.bench_peer --out "$OUT_DIR/bench_peer.md"
 }
 
-#: notebooks  [NN,...] notebooks under papermill with GPU parameters (default 01,04,02: overlap,
-#:            zero bubble, seed folding; 03 too if named), one after another within NB_BUDGET_S
+#: notebooks  [NN,...] notebooks/NN_*.ipynb under papermill with GPU parameters (default
+#:            01,04,02: overlap, zero bubble, seed folding; any other if named, 01-04 with the
+#:            sizes below, others with their defaults), one after another within NB_BUDGET_S
 #:            -> notebooks/NN_name.ipynb (executed), notebooks/notebooks.tgz (each one's
 #:            answer.json, PNG figures and sweep results.parquet); answers in notebooks.log
 # Environment (defaults: the H100 run): NB_DEVICE=cuda NB_MODEL=tiny-code NB_PROMPTS=code
@@ -95,16 +96,18 @@ phase_notebooks() {
   local reps=(-p repeats "${NB_REPEATS:-2}")
   deadline=$((SECONDS + ${NB_BUDGET_S:-520}))
   for n in ${@:-01 04 02}; do
-    local args=()
-    case $n in
-      01) name=01_overlap; args=("${reps[@]}" -y "batch_sizes: ${NB_BS:-[1, 8, 32]}") ;;
-      02) name=02_seed_folding; args=("${reps[@]}" -y "batch_sizes: ${NB_BS02:-[1, 32]}"
+    local found=(notebooks/"$n"_*.ipynb) args=()
+    if [[ ! -f ${found[0]} ]]; then
+      echo "notebooks: no notebook $n (have: $(cd notebooks && ls [0-9]*.ipynb | tr '\n' ' '))"
+      rc=1; continue
+    fi
+    name=$(basename "${found[0]}" .ipynb)
+    case $n in       # GPU-sized parameters; any other notebook runs with its defaults
+      01) args=("${reps[@]}" -y "batch_sizes: ${NB_BS:-[1, 8, 32]}") ;;
+      02) args=("${reps[@]}" -y "batch_sizes: ${NB_BS02:-[1, 32]}"
             -y "cuda_graphs: ${NB_GRAPHS02:-[true]}") ;;
-      03) name=03_page_topk; args=(-p batch_size 8 -y "page_sizes: [1, 16, 64]"
-            -y "topks: [1, 4]") ;;
-      04) name=04_zero_bubble; args=(-p repeats "${NB_REPEATS04:-3}"
-            -p batch_size "${NB_BS04:-8}") ;;
-      *) echo "notebooks: no notebook $n (01, 02, 03 or 04)"; rc=1; continue ;;
+      03) args=(-p batch_size 8 -y "page_sizes: [1, 16, 64]" -y "topks: [1, 4]") ;;
+      04) args=(-p repeats "${NB_REPEATS04:-3}" -p batch_size "${NB_BS04:-8}") ;;
     esac
     left=$((deadline - SECONDS))
     if ((left < 30)); then

@@ -116,3 +116,14 @@ def test_a_smaller_bubble_with_less_busy_time_is_not_said_to_be_filled():
                    "zb": [(100.5, 0.20, 800), (100, 0.20, 800)]}), "zb")
     assert r["verdict"] == "nothing" and "took their place" not in r["sentence"]
     assert "removes 10.0 idle points, a change too small to show in tok/s" in r["sentence"]
+
+
+def test_run_arms_refuses_an_arm_that_cannot_run_before_any_cell(tmp_path):
+    """The ablation notebooks' shared sweep (sweep/notebook.py) builds every arm's RunConfig
+    first: a bad arm fails with its reason and no cell runs."""
+    from mtplab.config import ConfigError
+    from mtplab.sweep.notebook import run_arms
+    base = {"device": "cpu", "model": "random-tiny", "draft": "frozen_kv_mtp"}
+    with pytest.raises(ConfigError, match="page_size"):
+        run_arms(base, [{"page_size": 1}, {"page_size": 3}], {}, tmp_path, repeats=2)
+    assert not (tmp_path / "sweep").exists()

@@ -155,18 +155,58 @@ def event_timeline_frame(n_steps: int = 4):
     return df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))
 
 
+def _triton_language_state() -> list:
+    """(namespace, a copy of its attributes) for every triton.language namespace the Triton
+    interpreter patches while it runs a kernel (triton/runtime/interpreter.py `_patch_lang`)."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return []
+    spaces = (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base, tl.condition,
+              tl.dtype)
+    return [(ns, dict(vars(ns))) for ns in spaces]
+
+
+# Taken when this module is first imported: tests/conftest.py imports it before any test runs,
+# so before any kernel is interpreted.
+_PRISTINE_TL = _triton_language_state()
+
+
+def restore_triton_language() -> int:
+    """Put back every triton.language attribute the interpreter left patched; returns how many.
+    The interpreter patches triton.language in place around each kernel it runs, but a jit
+    helper called outside a kernel (Triton 3.9: InterpretedFunction.__call__) patches it and
+    never restores it; a compile afterwards then emits its IR through the interpreter's builder
+    and fails (`'value' object has no attribute 'dtype'`)."""
+    fixed = 0
+    for ns, saved in _PRISTINE_TL:
+        for name, value in saved.items():
+            if vars(ns).get(name) is not value:
+                setattr(ns, name, value)
+                fixed += 1
+    return fixed
+
+
 def sm90_ptx(monkeypatch, kernel, signature: dict, constexprs: dict, num_warps: int = 4,
              do_not_specialize=()) -> str:
-    """PTX of a @triton.jit kernel compiled ahead of time for an H100 (sm_90). Under
-    TRITON_INTERPRET=1 the kernel and the jit helpers it calls (and theirs) are interpreted
-    functions: each is swapped for a JITFunction of its Python source for the compile. Skips
-    only where this Triton install cannot compile for sm_90 at all (no backend)."""
+    """PTX of a @triton.jit kernel compiled ahead of time for an H100 (sm_90), always compiled
+    afresh (an empty Triton cache: a cached kernel would skip the code generator under test).
+    Under TRITON_INTERPRET=1 the kernel and the jit helpers it calls (and theirs) are
+    interpreted functions: each is swapped for a JITFunction of its Python source for the
+    compile, and triton.language is first restored from whatever the interpreter left
+    patched. Skips only where this Triton install has no CUDA backend."""
+    import tempfile
+
     import pytest
     triton = pytest.importorskip("triton")
-    import triton.language as tl
+    from triton.backends import backends
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
+
+    if "nvidia" not in backends:
+        pytest.skip(f"this Triton install ({triton.__version__}) has no CUDA backend.")
+    restore_triton_language()
 
     def as_jit(f, seen):
         g = f.fn.__globals__
@@ -177,16 +217,10 @@ def sm90_ptx(monkeypatch, kernel, signature: dict, constexprs: dict, num_warps: 
                 monkeypatch.setitem(g, name, JITFunction(h.fn))
                 as_jit(h, seen)
     as_jit(kernel, set())
-    target = GPUTarget("cuda", 90, 32)
-
-    def probe(X):
-        tl.store(X, 1)
-    try:
-        triton.compile(ASTSource(fn=JITFunction(probe), signature={"X": "*i32"}),
-                       target=target)
-    except Exception as e:          # no LLVM/ptxas backend in this Triton install
-        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}")
     jit = JITFunction(kernel.fn, do_not_specialize=list(do_not_specialize))
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
-    return triton.compile(ASTSource(fn=jit, signature=sig, constexprs=constexprs),
-                          target=target, options={"num_warps": num_warps}).asm["ptx"]
+    with tempfile.TemporaryDirectory() as cache:
+        monkeypatch.setenv("TRITON_CACHE_DIR", cache)
+        return triton.compile(ASTSource(fn=jit, signature=sig, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps}).asm["ptx"]

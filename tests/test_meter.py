@@ -8,6 +8,7 @@ runs in benchmarks/bench_meter.py (scripts/gpu_check.sh meter).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -309,6 +310,25 @@ def test_stamp_kernel_compiles_for_sm90_with_globaltimer_and_one_atomic(monkeypa
     atoms = [ln for ln in ptx.splitlines() if "atom.global" in ln]
     assert len(atoms) == 1 and atoms[0].strip().startswith("@%p")   # predicated: one thread
     assert ".relaxed" in atoms[0] and "acq_rel" not in atoms[0]      # no fence around it
+
+
+def test_sm90_compile_survives_the_interpreters_leftover_patches(monkeypatch):
+    """The interpreter leaves triton.language.core patched after a kernel that calls one of
+    Triton's own jit functions (tl.max, tl.sum: Triton 3.9); the ahead-of-time compile must
+    still emit its IR with Triton's own builder, not fail on the interpreter's."""
+    import triton.language as tl
+
+    from mtplab.kernels.topk import argmax_triton
+    before = tl.core.add
+    argmax_triton(torch.randn(2, 3000))
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert tl.core.add is not before         # the leftover this test is about
+    import mtplab.kernels.stamp as stamp
+    sig = {"ring_ptr": "*i64", "count_ptr": "*i32", "clock_ptr": "*i64", "code": "i32",
+           "mask": "i32"}
+    ptx = sm90_ptx(monkeypatch, stamp._stamp_kernel, sig, {"GLOBALTIMER": True}, num_warps=1,
+                   do_not_specialize=["code"])
+    assert "%globaltimer" in ptx
 
 
 def test_step_hooks_run_before_the_profiler_step_boundary(tmp_path):

@@ -1,5 +1,6 @@
 """Checks at the door (pure Python, never torch): RunConfig's fields against their declared
-types, and the arguments of `Engine.generate`, each failure one sentence with the fix.
+types, the arguments of `Engine.generate`, and the command line's flags (argparse types and
+output paths), each failure one sentence with the fix.
 
 Integers are `numbers.Integral` but never bool (True is an int in Python, and
 `max_running_requests=True` is a mistake, not 1): Python ints and numpy integers pass and are
@@ -11,13 +12,15 @@ the whole range.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
+import os
 import re
 import types
 import typing
 from dataclasses import fields
-from pathlib import PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Optional, Sequence
 
 from .errors import ConfigError
@@ -114,10 +117,19 @@ def check_value(name: str, value: Any, tp: Any) -> Any:
 
 
 def check_fields(obj) -> None:
-    """Every dataclass field of `obj` against its declared annotation, normalised in place."""
+    """Every dataclass field of `obj` against its declared annotation, normalised in place
+    (frozen dataclasses too)."""
     hints = typing.get_type_hints(type(obj))
     for f in fields(obj):
-        setattr(obj, f.name, check_value(f.name, getattr(obj, f.name), hints[f.name]))
+        object.__setattr__(obj, f.name, check_value(f.name, getattr(obj, f.name), hints[f.name]))
+
+
+def check_finite(obj, names: Sequence[str]) -> None:
+    """Float fields that must be finite numbers (a YAML `.nan` or `.inf` is not a setting)."""
+    for name in names:
+        v = getattr(obj, name)
+        if is_real(v) and not math.isfinite(v):
+            raise ConfigError(f"{name} must be a finite number, got {v!r}.")
 
 
 def check_min(obj, minimum: dict) -> None:
@@ -211,3 +223,131 @@ def check_generate_args(prompts, max_new_tokens, temperature, top_p, seed, stop_
         if not isinstance(v, bool):
             raise ValueError(f"{name} must be True or False, got {v!r}.")
     return out, stops
+
+
+# -- command-line flags ------------------------------------------------------------------------
+# argparse `type=` functions: a bad value is refused by argparse in one line naming the flag
+# (`mtplab X: error: argument --port: ...`), before anything runs. Output paths are checked,
+# never created, so a refused command leaves nothing behind.
+class FlagParser(argparse.ArgumentParser):
+    """Usage errors in one line (the prog, the problem, where to look) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse(self, argv) -> argparse.Namespace | int:
+        """parse_args, or the exit code of --help (0) or a usage error (2), already printed."""
+        try:
+            return self.parse_args(argv)
+        except SystemExit as e:
+            return int(e.code or 0)
+
+
+def flag_type(check):
+    """An argparse type from `check(text) -> value` that raises ValueError (ConfigError
+    included): argparse then prints the check's own sentence, naming the flag."""
+    def convert(text: str):
+        try:
+            return check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).rstrip(".")) from None
+    convert.__name__ = check.__name__
+    return convert
+
+
+def _number(text: str, integer: bool, allow_zero: bool):
+    try:
+        v = int(text) if integer else float(text)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if integer else 'a number'}, got "
+                         f"{text!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        what = ("a non-negative " if allow_zero else "a positive ") + (
+            "integer" if integer else "finite number")
+        raise ValueError(f"must be {what}, got {text!r}")
+    return v
+
+
+@flag_type
+def positive_int(text: str) -> int:
+    return _number(text, True, False)
+
+
+@flag_type
+def nonneg_int(text: str) -> int:
+    return _number(text, True, True)
+
+
+@flag_type
+def positive_number(text: str) -> float:
+    return _number(text, False, False)
+
+
+@flag_type
+def nonneg_number(text: str) -> float:
+    return _number(text, False, True)
+
+
+def check_port(port) -> int:
+    if not is_int(port) or not 1 <= port <= 65535:
+        raise ConfigError(f"port {port!r} is not a TCP port; use a number in 1..65535.")
+    return int(port)
+
+
+@flag_type
+def port_number(text: str) -> int:
+    try:
+        return check_port(int(text))
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a TCP port; use a number in 1..65535.") from None
+
+
+@flag_type
+def device_name(text: str) -> str:
+    check_device(text)
+    return text
+
+
+def _nearest_existing(path: Path) -> Path:
+    for q in (path, *path.parents):
+        if q.exists():
+            return q
+    return Path(".")
+
+
+def check_out_dir(path, what: str = "the output folder") -> Path:
+    """A folder a command may write into (made later, by the writer): it is a folder or does
+    not exist yet, no part of it is a file, and the nearest existing folder is writable."""
+    p = Path(path)
+    q = _nearest_existing(p)
+    if not q.is_dir():
+        raise ConfigError(f"{what} {p}: {q} is a file, not a folder; pass a folder path.")
+    if not os.access(q, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {p}: the folder {q} is not writable; pass another path.")
+    return p
+
+
+def check_out_file(path, what: str = "the output file") -> Path:
+    """A file a command may write (atomically, replacing it): not a folder, in an existing
+    writable folder (no folder is made for it)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {p} is a folder; pass a file name.")
+    parent = p.parent
+    if not parent.is_dir():
+        q = _nearest_existing(parent)
+        why = f"{q} is a file" if q.exists() and not q.is_dir() else f"{parent} does not exist"
+        raise ConfigError(f"{what} {p}: {why}; pass a path in an existing folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {p}: the folder {parent} is not writable; pass another path.")
+    return p
+
+
+@flag_type
+def out_dir(text: str) -> str:
+    return str(check_out_dir(text, "folder"))
+
+
+@flag_type
+def out_file(text: str) -> str:
+    return str(check_out_file(text, "file"))

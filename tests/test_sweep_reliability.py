@@ -175,9 +175,21 @@ BAD_GRIDS = [
     ("base: {device: cpu\n", [], "cannot read grid file"),
     ("[1, 2]\n", [], "a grid file is a mapping"),
     ("bogus: 1\n", [], "unknown grid-file keys ['bogus']"),
-    ("base: {device: cpu}\n", ["--set", "page_size=["], "--set 'page_size=[': the value is not"),
+    ("base: {device: cpu}\n", ["--set", "page_size=["], "cannot read the value of --set 'page_"),
     ("base: {device: cpu}\n", ["--set", "page_size"], "--set expects KEY=VALUE"),
-    ("base: {device: cpu}\n", ["--timeout-s", "0"], "timeout_s must be a positive number"),
+    ("base: {device: cpu}\n", ["--timeout-s", "0"], "--timeout-s: must be a positive finite"),
+    ("base: {device: cpu}\n", ["--timeout-s", "nan"], "--timeout-s: must be a positive finite"),
+    ("base: {device: cpu}\n", ["--workers", "0"], "--workers: must be a positive integer"),
+    ("timeout_s: .nan\n", [], "timeout_s must be a positive number"),
+    # PyYAML keeps the last of two equal keys: settings would be dropped silently
+    ("base: {device: cpu, page_size: 2, page_size: 4}\n", [],
+     "key 'page_size' is given twice in one mapping"),
+    ("base: {device: cpu}\nbase: {model: random-tiny}\n", [], "key 'base' is given twice"),
+    ("base: &b {device: cpu, x: *b}\n", [], "the alias at base.x refers to a node that contains"),
+    ("base: {device: cpu}\ngrid: {timeout_s: [10, 20]}\n", [], "differ only in timeout_s"),
+    # 10^9 cells: refused before a single one is made (--dry-run would exhaust memory)
+    ("grid: {seed: %s, topk: %s, num_steps: %s}\n" % ((list(range(1000)),) * 3), ["--dry-run"],
+     "the grid expands to 1,000,000,000 cells (1000 x 1000 x 1000), more than the limit"),
     ("base: {device: cpu}\n", ["--workers", "2"], "--workers and --scheduler need --executor"),
 ]
 
@@ -218,4 +230,62 @@ def test_per_cell_timeout_and_sleep_validation():
     assert a.timeout_s is None and b.timeout_s == 2.5
     assert b.cell_id == a.cell_id         # the limit is not part of the cell id: one cell
     assert "timeout_s must be a positive number" in make_cell({**TINY, "timeout_s": "x"}).dropped
-    assert "sleep_s must be a number of seconds >= 0" in make_cell({**TINY, "sleep_s": -1}).dropped
+    assert "sleep_s must be at least 0, got -1" in make_cell({**TINY, "sleep_s": -1}).dropped
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"fail": "no"}, "fail is a boolean but got the string 'no'"),
+    ({"check_lossless": "false"}, "check_lossless is a boolean but got the string 'false'"),
+    ({"num_requests": True}, "num_requests must be an integer, got a boolean"),
+    ({"temperature": "hot"}, "temperature is a number but got the string 'hot'"),
+    ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+    ({"sleep_s": float("inf")}, "sleep_s must be a finite number, got inf"),
+    ({"batch_size": 2.0}, "batch_size must be an integer"),
+])
+def test_workload_fields_are_type_checked_and_the_cell_dropped(setting, message):
+    """A YAML value of the wrong type is dropped up front with its reason, never run: `fail:
+    "no"` would fail the cell, `check_lossless: "false"` would run the check."""
+    from mtplab.sweep import make_cell
+
+    assert message in (make_cell({**TINY, **setting}).dropped or "")
+
+
+@pytest.mark.parametrize("line", ['{"a": 1}', "[1, 2]", '{"cell_id": "x"}', "not json"])
+def test_a_journal_line_that_is_no_record_is_one_sentence(tmp_path, capsys, line):
+    grid = _write_grid(tmp_path / "g.yaml", {"base": TINY})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RESULTS_JSONL).write_text(line + "\n")
+    for extra in (["--dry-run"], []):
+        assert main_sweep([str(grid), "--out", str(out), "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "line 1 is not a cell record" in err, err
+    assert (out / RESULTS_JSONL).read_text() == line + "\n"         # left as it was
+
+
+def test_refused_sweeps_make_no_out_folder(tmp_path, capsys):
+    grid = _write_grid(tmp_path / "g.yaml", {"base": TINY})
+    for extra in (["--workers", "2"], ["--executor", "dask", "--scheduler", "/nonexistent/s.json"]):
+        out = tmp_path / "out"
+        assert main_sweep([str(grid), "--out", str(out), "--no-progress", *extra]) == 2
+        assert not out.exists(), extra
+    err = capsys.readouterr().err
+    assert "cannot reach the Dask scheduler /nonexistent/s.json" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_sweep_in_one_line_and_resumes(tmp_path):
+    """SIGINT (Ctrl-C) while a cell runs: the cell is killed, the finished cells stay, and the
+    driver says so in one line instead of a KeyboardInterrupt traceback."""
+    grid = _write_grid(tmp_path / "g.yaml", {"base": TINY, "grid": {"sleep_s": [0, 60]}})
+    out = tmp_path / "out"
+    p = _sweep_proc(grid, out)
+    for _ in range(600):
+        if (out / RESULTS_JSONL).is_file() and _cell_pids(out):
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "interrupted; the finished cells are kept" in err, err
+    assert len((out / RESULTS_JSONL).read_text().splitlines()) == 1 and not _cell_pids(out)

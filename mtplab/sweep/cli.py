@@ -10,30 +10,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError
+from ..validate import FlagParser, check_out_dir, out_dir, positive_int, positive_number
 from .executors import DaskExecutor, LocalExecutor, visible_gpus
-from .grid import Cell, check_timeout, load_grid, yaml_problem
+from .grid import Cell, load_grid, load_yaml
 from .lock import OutDirLocked, hold_out_dir
-from .results import RESULTS_JSONL, RESULTS_PARQUET, read_records
+from .results import RESULTS_JSONL, RESULTS_PARQUET, BadJournal, last_records
 from .runner import run_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="mtplab sweep",
         description="Run a grid of configurations, one process per cell; results go to "
                     "<out>/results.jsonl and <out>/results.parquet (see examples/grids/).")
     p.add_argument("grid", help="grid file (YAML: base, arms, grid, exclude, out, timeout_s)")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=out_dir,
                    help="output folder (default: the grid's `out`, else traces/sweeps/<grid name>)")
     p.add_argument("--notebook", default=None,
                    help="run this notebook per cell with papermill instead of the built-in "
                         "measurement; executed copies go to <out>/notebooks/<cell_id>.ipynb")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a base setting (YAML value), e.g. --set device=cuda; repeatable")
-    p.add_argument("--timeout-s", type=float, default=None,
+    p.add_argument("--timeout-s", type=positive_number, default=None,
                    help="per-cell limit in seconds (default: the grid's timeout_s, else 600)")
     p.add_argument("--kernel", default=None,
                    help="Jupyter kernel for --notebook (default: one for this interpreter)")
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=("local", "dask"), default="local",
                    help="where cells run: local (here, one after another; default) or dask "
                         "(Dask workers, one cell per worker at a time; docs/sweeps.md)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=None, metavar="N",
                    help="dask: start a local cluster of N workers (CPU processes, or one per "
                         "visible GPU when the cells use CUDA; default: every core / GPU)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -59,18 +58,17 @@ def _overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML "
-                              f"({yaml_problem(e)}); quote it or fix it.") from None
+        out[key.strip()] = load_yaml(value, f"the value of --set {item!r}")
     return out
+
+
+def _check_executor_args(args: argparse.Namespace) -> None:
+    if args.executor == "local" and (args.workers is not None or args.scheduler is not None):
+        raise ConfigError("--workers and --scheduler need --executor dask.")
 
 
 def _executor(args: argparse.Namespace, cells: Sequence[Cell]) -> contextlib.AbstractContextManager:
     if args.executor == "local":
-        if args.workers is not None or args.scheduler is not None:
-            raise ConfigError("--workers and --scheduler need --executor dask.")
         return contextlib.nullcontext(LocalExecutor())
     uses_cuda = any(c.config is not None and c.config.device.startswith("cuda") for c in cells)
     gpus = visible_gpus() if uses_cuda and args.scheduler is None else []
@@ -87,20 +85,21 @@ def _copy_grid(src: str, dest: Path) -> None:
 def main_sweep(argv: list[str] | None = None) -> int:
     """Entry point of `mtplab sweep`. Exit 0 when every cell of the grid is ok or dropped
     (run now or done before), 1 when one is failed, 2 on a bad grid file or argument."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(args, int):
+        return args
     try:
         grid = load_grid(args.grid, _overrides(args.overrides))
-        if args.timeout_s is not None:
-            check_timeout(args.timeout_s)
-    except ConfigError as e:
+        _check_executor_args(args)
+        if args.notebook and not Path(args.notebook).is_file():
+            raise ConfigError(f"notebook {args.notebook} not found.")
+        out = check_out_dir(args.out or grid.out or Path("traces") / "sweeps" /
+                            Path(args.grid).stem, "the sweep's out folder")
+        cells = grid.cells(notebook=args.notebook)
+        done = {cid: r["status"] for cid, r in last_records(out / RESULTS_JSONL).items()}
+    except (ConfigError, BadJournal, OSError) as e:
         print(f"mtplab sweep: error: {e}", file=sys.stderr)
         return 2
-    if args.notebook and not Path(args.notebook).is_file():
-        print(f"mtplab sweep: error: notebook {args.notebook} not found.", file=sys.stderr)
-        return 2
-    out = Path(args.out or grid.out or Path("traces") / "sweeps" / Path(args.grid).stem)
-    cells = grid.cells(notebook=args.notebook)
-    done = {r["cell_id"]: r["status"] for r in read_records(out / RESULTS_JSONL)}
     if args.dry_run:
         for c in cells:
             state = "dropped: " + c.dropped if c.dropped else (
@@ -108,7 +107,8 @@ def main_sweep(argv: list[str] | None = None) -> int:
             print(f"{c.cell_id}  {state}  {c.settings}")
         return 0
     try:
-        with hold_out_dir(out), _executor(args, cells) as ex:
+        # the executor first: a refused one (a scheduler it cannot reach) makes no out folder
+        with _executor(args, cells) as ex, hold_out_dir(out):
             _copy_grid(args.grid, out / "grid.yaml")
             if isinstance(ex, DaskExecutor):
                 n = len(ex.client.scheduler_info(n_workers=-1)["workers"])
@@ -116,9 +116,14 @@ def main_sweep(argv: list[str] | None = None) -> int:
             df = run_sweep(cells, out, notebook=args.notebook,
                            timeout_s=args.timeout_s or grid.timeout_s, kernel_name=args.kernel,
                            retry_failed=args.retry_failed, progress=args.progress, executor=ex)
-    except (ConfigError, OutDirLocked, OSError) as e:      # OSError: e.g. --out is a file
+    except (ConfigError, OutDirLocked, BadJournal, OSError) as e:   # OSError: e.g. a full disk
         print(f"mtplab sweep: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:             # the running cell is already killed (process.py)
+        print(f"mtplab sweep: interrupted; the finished cells are kept in "
+              f"{out / RESULTS_JSONL}, and running the same command again resumes.",
+              file=sys.stderr)
+        return 130
     ids = {c.cell_id for c in cells}
     mine = df[df["cell_id"].isin(ids)] if len(df) else df
     counts = mine["status"].value_counts().to_dict() if len(mine) else {}

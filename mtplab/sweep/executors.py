@@ -102,8 +102,9 @@ class DaskExecutor:
                 self.client = (Client(scheduler_file=path, timeout=CONNECT_TIMEOUT)
                                if os.path.isfile(path)
                                else Client(scheduler, timeout=CONNECT_TIMEOUT))
-            except OSError as e:
-                raise ConfigError(f"cannot reach the Dask scheduler {scheduler}: {e}") from None
+            except (OSError, ValueError, TypeError) as e:   # unreachable, or not an address
+                raise ConfigError(f"cannot reach the Dask scheduler {scheduler} ({e}); pass "
+                                  "tcp://host:port or the path of a scheduler file.") from None
         else:
             self._cluster, self.cluster_kind = local_cluster(workers, list(gpus or []))
             self.client = Client(self._cluster)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,11 @@ import yaml
 
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..validate import check_fields, check_finite, check_min, is_real
 
 GRID_KEYS = ("out", "timeout_s", "base", "arms", "grid", "exclude")
+# The most cells one grid file may expand to (axes' product x arms), checked before expanding.
+MAX_CELLS = 100_000
 # Resolved RunConfig fields that say where a cell writes, not what it runs: not hashed.
 LOCATION_FIELDS = ("trace_dir", "run_name")
 
@@ -84,23 +88,13 @@ class Workload:
     sleep_s: float = 0.0
 
     def __post_init__(self):
-        if not _is_number(self.sleep_s) or self.sleep_s < 0:
-            raise ConfigError(f"sleep_s must be a number of seconds >= 0, got {self.sleep_s!r}.")
-        for name in ("batch_size", "prompt_len_tokens", "output_len_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}.")
-        if self.num_requests is not None and (not isinstance(self.num_requests, int)
-                                              or self.num_requests < 1):
-            raise ConfigError(f"num_requests must be a positive integer or null, "
-                              f"got {self.num_requests!r}.")
-        if not isinstance(self.warmup_output_len_tokens, int) or self.warmup_output_len_tokens < 0:
-            raise ConfigError("warmup_output_len_tokens must be an integer >= 0, "
-                              f"got {self.warmup_output_len_tokens!r}.")
+        check_fields(self)               # YAML types: `fail: "no"` is a string, not False
+        check_finite(self, ("temperature", "sleep_s"))
+        check_min(self, {"batch_size": 1, "prompt_len_tokens": 1, "output_len_tokens": 1,
+                         "num_requests": 1, "warmup_output_len_tokens": 0, "repeat": 0,
+                         "temperature": 0, "sleep_s": 0})
         if self.prompts not in ("random", "code"):
             raise ConfigError(f"prompts must be 'random' or 'code', got {self.prompts!r}.")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}.")
         if self.check_lossless and self.temperature != 0:
             raise ConfigError("check_lossless compares greedy outputs; set temperature to 0.")
 
@@ -152,24 +146,73 @@ class Grid:
         return [{**self.base, **pt, **arm} for pt in grid_points for arm in (self.arms or [{}])]
 
     def cells(self, *, notebook: str | None = None) -> list[Cell]:
-        """The cells, once each (first occurrence of an id wins)."""
+        """The cells, once each (first occurrence of an id wins). Points that differ only in
+        timeout_s are one cell (the limit is not hashed), so that is refused, not collapsed."""
         cells: dict[str, Cell] = {}
         for s in self.points():
             c = make_cell(s, notebook=notebook, exclude=self.exclude)
-            cells.setdefault(c.cell_id, c)
+            first = cells.setdefault(c.cell_id, c)
+            if first.timeout_s != c.timeout_s:
+                raise ConfigError(
+                    f"{first.settings} and {c.settings} differ only in timeout_s, so they are "
+                    f"one cell ({c.cell_id}): a limit is not a setting; give them one "
+                    "timeout_s (top level or base).")
         return list(cells.values())
 
 
 def load_grid(path: str | Path, overrides: dict[str, Any] | None = None) -> Grid:
     """Read a grid file; `overrides` (e.g. from `--set key=value`) update `base`."""
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
+        text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read grid file {path}: {e.strerror or e}.") from None
+    return grid_from_dict(load_yaml(text, f"grid file {path}") or {}, overrides)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps
+    the last one silently: `page_size` twice, or two `base:` blocks, would drop settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} is given twice in one mapping (first on "
+                            f"line {seen[key] + 1}); keep one", key_node.start_mark)
+                    seen[key] = line
+                except TypeError:              # unhashable: PyYAML's own error follows
+                    continue
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """YAML as grid files use it: duplicate keys and self-containing aliases are refused,
+    each with one ConfigError sentence naming `where`."""
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)   # noqa: S506 -- a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot read grid file {path}: {yaml_problem(e)}; fix the YAML.") \
-            from None
-    return grid_from_dict(doc, overrides)
+        raise ConfigError(f"cannot read {where}: {yaml_problem(e)}; fix the YAML.") from None
+    _refuse_cycles(doc, where, "", [])
+    return doc
+
+
+def _refuse_cycles(obj: Any, where: str, at: str, open_ids: list[int]) -> None:
+    """An alias inside the node it names (`a: &x [*x]`) makes a structure that contains
+    itself; no setting can hold one."""
+    if not isinstance(obj, (dict, list)):
+        return
+    if id(obj) in open_ids:
+        raise ConfigError(f"cannot read {where}: the alias at {at or 'the top'} refers to a "
+                          "node that contains it; give the value itself.")
+    open_ids.append(id(obj))
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    for k, v in items:
+        _refuse_cycles(v, where, f"{at}.{k}" if at else str(k), open_ids)
+    open_ids.pop()
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:
@@ -207,19 +250,21 @@ def grid_from_dict(doc: dict[str, Any], overrides: dict[str, Any] | None = None)
     out = doc.get("out")
     if out is not None and not isinstance(out, str):
         raise ConfigError(f"out must be a folder path, got {out!r}.")
+    n = math.prod(len(v) for v in axes.values()) * max(1, len(arms))
+    if n > MAX_CELLS:
+        sizes = " x ".join([str(len(v)) for v in axes.values()] +
+                           ([f"{len(arms)} arms"] if arms else []))
+        raise ConfigError(f"the grid expands to {n:,} cells ({sizes}), more than the limit of "
+                          f"{MAX_CELLS:,} cells per grid file; split it or shorten its axes.")
     return Grid(base={**base, **(overrides or {})}, arms=arms, axes=axes, exclude=exclude,
                 out=out, timeout_s=check_timeout(doc.get("timeout_s", 600.0)))
 
 
 def check_timeout(v: Any) -> float:
     """A timeout in seconds: a positive number (ConfigError otherwise)."""
-    if not _is_number(v) or not v > 0:
+    if not is_real(v) or not 0 < v < math.inf:
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {v!r}.")
     return float(v)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def make_cell(settings: dict[str, Any], *, notebook: str | None = None,

@@ -68,16 +68,34 @@ def append_record(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+class BadJournal(ValueError):
+    """results.jsonl holds a line that is not a cell record; the message names the line."""
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of results.jsonl (a torn last line, from a crash, is ignored)."""
+    """Every record of results.jsonl (a torn last line, from a crash, is ignored). Any other
+    line that is not a cell record (a JSON object with `cell_id` and `status`) raises
+    BadJournal: it was not written by a sweep, and guessing would skip or re-run cells."""
     if not path.is_file():
         return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()                             # the torn tail: set_aside_torn_tail's
     out = []
-    for ln in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(ln))
-        except json.JSONDecodeError:
+    for i, ln in enumerate(lines, start=1):
+        if not ln.strip():
             continue
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError:
+            rec = None
+        if not (isinstance(rec, dict) and isinstance(rec.get("cell_id"), str)
+                and isinstance(rec.get("status"), str)):
+            raise BadJournal(f"{path} line {i} is not a cell record (a JSON object with "
+                             f"cell_id and status): {ln[:80]!r}; remove that line, or use "
+                             "another out folder.")
+        out.append(rec)
     return out
 
 

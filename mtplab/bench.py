@@ -44,7 +44,6 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -69,11 +68,12 @@ SHORT = {"batch_size": "bs"}
 def grid_doc(group: str) -> dict:
     """The grid file of a group name (mtplab/bench_grids/<group>.yaml) or a path."""
     from .errors import ConfigError
+    from .sweep.grid import load_yaml
     path = Path(group) if group.endswith((".yaml", ".yml")) else GRID_DIR / f"{group}.yaml"
     if not path.is_file():
         raise ConfigError(f"no bench group {group!r}: use one of {list(GROUPS)} or a grid file.")
-    doc = yaml.safe_load(path.read_text()) or {}
-    if not doc.get("arms"):
+    doc = load_yaml(path.read_text(), f"grid file {path}") or {}
+    if not isinstance(doc, dict) or not doc.get("arms"):
         raise ConfigError(f"{path} has no `arms`: a bench group compares arms side by side.")
     return doc
 
@@ -102,17 +102,28 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
     return doc
 
 
-def run_group(doc: dict, out: Path, timeout_s: Optional[float],
+def group_cells(name: str, doc: dict) -> list:
+    """A group's cells, refused (ConfigError) when not one of them can run."""
+    from .errors import ConfigError
+    from .sweep import grid_from_dict
+
+    cells = grid_from_dict(doc).cells()
+    if cells and all(c.dropped for c in cells):
+        raise ConfigError(f"group {name}: every cell is dropped ({cells[0].dropped}); fix the "
+                          "settings so that some cell can run.")
+    return cells
+
+
+def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
               progress: bool = True) -> pd.DataFrame:
     """Run (or resume) one group's cells; return its results table."""
     from .atomic import atomic_write_text
     from .sweep import grid_from_dict, run_sweep
 
-    grid = grid_from_dict(doc)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(doc, sort_keys=False))
-    cells = grid.cells()
-    df = run_sweep(cells, out, timeout_s=timeout_s or grid.timeout_s, progress=progress)
+    df = run_sweep(cells, out, timeout_s=timeout_s or grid_from_dict(doc).timeout_s,
+                   progress=progress)
     return df[df["cell_id"].isin({c.cell_id for c in cells})]   # not older runs' cells
 
 
@@ -234,30 +245,47 @@ def hbm_bandwidth() -> Optional[float]:
 # -- command line ------------------------------------------------------------------------------
 def main_bench(argv=None) -> int:
     from .errors import ConfigError
+    from .validate import (FlagParser, device_name, out_dir, out_file, positive_int,
+                           positive_number)
 
-    ap = argparse.ArgumentParser(prog="mtplab bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="every arm for a few steps (CPU ok)")
+    ap = FlagParser(prog="mtplab bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true",
+                    help="every arm for a few steps (CPU ok): checks the path, its ratios are "
+                         "no result")
     ap.add_argument("--groups", nargs="+", default=list(GROUPS),
                     help=f"group names {list(GROUPS)} or grid files (default: every group)")
-    ap.add_argument("--repeats", type=int, default=None,
+    ap.add_argument("--repeats", type=positive_int, default=None,
                     help="interleaved repeats (default: the grid's repeat axis; 1 with --smoke)")
-    ap.add_argument("--bs", nargs="+", type=int, default=None, help="batch sizes (the grid's)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--timeout", type=float, default=None, help="per-cell seconds (grid's)")
-    ap.add_argument("--dir", default=None,
+    ap.add_argument("--bs", nargs="+", type=positive_int, default=None,
+                    help="batch sizes (the grid's)")
+    ap.add_argument("--device", type=device_name, default="auto",
+                    help="auto | cpu | cuda | cuda:N (default: auto)")
+    ap.add_argument("--timeout", type=positive_number, default=None,
+                    help="per-cell seconds (grid's)")
+    ap.add_argument("--dir", default=None, type=out_dir,
                     help="sweep folder, one subfolder per group (default traces/bench/<time>); "
                          "an existing one resumes: done cells are not run again")
-    ap.add_argument("--out", default=None, help="also write the markdown tables here")
+    ap.add_argument("--out", default=None, type=out_file,
+                    help="also write the markdown tables here")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
-    a = ap.parse_args(argv)
+    a = ap.parse(argv)
+    if isinstance(a, int):
+        return a
     root = Path(a.dir or Path("traces") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     try:
         docs = {Path(g).stem: effective_doc(grid_doc(g), smoke=a.smoke, repeats=a.repeats,
                                             bs=a.bs, device=a.device) for g in a.groups}
+        cells = {g: group_cells(g, doc) for g, doc in docs.items()}
     except ConfigError as e:
         print(f"mtplab bench: error: {e}", file=sys.stderr)
         return 2
-    frames = {g: run_group(doc, root / g, a.timeout, a.progress) for g, doc in docs.items()}
+    try:
+        frames = {g: run_group(doc, cells[g], root / g, a.timeout, a.progress)
+                  for g, doc in docs.items()}
+    except KeyboardInterrupt:             # the running cell is already killed (sweep/process.py)
+        print(f"mtplab bench: interrupted; finished cells are kept under {root}, and "
+              f"`--dir {root}` resumes.", file=sys.stderr)
+        return 130
     bw = hbm_bandwidth() if a.device != "cpu" else None
     text = "\n\n".join([header(frames, a.smoke, bw)] +
                        [f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n"

@@ -13,6 +13,8 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Optional
 
+from .validate import FlagParser, device_name, out_dir, positive_int
+
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)
@@ -24,13 +26,6 @@ EXTERNAL = {
              "timeline of a run folder, trace or timeline.parquet (--example: an H100 run)"),
     "sglang": ("mtplab.sglang.cli", "main_sglang", "drive a real SGLang server with the same knobs"),
 }
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line (the prog, the problem, where to look) and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def parse_bool(text: str) -> bool:
@@ -75,6 +70,8 @@ def _add_config_flags(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
         text = f.metadata.get("help", "")
         if not (default is None and "(None:" in text):     # else the text says what None means
             text += f" (default: {default})"
+        if f.name == "trace_dir":                   # checked, never made, before the run
+            conv = out_dir
         g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, type=conv,
                        metavar=metavar, help=text, **kw)
 
@@ -191,8 +188,8 @@ COMMANDS = {"run": cmd_run, "demo": cmd_demo}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="mtplab", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = FlagParser(prog="mtplab", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=FlagParser)
     r = sub.add_parser("run", help="serve random prompts with one configuration",
                        description="Serve random prompts with one RunConfig; prints the memory "
                                    "estimate, a token progress bar and the stats table.")
@@ -209,12 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling temperature, 0 = greedy (default: 0.0)")
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
-    d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    d.add_argument("--device", default="auto", type=device_name,
+                   help="auto | cpu | cuda | cuda:N (default: auto)")
     d.add_argument("--model", default="tiny-code", help="zoo preset (default: tiny-code)")
     d.add_argument("--draft", default="frozen_kv_mtp", choices=("none", "frozen_kv_mtp", "eagle"),
                    help="draft (default: frozen_kv_mtp)")
-    d.add_argument("--trace-dir", default="traces", help="output root (default: traces)")
-    d.add_argument("--max-new-tokens", type=int, default=48,
+    d.add_argument("--trace-dir", default="traces", type=out_dir,
+                   help="output root (default: traces)")
+    d.add_argument("--max-new-tokens", type=positive_int, default=48,
                    help="tokens per prompt (default: 48)")
     for name, (_, _, text) in EXTERNAL.items():
         sub.add_parser(name, help=text, add_help=False)
@@ -223,17 +222,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # external commands dispatch before the config flags are built (which import torch)
-    if argv and argv[0] in EXTERNAL:
-        module, func, _ = EXTERNAL[argv[0]]
-        return getattr(importlib.import_module(module), func)(argv[1:])
-    args = build_parser().parse_args(argv)
-    from .errors import ConfigError
     try:
-        return COMMANDS[args.cmd](args)
-    except (ConfigError, ValueError) as e:
-        print(f"mtplab {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        # external commands dispatch before the config flags are built (which import torch)
+        if argv and argv[0] in EXTERNAL:
+            module, func, _ = EXTERNAL[argv[0]]
+            return getattr(importlib.import_module(module), func)(argv[1:])
+        args = build_parser().parse_args(argv)
+        from .errors import ConfigError
+        try:
+            return COMMANDS[args.cmd](args)
+        except (ConfigError, ValueError) as e:
+            print(f"mtplab {args.cmd}: error: {e}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:      # Ctrl-C: each command has freed what it held on the way out
+        print(f"mtplab {argv[0] if argv else ''}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

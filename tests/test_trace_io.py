@@ -147,3 +147,14 @@ def test_nan_or_huge_times_one_line_naming_the_trace(tmp_path, ts, dur):
         load_trace(p)
     msg = str(e.value)
     assert str(p) in msg and "NaN, infinite or beyond" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_negative_duration_is_refused_in_one_line(tmp_path, streaming):
+    """A kernel that ends before it starts would move the bubble; it is not clamped to 0."""
+    p = tmp_path / "neg.json"
+    p.write_bytes(_one_kernel(b"1.5", b"-3"))
+    with pytest.raises(TraceError) as e:
+        load_trace(p, streaming=streaming)
+    msg = str(e.value)
+    assert str(p) in msg and "1 events with a negative duration" in msg and "\n" not in msg

@@ -15,7 +15,6 @@ Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
+from ..validate import FlagParser, check_out_file, nonneg_number, positive_number
 from .example import EXAMPLE_TRACE
 from .trace_io import (
     CONSECUTIVE_KERNEL_DELAY_US,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
+MAX_WINDOWS = 1_000_000      # --window-us may cut a trace into at most this many windows
 # Leading steps left out as warm-up (graph capture, first launches) by `mtplab analyze`,
 # `mtplab demo` and the example's analysis, when the trace has more than WARMUP_STEPS + 1.
 WARMUP_STEPS = 1
@@ -94,8 +95,8 @@ def _find_trace(p: Path) -> Path | None:
     return None
 
 
-def _parser_analyze() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="mtplab analyze", description=(
+def _parser_analyze() -> FlagParser:
+    ap = FlagParser(prog="mtplab analyze", description=(
         "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each "
         "(sync, host_prep, launch, other) and per-stream idle time. Definitions: "
         "help(mtplab.analysis.bubbles)."))
@@ -113,15 +114,15 @@ def _parser_analyze() -> argparse.ArgumentParser:
                          f"the trace has more than {WARMUP_STEPS + 1}, else 0)")
     ap.add_argument("--device", type=int, default=None,
                     help="GPU index to analyse (default: the one with the most activity)")
-    ap.add_argument("--kernel-delay-us", type=float, default=CONSECUTIVE_KERNEL_DELAY_US,
+    ap.add_argument("--kernel-delay-us", type=nonneg_number, default=CONSECUTIVE_KERNEL_DELAY_US,
                     help="HTA kernel-wait threshold for stream gaps, µs (default %(default)s)")
-    ap.add_argument("--window-us", type=float, default=DEFAULT_WINDOW_US,
+    ap.add_argument("--window-us", type=positive_number, default=DEFAULT_WINDOW_US,
                     help="window length when the trace has no step spans (default %(default)s)")
     return ap
 
 
-def _parser_plot() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="mtplab plot", description=(
+def _parser_plot() -> FlagParser:
+    ap = FlagParser(prog="mtplab plot", description=(
         "Draw the timeline of a run: host lanes with their stage spans and, where the trace "
         "has a GPU, one lane per GPU stream with kernels and the bubbles hatched red."))
     ap.add_argument("path", nargs="?", help="a run folder, a .json/.json.gz Kineto trace, or "
@@ -137,13 +138,6 @@ def _parser_plot() -> argparse.ArgumentParser:
                          "example_timeline.png here with --example)")
     ap.add_argument("--device", type=int, default=None, help="GPU index (default: busiest)")
     return ap
-
-
-def _parse(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
-    try:
-        return ap.parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2): argparse already printed
-        return int(e.code or 0)
 
 
 def _fail(prog: str, msg: str) -> int:
@@ -163,7 +157,7 @@ def _input(arg: str | None, example: bool, what: str) -> str:
 
 def main_analyze(argv: Sequence[str] | None = None) -> int:
     """`mtplab analyze`: returns the exit code (0 ok, 2 bad input)."""
-    ns = _parse(_parser_analyze(), argv)
+    ns = _parser_analyze().parse(argv)
     if isinstance(ns, int):
         return ns
     try:
@@ -171,6 +165,7 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
             raise _UsageError(f"--skip-steps must be >= 0, got {ns.skip_steps}")
         path = resolve_trace(_input(ns.trace, ns.example, "a trace"))
         tr = load_trace(path)
+        _check_windows(tr, ns.window_us)
         from .bubbles import write_analysis
         res = analyze_run(tr, skip_steps=ns.skip_steps, device=ns.device,
                           consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
@@ -195,20 +190,18 @@ def _emit(data: bytes) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _check_out(out: Path) -> None:
-    """Fail before the work, naming the user's path, when `out` cannot be written."""
-    if out.is_dir():
-        raise _UsageError(f"--out {out} is a folder; pass a file name ending in .png, .svg or .pdf")
-    parent = next((q for q in out.parents if q.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise _UsageError(f"--out {out}: {parent} is a file, not a folder; pass a path in a folder")
-    if parent is not None and not os.access(parent, os.W_OK):
-        raise _UsageError(f"--out {out}: the folder {parent} is not writable; pass another path")
+def _check_windows(tr: Trace, window_us: float) -> None:
+    """Fixed windows (traces without step spans) are arrays of the trace's span / window_us."""
+    span = float(tr.end.max() - tr.ts.min()) if len(tr) else 0.0
+    if span / window_us > MAX_WINDOWS:
+        raise _UsageError(f"--window-us {window_us:g} cuts this trace's {span:,.0f} µs into more "
+                          f"than {MAX_WINDOWS:,} windows; give at least "
+                          f"{span / MAX_WINDOWS:.3g} µs")
 
 
 def main_plot(argv: Sequence[str] | None = None) -> int:
     """`mtplab plot`: returns the exit code (0 ok, 2 bad input)."""
-    ns = _parse(_parser_plot(), argv)
+    ns = _parser_plot().parse(argv)
     if isinstance(ns, int):
         return ns
     try:
@@ -216,7 +209,7 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
         steps = _step_range(ns.steps)
         out = (Path(ns.out) if ns.out else Path("example_timeline.png") if ns.example
                else (arg if arg.is_dir() else arg.parent) / "timeline.png")
-        _check_out(out)
+        check_out_file(out, "--out")
         plot_source(arg, steps=steps, device=ns.device, path=out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab plot", str(e))

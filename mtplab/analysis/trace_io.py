@@ -278,14 +278,21 @@ def _build(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
 
 
 def _check_times(tr: Trace) -> Trace:
-    """Every ts and dur is a finite time within ±MAX_ABS_US (NaN, infinities and absurd values
-    would silently corrupt every interval computed from them)."""
+    """Every ts and dur is a finite time within ±MAX_ABS_US, and no dur is negative (NaN,
+    infinities, absurd values and negative durations would silently corrupt every interval
+    computed from them: a kernel that ends before it starts moves the bubble)."""
     bad = ~(np.abs(tr.ts) <= MAX_ABS_US) | ~(tr.dur <= MAX_ABS_US)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise TraceError(f"{tr.path} has {int(bad.sum())} events whose time is NaN, infinite or "
                          f"beyond {MAX_ABS_US:.3g} µs (first: {tr.name_of(i)!r}, ts={tr.ts[i]!r}, "
                          f"dur={tr.dur[i]!r}); the file is corrupt, re-export the trace.")
+    neg = tr.dur < 0
+    if neg.any():
+        i = int(np.flatnonzero(neg)[0])
+        raise TraceError(f"{tr.path} has {int(neg.sum())} events with a negative duration "
+                         f"(first: {tr.name_of(i)!r}, ts={float(tr.ts[i])!r}, "
+                         f"dur={float(tr.dur[i])!r}); the file is corrupt, re-export the trace.")
     return tr
 
 
@@ -334,7 +341,6 @@ def _build_columns(p: Path, events: list, meta: dict[str, Any]) -> Trace:
     if None in dur:
         dur = [0.0 if v is None else v for v in dur]
     dur = _floats(dur)
-    dur = np.where(0.0 > dur, 0.0, dur)  # max(dur, 0.0) as Python computes it (NaN stays NaN)
     pid, tid = _ints(pid), _ints(tid)
     if not set(map(type, args)) <= {dict}:  # missing / non-object args (or a dict subclass)
         args = [a if isinstance(a, dict) else _EMPTY for a in args]
@@ -389,7 +395,7 @@ def _build_loop(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
                 args = {}
             ts.append(_as_float(e.get("ts"), "ts", idx, p))
             d = e.get("dur", 0.0)
-            dur.append(max(_as_float(d, "dur", idx, p), 0.0) if d is not None else 0.0)
+            dur.append(_as_float(d, "dur", idx, p) if d is not None else 0.0)
             cat.append(cat_codes.setdefault(c, len(cat_codes)))
             n = e.get("name", "")
             name.append(name_codes.setdefault(n if isinstance(n, str) else str(n), len(name_codes)))

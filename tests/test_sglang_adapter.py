@@ -59,7 +59,8 @@ CASES = [
 def test_mapping_is_what_sglang_parses(model_dirs, kw):
     sa = sglang_module("sglang.srt.server_args")
     c = cfg(num_steps=3, cuda_graph_max_bs=8, seed=5, **kw)
-    sl = server_launch(c, ServerSpec(model_path=model_dirs[0], draft_model_path=model_dirs[1],
+    sl = server_launch(c, ServerSpec(model_path=model_dirs[0],
+                                     draft_model_path=model_dirs[1] if c.speculative else None,
                                      device="cpu", dummy_weights=True, deterministic=True,
                                      cuda_graphs=True))
     a = sa.prepare_server_args(list(sl.argv))
@@ -114,9 +115,11 @@ def test_knobs_sglang_lacks_are_refused(kw, spec, match):
     assert str(e.value).count(". ") == 0 and str(e.value).endswith(".")   # one sentence
 
 
-def test_dry_run_prints_env_and_one_shell_line(capsys):
-    rc = main_sglang(["launch", "--dry-run", "--model-path", "/m/t x", "--draft", "eagle",
-                      "--draft-model-path", "/m/d", "--topk", "2", "--num-draft-tokens", "5",
+def test_dry_run_prints_env_and_one_shell_line(capsys, model_dirs, tmp_path):
+    spaced = tmp_path / "t x"
+    os.rename(model_dirs[0], spaced)
+    rc = main_sglang(["launch", "--dry-run", "--model-path", str(spaced), "--draft", "eagle",
+                      "--draft-model-path", model_dirs[1], "--topk", "2", "--num-draft-tokens", "5",
                       "--no-overlap", "--simulate-accept-len", "2.5", "--python", "python3",
                       "--extra-args", "--mem-fraction-static 0.6"])
     assert rc == 0
@@ -127,7 +130,7 @@ def test_dry_run_prints_env_and_one_shell_line(capsys):
     assert words[:2] == ["SGLANG_SIMULATE_ACC_LEN=2.5", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
     cmd = words[2:]
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
-    assert cmd[cmd.index("--model-path") + 1] == "/m/t x"
+    assert cmd[cmd.index("--model-path") + 1] == str(spaced)
     assert "--disable-overlap-schedule" in cmd and "--skip-tokenizer-init" in cmd
     assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "5"
     assert cmd[cmd.index("--cuda-graph-max-bs-decode") + 1] == "32"
@@ -166,6 +169,8 @@ FAKE_SERVER = textwrap.dedent('''
         def do_POST(self):
             body = self._json()
             if self.path == "/generate":
+                if os.environ.get("FAKE_DIE_AT_GENERATE"):     # the server dies mid-run
+                    os._exit(9)
                 n = body["sampling_params"]["max_new_tokens"]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -214,15 +219,16 @@ def free_port() -> int:
         return so.getsockname()[1]
 
 
-def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys):
+def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys, model_dirs):
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SERVER)
     py = tmp_path / "fakepython"
     py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
-    rc = main_sglang(["launch", "--model-path", "m", "--draft", "eagle", "--draft-model-path",
-                      "d", "--port", str(free_port()), "--prompts", "4", "--prompt-len", "8",
+    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--draft", "eagle",
+                      "--draft-model-path", model_dirs[1], "--port", str(free_port()),
+                      "--prompts", "4", "--prompt-len", "8",
                       "--max-new-tokens", "7", "--concurrency", "2", "--profile-steps", "5",
                       "--trace-dir", str(tmp_path / "traces"), "--run-name", "r1",
                       "--python", str(py)])
@@ -247,14 +253,15 @@ def fake_python(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_sweep_cells_with_backend_sglang_share_a_server(tmp_path, monkeypatch):
+def test_sweep_cells_with_backend_sglang_share_a_server(tmp_path, monkeypatch, model_dirs):
     """Two arms with equal server arguments (they differ only in the workload) share one
     server, the third starts another; the guard ends the last one after sglang_idle_s."""
     from mtplab.sweep.grid import grid_from_dict
     from mtplab.sweep.runner import run_sweep
     starts = tmp_path / "starts.txt"
     monkeypatch.setenv("FAKE_STARTS", str(starts))
-    base = {"backend": "sglang", "sglang_model_path": "m", "sglang_draft_model_path": "d",
+    base = {"backend": "sglang", "sglang_model_path": model_dirs[0],
+            "sglang_draft_model_path": model_dirs[1],
             "sglang_python": str(fake_python(tmp_path)), "sglang_port": free_port(),
             "sglang_idle_s": 15, "draft": "eagle", "device": "cpu", "prompt_len_tokens": 8,
             "warmup_output_len_tokens": 0, "batch_size": 2}
@@ -282,11 +289,11 @@ def test_sweep_cells_with_backend_sglang_share_a_server(tmp_path, monkeypatch):
         pytest.fail("the server outlived its idle time")
 
 
-def test_launch_reports_a_server_that_dies(tmp_path, capsys):
+def test_launch_reports_a_server_that_dies(tmp_path, capsys, model_dirs):
     py = tmp_path / "deadpython"
     py.write_text("#!/bin/sh\nexit 3\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
-    rc = main_sglang(["launch", "--model-path", "m", "--port", str(free_port()),
+    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
                       "--python", str(py), "--trace-dir", str(tmp_path)])
     assert rc == 2
     assert "exited before" in capsys.readouterr().err
@@ -344,3 +351,146 @@ def test_llama_eagle_config_only_dirs(tmp_path, capsys):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     c = transformers.AutoConfig.from_pretrained(tmp_path / "target")
     assert (c.hidden_size, c.num_key_value_heads, c.vocab_size) == (1024, 4, 32000)
+
+
+# ------------------------------------------------------------------ only the server it started
+@pytest.fixture
+def stub_server():
+    """Something else answering SGLang's endpoints on a port: /health 200, /generate a token."""
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def do_POST(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'data: {"meta_info": {"completion_tokens": 1}}\n\ndata: [DONE]\n\n')
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_launch_refuses_a_port_another_server_answers_on(tmp_path, capsys, model_dirs,
+                                                         stub_server):
+    """A stub on the port and a server that cannot even start (no sglang): refused before the
+    start, nothing measured, no run folder (it used to report the stub's tok/s, rc 0)."""
+    py = tmp_path / "nosglang"
+    py.write_text("#!/bin/sh\necho \"No module named 'sglang'\" >&2\nexit 1\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(stub_server),
+                      "--python", str(py), "--trace-dir", str(tmp_path / "traces")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"port {stub_server} on 127.0.0.1 is already in use" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "traces").exists()
+
+
+def test_launch_fails_when_its_server_dies_during_the_run(tmp_path, monkeypatch, capsys,
+                                                          model_dirs):
+    monkeypatch.setenv("FAKE_DIE_AT_GENERATE", "1")
+    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
+                      "--python", str(fake_python(tmp_path)), "--profile-steps", "0",
+                      "--trace-dir", str(tmp_path / "traces"), "--run-name", "r"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the server process exited (code 9) during the run" in err, err
+    assert not (tmp_path / "traces" / "r" / "metrics.json").exists()
+
+
+def test_health_from_another_process_is_not_taken(stub_server):
+    """A 200 from /health counts only while the started process lives: had it died, the
+    answer came from someone else."""
+    with pytest.raises(client.ServerError, match="is another process"):
+        client.wait_healthy(f"http://127.0.0.1:{stub_server}",
+                            alive=iter([True, False]).__next__)
+
+
+def test_sweep_server_refuses_a_busy_port(tmp_path, model_dirs, stub_server):
+    from mtplab.sglang.sweep import ensure_server
+    spec = ServerSpec(model_path=model_dirs[0], port=stub_server)
+    sl = server_launch(cfg(), spec)
+    with pytest.raises(client.ServerError, match="already in use"):
+        ensure_server(sl, spec, tmp_path / "sglang", sys.executable, 5.0)
+    assert not (tmp_path / "sglang" / "server.json").exists()      # nothing was started
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"sglang_model_path": "/nonexistent"}, "model_path /nonexistent is not a directory"),
+    ({"sglang_extra_args": "--foo 'x"}, "is not a shell-quoted string"),
+    ({"sglang_device": "tpu"}, "SGLang has no device 'tpu'"),
+    ({"draft": "frozen_kv_mtp", "fold_seed": True}, "is not a Frozen-KV assistant"),
+])
+def test_sweep_cells_sglang_cannot_run_are_dropped_up_front(model_dirs, settings, message):
+    """A `backend: sglang` cell with a missing model directory (or anything else the server
+    would refuse) is dropped before it runs, never reported ok."""
+    from mtplab.sweep.grid import make_cell
+    base = {"backend": "sglang", "sglang_model_path": model_dirs[0],
+            "sglang_draft_model_path": model_dirs[1], "draft": "eagle", "device": "cpu"}
+    assert make_cell(base).dropped is None
+    assert message in (make_cell({**base, **settings}).dropped or "")
+
+
+def _frozen_dirs(tmp_path):
+    from mtplab.sglang.models import write_gemma4_frozen_dirs
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    return write_gemma4_frozen_dirs(tmp_path / "g4", hidden_size=128, assistant_hidden_size=64)
+
+
+LAUNCH_REFUSALS = [   # (argv after launch; {t}/{d} = target/draft dirs, {file} a file; message)
+    (["--extra-args", "--foo 'x"], "--extra-args: \"--foo 'x\" is not a shell-quoted list"),
+    (["--python", "/nonexistent"], "--python /nonexistent is not an executable"),
+    (["--vocab", "5"], "--vocab: must be above 10"),
+    (["--prompt-len", "-3"], "--prompt-len: must be a positive integer"),
+    (["--trace-dir", "{file}"], "is a file, not a folder"),
+    (["--run-name", "../../escape"], "must be a plain folder name under trace_dir"),
+    (["--port", "-1"], "--port: '-1' is not a TCP port"),
+    (["--port", "0"], "--port: '0' is not a TCP port"),
+    (["--port", "99999"], "--port: '99999' is not a TCP port"),
+    (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
+    (["--attention-backend", "bogus"], "--attention-backend: invalid choice: 'bogus'"),
+    (["--draft-model-path", "{d}"], "draft='none' runs no draft"),
+    (["--model-path", "/nonexistent"], "/nonexistent is not a directory"),
+    (["--model-path", "{file}"], "is not a directory"),
+    (["--draft", "frozen_kv_mtp", "--draft-model-path", "{d}"], "is not a Frozen-KV assistant"),
+]
+
+
+@pytest.mark.parametrize("argv,message", LAUNCH_REFUSALS, ids=[" ".join(a[:2])
+                                                               for a, _ in LAUNCH_REFUSALS])
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
+def test_launch_refusals_are_one_line_and_make_nothing(tmp_path, capsys, model_dirs, argv,
+                                                       message, dry):
+    if dry and argv[0] == "--python":
+        pytest.skip("a dry run prints the command for any python")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    fill = dict(t=model_dirs[0], d=model_dirs[1], file=str(afile))
+    argv = [a.format(**fill) for a in argv]
+    base = ["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
+            "--trace-dir", str(tmp_path / "traces"), "--python", sys.executable]
+    before = sorted(tmp_path.iterdir())
+    assert main_sglang(base + argv + (["--dry-run"] if dry else [])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_frozen_and_eagle_drafts_are_checked_against_their_directory(tmp_path, capsys):
+    t, assistant = _frozen_dirs(tmp_path)
+    ok = ["launch", "--dry-run", "--model-path", str(t), "--draft-model-path", str(assistant)]
+    assert main_sglang(ok + ["--draft", "frozen_kv_mtp"]) == 0
+    assert "FROZEN_KV_MTP" in capsys.readouterr().out
+    assert main_sglang(ok + ["--draft", "eagle"]) == 2          # SGLang would run it as frozen
+    assert "is a Frozen-KV assistant" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layers", ["0", "-1"])
+def test_models_refuses_draft_layers_below_one(tmp_path, capsys, layers):
+    assert main_sglang(["models", "--out", str(tmp_path / "m"), "--draft-layers", layers]) == 2
+    assert "--draft-layers: must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()

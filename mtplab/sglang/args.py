@@ -19,11 +19,17 @@
 
 Knobs SGLang has no equivalent for are refused (ConfigError, one sentence), and so are the
 FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
+`check_model_dirs` checks the model directories before anything starts: a target and a draft
+holding config.json, the draft of `frozen_kv_mtp` a Frozen-KV assistant (the architectures
+SGLang's Frozen-KV worker runs) and the draft of `eagle` not one (SGLang would run it as
+FROZEN_KV_MTP).
 """
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from ..config import RunConfig
@@ -35,6 +41,16 @@ ALGORITHMS = {"eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
 PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
 FROZEN_TOPK_BACKENDS = ("triton", "trtllm_mha")
 DECODE_FLAG_RENAME = (0, 5, 17)   # first version with --cuda-graph-max-bs-decode
+# SGLang 0.5.17's --device and --attention-backend choices (server_args.py); anything else
+# would only fail inside the server, after its start-up.
+DEVICES = ("cuda", "xpu", "hpu", "npu", "cpu", "musa", "mps")
+ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4",
+                      "compressed", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
+                      "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
+                      "dual_chunk_flash_attn", "hpc_ops", "aiter", "wave", "intel_amx", "ascend",
+                      "intel_xpu")
+# Draft architectures SGLang's Frozen-KV worker runs (models/gemma4_mtp.py's EntryClass).
+FROZEN_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 
 
 def parse_version(v: str) -> tuple:
@@ -98,6 +114,14 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
     if cfg.speculative and spec.draft_model_path is None:
         raise ConfigError(f"draft={cfg.draft!r} needs a draft model directory; pass "
                           "draft_model_path.")
+    if not cfg.speculative and spec.draft_model_path is not None:
+        raise ConfigError("draft_model_path is given but draft='none' runs no draft; set "
+                          "draft='eagle' or 'frozen_kv_mtp', or leave draft_model_path out.")
+    if spec.device not in DEVICES:
+        raise ConfigError(f"SGLang has no device {spec.device!r}; use one of {list(DEVICES)}.")
+    if spec.attention_backend not in ATTENTION_BACKENDS:
+        raise ConfigError(f"SGLang has no attention backend {spec.attention_backend!r}; use one "
+                          f"of {list(ATTENTION_BACKENDS)}.")
     if cfg.draft == "frozen_kv_mtp" and cfg.topk > 1:
         if spec.attention_backend not in FROZEN_TOPK_BACKENDS:
             raise ConfigError(f"SGLang's Frozen-KV draft with topk={cfg.topk} runs only on "
@@ -105,6 +129,41 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
         if cfg.page_size > 1 and spec.attention_backend not in PAGE_TREE_BACKENDS:
             raise ConfigError(f"topk>1 with page_size>1 needs one of {PAGE_TREE_BACKENDS}; "
                               "set the attention backend to triton.")
+
+
+def _architectures(path: str, what: str) -> list:
+    """The `architectures` of the model directory `path` (ConfigError unless it is one)."""
+    cfg = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise ConfigError(f"{what} {path} is not a directory; pass a local model directory "
+                          "(config.json and weights, or config only with dummy weights).")
+    try:
+        doc = json.loads(cfg.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {path} has no readable config.json ({e}); pass a model "
+                          "directory.") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{what} {path}: config.json is not a JSON object; pass a model "
+                          "directory.")
+    archs = doc.get("architectures") or []
+    return archs if isinstance(archs, list) else [archs]
+
+
+def check_model_dirs(cfg: RunConfig, spec: ServerSpec) -> None:
+    """The target and draft directories, before a server starts (see the module docstring)."""
+    _architectures(spec.model_path, "model_path")
+    if not cfg.speculative or spec.draft_model_path is None:
+        return
+    archs = _architectures(spec.draft_model_path, "draft_model_path")
+    frozen = any(a in FROZEN_ASSISTANTS for a in archs)
+    if cfg.draft == "frozen_kv_mtp" and not frozen:
+        raise ConfigError(f"draft_model_path {spec.draft_model_path} is not a Frozen-KV "
+                          f"assistant (architectures {archs}, SGLang's Frozen-KV worker runs "
+                          f"{list(FROZEN_ASSISTANTS)}); pass an assistant directory.")
+    if cfg.draft == "eagle" and frozen:
+        raise ConfigError(f"draft_model_path {spec.draft_model_path} is a Frozen-KV assistant "
+                          f"({archs}), which SGLang runs as FROZEN_KV_MTP; use "
+                          "draft='frozen_kv_mtp' or an EAGLE draft directory.")
 
 
 def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,20 +19,43 @@ import orjson
 from ..atomic import atomic_write_bytes
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..validate import (FlagParser, check_out_dir, check_run_name, flag_type, nonneg_int,
+                        port_number, positive_int)
 from . import client
-from .args import ServerSpec, server_launch
+from .args import ATTENTION_BACKENDS, DEVICES, ServerSpec, check_model_dirs, server_launch
+
+VOCAB_FLOOR = 10          # prompt token ids are drawn from [VOCAB_FLOOR, --vocab)
+
+
+@flag_type
+def shell_words(text: str) -> tuple:
+    """--extra-args: one shell-quoted string -> its words."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a shell-quoted list of flags ({e}); close the quote "
+                         "or escape it") from None
+
+
+@flag_type
+def vocab_size(text: str) -> int:
+    v = positive_int(text)
+    if v <= VOCAB_FLOOR:
+        raise ValueError(f"must be above {VOCAB_FLOOR} (prompt ids are drawn from "
+                         f"[{VOCAB_FLOOR}, vocab)), got {text!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mtplab sglang")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = FlagParser(prog="mtplab sglang")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=FlagParser)
     a = sub.add_parser("launch", help="start an SGLang server, drive a workload, profile it")
     a.add_argument("--model-path", required=True)
     a.add_argument("--draft-model-path")
     a.add_argument("--sglang-version", default="0.5.17")
-    a.add_argument("--device", default="cuda")
-    a.add_argument("--attention-backend", default="triton")
-    a.add_argument("--port", type=int, default=30000)
+    a.add_argument("--device", default="cuda", choices=DEVICES)
+    a.add_argument("--attention-backend", default="triton", choices=ATTENTION_BACKENDS)
+    a.add_argument("--port", type=port_number, default=30000)
     a.add_argument("--draft", default="none", choices=("none", "eagle", "frozen_kv_mtp"))
     a.add_argument("--num-steps", type=int, default=3)
     a.add_argument("--topk", type=int, default=1)
@@ -46,21 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--deterministic", action="store_true")
     a.add_argument("--dummy-weights", action="store_true")
     a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--prompts", type=int, default=16)
-    a.add_argument("--prompt-len", type=int, default=128)
-    a.add_argument("--max-new-tokens", type=int, default=128)
-    a.add_argument("--concurrency", type=int, default=8)
-    a.add_argument("--vocab", type=int, default=32000, help="prompt token ids are drawn below")
-    a.add_argument("--profile-steps", type=int, default=20, help="0: no trace")
+    a.add_argument("--prompts", type=positive_int, default=16)
+    a.add_argument("--prompt-len", type=positive_int, default=128)
+    a.add_argument("--max-new-tokens", type=positive_int, default=128)
+    a.add_argument("--concurrency", type=positive_int, default=8)
+    a.add_argument("--vocab", type=vocab_size, default=32000, help="prompt token ids are drawn below")
+    a.add_argument("--profile-steps", type=nonneg_int, default=20, help="0: no trace")
     a.add_argument("--trace-dir", default="traces")
     a.add_argument("--run-name", default="sglang")
-    a.add_argument("--extra-args", default="", help="more server flags, one shell-quoted string")
+    a.add_argument("--extra-args", default=(), type=shell_words,
+                   help="more server flags, one shell-quoted string")
     a.add_argument("--python", default=sys.executable)
     a.add_argument("--dry-run", action="store_true", help="print env + command line and exit")
     m = sub.add_parser("models", help="write config-only model dirs for --dummy-weights runs")
     m.add_argument("--out", required=True, help="root folder: target/ and draft/ go under it")
     m.add_argument("--model", default="random-medium", help="mtplab preset whose shape to use")
-    m.add_argument("--draft-layers", type=int, default=1)
+    m.add_argument("--draft-layers", type=positive_int, default=1)
     return p
 
 
@@ -75,32 +100,50 @@ def config_from_args(args) -> tuple[RunConfig, ServerSpec]:
                       version=args.sglang_version, device=args.device,
                       attention_backend=args.attention_backend, port=args.port,
                       dummy_weights=args.dummy_weights, deterministic=args.deterministic,
-                      cuda_graphs=args.cuda_graphs, extra_args=tuple(shlex.split(args.extra_args)))
+                      cuda_graphs=args.cuda_graphs, extra_args=tuple(args.extra_args))
     return cfg, spec
 
 
 def launch(args) -> int:
+    """Checks first (knobs, model directories, paths, the python, a free port), then the
+    server; its figures count only while the process started here is alive."""
     cfg, spec = config_from_args(args)
     sl = server_launch(cfg, spec)
+    check_model_dirs(cfg, spec)
+    check_run_name(args.run_name)
+    out = check_out_dir(Path(args.trace_dir) / args.run_name, "--trace-dir/--run-name")
     if args.dry_run:
         for k, v in sorted(sl.env.items()):
             print(f"export {k}={v}")
         print(sl.shell_line(args.python))
         return 0
-    out = Path(args.trace_dir) / args.run_name
-    out.mkdir(parents=True, exist_ok=True)
+    if shutil.which(args.python) is None:
+        raise ConfigError(f"--python {args.python} is not an executable; pass the python that "
+                          "has sglang installed.")
+    client.check_port_free(spec.host, spec.port)
     base = f"http://{spec.host}:{spec.port}"
     rng = np.random.default_rng(args.seed)
-    prompts = rng.integers(10, args.vocab, size=(args.prompts, args.prompt_len)).tolist()
+    prompts = rng.integers(VOCAB_FLOOR, args.vocab, size=(args.prompts, args.prompt_len)).tolist()
     proc = subprocess.Popen(sl.command(args.python), env={**os.environ, **sl.env})
+    alive = lambda: proc.poll() is None  # noqa: E731
     try:
-        client.wait_healthy(base, alive=lambda: proc.poll() is None)
-        client.run_workload(base, prompts[: max(1, args.concurrency)], 8, args.concurrency)
-        if args.profile_steps:
-            client.start_profile(base, str(out.resolve()), args.profile_steps, args.run_name)
-        metrics = client.run_workload(base, prompts, args.max_new_tokens, args.concurrency)
-        if args.profile_steps:
-            client.stop_profile(base)
+        client.wait_healthy(base, alive=alive)
+        out.mkdir(parents=True, exist_ok=True)          # only once a server of ours answers
+        try:
+            client.run_workload(base, prompts[: max(1, args.concurrency)], 8, args.concurrency)
+            if args.profile_steps:
+                client.start_profile(base, str(out.resolve()), args.profile_steps, args.run_name)
+            metrics = client.run_workload(base, prompts, args.max_new_tokens, args.concurrency)
+            if args.profile_steps:
+                client.stop_profile(base)
+            if not alive():
+                raise client.ServerError("it exited before the figures were taken")
+        except client.ServerError as e:
+            if alive():
+                raise
+            raise client.ServerError(f"the server process exited (code {proc.returncode}) "
+                                     f"during the run ({e}); its figures are not reported.") \
+                from None
     finally:
         proc.terminate()
         try:
@@ -132,7 +175,9 @@ def write_models(args) -> int:
 
 
 def main_sglang(argv: Optional[list] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse(argv)
+    if isinstance(args, int):
+        return args
     try:
         return write_models(args) if args.cmd == "models" else launch(args)
     except (ConfigError, client.ServerError) as e:

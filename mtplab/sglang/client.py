@@ -9,7 +9,9 @@ requests; itl_p50/p99 over all token gaps; accept_len = tokens / verify steps (s
 """
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -40,9 +42,22 @@ def _post(url: str, payload: dict, timeout: float):
     return urllib.request.urlopen(req, timeout=timeout)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on: a server answering there would be measured
+    in place of the one about to start (which could not bind it and would exit)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as so:
+        so.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as the server binds
+        try:
+            so.bind((host, port))
+        except OSError as e:
+            raise ServerError(f"port {port} on {host} is already in use ({e.strerror}); stop "
+                              "what listens there or pass another port.") from None
+
+
 def wait_healthy(base_url: str, timeout_s: float = 600.0, poll_s: float = 1.0,
                  alive=lambda: True) -> None:
-    """Poll GET /health until 200; `alive()` False (the server process died) stops early."""
+    """Poll GET /health until 200 from a live server: `alive()` False (the server process
+    died) stops early, and after the 200 too (then another process answered)."""
     t_end = time.monotonic() + timeout_s
     while time.monotonic() < t_end:
         if not alive():
@@ -50,6 +65,9 @@ def wait_healthy(base_url: str, timeout_s: float = 600.0, poll_s: float = 1.0,
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=poll_s + 1) as r:
                 if r.status == 200:
+                    if not alive():
+                        raise ServerError(f"the server process exited; what answered "
+                                          f"{base_url}/health is another process.")
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
@@ -64,19 +82,22 @@ def generate_one(base_url: str, input_ids: Sequence[int], max_new_tokens: int,
                                    "ignore_eos": True}}
     t0 = time.perf_counter()
     times, counts, meta, out = [], [], {}, []
-    with _post(f"{base_url}/generate", payload, timeout_s) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            body = line[5:].strip()
-            if body == "[DONE]":
-                break
-            chunk = json.loads(body)
-            meta = chunk.get("meta_info", {})
-            times.append(time.perf_counter())
-            counts.append(int(meta.get("completion_tokens", 0)))
-            out = chunk.get("output_ids", out)
+    try:
+        with _post(f"{base_url}/generate", payload, timeout_s) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                body = line[5:].strip()
+                if body == "[DONE]":
+                    break
+                chunk = json.loads(body)
+                meta = chunk.get("meta_info", {})
+                times.append(time.perf_counter())
+                counts.append(int(meta.get("completion_tokens", 0)))
+                out = chunk.get("output_ids", out)
+    except (OSError, http.client.HTTPException, ValueError) as e:   # URLError is an OSError
+        raise ServerError(f"{base_url}/generate failed: {type(e).__name__}: {e}") from None
     if not times:
         raise ServerError(f"{base_url}/generate streamed no chunk.")
     itl = [(b - a) / (n1 - n0) for a, b, n0, n1 in zip(times, times[1:], counts, counts[1:])

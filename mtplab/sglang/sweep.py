@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from ..atomic import atomic_write_text
 from ..config import RunConfig
 from ..errors import ConfigError
 from . import client
-from .args import ServerLaunch, ServerSpec, server_launch
+from .args import ServerLaunch, ServerSpec, check_model_dirs, server_launch
 
 SPEC_KEYS = {"sglang_model_path": "model_path", "sglang_draft_model_path": "draft_model_path",
              "sglang_version": "version", "sglang_device": "device",
@@ -54,8 +54,20 @@ def check_params(params: dict[str, Any]) -> str | None:
 
 def spec_from_params(params: dict[str, Any]) -> ServerSpec:
     kw = {SPEC_KEYS[k]: v for k, v in params.items() if k in SPEC_KEYS}
-    kw["extra_args"] = tuple(shlex.split(params.get("sglang_extra_args", "")))
+    try:
+        kw["extra_args"] = tuple(shlex.split(params.get("sglang_extra_args", "")))
+    except (ValueError, AttributeError) as e:
+        raise ConfigError(f"sglang_extra_args {params.get('sglang_extra_args')!r} is not a "
+                          f"shell-quoted string of flags ({e}).") from None
     return ServerSpec(**kw)
+
+
+def check_cell(cfg: RunConfig, params: dict[str, Any]) -> None:
+    """Everything a cell can be refused for before it runs (the grid drops it): the knobs
+    SGLang lacks, the server arguments, the model directories."""
+    spec = spec_from_params(params)
+    check_model_dirs(cfg, spec)
+    server_launch(cfg, spec)
 
 
 def _alive(pid: int) -> bool:
@@ -67,8 +79,9 @@ def _alive(pid: int) -> bool:
 
 
 def ensure_server(sl: ServerLaunch, spec: ServerSpec, state_dir: Path, python: str,
-                  idle_s: float) -> tuple[str, bool]:
-    """(base_url, started): reuse the running server when its key matches, else start one."""
+                  idle_s: float) -> tuple[str, bool, Callable[[], bool]]:
+    """(base_url, started, alive): reuse the running server when its key matches, else start
+    one on a free port; `alive()` says whether that server's guard still runs."""
     state_dir.mkdir(parents=True, exist_ok=True)
     state, lease = state_dir / "server.json", state_dir / "lease"
     lease.touch()
@@ -77,18 +90,21 @@ def ensure_server(sl: ServerLaunch, spec: ServerSpec, state_dir: Path, python: s
     if state.is_file():
         old = json.loads(state.read_text())
         if old["key"] == key and _alive(old["pid"]):
-            client.wait_healthy(old["base_url"], alive=lambda: _alive(old["pid"]))
-            return old["base_url"], False
+            alive = lambda: _alive(old["pid"])  # noqa: E731
+            client.wait_healthy(old["base_url"], alive=alive)
+            return old["base_url"], False, alive
         if _alive(old["pid"]):
             os.killpg(old["pid"], signal.SIGTERM)
             while _alive(old["pid"]):
                 time.sleep(0.2)
+    client.check_port_free(spec.host, spec.port)     # else another server would be measured
     proc = subprocess.Popen([sys.executable, "-m", "mtplab.sglang.guard", str(lease),
                              str(idle_s), "--", *sl.command(python)],
                             env={**os.environ, **sl.env}, start_new_session=True)
     atomic_write_text(state, json.dumps({"key": key, "pid": proc.pid, "base_url": base}))
-    client.wait_healthy(base, alive=lambda: proc.poll() is None)
-    return base, True
+    alive = lambda: proc.poll() is None  # noqa: E731 -- a child: poll, never a zombie's pid
+    client.wait_healthy(base, alive=alive)
+    return base, True, alive
 
 
 def run_cell(cfg: RunConfig, batch_size: int, requests: int, prompt_len: int,
@@ -97,9 +113,10 @@ def run_cell(cfg: RunConfig, batch_size: int, requests: int, prompt_len: int,
     reason = check_params(params)
     if reason:
         raise ConfigError(reason)
+    check_cell(cfg, params)
     spec = spec_from_params(params)
     sl = server_launch(cfg, spec)
-    base, started = ensure_server(sl, spec, state_dir, params.get("sglang_python", sys.executable),
+    base, started, alive = ensure_server(sl, spec, state_dir, params.get("sglang_python", sys.executable),
                                   float(params.get("sglang_idle_s", 120.0)))
     rng = np.random.default_rng(cfg.seed)
     vocab = int(params.get("sglang_vocab", 32000))
@@ -107,6 +124,9 @@ def run_cell(cfg: RunConfig, batch_size: int, requests: int, prompt_len: int,
     if warmup_len:
         client.run_workload(base, prompts[:batch_size], warmup_len, batch_size)
     m = client.run_workload(base, prompts, output_len, batch_size)
+    if not alive():
+        raise client.ServerError("the SGLang server exited during the cell; its figures are "
+                                 "not reported.")
     (state_dir / "lease").touch()
     row = {f"sglang.{k}": v for k, v in m.items()}
     row["sglang.server_started"] = started

@@ -301,6 +301,9 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
         cfg_kw.setdefault("event_timeline", True)
         cfg = RunConfig(**cfg_kw)
         workload.check_fits(cfg)
+        if notebook is None and params.get("backend") == "sglang":
+            from ..sglang.sweep import check_cell
+            check_cell(cfg, params)
     except (ConfigError, TypeError) as e:
         return Cell(raw_id, settings, params=params, dropped=str(e))
     resolved = {k: v for k, v in asdict(cfg).items() if k not in LOCATION_FIELDS}

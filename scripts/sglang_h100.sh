@@ -144,6 +144,9 @@ PYEOF
 
 dry() {          # the launch lines `pair` (and `warm`) run, from the same function
   local arm a args
+  # the model dirs `prepare` writes (config only): the launch checks them even in a dry run
+  $PY -m mtplab.cli sglang models --out "$MTP_SGL_TMP/models" --model "${MTP_SGL_MODEL:-random-medium}" \
+    > /dev/null || return 1
   for arm in warm on off; do
     args=()
     while IFS= read -r -d '' a; do args+=("$a"); done < <(

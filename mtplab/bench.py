@@ -19,9 +19,11 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     TPOT, step ms    TPOT p50 / p90 and the decode step p50 of the timed generate (medians)
     accept len       tokens committed per verify, bonus included (1 without a draft)
     bubble %         the bubble meter's device bubble fraction of the unprofiled timed
-                     generate (instrument/meter.py), then in parentheses the profiled decode
-                     steps' cause split (sync / host_prep / launch / host / other, shares of
-                     the profiled step time; the profiler's per-launch cost inflates host time)
+                     generate (instrument/meter.py; on CPU cells the meter runs on the host
+                     clock and the header says so: sweep/metrics.py meter_name), then in parentheses the profiled decode
+                     steps' cause split (the causes of analysis/causes.py in their order,
+                     shares of the profiled step time; the profiler's per-launch cost
+                     inflates host time)
     bound ms         the bubble-free step time: device busy time per profiled decode step
     achieved         bound / the unprofiled decode step p50 (1 - achieved: the unprofiled
                      bubble estimate)
@@ -53,6 +55,8 @@ from typing import Optional
 
 import pandas as pd
 import yaml
+
+from .analysis.causes import CAUSES
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs")
@@ -147,6 +151,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
     """The markdown ratio table of one group from its results frame (see the module doc).
     Rows follow the grid's order; a grid point's baseline is its first arm."""
     from .sweep import grid_from_dict
+    from .sweep.metrics import meter_name
 
     grid = grid_from_dict(doc)
     arms = grid.arms or [{}]
@@ -162,9 +167,11 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             continue
         if rec["settings_json"] in where:            # not a cell of this grid: left out
             cells.setdefault(where[rec["settings_json"]], []).append(rec)
+    meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
-             "accept len", "bubble % meter (profiled: sync/host_prep/launch/host/other)", "bound ms", "achieved",
+             "accept len", f"bubble % {meter} (profiled: {'/'.join(CAUSES)})", "bound ms",
+             "achieved",
              "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
              "mem floor ms/tok", "floor ms (KV)", "floor/step", "step vs base"])
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -190,7 +197,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             bub = _med(ok, "bubble_frac")
             causes = "-" if _med(ok, "bubble_frac_profiled") is None else "/".join(
                 _fmt(_med(ok, f"bubble_{c}_frac") or 0.0, ".1f", 100)
-                for c in ("sync", "host_prep", "launch", "host", "other"))
+                for c in CAUSES)
             seed, draft = _med(ok, "stage_draft.seed_ms"), _med(ok, "stage_draft_ms")
             dms = None if seed is None and draft is None else (seed or 0.0) + (draft or 0.0)
             wb, kvb = _med(ok, "weight_bytes_per_step"), _med(ok, "kv_bytes_per_step") or 0.0

@@ -138,7 +138,8 @@ def cmd_demo(args) -> int:
     import time
 
     from .analysis.bubbles import write_analysis
-    from .analysis.cli import WARMUP_STEPS, analyze_run, time_unit
+    from .analysis.bubbles import analyze_run
+    from .analysis.cli import WARMUP_STEPS, time_unit
     from .analysis.example import EXAMPLE_TRACE
     from .analysis.plots import plot_event_timeline, plot_timeline
     from .config import RunConfig

@@ -117,12 +117,13 @@ class Synth:
         return path
 
 
-def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, late_other: bool = False) -> Synth:
+def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, planted: str | None = None) -> Synth:
     """A plain-PyTorch-shaped trace (no mtplab spans): ProfilerStep#N, each step a few
     python_function frames around aten ops; every op launches one short kernel, so the GPU
     waits on the host between kernels (work issued late while the host runs Python/aten).
-    `late_other`: one extra kernel per step comes from a thread with no host event (idle /
-    untraced), the one kind of gap left unexplained."""
+    `planted`: one extra kernel per step, 21.5 µs after the step's last one, issued by a thread
+    with no host event ("untraced": host:untraced) or with no launch call in the trace
+    ("unlaunched": another process issued it, the one kind of gap left `other`)."""
     s = Synth()
     t = 0.0
     for k in range(steps):
@@ -133,8 +134,11 @@ def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, late_other: bool = Fal
             corr = s.launch(t + 20)
             s.gpu(corr, t + 26, 6.5)
             t += 40.0                      # 2 µs of Python between ops with no event
-        if late_other:
+        if planted == "untraced":
             s.gpu(s.launch(t + 10, tid=777), t + 14, 3.0)
+            t += 20.0
+        elif planted == "unlaunched":
+            s.gpu(10_000 + k, t + 14, 3.0)
             t += 20.0
         s.host(f"ProfilerStep#{k}", step0, t - step0)
     return s

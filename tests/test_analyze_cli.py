@@ -8,13 +8,21 @@ import orjson
 import pandas as pd
 import pytest
 
-from mtplab.analysis.bubbles import analyze
-from mtplab.analysis.cli import (WARMUP_STEPS, analyze_run, format_report, main_analyze,
+from mtplab.analysis.bubbles import analyze, analyze_run
+from mtplab.analysis.cli import (WARMUP_STEPS, format_report, main_analyze,
                                  main_plot, plot_source, time_unit)
 from mtplab.analysis.example import EXAMPLE_DIR, EXAMPLE_TRACE
 from test_bubbles import planted
 from tests.helpers import event_timeline_frame
 
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test's figures are closed after it (pyplot keeps every figure it opened)."""
+    yield
+    import matplotlib.pyplot as plt
+    plt.close("all")
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mtplab.analysis.cli", *map(str, args)],
@@ -66,7 +74,7 @@ def test_cpu_only_json_has_null_fraction(tmp_path, capsys):
     assert obj["summary"]["bubble_frac"] is None and obj["gaps"] == [] and obj["streams"] == []
     assert obj["steps"][0]["dur_us"] == 10.25
     fig = plot_source(p, path=tmp_path / "cpu.png")      # a CPU trace: its host lane, no bubbles
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host 1"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host"]
     assert "no device bubbles" in fig.axes[0].get_title()
     assert main_plot([str(p)]) == 0 and (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -116,9 +124,25 @@ def test_example_run_is_shipped_with_its_analysis(tmp_path):
     assert main_plot(["--example", "--out", str(out)]) == 0
     fig = plot_source(EXAMPLE_TRACE)
     lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert lanes[0].startswith("host") and sum(x.startswith("stream") for x in lanes) >= 2
-    assert "bubble" in {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert lanes == ["host", "schedule (stream 21)", "forward (stream 25)", "copy (stream 29)"]
+    legend = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert {"bubble: sync", "bubble: host"} <= legend
     assert main_analyze(["--example", str(EXAMPLE_TRACE)]) == 2     # one or the other
+
+
+def test_plot_and_analyze_give_the_same_bubble_figure(tmp_path, capsys):
+    """One warm-up rule: `plot` prints `analyze`'s wall/bubble line, and its title names the
+    same bubble percentage (the example: 3 steps, the first skipped)."""
+    assert main_analyze(["--example"]) == 0
+    report = capsys.readouterr().out.splitlines()
+    assert main_plot(["--example", "--out", str(tmp_path / "p.png")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    wall = next(line for line in report if line.startswith("wall"))
+    assert printed == [wall, str(tmp_path / "p.png")]
+    frac = analyze_run(EXAMPLE_TRACE).summary["bubble_frac"]
+    assert frac != analyze(EXAMPLE_TRACE).summary["bubble_frac"]        # the rule matters here
+    title = plot_source(EXAMPLE_TRACE).axes[0].get_title()
+    assert f"bubble {frac:.1%} of device wall time (first 1 skipped as warm-up)" in title
 
 
 def test_plot_timeline_parquet_and_run_folder(tmp_path, capsys):
@@ -177,6 +201,7 @@ def test_plot_subprocess(trace, tmp_path):
     out = tmp_path / "tl.svg"
     r = run_cli("plot", path, "--steps", "1:2", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert out.exists() and r.stdout.strip() == str(out)
+    assert out.exists() and r.stdout.splitlines()[-1] == str(out)
+    assert r.stdout.startswith("wall ")
     r = run_cli("plot", path, "--steps", "2:")
     assert r.returncode == 0 and (path.parent / "timeline.png").exists()

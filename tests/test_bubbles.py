@@ -342,7 +342,9 @@ def test_atomic_path_keeps_old_file_on_failure(tmp_path):
 
 def test_host_cause_names_the_stage_running_when_the_gap_began(tmp_path):
     """Work issued late: host:<stage> (innermost stage span of the issuing thread at the
-    gap's start), host:python (host events but no stage), other (the thread had none)."""
+    gap's start), host:python (host events but no stage), host:untraced (the thread had no
+    recorded event: it ran code the profiler does not see); `other` only for work whose
+    launch call is not in the trace."""
     s = Synth()
     s.host("step[decode bs=1]", 0, 300)
     a = s.gpu(s.launch(1), 5, 10)                       # ends at 15
@@ -352,14 +354,16 @@ def test_host_cause_names_the_stage_running_when_the_gap_began(tmp_path):
     s.host("aten::add", 45, 20, cat="cpu_op")           # in the step span, no stage
     c = s.gpu(s.launch(60), 65, 10)
     d = s.gpu(s.launch(100, tid=777), 110, 5)           # a thread with nothing at 75
+    e = s.gpu(999, 130, 5)                              # no launch call in the trace
     res = analyze(s.write(tmp_path / "h.json"))
     got = [(r.gap_us, r.cause) for r in res.device_gaps.itertuples()]
     assert got == [(b["ts"] - end(a), "host:draft.step"), (c["ts"] - end(b), "host:python"),
-                   (d["ts"] - end(c), "other")]
+                   (d["ts"] - end(c), "host:untraced"), (e["ts"] - end(d), "other")]
     sm = res.summary
-    assert sm["bubble_host_us"] == pytest.approx(got[0][0] + got[1][0])
-    assert sm["bubble_other_us"] == pytest.approx(got[2][0])
+    assert sm["bubble_host_us"] == pytest.approx(got[0][0] + got[1][0] + got[2][0])
+    assert sm["bubble_other_us"] == pytest.approx(got[3][0])
     assert sm["bubble_by_cause_us"]["host:draft.step"] == pytest.approx(got[0][0])
+    assert sm["bubble_by_cause_us"]["host:untraced"] == pytest.approx(got[2][0])
     assert res.steps["bubble_host_us"].sum() == pytest.approx(sm["bubble_host_us"])
 
 
@@ -376,17 +380,37 @@ def test_host_cause_keeps_the_priority_of_sync_prep_and_launch(tmp_path):
     assert causes == ["host_prep", "launch"]
 
 
-@pytest.mark.parametrize("late_other", [False, True])
-def test_plain_pytorch_trace_bubble_is_explained(tmp_path, late_other):
+@pytest.mark.parametrize("planted", [None, "untraced", "unlaunched"])
+def test_plain_pytorch_trace_bubble_is_explained(tmp_path, planted):
     """A plain PyTorch program (ProfilerStep#N, aten ops, no mtplab spans): the host-bound
-    gaps are host:python; `other` keeps only the planted unexplained gaps, <= 10%."""
-    s = plain_pytorch_trace(late_other=late_other)
+    gaps are host:python, a thread with no recorded event host:untraced; `other` keeps only
+    the planted gaps of work with no launch call in the trace, <= 10%."""
+    s = plain_pytorch_trace(planted=planted)
     res = analyze(s.write(tmp_path / "plain.json"))
     sm = res.summary
     assert sm["step_source"] == "ProfilerStep#N"
     by = sm["bubble_by_cause_us"]
-    assert set(by) <= {"host:python", "other", "launch"}
+    assert set(by) <= {"host:python", "host:untraced", "other", "launch"}
     assert by["host:python"] / sm["bubble_us"] > 0.85
-    planted_other = 4 * 21.5 if late_other else 0.0      # 4 steps x one 21.5 µs gap
-    assert sm["bubble_other_us"] == pytest.approx(planted_other)
+    planted_us = 4 * 21.5 if planted else 0.0          # 4 steps x one 21.5 µs gap
+    assert by.get("host:untraced", 0.0) == pytest.approx(planted_us * (planted == "untraced"))
+    assert sm["bubble_other_us"] == pytest.approx(planted_us * (planted == "unlaunched"))
     assert sm["bubble_other_us"] <= 0.10 * sm["bubble_us"]
+
+
+def test_step_gaps_are_relative_to_the_step_and_filtered(planted_trace):
+    """Notebook 05's table: one step's bubbles, µs from the step's start, above a threshold,
+    of the chosen cause groups (`host` takes every host:* label)."""
+    _, _, path = planted_trace
+    res = analyze(path)
+    step = int(res.device_gaps["step"].iloc[-1])
+    start = float(res.steps.set_index("step").loc[step, "start_us"])
+    all_ = res.device_gaps[res.device_gaps["step"] == step]
+    g = res.step_gaps(step)
+    assert list(g.columns) == ["at_us", "gap_us", "cause", "before", "after"]
+    assert g["at_us"].tolist() == pytest.approx((all_["start_us"] - start).tolist())
+    assert (g["at_us"] >= 0).all() and g["at_us"].max() < 1e4
+    big = res.step_gaps(step, min_gap_us=g["gap_us"].median())
+    assert 0 < len(big) < len(g) or g["gap_us"].nunique() == 1
+    host = res.step_gaps(2, causes=["host"])
+    assert len(host) and host["cause"].str.startswith("host:").all()

@@ -4,11 +4,16 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from matplotlib.colors import to_hex, to_rgb
+
 from mtplab.analysis.bubbles import analyze
+from mtplab.analysis.causes import CAUSE_COLORS, cause_group
+from mtplab.analysis.lanes import stream_labels
 from mtplab.analysis.plots import (plot_bubble_fraction, plot_event_timeline, plot_gap_lengths,
-                                    plot_step_times, plot_timeline)
+                                    plot_step_times, plot_timeline, timeline_choices)
+from mtplab.analysis.trace_io import load_trace
 from test_bubbles import planted
-from tests.helpers import event_timeline_frame
+from tests.helpers import Synth, event_timeline_frame
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +22,14 @@ def trace_and_result(tmp_path_factory):
     path = s.write(tmp_path_factory.mktemp("plots") / "t.pt.trace.json")
     return path, analyze(path)
 
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test's figures are closed after it (pyplot keeps every figure it opened)."""
+    yield
+    import matplotlib.pyplot as plt
+    plt.close("all")
 
 def _lanes(fig):
     return [t.get_text() for t in fig.axes[0].get_yticklabels()]
@@ -27,10 +40,52 @@ def test_timeline_png_lanes_and_gaps(trace_and_result, tmp_path):
     out = tmp_path / "timeline.png"
     fig = plot_timeline(path, res, path=out)
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
-    assert _lanes(fig) == ["host 4242", "stream 7", "stream 13", "stream 20"]
+    # mtplab's streams keep their names (from the stage spans on them); 13 has none: named
+    # from its kernels (no GEMM anywhere, the only other kernel stream)
+    assert _lanes(fig) == ["host", "forward (stream 7)", "side (stream 13)", "copy (stream 20)"]
     assert not list(tmp_path.glob(".*tmp*"))  # no temp file left behind
     labels = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
-    assert {"draft", "verify", "bubble", "kernel"} <= labels
+    assert {"draft", "verify", "kernel"} <= labels
+
+
+def test_timeline_gaps_are_coloured_by_cause_with_a_legend(trace_and_result):
+    """Each device bubble is drawn in its cause's colour (causes.py), each cause drawn is in
+    the legend; no one-colour hatch."""
+    path, res = trace_and_result
+    ax = plot_timeline(path, res).axes[0]
+    drawn = list(dict.fromkeys(cause_group(res.device_gaps["cause"])))
+    legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(),
+                                              ax.get_legend().legend_handles)}
+    assert {f"bubble: {c}" for c in drawn} == {k for k in legend if k.startswith("bubble")}
+    assert len(drawn) >= 4
+    for c in drawn:
+        assert to_rgb(legend[f"bubble: {c}"].get_facecolor()) == to_rgb(CAUSE_COLORS[c])
+    bands = [b for b in ax.collections if b.get_zorder() == 0.5]
+    assert sorted(to_hex(b.get_facecolor()[0], keep_alpha=False) for b in bands) == \
+        sorted(CAUSE_COLORS[c] for c in drawn)
+    assert not any(b.get_hatch() for b in ax.collections)
+
+
+def test_foreign_streams_are_named_from_their_kernels(tmp_path):
+    """A program that is not mtplab: the GEMM stream is compute, memcpy-only copy, NCCL
+    kernels nccl, other kernels side; two launching threads: the busier one is `host`."""
+    s = Synth()
+    s.host("ProfilerStep#0", 0, 200)
+    s.gpu(s.launch(1), 5, 10, name="sm90_xmma_gemm_bf16bf16_bf16f32")
+    s.gpu(s.launch(2), 20, 10, stream=9, name="void at::native::vectorized_elementwise_kernel")
+    s.gpu(s.launch(3, "cudaMemcpyAsync"), 35, 5, stream=11, cat="gpu_memcpy")
+    s.gpu(s.launch(4, tid=99), 45, 10, stream=13, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    s.gpu(s.launch(5), 60, 10, name="nvjet_tst_128x64_64x8_1x2_h_bz_TNT")
+    res = analyze(s.write(tmp_path / "f.json"))
+    fig = plot_timeline(tmp_path / "f.json", res)
+    assert _lanes(fig) == ["host", "host thread 99", "compute (stream 7)", "side (stream 9)",
+                           "copy (stream 11)", "nccl (stream 13)"]
+    only_side = Synth()
+    only_side.host("ProfilerStep#0", 0, 100)
+    only_side.gpu(only_side.launch(1), 5, 10, stream=3, name="elementwise")
+    only_side.gpu(only_side.launch(2), 20, 30, stream=4, name="reduce")
+    tr = load_trace(only_side.write(tmp_path / "g.json"))
+    assert stream_labels(tr, 0) == {3: "side (stream 3)", 4: "compute (stream 4)"}
 
 
 def test_timeline_step_window_svg(trace_and_result, tmp_path):
@@ -78,3 +133,20 @@ def test_event_timeline_title_step_marks_and_present_stages(tmp_path):
     assert fig.axes[0].get_xlabel().startswith("µs")
     fig = plot_event_timeline(event_timeline_frame(), steps=(0, 0), unit="ms")
     assert fig.axes[0].get_xlim() == pytest.approx((0.0, 0.9))
+
+
+def test_timeline_filters_lanes_stages_and_bubbles(trace_and_result):
+    """Notebook 05's widgets: lanes, stages, the bubbles' causes and a length threshold act
+    on the figure; the options come from timeline_choices."""
+    path, res = trace_and_result
+    tr = load_trace(path)
+    lanes, stages = timeline_choices(tr, res)
+    assert lanes == ["host", "forward (stream 7)", "side (stream 13)", "copy (stream 20)"]
+    assert {"draft", "verify", "d2h"} <= set(stages)
+    ax = plot_timeline(tr, res, lanes=["host", "forward (stream 7)"], stages=["verify"],
+                       causes=["sync"], min_gap_us=5.0).axes[0]
+    assert _lanes(ax.figure) == ["host", "forward (stream 7)"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "verify" in legend and "draft" not in legend
+    assert [x for x in legend if x.startswith("bubble")] == ["bubble: sync"]
+    assert ax.get_xlabel().endswith("bubbles drawn: >= 5 µs, causes sync")

@@ -35,25 +35,13 @@ Steps
     the summary; step numbers are kept.
 
 Causes (exactly one per bubble, the first that applies; "overlaps" means with positive length)
-    `sync`      the host is blocked while the device is idle: a synchronize call
-                (cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize and their
-                driver/HIP forms, blocking cudaMemcpy), an `aten::item` /
-                `aten::_local_scalar_dense`, or a host `sync` span overlaps the bubble.
-                cudaStreamWaitEvent is a device-side wait, not a host block.
-    `host_prep` the host is inside a `schedule` / `prepare` / `process_result` span or an SGLang
-                `scheduler.*` span during the bubble.
-    `launch`    the launch call (by correlation) of the work that ends the bubble started no
-                later than the bubble began: the work was already issued, the delay is driver /
-                queue latency (a gap inside one graph replay lands here).
-    `host:<stage>`  the work was issued late (its launch call started after the bubble began)
-                while the thread that issued it was busy when the bubble began: `<stage>` is
-                the innermost stage-named host span of that thread at the bubble's start
-                (`host:draft`, `host:verify`, ...), or `python` when the thread was inside
-                host events none of which names a stage (aten ops, Python functions, a step
-                or ProfilerStep#N span: a plain PyTorch program's host code).
-    `other`     none of these: no launch call in the trace for the work, or the issuing thread
-                had no host event at the bubble's start (e.g. a cross-stream event wait, a
-                host thread idle or untraced).
+    `sync`, `host_prep`, `launch`, `host:<stage>` / `host:python` / `host:untraced`, `other`:
+    defined once, with their colours, in `causes.py` (`CAUSE_TABLE`). In short: a host block
+    overlapping the bubble, then a host-prep span overlapping it, then work already issued
+    before it began, then work issued late (the issuing thread's innermost stage span at the
+    bubble's start, else `python` when it was inside other host events, else `untraced`: the
+    thread ran code the profiler does not record), and `other` only for work whose launch call
+    is not in the trace.
     The priority is literal: a host block or host-prep span overlapping a bubble wins even when
     the work that ends the bubble was already issued. Host spans count only from the processes
     whose launch calls drive the analysed device (merged multi-rank traces stay separate).
@@ -76,7 +64,7 @@ Streams (cross-check with HTA's idle-time breakdown)
     cause and stages.
 
 Tables (`Analysis`): `steps` (step, name, start_us, dur_us, busy_us, bubble_us, bubble_frac,
-n_gaps, bubble_{sync,host_prep,launch,host,other}_us (`host` sums every `host:<stage>`),
+n_gaps, `bubble_<cause>_us` for each of `CAUSES` (`host` sums every `host:*` label),
 host_start_us, host_dur_us); `gaps` (step,
 start_us, end_us, gap_us, cause, before, after, scope "device"|"stream", stream (-1 for device),
 idle_category); `streams` (stream, busy_us, idle_us, idle_{host_wait,kernel_wait,other}_us,
@@ -102,13 +90,12 @@ import pandas as pd
 
 from ..atomic import atomic_path, atomic_write_bytes
 from ..stages import HOST_PREP_STAGES, STAGES
+from .causes import CAUSES, HOST_PYTHON, HOST_UNTRACED, cause_group
 from .trace_io import (CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, GPU_ACTIVITY_CATS,
-                       RUNTIME_CATS, Trace, load_trace)
+                       RUNTIME_CATS, WARMUP_STEPS, Trace, load_trace)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-CAUSES = ("sync", "host_prep", "launch", "host", "other")   # "host" groups host:<stage>
-HOST_PYTHON = "python"
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 UNKNOWN = "unknown"
 SYNC_CALLS = frozenset({
@@ -128,19 +115,11 @@ _STAGE_SET = frozenset(STAGES)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 STEP_COLUMNS = ["step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac",
-                "n_gaps", "bubble_sync_us", "bubble_host_prep_us", "bubble_launch_us",
-                "bubble_host_us", "bubble_other_us", "host_start_us", "host_dur_us"]
+                "n_gaps", *(f"bubble_{c}_us" for c in CAUSES), "host_start_us", "host_dur_us"]
 GAP_COLUMNS = ["step", "start_us", "end_us", "gap_us", "cause", "before", "after", "scope",
                "stream", "idle_category"]
 STREAM_COLUMNS = ["stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_kernel_wait_us",
                   "idle_other_us", "n_activities"]
-
-
-def cause_group(cause):
-    """The CAUSES entry of a cause (`host:draft` -> `host`); works on a str or a Series."""
-    if isinstance(cause, str):
-        return cause.split(":", 1)[0]
-    return cause.map({c: c.split(":", 1)[0] for c in cause.unique()})  # few distinct values
 
 
 def stage_of(name: str) -> str | None:
@@ -164,6 +143,18 @@ class Analysis:
     def device_gaps(self) -> pd.DataFrame:
         """The bubbles: rows of `gaps` with scope "device"."""
         return self.gaps[self.gaps["scope"] == "device"].reset_index(drop=True)
+
+    def step_gaps(self, step: int, *, causes: Any = None, min_gap_us: float = 0.0) -> pd.DataFrame:
+        """The bubbles of one step at least `min_gap_us` long (of the cause groups `causes`,
+        default all), in time order, with `at_us`: µs from the step's start."""
+        g = self.device_gaps
+        g = g[(g["step"] == step) & (g["gap_us"] >= min_gap_us)]
+        if causes is not None:
+            g = g[cause_group(g["cause"]).isin(list(causes))]
+        start = self.steps.loc[self.steps["step"] == step, "start_us"]
+        at = g["start_us"] - (float(start.iloc[0]) if len(start) else np.nan)
+        return g.assign(at_us=at)[["at_us", "gap_us", "cause", "before", "after"]] \
+            .reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- interval helpers
@@ -329,6 +320,19 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
     return Analysis(steps=steps, gaps=gaps, streams=streams, summary=summary)
 
 
+def analyze_run(trace: Union[Trace, PathLike], skip_steps: int | None = None, **kw) -> Analysis:
+    """`analyze` with the warm-up rule of `mtplab analyze`, `mtplab plot`, the demo and the
+    notebooks: `skip_steps=None` leaves out the first WARMUP_STEPS steps when the trace has
+    more than WARMUP_STEPS + 1, else none."""
+    tr = trace if isinstance(trace, Trace) else load_trace(trace)
+    if skip_steps is not None:
+        return analyze(tr, skip_steps=skip_steps, **kw)
+    res = analyze(tr, **kw)
+    if res.summary["n_steps"] > WARMUP_STEPS + 1:
+        res = analyze(tr, skip_steps=WARMUP_STEPS, **kw)
+    return res
+
+
 def _check_skip(skip: int, n: int, source: str) -> None:
     if skip >= n:
         raise ValueError(f"skip_steps={skip} leaves no step: the trace has {n} ({source})")
@@ -458,7 +462,7 @@ def _stages(ctx: _Ctx, idx: np.ndarray) -> list[str]:
 
 def _classify(ctx: _Ctx, g0: np.ndarray, g1: np.ndarray, after: np.ndarray,
               s: np.ndarray, launch_ts: np.ndarray, launch_row: np.ndarray) -> np.ndarray:
-    """Cause of each gap by priority sync > host_prep > launch > host:<stage> > other.
+    """Cause of each gap: the first of causes.py's table that applies.
 
     `s`, `launch_ts`, `launch_row` are the (sorted) activity starts, launch times and launch
     rows the `after` indices refer to; every activity starting exactly at g1 counts as work
@@ -488,10 +492,13 @@ def _classify(ctx: _Ctx, g0: np.ndarray, g1: np.ndarray, after: np.ndarray,
             k = np.searchsorted(us, at, side="right") - 1
             busy = (k >= 0) & (ue[np.clip(k, 0, None)] > at) if us.size else np.zeros(at.size, bool)
             host[idx[m]] = [f"host:{st}" if st is not None else
-                            (f"host:{HOST_PYTHON}" if b else None) for st, b in zip(stage, busy)]
-    out = np.select([sync, prep, launched], ["sync", "host_prep", "launch"], "other").astype(object)
+                            f"host:{HOST_PYTHON}" if b else f"host:{HOST_UNTRACED}"
+                            for st, b in zip(stage, busy)]
+    out = np.full(g0.size, "other", dtype=object)
     has_host = host != None  # noqa: E711 (elementwise)
     out[has_host] = host[has_host]
+    for mask, name in ((launched, "launch"), (prep, "host_prep"), (sync, "sync")):
+        out[mask] = name         # lowest priority first: a later assignment wins
     return out
 
 

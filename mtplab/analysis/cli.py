@@ -7,8 +7,9 @@ TRACE is a `.json` / `.json.gz` Kineto trace, or a folder holding exactly one
 (`*.pt.trace.json[.gz]` preferred). `plot` also takes an event timeline (`timeline.parquet`)
 or a run folder, and draws what there is: bubbles where the trace has a GPU, host lanes and
 stage spans otherwise. `--example` opens the H100 run shipped with mtplab (analysis/example.py).
-The first step is left out as warm-up when the trace has more than two (`WARMUP_STEPS`; the
-demo uses the same rule). Times print in µs, ms or s by magnitude, the unit in the header.
+The first step is left out as warm-up when the trace has more than two (`WARMUP_STEPS`,
+`bubbles.analyze_run`): `plot`, the demo and notebook 05 use the same rule, and `plot` prints
+the same bubble line as `analyze`. Times print in µs, ms or s by magnitude, the unit in the header.
 Bad input prints one line on stderr and exits with 2.
 A reader that closes the pipe early (`| head`) ends the output quietly (exit 0).
 Also runnable as `python -m mtplab.analysis.cli analyze|plot ...`.
@@ -24,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import orjson
 
 from ..validate import FlagParser, check_out_file, nonneg_number, positive_number
+from .causes import cause_help, cause_split
 from .example import EXAMPLE_TRACE
 from .trace_io import (
     CONSECUTIVE_KERNEL_DELAY_US,
     DEFAULT_WINDOW_US,
     GPU_ACTIVITY_CATS,
+    WARMUP_STEPS,
     Trace,
     TraceError,
     load_trace,
@@ -43,9 +46,6 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
 MAX_WINDOWS = 1_000_000      # --window-us may cut a trace into at most this many windows
-# Leading steps left out as warm-up (graph capture, first launches) by `mtplab analyze`,
-# `mtplab demo` and the example's analysis, when the trace has more than WARMUP_STEPS + 1.
-WARMUP_STEPS = 1
 TIMELINE_COLUMNS = ("step", "stage", "stream", "host_start_us", "host_end_us")
 JSON_STEP_KEYS = ("step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac")
 JSON_GAP_KEYS = ("step", "start_us", "gap_us", "cause", "before", "after")
@@ -55,19 +55,6 @@ JSON_STREAM_KEYS = ("stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_k
 
 class _UsageError(Exception):
     """Bad command-line input detected after argument parsing."""
-
-
-def analyze_run(trace: Trace | str | Path, skip_steps: int | None = None, **kw) -> "Analysis":
-    """`analyze` with the default warm-up rule: `skip_steps=None` leaves out the first
-    WARMUP_STEPS steps when the trace has more than WARMUP_STEPS + 1, else none."""
-    from .bubbles import analyze
-    tr = trace if isinstance(trace, Trace) else load_trace(trace)
-    if skip_steps is not None:
-        return analyze(tr, skip_steps=skip_steps, **kw)
-    res = analyze(tr, **kw)
-    if res.summary["n_steps"] > WARMUP_STEPS + 1:
-        res = analyze(tr, skip_steps=WARMUP_STEPS, **kw)
-    return res
 
 
 def resolve_trace(arg: str) -> Path:
@@ -97,9 +84,9 @@ def _find_trace(p: Path) -> Path | None:
 
 def _parser_analyze() -> FlagParser:
     ap = FlagParser(prog="mtplab analyze", description=(
-        "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each "
-        "(sync, host_prep, launch, other) and per-stream idle time. Definitions: "
-        "help(mtplab.analysis.bubbles)."))
+        "Per-step GPU bubbles of a Kineto trace: device-level gaps with one cause each, the "
+        f"first that applies: {cause_help()}; and per-stream idle time. Definitions: "
+        "help(mtplab.analysis.causes), help(mtplab.analysis.bubbles)."))
     ap.add_argument("trace", nargs="?",
                     help="a .json/.json.gz Kineto trace, or a folder holding one")
     ap.add_argument("--example", action="store_true",
@@ -166,7 +153,7 @@ def main_analyze(argv: Sequence[str] | None = None) -> int:
         path = resolve_trace(_input(ns.trace, ns.example, "a trace"))
         tr = load_trace(path)
         _check_windows(tr, ns.window_us)
-        from .bubbles import write_analysis
+        from .bubbles import analyze_run, write_analysis
         res = analyze_run(tr, skip_steps=ns.skip_steps, device=ns.device,
                           consecutive_kernel_delay_us=ns.kernel_delay_us, window_us=ns.window_us)
         if ns.out:
@@ -210,10 +197,12 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
         out = (Path(ns.out) if ns.out else Path("example_timeline.png") if ns.example
                else (arg if arg.is_dir() else arg.parent) / "timeline.png")
         check_out_file(out, "--out")
-        plot_source(arg, steps=steps, device=ns.device, path=out)
+        fig = plot_source(arg, steps=steps, device=ns.device, path=out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
         return _fail("mtplab plot", str(e))
-    _emit(f"{out}\n".encode())
+    res = getattr(fig, "analysis", None)
+    _emit(((wall_line(res.summary) + "\n") if res is not None else "").encode()
+          + f"{out}\n".encode())
     return 0
 
 
@@ -222,7 +211,7 @@ def plot_source(arg: str | Path, *, steps: tuple[int | None, int | None] | None 
     """Draw what `arg` holds (see `_plot_input`) and return the matplotlib Figure: the bubble
     timeline of a GPU trace, the host lanes of a CPU trace, or an event timeline's lanes."""
     src = _plot_input(Path(arg))
-    from .bubbles import analyze
+    from .bubbles import analyze_run
     from .plots import plot_event_timeline, plot_timeline  # matplotlib only on this path
 
     try:
@@ -230,9 +219,11 @@ def plot_source(arg: str | Path, *, steps: tuple[int | None, int | None] | None 
             df = _read_timeline(src)
             rng = _pick_steps(sorted(int(v) for v in df["step"].unique()), steps)
             return plot_event_timeline(df, steps=rng, path=path, title=src.name)
-        res = analyze(src, device=device)
-        return plot_timeline(src, res, steps=_pick_steps(res.steps["step"].tolist(), steps),
-                             path=path)
+        res = analyze_run(src, device=device)      # the warm-up rule of `mtplab analyze`
+        fig = plot_timeline(src, res, steps=_pick_steps(res.steps["step"].tolist(), steps),
+                            path=path)
+        fig.analysis = res           # what the figure shows, for the caller's summary line
+        return fig
     except OSError as e:       # the error names the temporary file: name the user's path
         raise _UsageError(f"cannot write the plot to {path} ({e.strerror or e}); check the "
                           "path and its folder") from None
@@ -337,12 +328,19 @@ def _t(v_us: float, scale: float) -> str:
     return f"{v_us / scale:.1f}" if scale == 1.0 else f"{v_us / scale:.3f}"
 
 
+def wall_line(sm: dict[str, Any]) -> str:
+    """The summary's wall / busy / bubble line, printed alike by `analyze` and `plot`."""
+    u, sc = time_unit([sm["wall_us"]])
+    frac = sm["bubble_frac"]
+    return (f"wall    {_t(sm['wall_us'], sc)} {u}   busy {_t(sm['busy_us'], sc)} {u}   bubble "
+            f"{_t(sm['bubble_us'], sc)} {u} ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
+            f"in {sm['n_gaps']} gaps")
+
+
 def format_report(res: "Analysis", path: Path, max_rows: int = 20,
                   default_skip: bool = False) -> str:
     """A short human-readable table of the analysis, times in the unit their size calls for."""
-    from .bubbles import CAUSES
     sm = res.summary
-    frac = sm["bubble_frac"]
     k = sm["skip_steps"]
     if k:
         skipped = (f", first {k} skipped as warm-up (default; --skip-steps 0 keeps it)"
@@ -355,10 +353,8 @@ def format_report(res: "Analysis", path: Path, max_rows: int = 20,
     lines = [f"trace   {path}",
              f"steps   {sm['n_steps']} from {sm['step_source']}{skipped}"
              + (f", device {sm['device']}" if sm["device"] is not None else ""),
-             f"wall    {_t(sm['wall_us'], sc)} {u}   busy {_t(sm['busy_us'], sc)} {u}   bubble "
-             f"{_t(sm['bubble_us'], sc)} {u} ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
-             f"in {sm['n_gaps']} gaps",
-             "causes  " + "   ".join(f"{c} {_t(sm[f'bubble_{c}_us'], sc)} {u}" for c in CAUSES)]
+             wall_line(sm),
+             "causes  " + "   ".join(f"{c} {_t(us, sc)} {u}" for c, us in cause_split(sm).items())]
     st = res.steps
     if len(st):
         rows = st.head(max_rows)

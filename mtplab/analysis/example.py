@@ -17,8 +17,7 @@ EXAMPLE_TRACE = EXAMPLE_DIR / "gpu_frozen_overlap.pt.trace.json.gz"
 
 def write_example_analysis(out_dir: Path = EXAMPLE_DIR) -> None:
     """(Re)compute the shipped analysis files of the example trace into `out_dir`."""
-    from .bubbles import write_analysis
-    from .cli import analyze_run
+    from .bubbles import analyze_run, write_analysis
 
     write_analysis(analyze_run(EXAMPLE_TRACE), out_dir)
 

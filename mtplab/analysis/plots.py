@@ -3,12 +3,15 @@
 `plot_timeline` draws one lane per host thread that launched GPU work (its stage spans coloured
 with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour) and one lane
 per GPU stream (stage-named `gpu_user_annotation` spans as a coloured band, kernels / memcpy /
-memset as dark boxes), and marks every device bubble with a red hatched band across the GPU
-lanes. A CPU-only trace has no GPU lanes and no bubbles: its lanes are the host threads that
-carry stage spans. Lanes are the y tick labels (`host <tid>`, `stream <id>`), top to bottom.
-The x axis is µs from the start of the first step drawn. `plot_event_timeline` draws the same
-kind of lanes from an mtplab event timeline (timeline.parquet). Every function returns the
-Figure and, given `path`, saves it atomically as PNG / SVG / PDF by extension.
+memset as dark boxes), and marks every device bubble with a band across the GPU lanes in the
+colour of its cause (`causes.py`), each cause drawn named in the legend. Lanes are named by
+role (`lanes.py`: `host`, and `forward` / `schedule` / `copy` on mtplab's streams, `compute`
+/ `copy` / `nccl` / `side` on any other program's), with the stream id. A CPU-only trace has
+no GPU lanes and no bubbles: its lanes are the host threads that carry stage spans. The x
+axis is µs from the start of the first step drawn; the title gives the bubble figure of
+`mtplab analyze` (`timeline_title`). `plot_event_timeline` draws the same kind of lanes from
+an mtplab event timeline (timeline.parquet). Every function returns the Figure and, given
+`path`, saves it atomically as PNG / SVG / PDF by extension.
 """
 from __future__ import annotations
 
@@ -26,15 +29,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..atomic import atomic_path  # noqa: E402
-from .bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, Analysis, analyze, cause_group, stage_of  # noqa: E402
+from .bubbles import SYNC_CALLS, SYNC_OPS, Analysis, analyze_run, stage_of  # noqa: E402
+from .causes import CAUSE_COLORS, CAUSES, cause_group  # noqa: E402
+from .lanes import host_labels, stream_labels  # noqa: E402
 from ..stages import STAGE_COLORS  # noqa: E402
 from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
-GAP_COLOR = "#d62728"
 ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
-CAUSE_COLORS = {"sync": "#d62728", "host_prep": "#7f7f7f", "launch": "#ff9896", "host": "#ff7f0e",
-                "other": "#1f77b4"}
 
 
 def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
@@ -50,14 +52,22 @@ def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
 
 def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None, *,
                   steps: tuple[int, int] | None = None, path: PathLike | None = None,
-                  width: float = 14.0) -> Figure:
+                  width: float = 14.0, lanes: Sequence[str] | None = None,
+                  stages: Sequence[str] | None = None, causes: Sequence[str] | None = None,
+                  min_gap_us: float = 0.0) -> Figure:
     """The bubble timeline of steps `steps=(a, b)` (inclusive step numbers; default: all).
 
-    `result` is `analyze(trace)` (computed when not given). A CPU-only trace gives the host
+    Filters (notebook 05's widgets): `lanes` draws only these lane labels and `stages` only
+    these stage spans (`timeline_choices` lists both), `causes` only the bubbles of these
+    cause groups and `min_gap_us` only bubbles at least that long; the time axis and the
+    title's figures stay those of the steps drawn.
+
+    `result` is `analyze_run(trace)` (computed when not given: the warm-up rule of `mtplab
+    analyze`, so the title's bubble figure is the one it prints). A CPU-only trace gives the host
     lanes alone (no bubbles). Raises ValueError when the step range selects nothing.
     """
     tr = trace if isinstance(trace, Trace) else load_trace(trace)
-    res = result if result is not None else analyze(tr)
+    res = result if result is not None else analyze_run(tr)
     device = res.summary.get("device")
     st = res.steps
     if steps is not None:
@@ -71,19 +81,21 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     t1 = t1 if t1 > t0 else t0 + 1.0
     in_win = (tr.ts < t1) & (tr.end > t0)
     act = tr.cat_mask(*GPU_ACTIVITY_CATS) & (tr.device == device)
-    streams = sorted(np.unique(tr.stream[act]).tolist())
-    hosts = _launch_threads(tr, act) if device is not None else _span_threads(tr)
-    lanes = [f"host {tid}" for _, tid in hosts] + [f"stream {s}" for s in streams]
+    hosts, streams = _lane_labels(tr, device)
+    if lanes is not None:
+        hosts = {k: v for k, v in hosts.items() if v in lanes}
+        streams = {k: v for k, v in streams.items() if v in lanes}
+    lanes = list(hosts.values()) + list(streams.values())
     fig, ax = plt.subplots(figsize=(width, 1.0 + 0.6 * len(lanes)))
     eps = (t1 - t0) / (width * 400)  # about a quarter pixel: closer boxes are drawn as one
     y = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}  # first lane on top
     seen: set[str] = set()
     ua, rt = tr.cat_mask("user_annotation"), tr.cat_mask(*RUNTIME_CATS, "cpu_op")
     syncs = tr.name_mask(lambda n: n in SYNC_CALLS or n in SYNC_OPS)
-    for pid, tid in hosts:
-        lane_y = y[f"host {tid}"]
+    for (pid, tid), label in hosts.items():
+        lane_y = y[label]
         on = in_win & (tr.pid == pid) & (tr.tid == tid)
-        _spans(ax, tr, on & ua, t0, lane_y + 0.05, eps, seen)
+        _spans(ax, tr, on & ua, t0, lane_y + 0.05, eps, seen, stages)
         steps_sel = np.flatnonzero(on & ua & tr.name_mask(lambda n: n.startswith("step[")
                                                           or n.startswith("ProfilerStep#")))
         ax.broken_barh(_boxes(tr.ts[steps_sel] - t0, tr.dur[steps_sel], 0.0), (lane_y - 0.45, 0.9),
@@ -94,9 +106,9 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
                            facecolors=STAGE_COLORS["sync"])
             seen.add("sync")
     gua = tr.cat_mask("gpu_user_annotation") & (tr.device == device) & in_win
-    for s in streams:
-        lane_y = y[f"stream {s}"]
-        _spans(ax, tr, gua & (tr.stream == s), t0, lane_y + 0.05, eps, seen)
+    for s, label in streams.items():
+        lane_y = y[label]
+        _spans(ax, tr, gua & (tr.stream == s), t0, lane_y + 0.05, eps, seen, stages)
         for cat, color in ACTIVITY_COLORS.items():
             sel = np.flatnonzero(in_win & act & (tr.stream == s) & tr.cat_mask(cat))
             if sel.size:
@@ -104,13 +116,20 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
                                (lane_y - 0.4, 0.4), facecolors=color)
                 seen.add(cat)
     gaps = res.device_gaps
-    gaps = gaps[(gaps["end_us"] > t0) & (gaps["start_us"] < t1)]
+    gaps = gaps[(gaps["end_us"] > t0) & (gaps["start_us"] < t1) & (gaps["gap_us"] >= min_gap_us)]
+    causes_drawn = []
     if streams and len(gaps):
-        lo, hi = y[f"stream {streams[-1]}"] - 0.5, y[f"stream {streams[0]}"] + 0.5
-        ax.broken_barh(_boxes(gaps["start_us"].to_numpy() - t0, gaps["gap_us"].to_numpy(), eps),
-                       (lo, hi - lo),
-                       facecolors=GAP_COLOR, alpha=0.18, hatch="///", edgecolors=GAP_COLOR,
-                       zorder=0.5)  # under the activity boxes
+        top = y[next(iter(streams.values()))] + 0.5
+        lo = y[list(streams.values())[-1]] - 0.5
+        group = cause_group(gaps["cause"])
+        for c in (CAUSES if causes is None else [c for c in CAUSES if c in causes]):
+            # one colour per cause, under the activity boxes
+            g = gaps[group == c]
+            if len(g):
+                ax.broken_barh(_boxes(g["start_us"].to_numpy() - t0, g["gap_us"].to_numpy(), eps),
+                               (lo, top - lo), facecolors=CAUSE_COLORS[c], alpha=0.3,
+                               edgecolors="none", zorder=0.5)
+                causes_drawn.append(c)
     every = max(1, -(-len(st) // 25))  # at most 25 step marks
     for row in st.iloc[::every].itertuples():
         ax.axvline(row.start_us - t0, color="black", linestyle=":", linewidth=0.6)
@@ -118,22 +137,53 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     ax.set_yticks([y[lane] for lane in lanes], lanes)
     ax.set_ylim(-0.6, len(lanes) - 0.2)
     ax.set_xlim(0, t1 - t0)
-    ax.set_xlabel(f"µs from the start of step {int(st['step'].iloc[0])}")
-    shown = f"steps {int(st['step'].iloc[0])}–{int(st['step'].iloc[-1])} of {len(res.steps)}"
-    if device is None:
-        what = "host spans only (CPU trace: no GPU lanes, so no device bubbles)"
-    else:
-        frac = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
-        what = f"bubble {frac:.1%} of device wall time (red hatched)"
-    ax.set_title(f"{Path(tr.path).name}: {shown}, {what}", fontsize=9)
+    shown = [f">= {min_gap_us:g} µs"] if min_gap_us > 0 else []
+    if causes is not None:
+        shown.append("causes " + ", ".join(c for c in CAUSES if c in causes))
+    ax.set_xlabel(f"µs from the start of step {int(st['step'].iloc[0])}"
+                  + (f"; bubbles drawn: {', '.join(shown)}" if shown else ""))
+    ax.set_title(f"{Path(tr.path).name}: {timeline_title(res, st)}", fontsize=9)
     handles = [Patch(color=STAGE_COLORS[s], label=s) for s in STAGE_COLORS if s in seen]
     handles += [Patch(color=c, label=k) for k, c in ACTIVITY_COLORS.items() if k in seen]
-    if device is not None:
-        handles.append(Patch(facecolor=GAP_COLOR, alpha=0.3, hatch="///", label="bubble"))
+    handles += [Patch(facecolor=CAUSE_COLORS[c], alpha=0.3, label=f"bubble: {c}")
+                for c in causes_drawn]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     if path is not None:
         save_figure(fig, path)
     return fig
+
+
+def _lane_labels(tr: Trace, device: int | None) -> tuple[dict, dict]:
+    """({(pid, tid): label} of the host lanes, {stream: label} of the GPU lanes), top down."""
+    act = tr.cat_mask(*GPU_ACTIVITY_CATS) & (tr.device == device)
+    threads = _launch_threads(tr, act) if device is not None else _span_threads(tr)
+    return host_labels(tr, threads), stream_labels(tr, device) if device is not None else {}
+
+
+def timeline_choices(tr: Trace, res: Analysis) -> tuple[list[str], list[str]]:
+    """(lane labels, stage names present) of `plot_timeline`'s drawing of `tr`, top down and
+    in stage order: the options of its `lanes` and `stages` filters."""
+    hosts, streams = _lane_labels(tr, res.summary.get("device"))
+    named = tr.cat_mask("user_annotation", "gpu_user_annotation")
+    present = {stage_of(tr.names[c]) for c in np.unique(tr.name[named]).tolist()}
+    return [*hosts.values(), *streams.values()], [s for s in STAGE_COLORS if s in present]
+
+
+def timeline_title(res: Analysis, st: pd.DataFrame) -> str:
+    """What a timeline of the steps `st` (rows of `res.steps`) shows: the steps drawn and the
+    bubble figure of `mtplab analyze` for the run (the same warm-up rule), and that of the
+    steps drawn when they are not all of them."""
+    sm = res.summary
+    a, b = int(st["step"].iloc[0]), int(st["step"].iloc[-1])
+    shown = f"{f'step {a}' if a == b else f'steps {a}–{b}'} of {len(res.steps)}"
+    skipped = f" (first {sm['skip_steps']} skipped as warm-up)" if sm["skip_steps"] else ""
+    if sm.get("device") is None:
+        return f"{shown}, host spans only (CPU trace: no GPU lanes, so no device bubbles)"
+    run = f"bubble {sm['bubble_frac']:.1%} of device wall time{skipped}, coloured by cause"
+    if len(st) == len(res.steps):
+        return f"{shown}: {run}"
+    here = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
+    return f"{shown}: bubble {here:.1%} in these; all {len(res.steps)}: {run}"
 
 
 def _launch_threads(tr: Trace, act: np.ndarray) -> list[tuple[int, int]]:
@@ -167,13 +217,15 @@ def _boxes(start: np.ndarray, dur: np.ndarray, eps: float) -> list[tuple[float, 
 
 
 def _spans(ax, tr: Trace, mask: np.ndarray, t0: float, bottom: float, eps: float,
-           seen: set[str]) -> None:
-    """Draw stage-named spans of `mask` in the band [bottom, bottom + 0.4], innermost on top."""
+           seen: set[str], only: Sequence[str] | None = None) -> None:
+    """Draw stage-named spans of `mask` (of the stages `only`, default all) in the band
+    [bottom, bottom + 0.4], innermost on top."""
     idx = np.flatnonzero(mask)
     stage_by_code = np.array([stage_of(n) for n in tr.names], dtype=object)
     stages = stage_by_code[tr.name[idx]]
     by_stage: dict[str, np.ndarray] = {}
-    for stage in set(stages.tolist()) - {None}:
+    for stage in set(stages.tolist()) - {None} - (set() if only is None else
+                                                   set(STAGE_COLORS) - set(only)):
         by_stage[stage] = idx[stages == stage]
         seen.add(stage)
     # stages whose typical span is longer are drawn first, so nested (shorter) ones end up on top

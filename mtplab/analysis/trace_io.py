@@ -48,6 +48,7 @@ _CAT_ALIASES = {"memcpy": "gpu_memcpy", "memset": "gpu_memset", "runtime": "cuda
                 "driver": "cuda_driver", "operator": "cpu_op"}
 CONSECUTIVE_KERNEL_DELAY_US = 30.0     # HTA's kernel-wait threshold (bubbles.py; the CLI's default)
 DEFAULT_WINDOW_US = 10_000.0          # step windows of a trace without step spans (bubbles.py)
+WARMUP_STEPS = 1    # leading steps bubbles.analyze_run leaves out when there are more than 2
 MAX_ABS_US = 2.0 ** 63 / 1e3          # |ts|, dur beyond this are not times (int64 ns overflow)
 STREAM_ABOVE_BYTES = 1 << 30          # plain JSON larger than this is streamed by default
 STREAM_ABOVE_GZ_BYTES = 128 << 20      # gzip files larger than this are streamed by default

@@ -18,8 +18,8 @@ decode steps, unprofiled: the headline
 From the trace (only when the cell profiles; NaN otherwise), over the decode steps of the
 profiler window after warm-up (the profiler inflates host time: where/why views):
     bubble_frac_profiled, bubble_<cause>_frac   device bubble time / device step wall time, in
-                                       total and per cause (sync, host_prep, launch, host,
-                                       other); NaN without GPU activity (a CPU run)
+                                       total and per cause (each of analysis/causes.py);
+                                       NaN without GPU activity (a CPU run)
     bubble_steps                       decode steps the bubble figures cover
     device_busy_step_ms                median over those steps of the device busy time (union
                                        of kernels and copies): the step time with zero
@@ -50,7 +50,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis.bubbles import CAUSES, SYNC_CALLS, SYNC_OPS, analyze, union_intervals
+from ..analysis.bubbles import SYNC_CALLS, SYNC_OPS, analyze, union_intervals
+from ..analysis.causes import CAUSES
 from ..analysis.kernels import per_layer, per_window
 from ..stages import STAGES
 from ..analysis.trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, load_trace
@@ -80,6 +81,16 @@ def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None
                                if dev.any() else NAN)
     out["sync_spans_per_step"] = float((d["stage"] == "sync").sum() / len(dec_steps))
     return out
+
+
+def meter_name(devices) -> str:
+    """The bubble meter's `bubble_frac` as a header, axis or sentence names it, for cells run
+    on `devices` (the `cfg.device` column): `meter` on a GPU; on CPU the meter stamps the host
+    clock (there is no device to stamp, so it is not a device bubble): `meter, host clock`,
+    or `meter; host clock on CPU cells` when both kinds are present."""
+    cpu = {str(d).startswith("cpu") for d in devices if isinstance(d, str)}
+    return ("meter, host clock" if cpu == {True} else
+            "meter; host clock on CPU cells" if cpu == {True, False} else "meter")
 
 
 def bubble_columns(steps: pd.DataFrame, has_device: bool) -> dict:

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from mtplab.sweep.effects import (MIN_NOISE, arm_effects, effect_answer, plot_effects,
-                                  repeated_cells)
+from mtplab.sweep.effects import (MIN_NOISE, NO_VERDICT, arm_effects, effect_answer,
+                                  plot_effects, repeated_cells)
 
 
 def frame(arms: dict[str, list[tuple[float, float, float]]], bs: int = 8) -> pd.DataFrame:
@@ -55,10 +55,27 @@ def test_within_the_noise_buys_nothing_and_says_why():
                    "zb": [(100.5, 0.303, 1000), (100, 0.30, 1000)]}), "zb")
     assert "the idle share of the step did not change either" in r["sentence"]
     # little bubble to remove in the first place
-    r = one(frame({"off": [(100, 0.02, 1000)], "zb": [(100.5, 0.02, 1000)]}), "zb")
+    r = one(frame({"off": [(100, 0.02, 1000), (100, 0.02, 1000)],
+                   "zb": [(100.5, 0.02, 1000), (100.5, 0.02, 1000)]}), "zb")
     assert "idle only 2.0% of the step" in r["sentence"]
-    assert "one repeat: no spread measured, noise floor ±2.0%" in r["sentence"]
-    assert r["noise"] == MIN_NOISE
+    assert "noise ±2.0%" in r["sentence"] and r["noise"] == MIN_NOISE
+
+
+def test_one_repeat_gives_no_verdict(tmp_path):
+    """One round measures no spread: no buys / costs, whatever the ratio; the figure says
+    there is no noise to draw."""
+    df = frame({"off": [(100, 0.40, 1000)], "ov": [(62.3, 0.2, 1000)],
+                "zb": [(130, 0.1, 1000), (131, 0.1, 1000)]})
+    eff = arm_effects(df, "arm", [("ov", "off"), ("zb", "off")], by=["batch_size"])
+    assert list(eff["verdict"]) == [NO_VERDICT, NO_VERDICT] == ["no verdict: one repeat"] * 2
+    s = eff["sentence"].iloc[0]
+    assert s.startswith("bs 8: ov vs off: no verdict: one repeat (0.623x decode tok/s")
+    assert "buys" not in s and "costs" not in s
+    assert effect_answer(eff)["bs8.ov_vs_off.buys"] == NO_VERDICT
+    fig = plot_effects(eff, path=tmp_path / "e.png")
+    assert "one repeat: no noise measured, no verdict" in fig._suptitle.get_text()
+    assert "the rounds' noise" not in fig._suptitle.get_text()
+    plt.close(fig)
 
 
 def test_wide_noise_and_a_loss():
@@ -71,14 +88,14 @@ def test_wide_noise_and_a_loss():
 
 
 def test_pairs_points_extra_and_failed_rows():
-    df = pd.concat([frame({"off": [(100, 0.3, 1000)], "ov": [(130, 0.1, 1000)]}, bs=1),
-                    frame({"off": [(200, 0.3, 1000)], "ov": [(202, 0.3, 1000)]}, bs=8)])
-    df["draft_ms"] = [1.0, 0.5, 2.0, 1.0]
+    df = pd.concat([frame({"off": [(100, 0.3, 1000)] * 2, "ov": [(130, 0.1, 1000)] * 2}, bs=1),
+                    frame({"off": [(200, 0.3, 1000)] * 2, "ov": [(202, 0.3, 1000)] * 2}, bs=8)])
+    df["draft_ms"] = [1.0, 1.0, 0.5, 0.5, 2.0, 2.0, 1.0, 1.0]
     df = pd.concat([df, pd.DataFrame([{"status": "failed", "arm": "ov", "batch_size": 8,
                                        "decode_tok_per_s": math.nan}])])
     eff = arm_effects(df, "arm", [("ov", "off"), ("missing", "off")], by=["batch_size"],
                       extra=["draft_ms"])
-    assert list(eff["where"]) == ["bs 1", "bs 8"] and list(eff["n"]) == [1, 1]
+    assert list(eff["where"]) == ["bs 1", "bs 8"] and list(eff["n"]) == [2, 2]
     assert list(eff["verdict"]) == ["faster", "nothing"]
     assert list(eff["draft_ms"]) == [0.5, 1.0] and list(eff["draft_ms_base"]) == [1.0, 2.0]
     ans = effect_answer(eff)

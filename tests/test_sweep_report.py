@@ -80,3 +80,43 @@ def test_notebook_out_resolves_from_the_repo_root(tmp_path, monkeypatch):
     finally:
         p.rmdir()
     assert notebook_out(tmp_path / "abs") == tmp_path / "abs" and (tmp_path / "abs").is_dir()
+
+
+def test_write_answer_is_strict_json(tmp_path, capsys):
+    """A missing value is null (bare NaN is not JSON); numpy scalars are plain numbers."""
+    import json
+
+    import numpy as np
+
+    from mtplab.sweep.report import write_answer
+    p = write_answer(tmp_path, {"a": float("nan"), "b": np.float64("inf"), "c": np.int64(3),
+                                "d": pd.NA, "e": {"x": np.nan}, "f": "ok"})
+
+    def refuse(name):
+        raise AssertionError(name)
+    assert json.loads(p.read_text(), parse_constant=refuse) == \
+        {"a": None, "b": None, "c": 3, "d": None, "e": {"x": None}, "f": "ok"}
+    assert "a: None" in capsys.readouterr().out
+
+
+def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
+    """One bubble story on CPU: the meter stamps the host clock there, and the sweep table,
+    the bars, the effect sentences and figure, and the bench header all say so."""
+    from mtplab.bench import table
+    from mtplab.sweep.effects import arm_effects, plot_effects
+    from mtplab.sweep.metrics import meter_name
+    assert meter_name(["cpu", "cpu"]) == "meter, host clock"
+    assert meter_name(["cuda:0"]) == "meter" and meter_name(["cpu", "cuda"]).endswith("CPU cells")
+    cpu = results().assign(**{"cfg.device": "cpu"})
+    assert results_table(cpu).splitlines()[0].endswith("bubble (meter, host clock)")
+    assert "bubble (meter)" in results_table(results().assign(**{"cfg.device": "cuda:0"}))
+    assert bars(cpu, "batch_size", "bubble_frac").get_ylabel() == "bubble_frac (meter, host clock)"
+    cpu["arm"] = ["off", "ov", "off", "ov", "off"]
+    eff = arm_effects(cpu, "arm", [("ov", "off")], value="tok_per_s")
+    assert "bubble (meter, host clock)" in eff["sentence"].iloc[0]
+    assert plot_effects(eff).axes[1].get_ylabel() == "bubble (meter, host clock) vs baseline (points)"
+    doc = {"base": {"device": "cpu"}, "grid": {"repeat": [0]}, "arms": [{"overlap": False}]}
+    rec = {"status": "ok", "settings_json": json.dumps({"device": "cpu", "overlap": False,
+                                                        "repeat": 0}),
+           "cfg.device": "cpu", "decode_tok_per_s": 10.0, "bubble_frac": 0.1}
+    assert "bubble % meter, host clock (profiled:" in table(pd.DataFrame([rec]), doc)

@@ -26,14 +26,19 @@ Per arm and baseline at one grid point (the `by` columns), over ok rows:
                             measures no spread, so then it is `min_noise` alone
     bubble, bubble_base     median bubble fraction of the bubble meter (the headline
                             `bubble_frac`, unprofiled)
+    meter                   `meter`, or on CPU cells `meter, host clock` (metrics.meter_name:
+                            there the meter stamps the host clock; sentences and figures say so)
     bubble_pts              100 * (bubble - bubble_base): negative = fewer idle points
     bubble_noise_pts        the same spread rule in points, at least `min_bubble_noise_pts`
     busy_us, busy_us_base   device busy time per decode step by the meter (step wall time
                             minus bubble), median
-    verdict                 "faster" or "slower" when |ratio - 1| > noise, else "nothing"
+    verdict                 "faster" or "slower" when |ratio - 1| > noise, else "nothing";
+                            NO_VERDICT when either side ran one repeat (no spread measured:
+                            the floor alone would judge the arm, so nothing is judged)
     sentence                the numbers in one sentence; for "nothing" also why, from the
                             numbers: the bubble did not move, or it moved and the device busy
-                            time took its place, or the baseline had little bubble to remove
+                            time took its place, or the baseline had little bubble to remove;
+                            for NO_VERDICT the numbers and "no verdict: one repeat"
 """
 from __future__ import annotations
 
@@ -45,11 +50,14 @@ from typing import Any
 
 import pandas as pd
 
+from .metrics import meter_name
+
 MIN_NOISE = 0.02              # a tok/s ratio within 2% of 1 is never called a gain
 MIN_BUBBLE_NOISE_PTS = 1.0    # nor a bubble change under 1 point
 LOW_BUBBLE = 0.05             # a baseline bubble under 5%: little idle time left to remove
 WIDE_NOISE = 0.10             # rounds that disagree by more than 10% cannot tell a change
 SHORT = {"batch_size": "bs", "cfg.cuda_graphs": "cuda_graphs"}
+NO_VERDICT = "no verdict: one repeat"     # a verdict needs the spread of two rounds a side
 
 
 def repeated_cells(base: dict[str, Any], arms: list[dict[str, Any]], axes: dict[str, list],
@@ -123,6 +131,7 @@ def arm_effects(df: pd.DataFrame, arm: str, pairs: Sequence[tuple[str, str]], *,
                                    "ratio": t / tb if tb else math.nan,
                                    "noise": max(min_noise, _spread(ra[value]), _spread(rb[value])),
                                    "bubble": _med(ra, bubble), "bubble_base": _med(rb, bubble)}
+            row["meter"] = meter_name(g["cfg.device"]) if "cfg.device" in g else "meter"
             row["bubble_pts"] = 100.0 * (row["bubble"] - row["bubble_base"])
             row["bubble_noise_pts"] = max(
                 min_bubble_noise_pts,
@@ -136,12 +145,14 @@ def arm_effects(df: pd.DataFrame, arm: str, pairs: Sequence[tuple[str, str]], *,
             for c in extra:
                 row[c], row[f"{c}_base"] = _med(ra, c), _med(rb, c)
             d = row["ratio"] - 1.0
-            row["verdict"] = ("nothing" if not abs(d) > row["noise"]
+            row["verdict"] = (NO_VERDICT if min(row["n"], row["n_base"]) < 2
+                              else "nothing" if not abs(d) > row["noise"]
                               else "faster" if d > 0 else "slower")
             row["sentence"] = sentence(row, value)
             rows.append(row)
     cols = [*by, "where", "arm", "baseline", "verdict", "ratio", "noise", "tok_s", "tok_s_base",
-            "n", "n_base", "bubble", "bubble_base", "bubble_pts", "bubble_noise_pts", "busy_us",
+            "n", "n_base", "bubble", "bubble_base", "meter", "bubble_pts", "bubble_noise_pts",
+            "busy_us",
             "busy_us_base", *[c for x in extra for c in (x, f"{x}_base")], "sentence"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -157,9 +168,12 @@ def sentence(r: dict[str, Any], value: str = "decode_tok_per_s") -> str:
     spread = (f"noise ±{r['noise']:.1%}" if max(r["n"], r["n_base"]) > 1
               else f"one repeat: no spread measured, noise floor ±{r['noise']:.1%}")
     tok = f"{r['ratio']:.3f}x {unit} ({r['tok_s']:.4g} vs {r['tok_s_base']:.4g}; {spread}, {reps})"
-    bub = (f"bubble {_pct(r['bubble_base'])} -> {_pct(r['bubble'])} "
+    what = "bubble" if r.get("meter", "meter") == "meter" else f"bubble ({r['meter']})"
+    bub = (f"{what} {_pct(r['bubble_base'])} -> {_pct(r['bubble'])} "
            f"({r['bubble_pts']:+.1f} pts, noise ±{r['bubble_noise_pts']:.1f})")
     head = f"{r['where']}: {r['arm']} vs {r['baseline']}"
+    if r["verdict"] == NO_VERDICT:
+        return f"{head}: {NO_VERDICT} ({tok}; {bub}); run repeats >= 2 for a verdict."
     if r["verdict"] == "faster":
         return f"{head} buys {tok}; {bub}."
     if r["verdict"] == "slower":
@@ -233,23 +247,30 @@ def plot_effects(eff: pd.DataFrame, *, path: str | Path | None = None, title: st
         sel = eff[[f"{a} vs {b}" == p for a, b in zip(eff["arm"], eff["baseline"])]]
         pos = [wheres.index(w) for w in sel["where"]]
         off = x[pos] + (i - (len(pairs) - 1) / 2) * width
-        bars = axs[0].bar(off, 100 * (sel["ratio"] - 1), width, yerr=100 * sel["noise"],
-                          capsize=3, label=p)
-        axs[0].bar_label(bars, [f"{x:.2f}x" + ("" if v != "nothing" else " (=)")
+        measured = sel["verdict"] != NO_VERDICT       # one repeat: no noise to draw
+        bars = axs[0].bar(off, 100 * (sel["ratio"] - 1), width,
+                          yerr=(100 * sel["noise"]).where(measured), capsize=3, label=p)
+        axs[0].bar_label(bars, [f"{x:.2f}x" + {"nothing": " (=)", NO_VERDICT: " (?)"}.get(v, "")
                                 for x, v in zip(sel["ratio"], sel["verdict"])],
                          fontsize=6, padding=2)
-        axs[1].bar(off, sel["bubble_pts"], width, yerr=sel["bubble_noise_pts"], capsize=3,
-                   label=p)
+        axs[1].bar(off, sel["bubble_pts"], width,
+                   yerr=sel["bubble_noise_pts"].where(measured), capsize=3, label=p)
     axs[0].axhspan(-100 * MIN_NOISE, 100 * MIN_NOISE, color="0.85", zorder=0)
+    meter = "; ".join(dict.fromkeys(eff["meter"])) if "meter" in eff else "meter"
     for ax, ylabel in zip(axs, ("decode tok/s vs baseline (%)",
-                                "bubble (meter) vs baseline (points)")):
+                                f"bubble ({meter}) vs baseline (points)")):
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, wheres, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-    axs[0].set_title("tok/s gain; (=): within the noise", fontsize=9)
+    axs[0].set_title("tok/s gain; (=): within the noise, (?): one repeat, no verdict",
+                     fontsize=9)
     axs[1].set_title("bubble change; < 0: less idle", fontsize=9)
     axs[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.suptitle(f"{title}{' ' if title else ''}(error bars: the rounds' noise)", fontsize=10)
+    one = (eff["verdict"] == NO_VERDICT).all()
+    what = (f"one repeat: no noise measured, no verdict; grey band: the ±{MIN_NOISE:.0%} floor"
+            if one else f"error bars: the rounds' spread, at least the ±{MIN_NOISE:.0%} floor "
+            "(grey band); none on one-repeat bars")
+    fig.suptitle(f"{title}{' ' if title else ''}({what})", fontsize=10)
     if path is not None:
         save_figure(fig, path)
     return fig

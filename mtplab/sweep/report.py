@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from ..atomic import atomic_write_text
 from ..analysis.bubbles import analyze
 from ..analysis.plots import plot_event_timeline, plot_timeline, save_figure
+from .metrics import meter_name
 from .runner import RESULTS_PARQUET
 
 Cols = str | Sequence[str] | None
@@ -111,11 +112,12 @@ def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
         _, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(table) + 2), 3.2), layout="constrained")
     table.plot.bar(ax=ax, rot=0, legend=table.shape[1] > 1)
     ax.set_xlabel(x.removeprefix("cfg."))
-    ax.set_ylabel(value)
+    ax.set_ylabel(value if value != "bubble_frac" or "cfg.device" not in ok else
+                  f"bubble_frac ({meter_name(ok['cfg.device'])})")
     if table.shape[1] > 1:
         ax.legend(fontsize=7, title=", ".join(c.removeprefix("cfg.") for c in hue),
                   title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_title(f"{value} by {x.removeprefix('cfg.')}", fontsize=9)
+    ax.set_title(f"{ax.get_ylabel()} by {x.removeprefix('cfg.')}", fontsize=9)
     return ax
 
 
@@ -222,14 +224,32 @@ def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> s
     for m in ("tok_per_s", "accept_len"):
         if m in t:
             t[m] = [f"{v:.3g}" if v == v and v is not None else "-" for v in t[m]]
-    return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": "bubble"}).to_string(
+    bubble = f"bubble ({meter_name(df['cfg.device'])})" if "cfg.device" in df else "bubble"
+    return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": bubble}).to_string(
         index=False, na_rep="-")
 
 
 def write_answer(out_dir: str | Path, answer: dict) -> Path:
     """Print a notebook's answer and write it to `<out_dir>/answer.json` (a notebook sweep
-    turns its scalars into `nb.<key>` columns)."""
-    for k, v in answer.items():
+    turns its scalars into `nb.<key>` columns). The file is strict JSON: a missing value
+    (NaN, infinity, pandas NA) is null, numpy scalars are plain numbers."""
+    clean = {k: _json_value(v) for k, v in answer.items()}
+    for k, v in clean.items():
         print(f"{k}: {v}")
     return atomic_write_text(Path(out_dir) / "answer.json",
-                             json.dumps(answer, indent=1, default=str))
+                             json.dumps(clean, indent=1, allow_nan=False, default=str))
+
+
+def _json_value(v):
+    """`v` as strict JSON takes it: None for a missing number, a plain Python scalar."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    return v

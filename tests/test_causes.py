@@ -40,3 +40,19 @@ def test_bench_table_splits_by_every_cause():
     from mtplab import bench
     src = Path(bench.__file__).read_text()
     assert "'/'.join(CAUSES)" in src and "for c in CAUSES" in src
+
+
+def test_cause_split_is_what_mtplab_analyze_prints(capsys):
+    """Notebook 05's answer and `mtplab analyze` group causes through one function: on the
+    shipped H100 example the split (and so the main cause, host) is the printed causes line."""
+    from mtplab.analysis.bubbles import analyze_run
+    from mtplab.analysis.causes import cause_split, main_cause
+    from mtplab.analysis.cli import main_analyze
+    from mtplab.analysis.example import EXAMPLE_TRACE
+    assert main_analyze(["--example"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("causes"))
+    printed = {c: float(v) for c, v in re.findall(r"(\w+) ([\d.]+) ms", line)}
+    split = cause_split(analyze_run(EXAMPLE_TRACE).summary)
+    assert list(printed) == list(split) == list(CAUSES)
+    assert printed == {c: round(us / 1e3, 3) for c, us in split.items()}
+    assert main_cause(analyze_run(EXAMPLE_TRACE).summary) == "host"

@@ -8,12 +8,12 @@ covered by its annotation), then ranges (`_MIN`), then the relations between kno
 """
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
@@ -168,6 +168,7 @@ class RunConfig:
                                   "probabilities in [0, 1].")
 
     def _resolve(self):
+        from . import lazy_triton
         from .device import resolve_device
         from .models.zoo import model_config, with_layers
 
@@ -178,12 +179,21 @@ class RunConfig:
         self.device = str(dev.torch_device)
         if self.dtype == "auto":
             self.dtype = "bfloat16" if dev.is_cuda else "float32"
-        interp = os.environ.get("TRITON_INTERPRET") == "1"
+        try:
+            interp = lazy_triton.interpreting()
+        except lazy_triton.TritonModeError as e:
+            raise ConfigError(str(e)) from None
         if self.deterministic and not dev.is_cuda and not interp:
             raise ConfigError("deterministic=True on CPU runs the Triton kernels under the "
                               "interpreter: set TRITON_INTERPRET=1 before starting Python.")
         if self.attention_backend == "auto":
-            self.attention_backend = "triton" if dev.is_cuda or self.deterministic else "torch"
+            self.attention_backend = ("triton" if (dev.is_cuda and lazy_triton.available())
+                                      or self.deterministic else "torch")
+        if (self.attention_backend == "triton" or self.deterministic) \
+                and not lazy_triton.available():
+            raise ConfigError(f"attention_backend='triton' and deterministic=True run Triton "
+                              f"kernels and the triton package is not installed: "
+                              f"{lazy_triton.INSTALL}, or use attention_backend='torch'.")
         if self.deterministic and self.attention_backend != "triton":
             raise ConfigError("deterministic=True needs attention_backend='triton' (the torch "
                               "reference attention is not batch-invariant).")
@@ -294,10 +304,9 @@ class RunConfig:
 
         versions = {"mtplab": __version__, "torch": torch.__version__,
                     "python": platform.python_version()}
-        try:
-            import triton
-            versions["triton"] = triton.__version__
-        except ImportError:
+        try:                             # the installed version, without importing it
+            versions["triton"] = metadata.version("triton")
+        except metadata.PackageNotFoundError:
             versions["triton"] = None
         return {
             "config": asdict(self),

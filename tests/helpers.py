@@ -208,8 +208,11 @@ def sm90_ptx(monkeypatch, kernel, signature: dict, constexprs: dict, num_warps: 
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
+    from mtplab.lazy_triton import LazyKernel
     if "nvidia" not in backends:
         pytest.skip(f"this Triton install ({triton.__version__}) has no CUDA backend.")
+    if isinstance(kernel, LazyKernel):       # binds mtplab's kernel modules (lazy_triton.py)
+        kernel = kernel.real()
     restore_triton_language()
 
     def as_jit(f, seen):

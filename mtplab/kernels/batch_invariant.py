@@ -35,8 +35,8 @@ import warnings
 from typing import Iterator, Optional
 
 import torch
-import triton
-import triton.language as tl
+
+from ..lazy_triton import tl, triton
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 

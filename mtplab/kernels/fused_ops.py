@@ -25,9 +25,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from ..lazy_triton import tl, triton
 from .stamp import Carried, stamp_around
 
 logger = logging.getLogger("mtplab")

@@ -15,9 +15,8 @@ commit's begin.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ..lazy_triton import tl, triton
 from .stamp import CARRY_CODES, Carried, carried_begin, carried_end, carry_args
 
 MAX_CANDIDATES = 128

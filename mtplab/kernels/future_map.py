@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .stamp import stamp_ref, triton
+from ..lazy_triton import tl, triton
+from .stamp import _stamp_now, carried_begin, carried_end, stamp_ref
 
 MAX_MOVES = 8
 BLOCK = 256
@@ -83,78 +84,73 @@ def _width(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 2 else 1
 
 
-if triton is not None:
-    import triton.language as tl
+@triton.jit
+def _slot(K: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr, STAMP: tl.constexpr,
+          first, r, i, c, D, S, W: tl.constexpr, SS: tl.constexpr, DS: tl.constexpr,
+          PAD: tl.constexpr, ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr,
+          ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER: tl.constexpr):
+    """Move K (when K < N), after the split stamp when K is the split move."""
+    if K < N:
+        if STAMP:
+            if K == SPLIT:
+                if first:
+                    _stamp_now(ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        m = offs < W
+        if GATHER:
+            v = tl.load(S + r * SS + offs, mask=m & ((offs * 0 + r) > 0), other=0)
+            if ADD != 0:
+                v = v + ADD
+            tl.store(D + i * DS + offs, tl.where(r > 0, v, PAD).to(D.dtype.element_ty),
+                     mask=m)
+        else:
+            v = tl.load(S + i * SS + offs, mask=m)
+            tl.store(D + r * DS + offs, v.to(D.dtype.element_ty), mask=m)
 
-    from .stamp import _stamp_now, carried_begin, carried_end
-
-    @triton.jit
-    def _slot(K: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr, STAMP: tl.constexpr,
-              first, r, i, c, D, S, W: tl.constexpr, SS: tl.constexpr, DS: tl.constexpr,
-              PAD: tl.constexpr, ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr,
-              ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER: tl.constexpr):
-        """Move K (when K < N), after the split stamp when K is the split move."""
-        if K < N:
-            if STAMP:
-                if K == SPLIT:
-                    if first:
-                        _stamp_now(ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-            offs = c * BLOCK + tl.arange(0, BLOCK)
-            m = offs < W
-            if GATHER:
-                v = tl.load(S + r * SS + offs, mask=m & ((offs * 0 + r) > 0), other=0)
-                if ADD != 0:
-                    v = v + ADD
-                tl.store(D + i * DS + offs, tl.where(r > 0, v, PAD).to(D.dtype.element_ty),
-                         mask=m)
-            else:
-                v = tl.load(S + i * SS + offs, mask=m)
-                tl.store(D + r * DS + offs, v.to(D.dtype.element_ty), mask=m)
-
-    # move k: pointers D<k>, S<k>; constants (fixed per call site) width W<k>, row strides
-    # SS<k>/DS<k>, pad P<k>, add A<k>; moves k >= N are not compiled in
-    @triton.jit(do_not_specialize=["c0", "c1", "c_end", "mask"])
-    def _move_rows_kernel(Rows, done_ptr, ring_ptr, count_ptr, clock_ptr, c0, c1, c_end, mask,
-                          D0, S0, W0: tl.constexpr, SS0: tl.constexpr, DS0: tl.constexpr,
-                          P0: tl.constexpr, A0: tl.constexpr,
-                          D1, S1, W1: tl.constexpr, SS1: tl.constexpr, DS1: tl.constexpr,
-                          P1: tl.constexpr, A1: tl.constexpr,
-                          D2, S2, W2: tl.constexpr, SS2: tl.constexpr, DS2: tl.constexpr,
-                          P2: tl.constexpr, A2: tl.constexpr,
-                          D3, S3, W3: tl.constexpr, SS3: tl.constexpr, DS3: tl.constexpr,
-                          P3: tl.constexpr, A3: tl.constexpr,
-                          D4, S4, W4: tl.constexpr, SS4: tl.constexpr, DS4: tl.constexpr,
-                          P4: tl.constexpr, A4: tl.constexpr,
-                          D5, S5, W5: tl.constexpr, SS5: tl.constexpr, DS5: tl.constexpr,
-                          P5: tl.constexpr, A5: tl.constexpr,
-                          D6, S6, W6: tl.constexpr, SS6: tl.constexpr, DS6: tl.constexpr,
-                          P6: tl.constexpr, A6: tl.constexpr,
-                          D7, S7, W7: tl.constexpr, SS7: tl.constexpr, DS7: tl.constexpr,
-                          P7: tl.constexpr, A7: tl.constexpr,
-                          N: tl.constexpr, SPLIT: tl.constexpr, GATHER: tl.constexpr,
-                          STAMP: tl.constexpr, GLOBALTIMER: tl.constexpr, BLOCK: tl.constexpr):
-        i = tl.program_id(0)
-        c = tl.program_id(1)
-        first = (i == 0) & (c == 0)
-        r = tl.load(Rows + i)
-        carried_begin(ring_ptr, count_ptr, clock_ptr, c0, mask, STAMP, GLOBALTIMER)
-        _slot(0, N, SPLIT, STAMP, first, r, i, c, D0, S0, W0, SS0, DS0, P0, A0,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(1, N, SPLIT, STAMP, first, r, i, c, D1, S1, W1, SS1, DS1, P1, A1,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(2, N, SPLIT, STAMP, first, r, i, c, D2, S2, W2, SS2, DS2, P2, A2,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(3, N, SPLIT, STAMP, first, r, i, c, D3, S3, W3, SS3, DS3, P3, A3,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(4, N, SPLIT, STAMP, first, r, i, c, D4, S4, W4, SS4, DS4, P4, A4,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(5, N, SPLIT, STAMP, first, r, i, c, D5, S5, W5, SS5, DS5, P5, A5,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(6, N, SPLIT, STAMP, first, r, i, c, D6, S6, W6, SS6, DS6, P6, A6,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        _slot(7, N, SPLIT, STAMP, first, r, i, c, D7, S7, W7, SS7, DS7, P7, A7,
-              GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
-        carried_end(done_ptr, ring_ptr, count_ptr, clock_ptr, c_end, mask, STAMP, GLOBALTIMER)
+# move k: pointers D<k>, S<k>; constants (fixed per call site) width W<k>, row strides
+# SS<k>/DS<k>, pad P<k>, add A<k>; moves k >= N are not compiled in
+@triton.jit(do_not_specialize=["c0", "c1", "c_end", "mask"])
+def _move_rows_kernel(Rows, done_ptr, ring_ptr, count_ptr, clock_ptr, c0, c1, c_end, mask,
+                      D0, S0, W0: tl.constexpr, SS0: tl.constexpr, DS0: tl.constexpr,
+                      P0: tl.constexpr, A0: tl.constexpr,
+                      D1, S1, W1: tl.constexpr, SS1: tl.constexpr, DS1: tl.constexpr,
+                      P1: tl.constexpr, A1: tl.constexpr,
+                      D2, S2, W2: tl.constexpr, SS2: tl.constexpr, DS2: tl.constexpr,
+                      P2: tl.constexpr, A2: tl.constexpr,
+                      D3, S3, W3: tl.constexpr, SS3: tl.constexpr, DS3: tl.constexpr,
+                      P3: tl.constexpr, A3: tl.constexpr,
+                      D4, S4, W4: tl.constexpr, SS4: tl.constexpr, DS4: tl.constexpr,
+                      P4: tl.constexpr, A4: tl.constexpr,
+                      D5, S5, W5: tl.constexpr, SS5: tl.constexpr, DS5: tl.constexpr,
+                      P5: tl.constexpr, A5: tl.constexpr,
+                      D6, S6, W6: tl.constexpr, SS6: tl.constexpr, DS6: tl.constexpr,
+                      P6: tl.constexpr, A6: tl.constexpr,
+                      D7, S7, W7: tl.constexpr, SS7: tl.constexpr, DS7: tl.constexpr,
+                      P7: tl.constexpr, A7: tl.constexpr,
+                      N: tl.constexpr, SPLIT: tl.constexpr, GATHER: tl.constexpr,
+                      STAMP: tl.constexpr, GLOBALTIMER: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    first = (i == 0) & (c == 0)
+    r = tl.load(Rows + i)
+    carried_begin(ring_ptr, count_ptr, clock_ptr, c0, mask, STAMP, GLOBALTIMER)
+    _slot(0, N, SPLIT, STAMP, first, r, i, c, D0, S0, W0, SS0, DS0, P0, A0,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(1, N, SPLIT, STAMP, first, r, i, c, D1, S1, W1, SS1, DS1, P1, A1,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(2, N, SPLIT, STAMP, first, r, i, c, D2, S2, W2, SS2, DS2, P2, A2,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(3, N, SPLIT, STAMP, first, r, i, c, D3, S3, W3, SS3, DS3, P3, A3,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(4, N, SPLIT, STAMP, first, r, i, c, D4, S4, W4, SS4, DS4, P4, A4,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(5, N, SPLIT, STAMP, first, r, i, c, D5, S5, W5, SS5, DS5, P5, A5,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(6, N, SPLIT, STAMP, first, r, i, c, D6, S6, W6, SS6, DS6, P6, A6,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    _slot(7, N, SPLIT, STAMP, first, r, i, c, D7, S7, W7, SS7, DS7, P7, A7,
+          GATHER, BLOCK, ring_ptr, count_ptr, clock_ptr, c1, mask, GLOBALTIMER)
+    carried_end(done_ptr, ring_ptr, count_ptr, clock_ptr, c_end, mask, STAMP, GLOBALTIMER)
 
 
 def move_rows_triton(rows: torch.Tensor, moves: list[RowMove], gather: bool, split: int = 0,

@@ -36,11 +36,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:          # CPU installs without Triton: the reference path only
-    triton = None
+from ..lazy_triton import tl, triton
 
 RECORD_WORDS = 2             # (code, ns)
 
@@ -63,63 +59,66 @@ def stamp_ref(ring, count, code: int, now_ns: int) -> None:
     ring[slot, 1] = now_ns
 
 
-if triton is not None:
-    @triton.jit
-    def _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
-        if GLOBALTIMER:
-            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                          is_pure=False, pack=1)
-        else:
-            t = tl.load(clock_ptr)
-        # relaxed: the claim only needs a unique slot; the records are read after a
-        # synchronize, so no ordering (no fence: the stamp is a node on the critical path)
-        slot = tl.atomic_add(count_ptr, 1, sem="relaxed") & mask
-        tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
-        tl.store(ring_ptr + 2 * slot + 1, t)
+@triton.jit
+def _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
+    if GLOBALTIMER:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    else:
+        t = tl.load(clock_ptr)
+    # relaxed: the claim only needs a unique slot; the records are read after a
+    # synchronize, so no ordering (no fence: the stamp is a node on the critical path)
+    slot = tl.atomic_add(count_ptr, 1, sem="relaxed") & mask
+    tl.store(ring_ptr + 2 * slot, code)        # cast to int64 by the store
+    tl.store(ring_ptr + 2 * slot + 1, t)
 
-    @triton.jit
-    def carried_begin(Ring, Count, Clock, code, mask, ON: tl.constexpr,
-                      GLOBALTIMER: tl.constexpr):
-        """Program 0 stamps `code` (call before the program's work)."""
-        if ON:
-            if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-                _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
 
-    @triton.jit
-    def carried_end(Done, Ring, Count, Clock, code, mask, ON: tl.constexpr,
-                    GLOBALTIMER: tl.constexpr):
-        """The last program out stamps `code` (call after the program's work)."""
-        if ON:
-            tl.debug_barrier()                      # every thread's work is issued
-            n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-            before = n - 1                          # one program: no counter to claim
-            if n > 1:
-                before = tl.atomic_add(Done, 1, sem="acq_rel")
-            if before == n - 1:
-                tl.store(Done, 0)
-                _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
+@triton.jit
+def carried_begin(Ring, Count, Clock, code, mask, ON: tl.constexpr,
+                  GLOBALTIMER: tl.constexpr):
+    """Program 0 stamps `code` (call before the program's work)."""
+    if ON:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
 
-    # `code` is not specialized: one compiled variant serves every stamp site (no compile,
-    # hence no module load, can happen later inside a graph capture)
-    @triton.jit(do_not_specialize=["code"])
-    def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
-        _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER)
 
-    @triton.jit(do_not_specialize=["n0", "n1", "code_b", "code_e"])
-    def _stamped_copy_kernel(S0, D0, n0, S1, D1, n1, ring_ptr, count_ptr, clock_ptr, code_b,
-                             code_e, mask, STAMP: tl.constexpr, GLOBALTIMER: tl.constexpr,
-                             BLOCK: tl.constexpr):
-        if STAMP:
-            _stamp_now(ring_ptr, count_ptr, clock_ptr, code_b, mask, GLOBALTIMER)
-        offs = tl.arange(0, BLOCK)
-        for i in range(0, n0, BLOCK):
-            m = i + offs < n0
-            tl.store(D0 + i + offs, tl.load(S0 + i + offs, mask=m), mask=m)
-        for i in range(0, n1, BLOCK):
-            m = i + offs < n1
-            tl.store(D1 + i + offs, tl.load(S1 + i + offs, mask=m), mask=m)
-        if STAMP:
-            _stamp_now(ring_ptr, count_ptr, clock_ptr, code_e, mask, GLOBALTIMER)
+@triton.jit
+def carried_end(Done, Ring, Count, Clock, code, mask, ON: tl.constexpr,
+                GLOBALTIMER: tl.constexpr):
+    """The last program out stamps `code` (call after the program's work)."""
+    if ON:
+        tl.debug_barrier()                      # every thread's work is issued
+        n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+        before = n - 1                          # one program: no counter to claim
+        if n > 1:
+            before = tl.atomic_add(Done, 1, sem="acq_rel")
+        if before == n - 1:
+            tl.store(Done, 0)
+            _stamp_now(Ring, Count, Clock, code, mask, GLOBALTIMER)
+
+
+# `code` is not specialized: one compiled variant serves every stamp site (no compile,
+# hence no module load, can happen later inside a graph capture)
+@triton.jit(do_not_specialize=["code"])
+def _stamp_kernel(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER: tl.constexpr):
+    _stamp_now(ring_ptr, count_ptr, clock_ptr, code, mask, GLOBALTIMER)
+
+
+@triton.jit(do_not_specialize=["n0", "n1", "code_b", "code_e"])
+def _stamped_copy_kernel(S0, D0, n0, S1, D1, n1, ring_ptr, count_ptr, clock_ptr, code_b,
+                         code_e, mask, STAMP: tl.constexpr, GLOBALTIMER: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    if STAMP:
+        _stamp_now(ring_ptr, count_ptr, clock_ptr, code_b, mask, GLOBALTIMER)
+    offs = tl.arange(0, BLOCK)
+    for i in range(0, n0, BLOCK):
+        m = i + offs < n0
+        tl.store(D0 + i + offs, tl.load(S0 + i + offs, mask=m), mask=m)
+    for i in range(0, n1, BLOCK):
+        m = i + offs < n1
+        tl.store(D1 + i + offs, tl.load(S1 + i + offs, mask=m), mask=m)
+    if STAMP:
+        _stamp_now(ring_ptr, count_ptr, clock_ptr, code_e, mask, GLOBALTIMER)
 
 
 def stamp_triton(ring: torch.Tensor, count: torch.Tensor, code: int,

@@ -41,9 +41,8 @@ MAX_K or K > V run the reference. Static grids, no host synchronisation: CUDA-gr
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ..lazy_triton import tl, triton
 from .fused_ops import dispatch
 from .stamp import CARRY_CODES, Carried, carried_begin, carry_args
 

@@ -63,9 +63,8 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
+from ..lazy_triton import tl, triton
 from .attn_meta import AttnMeta
 
 _LOG2E = 1.4426950408889634

@@ -16,13 +16,14 @@ from typing import Optional
 from ..core import Req
 from ..device import Device
 from ..instrument.spans import Spans
-from ..kernels.stamp import stamped_copy_triton, triton
+from ..kernels.stamp import stamped_copy_triton
+from ..lazy_triton import available as triton_available
 
 
 def _kernel_copy(dev: Device, results: list) -> bool:
     """The results go D2H as one stamped-copy kernel: CUDA, Triton, one or two tensors of
     one dtype."""
-    return (dev.is_cuda and triton is not None and 1 <= len(results) <= 2
+    return (dev.is_cuda and triton_available() and 1 <= len(results) <= 2
             and len({t.dtype for t in results}) == 1)
 
 

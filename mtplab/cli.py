@@ -13,6 +13,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Optional
 
+from .draft_kinds import DRAFT_CHOICES
 from .validate import FlagParser, device_name, out_dir, positive_int
 
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
@@ -210,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="auto", type=device_name,
                    help="auto | cpu | cuda | cuda:N (default: auto)")
     d.add_argument("--model", default="tiny-code", help="zoo preset (default: tiny-code)")
-    d.add_argument("--draft", default="frozen_kv_mtp", choices=("none", "frozen_kv_mtp", "eagle"),
+    d.add_argument("--draft", default="frozen_kv_mtp", choices=DRAFT_CHOICES,
                    help="draft (default: frozen_kv_mtp)")
     d.add_argument("--trace-dir", default="traces", type=out_dir,
                    help="output root (default: traces)")

@@ -17,11 +17,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
+from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where
 from .errors import ConfigError, ModelLoadError
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
                        is_real)
 
-DRAFTS = ("none", "frozen_kv_mtp", "eagle")
+DRAFTS = DRAFT_CHOICES          # "none" and the rows of the draft table (draft_kinds.py)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 
@@ -46,8 +47,8 @@ class RunConfig:
     model: str = knob("random-tiny", "a zoo preset (tiny-code: trained, real acceptance; "
                       "random-tiny, random-medium, *-like shape presets) or a local HF Llama dir")
     layers: Optional[int] = knob(None, "depth of a shape preset (model becomes <preset>@<layers>)")
-    draft: str = knob("none", "none | frozen_kv_mtp (assistant reading the target's KV) | "
-                      "eagle (own KV)", DRAFTS)
+    draft: str = knob("none", " | ".join(["none"] + [f"{k.name} ({k.help})"
+                                                     for k in DRAFT_KINDS.values()]), DRAFTS)
     num_steps: int = knob(3, "S: draft steps per iteration")
     topk: int = knob(1, "K: branches per draft step")
     num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
@@ -116,8 +117,9 @@ class RunConfig:
         if not self.model.strip():
             raise ConfigError("model is empty; name a preset (e.g. 'random-tiny') or a model "
                               "directory.")
-        if self.draft not in DRAFTS:
-            raise ConfigError(f"draft={self.draft!r} is unknown; use one of {DRAFTS}.")
+        if self.draft != NO_DRAFT and self.draft not in DRAFT_KINDS:
+            raise ConfigError(f"draft={self.draft!r} is unknown; use one of "
+                              f"{(NO_DRAFT, *DRAFT_KINDS)}.")
         check_device(self.device)
         check_run_name(self.run_name)
         try:
@@ -143,13 +145,14 @@ class RunConfig:
         if self.attention_backend not in BACKENDS:
             raise ConfigError(f"attention_backend={self.attention_backend!r} is unknown; "
                               f"use one of {BACKENDS}.")
-        if self.fold_seed and self.draft != "frozen_kv_mtp":
-            raise ConfigError("fold_seed folds the Frozen-KV MTP seed step into the draft graph;"
-                              " it needs draft='frozen_kv_mtp'.")
+        if self.fold_seed and not (self.speculative and DRAFT_KINDS[self.draft].seed_forward):
+            need = " or ".join(f"draft={k!r}" for k in kinds_where(seed_forward=True))
+            raise ConfigError("fold_seed folds the draft's seed forward into the draft graph; "
+                              f"it needs {need}.")
         sim = self.simulate_accept_len is not None or self.simulate_accept_rates is not None
         if sim and not self.speculative:
-            raise ConfigError("simulated acceptance needs a draft; set draft='frozen_kv_mtp' or "
-                              "'eagle'.")
+            raise ConfigError(f"simulated acceptance needs a draft; set draft to one of "
+                              f"{list(DRAFT_KINDS)}.")
         if self.simulate_accept_len is not None and self.simulate_accept_rates is not None:
             raise ConfigError("give simulate_accept_len or simulate_accept_rates, not both.")
         if self.simulate_accept_len is not None and \
@@ -247,7 +250,7 @@ class RunConfig:
                                   "False contradicts it (use zero_bubble=False and pick sub-knobs).")
         if self.zb_draft_preexec and not self.speculative and not self.zero_bubble:
             raise ConfigError("zb_draft_preexec pre-executes the draft; it needs a draft "
-                              "(draft='frozen_kv_mtp' or 'eagle').")
+                              f"(draft one of {list(DRAFT_KINDS)}).")
         if self.zb_async_d2h is None:
             self.zb_async_d2h = True
         for n in subs[1:]:
@@ -259,7 +262,7 @@ class RunConfig:
     # -- derived sizes (docs/design.md "KV memory") -------------------------------------------
     @property
     def speculative(self) -> bool:
-        return self.draft != "none"
+        return self.draft != NO_DRAFT
 
     @property
     def simulated(self) -> bool:
@@ -276,7 +279,8 @@ class RunConfig:
         return alloc_len_per_decode(speculative=self.speculative, num_steps=self.num_steps,
                                     topk=self.topk, num_draft_tokens=self.num_draft_tokens,
                                     page_size=self.page_size,
-                                    draft_owns_kv=self.draft == "eagle")
+                                    draft_owns_kv=self.speculative
+                                    and DRAFT_KINDS[self.draft].owns_kv)
 
     @property
     def reserve_per_decode(self) -> int:

@@ -31,23 +31,18 @@ from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
 from .instrument.meter import BubbleMeter
-from .models.zoo import build_drafts, build_target
+from .models.zoo import build_target
+from .draft_kinds import DRAFT_KINDS
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
 from .speculative.draft_select import num_candidates
-from .speculative.draft_eagle import EagleDraftWorker
-from .speculative.draft_frozen import FrozenDraftWorker
-from .speculative.draft_worker import DraftWorker
 from .speculative.worker import SpecParams, SpecWorker
 from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
 
 Prompt = Union[str, Sequence[int]]
-# RunConfig.draft -> its DraftWorker (speculative/draft_worker.py); "none" runs target-only.
-DRAFT_WORKERS: dict[str, type[DraftWorker]] = {"frozen_kv_mtp": FrozenDraftWorker,
-                                               "eagle": EagleDraftWorker}
 logger = logging.getLogger("mtplab")
 
 
@@ -80,7 +75,7 @@ class Engine:
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
             cfg.torch_dtype, self.device,
-            with_topk=cfg.speculative and DRAFT_WORKERS[cfg.draft].extend_forward,
+            with_topk=cfg.speculative and DRAFT_KINDS[cfg.draft].extend_forward,
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
         with self.numerics():                 # graphs capture the kernels in force
@@ -100,8 +95,9 @@ class Engine:
 
     def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
         cfg, dev = self.cfg, self.device.torch_device
-        draft = DRAFT_WORKERS[cfg.draft].create(
-            build_drafts(self.model, cfg.seed), self.kv_cache, self.pool.table, attn,
+        kind = DRAFT_KINDS[cfg.draft]        # draft_kinds.py: only this kind is built
+        draft = kind.worker.create(
+            kind.build(self.model, cfg.seed), self.kv_cache, self.pool.table, attn,
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)

@@ -2,8 +2,9 @@
 mtplab module, at module level or inside a function, must follow the allowed edges below;
 a new sideways or upward edge fails this test with the file and the line.
 
-    leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton
-              (import nothing of mtplab)
+    leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds
+              (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
+              a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
@@ -19,12 +20,14 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
-LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton"}
+LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
+          "draft_kinds"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
     "lossless": set(),             # output comparison (spec vs target-only), used by sweep
     "lazy_triton": set(),          # triton imported at a kernel's first use
+    "draft_kinds": set(),          # the table of draft kinds (torch-free)
     "core": {"errors"},
     "validate": {"errors"},
     "device": {"core"},
@@ -33,14 +36,15 @@ ALLOWED = {
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels"},
     "mem": {"core", "device"},
-    "models": {"core", "errors", "kernels", "atomic", "device"},
+    "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds"},
     # graphs -> kernels: a capture hands its stamps to carrying kernels (kernels/stamp.py)
     "graphs": {"core", "device", "nogc", "kernels"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
-                    "stages"},
+                    "stages", "draft_kinds"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)
     "sched": {"core", "device", "mem", "instrument", "stages", "kernels", "lazy_triton"},
-    "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton"},
+    "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
+               "draft_kinds"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 
@@ -117,7 +121,8 @@ def test_the_checker_sees_a_forbidden_edge(tmp_path):
 def test_sglang_adapter_never_imports_the_engine():
     """mtplab.sglang drives an external server: config, core, errors, atomic and the analyser,
     plus the model presets' shapes (`mtplab sglang models`; RunConfig already resolves them)."""
-    allowed = {"config", "core", "errors", "atomic", "analysis", "sglang", "models", "validate"}
+    allowed = {"config", "core", "errors", "atomic", "analysis", "sglang", "models", "validate",
+               "draft_kinds"}
     bad = [f"{p.relative_to(PKG.parent)}:{line} -> {mod[1]}"
            for p in sorted((PKG / "sglang").rglob("*.py"))
            for line, mod in mtplab_imports(p) if len(mod) > 1 and mod[1] not in allowed]

@@ -8,6 +8,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.models import zoo
 from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+from mtplab.draft_kinds import DRAFT_KINDS
 from mtplab.models.memory import (InsufficientMemoryError, check_memory, draft_params,
                                   estimate_memory, target_params)
 
@@ -40,7 +41,7 @@ def test_tiny_code_ships_and_loads():
     eng = tiny_engine(draft="frozen_kv_mtp")
     assert eng.model.config.vocab_size == tok["vocab_size"]
     # the trained drafts are loaded (not the random init of the same shapes)
-    a_rand, _ = zoo.build_drafts(zoo.LlamaForCausalLM(eng.model.config), 0)
+    a_rand = DRAFT_KINDS["frozen_kv_mtp"].build(zoo.LlamaForCausalLM(eng.model.config), 0)
     assert not torch.equal(eng.draft_model.pre_projection.weight,
                            a_rand.pre_projection.weight)
 
@@ -194,6 +195,6 @@ def test_shape_preset_device_build_path_matches_the_cpu_build(monkeypatch):
     sd_w, sd_g = want.state_dict(), got.state_dict()
     assert sd_w.keys() == sd_g.keys() and all(torch.equal(sd_w[k], sd_g[k]) for k in sd_w)
     assert torch.equal(got.rope.cos, want.rope.cos) and torch.equal(got.rope.sin, want.rope.sin)
-    for a, b in zip(zoo.build_drafts(want, 4), zoo.build_drafts(got, 4)):
+    for a, b in ((k.build(want, 4), k.build(got, 4)) for k in DRAFT_KINDS.values()):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
                                                       b.state_dict().values()))

@@ -15,9 +15,11 @@ draft; S = draft forwards per iteration; per-token-layer KV = Hkv x d x 2 (K and
                      full attention; a sliding layer reads at most its window)
     draft weights    S x (the draft's own parameters + the target's LM head it shares)
                      + S x bs*K embedding rows
-    draft KV         frozen_kv_mtp: S x per assistant layer a, bs x min(c, window of the target
-                     layer it reads) -- one read per request for all K branches
-                     eagle: S x bs x min(c, window of the last layer) of its one-layer pool
+    draft KV         a draft reading the target's KV (frozen_kv_mtp; owns_kv False in
+                     draft_kinds.py): S x per assistant layer a, bs x min(c, window of the
+                     target layer it reads) -- one read per request for all K branches
+                     a draft owning KV (eagle): S x bs x min(c, window of the last layer) of
+                     its one-layer pool
 The bytes are counted once per step whatever the kernels do: a kernel that reads a KV page
 twice (or a GEMM that re-reads a weight tile) is slower than the floor, not a larger floor.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..draft_kinds import draft_kind
 from .llama_config import LlamaConfig
 
 
@@ -74,7 +77,7 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
     """Bytes one decode iteration of `bs` requests at committed context `context` reads.
 
     draft_param_bytes: the draft's own parameters in bytes (not the target's embedding and
-    LM head it shares); draft_kv_layers: the target layers a frozen_kv_mtp assistant reads.
+    LM head it shares); draft_kv_layers: the target layers a draft without KV of its own reads.
     """
     spec = draft != "none"
     D = num_draft_tokens if spec else 1
@@ -90,12 +93,10 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
         return StepBytes(int(weights), int(kv))
     S = num_steps
     d_weights = S * (draft_param_bytes + lm_head + bs * topk * row)
-    if draft == "frozen_kv_mtp":
-        d_kv = S * sum(bs * visible_entries(c, li, context) * entry for li in draft_kv_layers)
-    elif draft == "eagle":
+    if draft_kind(draft).owns_kv:       # its own one-layer pool, the target's last layer's shape
         d_kv = S * bs * visible_entries(c, c.num_hidden_layers - 1, context) * entry
-    else:
-        raise ValueError(f"unknown draft {draft!r}: use none, frozen_kv_mtp or eagle.")
+    else:                               # the target layers it reads
+        d_kv = S * sum(bs * visible_entries(c, li, context) * entry for li in draft_kv_layers)
     return StepBytes(int(weights), int(kv), int(d_weights), int(d_kv))
 
 

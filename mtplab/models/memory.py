@@ -2,7 +2,8 @@
 
     weights   target (+ the chosen draft) parameters x bytes of the run dtype
     kv        target pool L x slots x Hkv x d x 2 (K and V) x dtype bytes, slots =
-              (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for EAGLE)
+              (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for a draft
+              that owns KV)
     workspace max(256 MiB, 10% of weights + kv): activations, logits, graphs, allocator slack
     host      the builder makes every model in float32 on the host first, then moves it
 On CUDA the device must hold weights + kv + workspace and the host the float32 build; on the
@@ -15,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..draft_kinds import DRAFT_KINDS
 from ..errors import ConfigError
 from .llama_config import LlamaConfig
 
@@ -34,17 +36,9 @@ def target_params(c: LlamaConfig) -> int:
 
 
 def draft_params(c: LlamaConfig, draft: str) -> int:
-    """Parameters a draft owns (the embedding and LM head are the target's)."""
-    from .zoo import assistant_config
-    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    if draft == "frozen_kv_mtp":
-        a = assistant_config(c)
-        Ha = a.hidden_size
-        layer = Ha * q * 2 + 3 * Ha * a.intermediate_size + 2 * Ha
-        return 2 * H * Ha + a.num_layers * layer + Ha * H + H
-    if draft == "eagle":
-        return 2 * H * H + H * q * 2 + H * kv * 2 + 3 * H * c.intermediate_size + 3 * H
-    return 0
+    """Parameters a draft owns (the embedding and LM head it reads are the target's): its
+    kind's count (draft_kinds.py), 0 for "none"."""
+    return DRAFT_KINDS[draft].param_count(c) if draft in DRAFT_KINDS else 0
 
 
 @dataclass(frozen=True)
@@ -77,7 +71,8 @@ def estimate_memory(cfg) -> MemoryEstimate:
     params = target_params(mc) + draft_params(mc, cfg.draft)
     P = cfg.page_size
     slots = (cfg.max_total_tokens // P + 1) * P
-    layers = mc.num_hidden_layers + (1 if cfg.draft == "eagle" else 0)
+    own_kv = cfg.draft in DRAFT_KINDS and DRAFT_KINDS[cfg.draft].owns_kv
+    layers = mc.num_hidden_layers + (1 if own_kv else 0)
     kv = layers * slots * mc.num_key_value_heads * mc.head_dim * 2 * nbytes
     weights = params * nbytes
     return MemoryEstimate(cfg.model, cfg.device, weights, kv,

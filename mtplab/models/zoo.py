@@ -28,7 +28,6 @@ Trained preset (weights shipped in the package, mtplab/zoo/<name>/):
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file
 
-from .drafts import AssistantConfig, EagleDraft, FrozenKVAssistant, last_layer_of_type
+from .drafts import AssistantConfig, last_layer_of_type
 from .llama import LlamaForCausalLM, Rope
 from .llama_config import FULL, SLIDING, LlamaConfig
 from .tokenizer import ByteTokenizer
@@ -244,31 +243,42 @@ def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
                            kv_layers=[last_layer_of_type(tcfg, t) for t in types])
 
 
-def build_drafts(target: LlamaForCausalLM, seed: int = 0):
-    """(Frozen-KV assistant, EAGLE draft) for any target: the shipped trained weights when
-    the target was built from a trained preset (its `trained_dir` mark), CPU float32; else
-    random init from the config seed, built the way the target was (its `init_device` mark:
-    on that device in the target's dtype, else on the CPU in float32)."""
+def trained_draft_dir(target: LlamaForCausalLM, sub: str) -> Path | None:
+    """The shipped weights of draft `sub` (e.g. "assistant", "eagle") when the target was
+    built from a trained preset (its `trained_dir` mark), else None (random init). A trained
+    preset that ships no such draft is one clear error."""
     trained = getattr(target, "trained_dir", None)
     if trained is None:
-        dev = getattr(target, "init_device", None)
-        if dev is None:
-            assistant = FrozenKVAssistant(assistant_config(target.config), target)
-            eagle = EagleDraft(target)
-        else:
-            dtype = target.lm_head.weight.dtype
-            assistant = _empty_on(lambda: FrozenKVAssistant(assistant_config(target.config),
-                                                            target), dev, dtype)
-            eagle = _empty_on(lambda: EagleDraft(target), dev, dtype)
-        init_random(assistant, seed + 1)
-        init_random(eagle, seed + 2)
-        return assistant.eval(), eagle.eval()
-    acfg = json.loads((trained / "assistant" / "config.json").read_text())
-    assistant = FrozenKVAssistant(AssistantConfig(
-        **{k: acfg[k] for k in ("hidden_size", "intermediate_size", "num_layers", "kv_layers")}),
-        target)
-    eagle = EagleDraft(target)
-    for module, sub in ((assistant, "assistant"), (eagle, "eagle")):
-        sd = load_file(str(trained / sub / "model.safetensors"))
-        module.load_state_dict({k: v.float() for k, v in sd.items()})
-    return assistant.eval(), eagle.eval()
+        return None
+    d = trained / sub
+    if not (d / "model.safetensors").is_file():
+        raise ValueError(f"the trained preset in {trained} ships no {sub!r} draft ({d} has no "
+                         f"model.safetensors); train it (python -m mtplab.models.train) or "
+                         "pick a draft the preset ships.")
+    return d
+
+
+def build_draft(target: LlamaForCausalLM, make: Callable[[], torch.nn.Module], seed: int,
+                trained: Path | None = None) -> torch.nn.Module:
+    """One draft model for `target` (a draft kind's `build`): with `trained` (a directory from
+    `trained_draft_dir`), make() loaded with its weights, CPU float32; else seeded random init,
+    built the way the target was (its `init_device` mark: on that device in the target's
+    dtype, else on the CPU in float32)."""
+    if trained is not None:
+        model = make()
+        sd = load_file(str(trained / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        return model.eval()
+    dev = getattr(target, "init_device", None)
+    model = make() if dev is None else _empty_on(make, dev, target.lm_head.weight.dtype)
+    init_random(model, seed)
+    return model.eval()
+
+
+def count_params(target_config: LlamaConfig, make: Callable) -> int:
+    """Parameters of make(target) built on the meta device (nothing allocated): a draft
+    kind's `param_count`. Only the draft's own parameters count (it holds the target by
+    reference, not as a submodule)."""
+    with torch.device("meta"):
+        target = LlamaForCausalLM(target_config)
+        return sum(p.numel() for p in make(target).parameters())

@@ -1,7 +1,8 @@
 """RunConfig -> `python -m sglang.launch_server` arguments and environment, keyed by version.
 
     RunConfig knob                 SGLang (>= 0.5.17)                         (< 0.5.17)
-    draft none/eagle/frozen_kv_mtp --speculative-algorithm EAGLE|FROZEN_KV_MTP (same)
+    draft (a draft kind)           --speculative-algorithm: the kind's           (same)
+                                   sglang_algorithm (draft_kinds.py)
     num_steps, topk, D             --speculative-num-steps / -eagle-topk / -num-draft-tokens
     page_size                      --page-size
     max_running_requests           --max-running-requests
@@ -20,9 +21,9 @@
 Knobs SGLang has no equivalent for are refused (ConfigError, one sentence), and so are the
 FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
 `check_model_dirs` checks the model directories before anything starts: a target and a draft
-holding config.json, the draft of `frozen_kv_mtp` a Frozen-KV assistant (the architectures
-SGLang's Frozen-KV worker runs) and the draft of `eagle` not one (SGLang would run it as
-FROZEN_KV_MTP).
+holding config.json, the draft of a FROZEN_KV_MTP kind a Frozen-KV assistant (the
+architectures SGLang's Frozen-KV worker runs) and the draft of any other kind not one (SGLang
+would run it as FROZEN_KV_MTP).
 """
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ from pathlib import Path
 from typing import Optional
 
 from ..config import RunConfig
+from ..draft_kinds import DRAFT_KINDS, kinds_where
 from ..errors import ConfigError
 
-ALGORITHMS = {"eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
+ALGORITHMS = {name: kind.sglang_algorithm for name, kind in DRAFT_KINDS.items()}
+FROZEN = "FROZEN_KV_MTP"           # SGLang's Frozen-KV worker (frozen_kv_mtp_worker_v2.py)
 # SGLang's allow-list for topk > 1 with page > 1 (_handle_eagle_family), which it skips for
 # FROZEN_KV_MTP; and the Frozen-KV draft backends for topk > 1 (_init_draft_attn_backend).
 PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
@@ -97,9 +100,14 @@ class ServerLaunch:
         return (self.argv, tuple(sorted(self.env.items())))
 
 
+def _frozen(cfg: RunConfig) -> bool:
+    """The draft runs on SGLang's Frozen-KV worker."""
+    return ALGORITHMS.get(cfg.draft) == FROZEN
+
+
 def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
     """ConfigError for knobs SGLang lacks and for Frozen-KV settings its worker cannot run."""
-    if cfg.draft == "frozen_kv_mtp" and not cfg.fold_seed:
+    if _frozen(cfg) and not cfg.fold_seed:
         raise ConfigError("SGLang's Frozen-KV worker always runs the seed step inside its draft "
                           "graph; set fold_seed=True to compare like with like.")
     for name in ("zero_bubble", "zb_device_seq_lens", "zb_draft_preexec"):
@@ -116,13 +124,13 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
                           "draft_model_path.")
     if not cfg.speculative and spec.draft_model_path is not None:
         raise ConfigError("draft_model_path is given but draft='none' runs no draft; set "
-                          "draft='eagle' or 'frozen_kv_mtp', or leave draft_model_path out.")
+                          f"draft to one of {list(DRAFT_KINDS)}, or leave draft_model_path out.")
     if spec.device not in DEVICES:
         raise ConfigError(f"SGLang has no device {spec.device!r}; use one of {list(DEVICES)}.")
     if spec.attention_backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"SGLang has no attention backend {spec.attention_backend!r}; use one "
                           f"of {list(ATTENTION_BACKENDS)}.")
-    if cfg.draft == "frozen_kv_mtp" and cfg.topk > 1:
+    if _frozen(cfg) and cfg.topk > 1:
         if spec.attention_backend not in FROZEN_TOPK_BACKENDS:
             raise ConfigError(f"SGLang's Frozen-KV draft with topk={cfg.topk} runs only on "
                               f"{FROZEN_TOPK_BACKENDS}; set the attention backend to triton.")
@@ -156,14 +164,15 @@ def check_model_dirs(cfg: RunConfig, spec: ServerSpec) -> None:
         return
     archs = _architectures(spec.draft_model_path, "draft_model_path")
     frozen = any(a in FROZEN_ASSISTANTS for a in archs)
-    if cfg.draft == "frozen_kv_mtp" and not frozen:
+    if _frozen(cfg) and not frozen:
         raise ConfigError(f"draft_model_path {spec.draft_model_path} is not a Frozen-KV "
                           f"assistant (architectures {archs}, SGLang's Frozen-KV worker runs "
                           f"{list(FROZEN_ASSISTANTS)}); pass an assistant directory.")
-    if cfg.draft == "eagle" and frozen:
+    if not _frozen(cfg) and frozen:
         raise ConfigError(f"draft_model_path {spec.draft_model_path} is a Frozen-KV assistant "
-                          f"({archs}), which SGLang runs as FROZEN_KV_MTP; use "
-                          "draft='frozen_kv_mtp' or an EAGLE draft directory.")
+                          f"({archs}), which SGLang runs as FROZEN_KV_MTP; use a draft of "
+                          f"{kinds_where(sglang_algorithm=FROZEN)} or a {cfg.draft} draft "
+                          "directory.")
 
 
 def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:

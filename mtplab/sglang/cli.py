@@ -18,6 +18,7 @@ import orjson
 
 from ..atomic import atomic_write_bytes
 from ..config import RunConfig
+from ..draft_kinds import DRAFT_CHOICES, kinds_where
 from ..errors import ConfigError
 from ..validate import (FlagParser, check_out_dir, check_run_name, flag_type, nonneg_int,
                         port_number, positive_int)
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default="cuda", choices=DEVICES)
     a.add_argument("--attention-backend", default="triton", choices=ATTENTION_BACKENDS)
     a.add_argument("--port", type=port_number, default=30000)
-    a.add_argument("--draft", default="none", choices=("none", "eagle", "frozen_kv_mtp"))
+    a.add_argument("--draft", default="none", choices=DRAFT_CHOICES)
     a.add_argument("--num-steps", type=int, default=3)
     a.add_argument("--topk", type=int, default=1)
     a.add_argument("--num-draft-tokens", type=int)
@@ -94,7 +95,7 @@ def config_from_args(args) -> tuple[RunConfig, ServerSpec]:
                     num_draft_tokens=args.num_draft_tokens, page_size=args.page_size,
                     max_running_requests=args.max_running_requests, overlap=args.overlap,
                     cuda_graphs=False, cuda_graph_max_bs=args.cuda_graph_max_bs,
-                    fold_seed=args.fold_seed and args.draft == "frozen_kv_mtp",
+                    fold_seed=args.fold_seed and args.draft in kinds_where(seed_forward=True),
                     simulate_accept_len=args.simulate_accept_len, seed=args.seed, device="cpu")
     spec = ServerSpec(model_path=args.model_path, draft_model_path=args.draft_model_path,
                       version=args.sglang_version, device=args.device,

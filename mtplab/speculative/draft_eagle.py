@@ -18,17 +18,20 @@ from ..kernels.attn_meta import AttnMeta
 from .draft_kv import branch_table, draft_slots, duplicate_prefix_tail
 from ..mem.kv_cache import KVCache
 from ..models.drafts import EagleDraft
+from ..models.zoo import build_draft, count_params, trained_draft_dir
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
 from ..instrument.spans import NO_SPANS, Spans
 from ..core import DraftInputs
+from ..draft_kinds import DRAFT_KINDS
+
+_KIND = DRAFT_KINDS["eagle"]
 
 
 class EagleDraftWorker:
     """A DraftWorker (draft_worker.py): no seed forward, S-1 steps, a draft_extend forward."""
-    owns_kv = True
-    seed_forward = False
-    extend_forward = True
+    owns_kv, seed_forward, extend_forward = _KIND.owns_kv, _KIND.seed_forward, \
+        _KIND.extend_forward
 
     def __init__(self, draft: EagleDraft, kv: KVCache, table: torch.Tensor, attn_fn: AttnFn,
                  num_steps: int, topk: int, page_size: int, spans: Spans = NO_SPANS):
@@ -40,14 +43,14 @@ class EagleDraftWorker:
         self.S, self.K, self.P = num_steps, topk, page_size
 
     @classmethod
-    def create(cls, drafts, target_kv: KVCache, table: torch.Tensor, attn_fn: AttnFn, *,
-               num_slots: int, num_steps: int, topk: int, page_size: int, dtype, device,
-               spans: Spans = NO_SPANS) -> "EagleDraftWorker":
-        """From the zoo's (assistant, eagle) pair: the eagle draft and its own one-layer KV
-        pool over the same slot ids as the target's."""
+    def create(cls, model: EagleDraft, target_kv: KVCache, table: torch.Tensor,
+               attn_fn: AttnFn, *, num_slots: int, num_steps: int, topk: int, page_size: int,
+               dtype, device, spans: Spans = NO_SPANS) -> "EagleDraftWorker":
+        """The eagle draft on the device and its own one-layer KV pool over the same slot ids
+        as the target's."""
         kv = KVCache.allocate(1, num_slots, target_kv.k.shape[2], target_kv.k.shape[3], dtype,
                               device)
-        return cls(drafts[1].to(device, dtype), kv, table, attn_fn, num_steps, topk, page_size,
+        return cls(model.to(device, dtype), kv, table, attn_fn, num_steps, topk, page_size,
                    spans)
 
     def _run_extend(self, tokens, hidden, positions, rows, q_lens, cu_q, max_q, max_kv,
@@ -128,3 +131,16 @@ class EagleDraftWorker:
                                positions, rows, q_lens, cu, E, max_kv, select)
         out.bonus = bonus
         return out
+
+
+Worker = EagleDraftWorker
+
+
+def build(target, seed: int = 0) -> EagleDraft:
+    """The EAGLE draft of `target` (a trained preset's shipped one, else seeded random)."""
+    return build_draft(target, lambda: EagleDraft(target), seed + 2,
+                       trained_draft_dir(target, "eagle"))
+
+
+def param_count(tcfg) -> int:
+    return count_params(tcfg, EagleDraft)

@@ -9,22 +9,27 @@ last accepted node), selected from the verify outputs by the spec worker.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 from ..kernels.attn_meta import AttnMeta
 from ..mem.kv_cache import KVCache
-from ..models.drafts import FrozenKVAssistant
+from ..models.drafts import AssistantConfig, FrozenKVAssistant
+from ..models.zoo import assistant_config, build_draft, count_params, trained_draft_dir
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
 from ..instrument.spans import NO_SPANS, Spans
 from ..core import DraftInputs
+from ..draft_kinds import DRAFT_KINDS
+
+_KIND = DRAFT_KINDS["frozen_kv_mtp"]
 
 
 class FrozenDraftWorker:
     """A DraftWorker (draft_worker.py): seed forward, S-1 steps, extend by selection."""
-    owns_kv = False
-    seed_forward = True
-    extend_forward = False
+    owns_kv, seed_forward, extend_forward = _KIND.owns_kv, _KIND.seed_forward, \
+        _KIND.extend_forward
 
     def __init__(self, assistant: FrozenKVAssistant, kv, table: torch.Tensor, attn_fn: AttnFn,
                  num_steps: int, topk: int, spans: Spans = NO_SPANS):
@@ -36,11 +41,11 @@ class FrozenDraftWorker:
         self.S, self.K = num_steps, topk
 
     @classmethod
-    def create(cls, drafts, target_kv: KVCache, table: torch.Tensor, attn_fn: AttnFn, *,
-               num_slots: int, num_steps: int, topk: int, page_size: int, dtype, device,
-               spans: Spans = NO_SPANS) -> "FrozenDraftWorker":
-        """From the zoo's (assistant, eagle) pair: the assistant, reading the target's KV."""
-        return cls(drafts[0].to(device, dtype), target_kv, table, attn_fn, num_steps, topk, spans)
+    def create(cls, model: FrozenKVAssistant, target_kv: KVCache, table: torch.Tensor,
+               attn_fn: AttnFn, *, num_slots: int, num_steps: int, topk: int, page_size: int,
+               dtype, device, spans: Spans = NO_SPANS) -> "FrozenDraftWorker":
+        """The assistant on the device, reading the target's KV."""
+        return cls(model.to(device, dtype), target_kv, table, attn_fn, num_steps, topk, spans)
 
     def _forward(self, tokens, hidden, rows, seq_lens, max_kv):
         n = rows.shape[0]
@@ -82,3 +87,23 @@ class FrozenDraftWorker:
                max_kv) -> DraftInputs:
         """No forward: the next seed is (bonus, verify hidden at the last accepted node)."""
         return DraftInputs(bonus, hidden_last)
+
+
+Worker = FrozenDraftWorker
+
+
+def build(target, seed: int = 0) -> FrozenKVAssistant:
+    """The assistant of `target`: one layer per attention type (zoo.assistant_config), or the
+    trained preset's shipped assistant with the shapes of its config.json."""
+    trained = trained_draft_dir(target, "assistant")
+    if trained is None:
+        acfg = assistant_config(target.config)
+    else:
+        d = json.loads((trained / "config.json").read_text())
+        acfg = AssistantConfig(**{k: d[k] for k in ("hidden_size", "intermediate_size",
+                                                     "num_layers", "kv_layers")})
+    return build_draft(target, lambda: FrozenKVAssistant(acfg, target), seed + 1, trained)
+
+
+def param_count(tcfg) -> int:
+    return count_params(tcfg, lambda t: FrozenKVAssistant(assistant_config(tcfg), t))

@@ -1,6 +1,6 @@
 """The draft-worker interface: what the spec worker asks of a draft, whichever it is.
 
-    create(drafts, target_kv, ...) -> the worker, its model (and own KV) on the device
+    create(model, target_kv, ...)  -> the worker, its model (and own KV) on the device
     after_prefill(...)            -> DraftInputs   first inputs, stashed by prefill
     seed(inp, rows, seq, max_kv)  -> DraftInputs   step-0 inputs: (hidden, topk_logp, topk_index)
     steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
@@ -9,6 +9,8 @@
     seed_forward   seed() runs a forward (frozen); otherwise it passes the stashed inputs on
     extend_forward extend() runs a forward (its own `draft_extend` stage and graph); otherwise
                    it only selects from the verify outputs inside the commit stage
+    (the three flags are the kind's row of the draft table, draft_kinds.py; a worker copies
+    them from its row)
 
                       seed                  steps              extend (after verify)
     Frozen-KV MTP     assistant forward     S-1 forwards over   select (bonus, verify hidden
@@ -36,10 +38,11 @@ class DraftWorker(Protocol):
     model: torch.nn.Module
 
     @classmethod
-    def create(cls, drafts: tuple, target_kv, table: torch.Tensor, attn_fn, *, num_slots: int,
-               num_steps: int, topk: int, page_size: int, dtype: torch.dtype,
+    def create(cls, model: torch.nn.Module, target_kv, table: torch.Tensor, attn_fn, *,
+               num_slots: int, num_steps: int, topk: int, page_size: int, dtype: torch.dtype,
                device: torch.device, spans) -> "DraftWorker":
-        """Build from the zoo's (assistant, eagle) pair on the device (own KV if owns_kv)."""
+        """From the kind's built draft model (DraftSpec.build), on the device (own KV if
+        owns_kv)."""
 
     def after_prefill(self, bonus: torch.Tensor, hidden_last: torch.Tensor, *,
                       fed_ids: torch.Tensor, hidden_all: torch.Tensor, rows: torch.Tensor,

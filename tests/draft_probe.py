@@ -4,7 +4,7 @@ names a kind's module provides (draft_kinds.py); the test adds its row to the ta
 from __future__ import annotations
 
 from mtplab.models.drafts import AssistantConfig, FrozenKVAssistant
-from mtplab.models.zoo import build_draft, count_params
+from mtplab.models.zoo import build_draft
 from mtplab.speculative.draft_frozen import FrozenDraftWorker
 
 Worker = FrozenDraftWorker
@@ -22,4 +22,5 @@ def build(target, seed: int = 0):
 
 
 def param_count(tcfg) -> int:
-    return count_params(tcfg, _make)
+    H, q = tcfg.hidden_size, tcfg.num_attention_heads * tcfg.head_dim
+    return 2 * H * H + 2 * (2 * H * q + 3 * H * H + 2 * H) + H * H + H

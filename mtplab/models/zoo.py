@@ -273,12 +273,3 @@ def build_draft(target: LlamaForCausalLM, make: Callable[[], torch.nn.Module], s
     model = make() if dev is None else _empty_on(make, dev, target.lm_head.weight.dtype)
     init_random(model, seed)
     return model.eval()
-
-
-def count_params(target_config: LlamaConfig, make: Callable) -> int:
-    """Parameters of make(target) built on the meta device (nothing allocated): a draft
-    kind's `param_count`. Only the draft's own parameters count (it holds the target by
-    reference, not as a submodule)."""
-    with torch.device("meta"):
-        target = LlamaForCausalLM(target_config)
-        return sum(p.numel() for p in make(target).parameters())

@@ -18,7 +18,7 @@ from ..kernels.attn_meta import AttnMeta
 from .draft_kv import branch_table, draft_slots, duplicate_prefix_tail
 from ..mem.kv_cache import KVCache
 from ..models.drafts import EagleDraft
-from ..models.zoo import build_draft, count_params, trained_draft_dir
+from ..models.zoo import build_draft, trained_draft_dir
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
 from ..instrument.spans import NO_SPANS, Spans
@@ -143,4 +143,8 @@ def build(target, seed: int = 0) -> EagleDraft:
 
 
 def param_count(tcfg) -> int:
-    return count_params(tcfg, EagleDraft)
+    """fc 2H x H, one dense decoder layer of the target's shapes, the final norm (the
+    embedding and LM head are the target's)."""
+    H, I = tcfg.hidden_size, tcfg.intermediate_size
+    q, kv = tcfg.num_attention_heads * tcfg.head_dim, tcfg.num_key_value_heads * tcfg.head_dim
+    return 2 * H * H + 2 * H * q + 2 * H * kv + 3 * H * I + 3 * H

@@ -16,7 +16,7 @@ import torch
 from ..kernels.attn_meta import AttnMeta
 from ..mem.kv_cache import KVCache
 from ..models.drafts import AssistantConfig, FrozenKVAssistant
-from ..models.zoo import assistant_config, build_draft, count_params, trained_draft_dir
+from ..models.zoo import assistant_config, build_draft, trained_draft_dir
 from ..models.llama import AttnFn
 from .draft_select import StepCandidates, branch_topk, select_root, select_step
 from ..instrument.spans import NO_SPANS, Spans
@@ -106,4 +106,9 @@ def build(target, seed: int = 0) -> FrozenKVAssistant:
 
 
 def param_count(tcfg) -> int:
-    return count_params(tcfg, lambda t: FrozenKVAssistant(assistant_config(tcfg), t))
+    """pre_projection 2H x Ha, per layer q and o (Ha x heads*d each), SwiGLU, two norms;
+    post_projection Ha x H and the final norm (the LM head is the target's)."""
+    a = assistant_config(tcfg)
+    H, Ha, q = tcfg.hidden_size, a.hidden_size, tcfg.num_attention_heads * tcfg.head_dim
+    layer = 2 * Ha * q + 3 * Ha * a.intermediate_size + 2 * Ha
+    return 2 * H * Ha + a.num_layers * layer + Ha * H + H

@@ -3,6 +3,12 @@ RunConfig and serves `generate` calls.
 
     eng = Engine(RunConfig(model="random-tiny", page_size=16))
     out = eng.generate(["def f(x):"], max_new_tokens=32)   # list[list[int]]
+
+Lifetime: `close()` (or the end of `with Engine(cfg) as eng:`) frees everything the engine
+holds; so does `del eng`, at once: nothing the engine owns refers back to it (the scheduler
+calls a StepHooks object and an invariant-check partial, not engine methods), so reference
+counting frees it without waiting for the cyclic garbage collector, and `__del__` closes it,
+breaking the cycles inside its parts (a graph's function holds its worker).
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from .models.zoo import build_target
 from .draft_kinds import DRAFT_KINDS
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
+from .sched.hooks import HookHandle, StepHooks
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
 from .speculative.draft_select import num_candidates
@@ -53,8 +60,26 @@ def attention_fn(backend: str, deterministic: bool = False):
     return paged_attention_ref
 
 
+class EngineClosedError(RuntimeError):
+    """The engine was closed (close(), the end of its `with` block)."""
+
+
+# what close() keeps: the figures a caller may still read (cfg, stats(), the run folder)
+_KEPT_AFTER_CLOSE = ("cfg", "run_dir", "_last_stats", "profile_note", "_closed")
+
+
+def _check_invariants(scheduler: Scheduler, *, allocator: PagedAllocator,
+                      pool: ReqToTokenPool, check_table: bool) -> None:
+    """Live-request identity, then the KV invariants (mem/invariants.py); raises
+    InvariantError naming the leak. A function, not an Engine method, so the scheduler's
+    debug hook (a partial of it) holds no reference to the engine."""
+    scheduler.check_identity()
+    check_kv_invariants(allocator, pool, scheduler.live_kv(), check_table=check_table)
+
+
 class Engine:
     def __init__(self, cfg: RunConfig):
+        self._closed = False              # first: close() (and __del__) on a partial build
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
@@ -90,8 +115,54 @@ class Engine:
                 self.worker = self._spec_worker(num_slots, attn)
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
-        self._steps_done = 0
         self._last_stats: dict = {}
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free what the engine holds: requests still held are aborted (device synchronized),
+        the profiler session is stopped (its trace written if its active window began), the
+        CUDA graphs, KV pool, future map, streams, pinned buffers, bubble meter and event
+        timeline are released. Idempotent. Afterwards only `cfg`, `stats()` and `run_dir`
+        remain; any other use raises EngineClosedError."""
+        d = self.__dict__
+        if d.get("_closed", True):             # closed already, or never built
+            return
+        self._closed = True
+        try:
+            if d.get("scheduler") is not None:
+                self.scheduler.abort_all()
+            if d.get("profiler") is not None:
+                self.profile_note = self.profiler.stop()
+        finally:
+            # the cycles inside the parts: a captured graph's function holds its worker, the
+            # meter caches spans that hold the meter
+            for part in ("worker", "target_worker", "meter"):
+                if d.get(part) is not None:
+                    d[part].close()
+            kept = {k: d[k] for k in _KEPT_AFTER_CLOSE if k in d}
+            d.clear()
+            d.update(kept)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __del__(self):
+        # `del eng` (reference counting: the engine is in no cycle) frees everything at once
+        try:
+            self.close()
+        except Exception:           # interpreter shutdown, or a part already broken
+            pass
+
+    def __getattr__(self, name: str):
+        # reached only for an attribute not found: after close() all but the figures are gone
+        if self.__dict__.get("_closed"):
+            raise EngineClosedError("this Engine is closed (close() or the end of its `with` "
+                                    "block); build a new Engine to run more.")
+        raise AttributeError(f"'Engine' object has no attribute {name!r}")
 
     def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
         cfg, dev = self.cfg, self.device.torch_device
@@ -130,7 +201,6 @@ class Engine:
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
                            annotate=cfg.profile, sample_every=cfg.event_timeline_every,
                            meter=self.meter)
-        self._step_hooks: list = []
         self.profiler = None
         self.profile_note: Optional[str] = None     # why finish() wrote no trace, if so
         if cfg.profile:
@@ -138,6 +208,8 @@ class Engine:
                                             warmup=cfg.profile_warmup, active=cfg.profile_active,
                                             cuda=self.device.is_cuda)
             self.profiler.start()
+        # on_step hooks, then the profiler's step boundary (no reference to the engine)
+        self._hooks = StepHooks(self.profiler)
 
     def finish(self) -> dict:
         """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
@@ -181,28 +253,24 @@ class Engine:
         self.meter.collect()
         return self.meter.stages_frame() if stages else self.meter.frame()
 
-    def on_step(self, fn) -> None:
+    def on_step(self, fn) -> HookHandle:
         """Call `fn(step_index)` after every engine step (the scheduler's iteration that
         launched work), e.g. to plant a host delay or sample a figure per step; the index
-        counts from 0 per Engine. Hooks run in the order added, on the engine's thread."""
-        self._step_hooks.append(fn)
-
-    def _on_step(self) -> None:
-        # The step's hooks run before the profiler's step boundary, so work they queue (e.g.
-        # planted GPU work) belongs to this step in both tools; the profiler's own pauses
-        # (CUPTI start, trace export at the end of the active window) then fall between steps.
-        self._steps_done += 1
-        for fn in self._step_hooks:
-            fn(self._steps_done - 1)
-        if self.profiler is not None:
-            self.profiler.step()
+        counts from 0 per Engine. Hooks run in the order added, on the engine's thread, before
+        the profiler's step boundary (work they queue belongs to this step in both tools).
+        Returns a handle: `handle.remove()` takes the hook off. A hook that raises is removed
+        and its error raised once as StepHookError (sched/hooks.py); later steps run without
+        it."""
+        return self._hooks.add(fn)
 
     def _new_scheduler(self) -> Scheduler:
-        hook = self.check_invariants if self.cfg.debug_invariants else None
+        hook = functools.partial(_check_invariants, allocator=self.allocator, pool=self.pool,
+                                 check_table=not self.device.is_cuda) \
+            if self.cfg.debug_invariants else None
         return Scheduler(self.worker, self.kv, self.future_map, self.device,
                          max_running=self.cfg.max_running_requests,
                          spans=self.spans,
-                         on_step=self._on_step,
+                         on_step=self._hooks,
                          reserve_per_decode=self.cfg.reserve_per_decode,
                          alloc_len_per_decode=self.cfg.alloc_len_per_decode,
                          tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook,
@@ -243,9 +311,13 @@ class Engine:
             self.scheduler.abort_all()
             raise
 
-    def abort(self, rid: int) -> bool:
-        """End a request now and free its KV (its output so far stays); False if unknown."""
-        return self.scheduler.abort(rid)
+    def abort(self, req: Union[Req, int]) -> bool:
+        """End a request now and free its KV (its output so far stays): its handle (what
+        add_request returned) or its rid. False once it is finished or gone."""
+        if isinstance(req, bool) or not isinstance(req, (Req, int)):
+            raise TypeError(f"abort takes a request handle (from add_request) or its rid "
+                            f"(int); got {type(req).__name__}.")
+        return self.scheduler.abort(req)
 
     @property
     def idle(self) -> bool:
@@ -331,13 +403,12 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Raise InvariantError naming the leak; silent when clean."""
-        self.scheduler.check_identity()
-        check_kv_invariants(self.allocator, self.pool, self.scheduler.live_kv(),
-                            check_table=not self.device.is_cuda)
+        _check_invariants(self.scheduler, allocator=self.allocator, pool=self.pool,
+                          check_table=not self.device.is_cuda)
 
     def save_target(self, directory: Union[str, Path]) -> None:
         """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
         save_model(self.model, directory)
 
 
-__all__ = ["Engine", "RunConfig", "ConfigError"]
+__all__ = ["Engine", "EngineClosedError", "RunConfig", "ConfigError"]

@@ -34,9 +34,9 @@ ALLOWED = {
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate"},   # validate: the CLI's flag checks
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
-    "instrument": {"core", "stages", "atomic", "device", "kernels"},
+    "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},
-    "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds"},
+    "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds", "nogc"},
     # graphs -> kernels: a capture hands its stamps to carrying kernels (kernels/stamp.py)
     "graphs": {"core", "device", "nogc", "kernels"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",

@@ -87,6 +87,14 @@ class GraphRunner:
     def max_bs(self) -> int:
         return self.buckets[-1]
 
+    def close(self) -> None:
+        """Drop the graphs, their static buffers and `fn` (whose closure usually holds the
+        worker that holds this runner: a cycle, broken here)."""
+        self.graphs.clear()
+        self.static = {}
+        self._last.clear()
+        self.fn = None
+
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()

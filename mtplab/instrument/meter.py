@@ -184,6 +184,15 @@ class BubbleMeter:
         self._kernel_stamps: dict = {}      # (stage, lane) -> KernelStamp
         self._rows: list[tuple] = []        # (step, stage, lane, start_ns, end_ns)
 
+    def close(self) -> None:
+        """Drop the span caches (each cached span holds the meter: a cycle, broken here), the
+        log and the launcher; the ring goes with the meter."""
+        self._spans.clear()
+        self._step_spans.clear()
+        self._kernel_stamps.clear()
+        self._log.clear()
+        self._launch = None
+
     # -- issue (hot path) ------------------------------------------------------------------
     def span(self, name: str, lane: str, graphed: bool = False):
         """The meter's context manager for a stage span: stamps for an eager device-lane

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gzip
 import os
 import socket
@@ -29,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from ..atomic import atomic_write_bytes
+from ..nogc import import_on_bare_thread
 
 
 class ProfilerSession:
@@ -45,11 +47,16 @@ class ProfilerSession:
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
+        # the writer holds the folder and the trace list, not the session: no reference cycle
         self.prof = torch.profiler.profile(
             activities=acts,
             schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-            on_trace_ready=self._write)
+            on_trace_ready=functools.partial(_write_trace, self.run_dir, self.worker,
+                                             self.traces))
         self._open = False
+        # this session's own atexit entry (a weak reference: the registry keeps nothing alive),
+        # removed by stop()
+        self._at_exit = functools.partial(_stop_at_exit, weakref.ref(self))
         self.wait = wait
         self.last_step = wait + warmup + active   # the step() that ends `active` writes the trace
         self._held = False
@@ -71,9 +78,12 @@ class ProfilerSession:
             self._held = False
 
     def start(self) -> None:
+        # the profiler's first trace imports torch._inductor (prepare_trace), which imports
+        # torch._dynamo: done now, off the engine's stack (nogc.py)
+        import_on_bare_thread("torch._inductor.config")
         self.prof.__enter__()
         self._open = True
-        atexit.register(_stop_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def step(self) -> None:
         if not self._open or self._held:
@@ -88,6 +98,7 @@ class ProfilerSession:
         None when a trace was written, else one line on why not."""
         if self._open:
             self._open = False
+            atexit.unregister(self._at_exit)
             self.prof.__exit__(None, None, None)
         if self.traces:
             return None
@@ -96,18 +107,20 @@ class ProfilerSession:
                 f"schedule's wait+warmup+active = {need}; lower profile_wait/profile_warmup "
                 "or run more steps.")
 
-    def _write(self, prof) -> None:
-        """on_trace_ready: export JSON to a temp file, gzip it into place atomically."""
-        path = self.run_dir / f"{self.worker}.{time.time_ns()}.pt.trace.json.gz"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".json", dir=self.run_dir)
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(tmp)
-            atomic_write_bytes(path, gzip.compress(Path(tmp).read_bytes(), compresslevel=6))
-        finally:
-            os.unlink(tmp)
-        self.traces.append(path)
+
+
+def _write_trace(run_dir: Path, worker: str, traces: list, prof) -> None:
+    """on_trace_ready: export JSON to a temp file, gzip it into place atomically."""
+    path = run_dir / f"{worker}.{time.time_ns()}.pt.trace.json.gz"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=run_dir)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        atomic_write_bytes(path, gzip.compress(Path(tmp).read_bytes(), compresslevel=6))
+    finally:
+        os.unlink(tmp)
+    traces.append(path)
 
 
 def _stop_at_exit(ref) -> None:

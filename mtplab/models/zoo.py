@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file
 
+from ..nogc import import_on_bare_thread
 from .drafts import AssistantConfig, last_layer_of_type
 from .llama import LlamaForCausalLM, Rope
 from .llama_config import FULL, SLIDING, LlamaConfig
@@ -196,6 +197,7 @@ def init_random(model: torch.nn.Module, seed: int) -> None:
 def _empty_on(make, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """make() built on the meta device, then given uninitialised storage on `device` in
     `dtype`: no CPU init and no float32 copy. The caller initialises every parameter."""
+    import_on_bare_thread("torch._dynamo")      # a meta init imports it: off our stack
     with torch.device("meta"):
         module = make()
     return module.to(dtype).to_empty(device=device)

@@ -83,12 +83,15 @@ class Scheduler:
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
                  loop: LoopOptions = LoopOptions(),
-                 on_iteration: Optional[Callable[[], None]] = None, spans: Spans = NO_SPANS,
-                 on_step: Optional[Callable[[], None]] = None):
+                 on_iteration: Optional[Callable[["Scheduler"], None]] = None,
+                 spans: Spans = NO_SPANS, on_step: Optional[Callable[[], None]] = None):
+        # The hooks must not refer back to the scheduler's owner (an engine is freed by
+        # reference counting): on_step is the engine's StepHooks (sched/hooks.py),
+        # on_iteration gets this scheduler as its argument (the invariant checker).
         self.worker, self.kv, self.future_map, self.dev = worker, kv, future_map, device
         self.sp, self.opt = spans, loop
-        self.on_step = on_step              # e.g. the profiler's step()
-        self.on_iteration = on_iteration    # e.g. the invariant checker (debug_invariants)
+        self.on_step = on_step              # after every iteration that launched work
+        self.on_iteration = on_iteration    # after every iteration (debug_invariants)
         self.admission = KVAdmission(kv, max_running=max_running,
                                      reserve_per_decode=reserve_per_decode,
                                      max_prefill_tokens=max_prefill_tokens)
@@ -100,7 +103,7 @@ class Scheduler:
         self.copy_stream = device.new_stream() if loop.overlap else cur
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.finished: list[Req] = []
+        self.finished: list[Req] = []       # finished by the current step only (returned)
         self.in_flight: Optional[Pending] = None
         self.keep_alive: deque = deque(maxlen=2)        # inputs still read on the device
         self.stats = StepStats()
@@ -109,13 +112,14 @@ class Scheduler:
 
     # -- the two loops -------------------------------------------------------------------
     def step(self) -> list[Req]:
-        """One iteration of the normal or the overlap loop; returns the requests it finished."""
-        n_done, t0 = len(self.finished), time.perf_counter()
+        """One iteration of the normal or the overlap loop; returns the requests it finished
+        (the scheduler keeps no finished request beyond the step that finished it)."""
+        self.finished, t0 = [], time.perf_counter()
         if self.sp.timeline is not None:
             self.sp.begin_step(self.sp.timeline.next_step())
         kind = self._overlap_step() if self.opt.overlap else self._normal_step()
         self._account(kind, time.perf_counter() - t0)
-        return self.finished[n_done:]
+        return self.finished
 
     def _normal_step(self) -> Optional[str]:
         kind, batch = self.schedule()
@@ -178,7 +182,7 @@ class Scheduler:
                 append_prefill(p.reqs, vals[0])
             else:
                 append_decode(p.reqs, vals[0], vals[1], self.stats)
-            self._finish_done()
+            self.finished.extend(self._finish_done())
 
     def drain(self) -> None:
         """Process the in-flight result now (the host waits for it)."""
@@ -244,26 +248,27 @@ class Scheduler:
                 self.stats.decode_step_times_s.append(dt)
             self.stats.step_times_s.append(dt)
             self.stats.host_syncs = self.syncs.counts
-        if self.on_iteration:
-            self.on_iteration()
-        if self.on_step:
+        if self.on_iteration is not None:
+            self.on_iteration(self)
+        if self.on_step is not None:
             self.on_step()
 
     # -- requests ------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
-    def abort(self, rid: int) -> bool:
-        """End a request now. Its KV is released at once; a step still in flight for it
-        becomes an overshoot step (its results are dropped). Returns False if unknown."""
+    def abort(self, req) -> bool:
+        """End a request now: `req` is the Req itself or its rid. Its KV is released at once;
+        a step still in flight for it becomes an overshoot step (its results are dropped).
+        Returns False if it is not waiting or running."""
+        match = (lambda r: r is req) if isinstance(req, Req) else (lambda r: r.rid == req)
         for r in list(self.waiting):
-            if r.rid == rid:
+            if match(r):
                 self.waiting.remove(r)
                 r.finished_reason = "abort"
-                self.finished.append(r)
                 return True
         for r in self.running:
-            if r.rid == rid:
+            if match(r):
                 r.finished_reason = "abort"
                 self._finish_done()
                 return True
@@ -282,19 +287,19 @@ class Scheduler:
         self.admission.release(held)
         self.waiting.clear()
         self.running = []
-        self.finished.extend(held)
         self.in_flight = None
         self.keep_alive.clear()
         self.prepare_decode.reset()
         self._stalled = 0
         return held
 
-    def _finish_done(self) -> None:
+    def _finish_done(self) -> list[Req]:
+        """Release the running requests that finished; returns them."""
         done = [r for r in self.running if r.finished]
         if done:
             self.running = [r for r in self.running if not r.finished]
             self.admission.release(done)
-            self.finished.extend(done)
+        return done
 
     # -- checks --------------------------------------------------------------------------
     def check_identity(self) -> None:

@@ -40,6 +40,13 @@ class TargetWorker:
         if cuda_graphs:
             self._capture_decode(graph_max_bs)
 
+    def close(self) -> None:
+        """Release the captured graphs (each graph's function holds this worker)."""
+        for r in [*self.decode_graphs.values(), *self.graphs.values()]:
+            r.close()
+        self.decode_graphs.clear()
+        self.graphs.clear()
+
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
         """Forward every fed token, sample the next token of each request -> [B] int64;

@@ -138,6 +138,14 @@ class SpecWorker:
     def device(self):
         return self.target.device
 
+    def close(self) -> None:
+        """Release the captured graphs (each graph's function holds this worker), the
+        target worker's too."""
+        for r in self.graphs.values():
+            r.close()
+        self.graphs.clear()
+        self.target.close()
+
     # -- prefill / decode: the stage lists ---------------------------------------------------
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:

@@ -50,9 +50,10 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)
   bubbles     bubble_frac, bubble_us_per_step, meter_wall_us_per_step, meter_steps: the
               headline, from the bubble meter over the measured generate's decode steps
-              (unprofiled; instrument/meter.py; on CPU its host reference clock);
-              bubble_frac_profiled, bubble_sync_frac, bubble_host_prep_frac,
-              bubble_launch_frac, bubble_host_frac, bubble_other_frac, bubble_steps,
+              (unprofiled; instrument/meter.py; on CPU it stamps the host clock, and
+              tables and figures name it so: metrics.meter_name);
+              bubble_frac_profiled, bubble_<cause>_frac (each cause of
+              analysis/causes.py: bubble_sync_frac, ..., bubble_other_frac), bubble_steps,
               device_busy_step_ms, step_profiled_ms, launches_per_step,
               draft_launches_per_step, draft_ops_per_step,
               host_syncs_per_step: from the Kineto trace when profile=True (the profiler

@@ -114,6 +114,13 @@ def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
     cpu["arm"] = ["off", "ov", "off", "ov", "off"]
     eff = arm_effects(cpu, "arm", [("ov", "off")], value="tok_per_s")
     assert "bubble (meter, host clock)" in eff["sentence"].iloc[0]
+    low = pd.DataFrame([{"status": "ok", "arm": a, "cfg.device": "cpu", "decode_tok_per_s": t,
+                         "bubble_frac": 0.02, "meter_wall_us_per_step": 1000.0,
+                         "bubble_us_per_step": 20.0} for a, t in
+                        [("off", 100), ("off", 101), ("ov", 100.5), ("ov", 100)]])
+    why = arm_effects(low, "arm", [("ov", "off")])["sentence"].iloc[0]
+    assert "step is outside every stage (host clock) only 2.0%" in why
+    assert "stage busy per decode step 980 -> 980 us" in why and "device" not in why
     assert plot_effects(eff).axes[1].get_ylabel() == "bubble (meter, host clock) vs baseline (points)"
     doc = {"base": {"device": "cpu"}, "grid": {"repeat": [0]}, "arms": [{"overlap": False}]}
     rec = {"status": "ok", "settings_json": json.dumps({"device": "cpu", "overlap": False,

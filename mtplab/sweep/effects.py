@@ -184,21 +184,25 @@ def sentence(r: dict[str, Any], value: str = "decode_tok_per_s") -> str:
 def _why(r: dict[str, Any]) -> str:
     """Why an arm whose tok/s did not move buys nothing, from its numbers."""
     why = []
+    # on CPU the meter reads the host clock: its busy time is time inside stages, not a device's
+    gpu = r.get("meter", "meter") == "meter"
+    work, idle = ("device", "device is idle") if gpu else \
+        ("stage", "step is outside every stage (host clock)")
     busy, busy_b = r.get("busy_us", math.nan), r.get("busy_us_base", math.nan)
     busy_txt = ("" if busy != busy or busy_b != busy_b
-                else f" (device busy per decode step {busy_b:.0f} -> {busy:.0f} us)")
+                else f" ({work} busy per decode step {busy_b:.0f} -> {busy:.0f} us)")
     if r["noise"] > WIDE_NOISE:
         why.append(f"the rounds disagree by up to {r['noise']:.0%}, too widely to tell a "
                    "change (more rounds or longer generates would narrow that)")
     if r["bubble_base"] == r["bubble_base"] and r["bubble_base"] < LOW_BUBBLE:
-        why.append(f"the baseline's device is idle only {_pct(r['bubble_base'])} of the step, "
+        why.append(f"the baseline's {idle} only {_pct(r['bubble_base'])} of the step, "
                    "so there is little idle time to remove")
     if r["bubble_pts"] != r["bubble_pts"]:
         why.append("no meter bubble to compare")
     elif abs(r["bubble_pts"]) <= r["bubble_noise_pts"]:
         why.append("the idle share of the step did not change either" + busy_txt)
     elif r["bubble_pts"] < 0 and busy == busy and busy_b == busy_b and busy > busy_b:
-        why.append(f"it removes {-r['bubble_pts']:.1f} idle points, but device work took their "
+        why.append(f"it removes {-r['bubble_pts']:.1f} idle points, but {work} work took their "
                    "place, so the step is no shorter" + busy_txt)
     elif r["bubble_pts"] < 0:
         why.append(f"it removes {-r['bubble_pts']:.1f} idle points, a change too small to show "

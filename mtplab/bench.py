@@ -57,6 +57,7 @@ import pandas as pd
 import yaml
 
 from .analysis.causes import CAUSES
+from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs")
@@ -66,6 +67,9 @@ SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_t
                   profile_active=3)
 SMOKE_MODEL = "random-tiny"           # stands in for every model but tiny-code
 SHORT = {"batch_size": "bs"}
+SMOKE_RATIO = "vs baseline (path check)"
+SMOKE_NOTE = ("--smoke: every arm ran a few tokens once, to check the path; its figures and "
+              "ratios are not results (run without --smoke, on the GPU, for those)")
 
 
 # -- grids -------------------------------------------------------------------------------------
@@ -147,9 +151,10 @@ def arm_label(arm: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in arm.items()) or "(base)"
 
 
-def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
+def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool = False) -> str:
     """The markdown ratio table of one group from its results frame (see the module doc).
-    Rows follow the grid's order; a grid point's baseline is its first arm."""
+    Rows follow the grid's order; a grid point's baseline is its first arm. With `smoke` the
+    ratio column says what it is: a check of the path, not a result."""
     from .sweep import grid_from_dict
     from .sweep.metrics import meter_name
 
@@ -169,7 +174,8 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             cells.setdefault(where[rec["settings_json"]], []).append(rec)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     head = ([SHORT.get(a, a) for a in point_axes] +
-            ["arm", "n", "tok/s (min/med/max)", "vs baseline", "TPOT p50 / p90 ms", "step ms",
+            ["arm", "n", "tok/s (min/med/max)", SMOKE_RATIO if smoke else "vs baseline",
+             "TPOT p50 / p90 ms", "step ms",
              "accept len", f"bubble % {meter} (profiled: {'/'.join(CAUSES)})", "bound ms",
              "achieved",
              "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
@@ -205,7 +211,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None) -> str:
             floor = floor_step / acc if floor_step else None
             out.append("| " + " | ".join(lead + [
                 str(len(ok)),
-                f"{min(tps):.4g} / {med:.4g} / {max(tps):.4g}",
+                " / ".join(readable(x) for x in (min(tps), med, max(tps))),
                 "-" if not base else f"{med / base:.2f}x",
                 f"{_fmt(_med(ok, 'tpot_p50_ms'), '.2f')} / {_fmt(_med(ok, 'tpot_p90_ms'), '.2f')}",
                 _fmt(step, ".2f"), f"{acc:.2f}",
@@ -229,7 +235,8 @@ def header(frames: dict[str, pd.DataFrame], smoke: bool, bw: Optional[float]) ->
         if len(ok) else (lambda c: "?")
     return (f"mtplab bench {'--smoke ' if smoke else ''}on {pick('device_name')}; commit "
             f"{pick('git_commit')}; {time.strftime('%Y-%m-%d')}; HBM copy "
-            f"bandwidth {'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}")
+            f"bandwidth {'-' if bw is None else f'{bw / 1e9:.0f} GB/s'}"
+            + (f"\n{SMOKE_NOTE}" if smoke else ""))
 
 
 def hbm_bandwidth() -> Optional[float]:
@@ -252,7 +259,7 @@ def hbm_bandwidth() -> Optional[float]:
 # -- command line ------------------------------------------------------------------------------
 def main_bench(argv=None) -> int:
     from .errors import ConfigError
-    from .validate import (FlagParser, device_name, out_dir, out_file, positive_int,
+    from .flags import (FlagParser, device_name, out_dir, out_file, positive_int,
                            positive_number)
 
     ap = FlagParser(prog="mtplab bench", description=__doc__.splitlines()[0])
@@ -296,7 +303,7 @@ def main_bench(argv=None) -> int:
     bw = hbm_bandwidth() if a.device != "cpu" else None
     text = "\n\n".join([header(frames, a.smoke, bw)] +
                        [f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n"
-                        f"{table(frames[g], docs[g], bw)}" for g in docs])
+                        f"{table(frames[g], docs[g], bw, smoke=a.smoke)}" for g in docs])
     text += f"\n\nresults: {root}/<group>/results.parquet"
     print(text)
     if a.out:

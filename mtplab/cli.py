@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import fields
+from pathlib import Path
 from typing import Optional
 
+from . import __version__
 from .draft_kinds import DRAFT_CHOICES
-from .validate import FlagParser, device_name, out_dir, positive_int
+from .flags import (FlagParser, add_knob_flags, add_request_flags, as_flags, device_name, given,
+                    knob_flags, nonneg_number, out_dir, positive_int)
+from .fmt import readable
 
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
-TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)
 EXTERNAL = {
     "bench": ("mtplab.bench", "main_bench", "the standard arms side by side (ratio table)"),
@@ -29,75 +32,53 @@ EXTERNAL = {
 }
 
 
-def parse_bool(text: str) -> bool:
-    """true/false, 1/0, yes/no in any case; anything else is refused."""
-    t = text.strip().lower()
-    if t in TRUE or t in FALSE:
-        return t in TRUE
-    raise argparse.ArgumentTypeError(f"expected true/false/1/0/yes/no, got {text!r}")
-
-
-def parse_floats(text: str) -> tuple[float, ...]:
-    """Comma-separated numbers, e.g. 0.5,0.5,0.5."""
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers such as 0.8,0.6,0.4, got {text!r}") from None
-
-
-def _converter(annotation: str):
-    """The argparse type of a RunConfig field from its annotation (a string: postponed)."""
-    if "bool" in annotation:
-        return parse_bool
-    if "tuple" in annotation:
-        return parse_floats
-    return int if "int" in annotation else float if "float" in annotation else str
-
-
-def _add_config_flags(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
-    """One --flag per RunConfig field: help from the field's `knob` metadata, its choices and
-    its default. Flags default to None (= the field's default) so only given ones are passed."""
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One --flag per RunConfig field (flags.add_knob_flags), trace_dir checked before the run."""
     from .config import RunConfig
-    g = p.add_argument_group("RunConfig knobs")
-    for f in fields(RunConfig):
-        if f.name in skip:
-            continue
-        conv = _converter(str(f.type))
-        default = f.default if f.default is not MISSING else None
-        kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-        metavar = {parse_bool: "{true,false}", parse_floats: "X,Y,...", int: "N", float: "X",
-                   str: None if kw else "TEXT"}[conv]
-        text = f.metadata.get("help", "")
-        if not (default is None and "(None:" in text):     # else the text says what None means
-            text += f" (default: {default})"
-        if f.name == "trace_dir":                   # checked, never made, before the run
-            conv = out_dir
-        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, type=conv,
-                       metavar=metavar, help=text, **kw)
+    add_knob_flags(p, RunConfig, title="RunConfig knobs", types={"trace_dir": out_dir})
 
 
 def _config_from_args(args: argparse.Namespace):
     from .config import RunConfig
-    kw = {f.name: getattr(args, f.name) for f in fields(RunConfig)
-          if getattr(args, f.name, None) is not None}
-    return RunConfig(**kw)
+    return RunConfig(**given(args, RunConfig))
 
 
 def _print_table(rows: list[tuple[str, object]]) -> None:
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
-        if isinstance(v, float):
-            v = f"{v:.3f}"
-        print(f"  {k:<{w}}  {v}")
+        print(f"  {k:<{w}}  {readable(v) if isinstance(v, (int, float)) else v}")
+
+
+def _knob_header(cfg, set_names: set) -> list[str]:
+    """The run's header: model, draft, device, dtype, then every other knob whose resolved
+    value is not its declared default, split into those given on the command line and those
+    'auto' resolved to."""
+    from .config import RunConfig
+    lead = ("model", "draft", "device", "dtype")
+    head = "mtplab run: " + " ".join(f"{k}={getattr(cfg, k)}" for k in lead)
+    moved = [f.name for f in fields(RunConfig) if f.name not in lead
+             and getattr(cfg, f.name) != RunConfig.__dataclass_fields__[f.name].default]
+    lines = [head]
+    for label, names in (("set", [n for n in moved if n in set_names]),
+                         ("resolved", [n for n in moved if n not in set_names])):
+        if names:
+            lines.append(f"  {label}: " + " ".join(f"{n}={getattr(cfg, n)}" for n in names))
+    return lines
+
+
+def _write_run(out: Path, cfg, stats: dict, workload: dict) -> list[Path]:
+    """<out>/results.json (the stats, the workload, the resolved config) and
+    <out>/manifest.json, atomically and as strict JSON (NaN is null)."""
+    from .atomic import atomic_write_json
+    out.mkdir(parents=True, exist_ok=True)
+    man = cfg.manifest()
+    res = {"stats": stats, "workload": workload, "config": man["config"]}
+    return [atomic_write_json(out / "results.json", res),
+            atomic_write_json(out / "manifest.json", man)]
 
 
 def _check_workload(args) -> None:
-    if args.prompts < 1 or args.max_new_tokens < 1:
-        raise ValueError(f"--prompts and --max-new-tokens must be >= 1, got {args.prompts} and "
-                         f"{args.max_new_tokens}.")
-    if args.min_prompt_len < 1:
-        raise ValueError(f"--min-prompt-len must be >= 1, got {args.min_prompt_len}.")
+    """The relation argparse's per-flag types cannot see."""
     if args.min_prompt_len > args.max_prompt_len:
         raise ValueError(f"--min-prompt-len {args.min_prompt_len} is larger than "
                          f"--max-prompt-len {args.max_prompt_len}; make the minimum <= the "
@@ -109,6 +90,7 @@ def cmd_run(args) -> int:
 
     from .engine import Engine
     from .models.memory import estimate_memory
+    from .stats import LEGEND
     _check_workload(args)
     cfg = _config_from_args(args)
     print(estimate_memory(cfg).describe())          # before anything is allocated
@@ -123,11 +105,19 @@ def cmd_run(args) -> int:
     eng.check_invariants()
     st = eng.stats()
     written = eng.finish()                       # trace, timeline, manifest (when profiled)
-    print(f"mtplab run: model={cfg.model} draft={cfg.draft} device={cfg.device} "
-          f"dtype={cfg.dtype} page_size={cfg.page_size} cuda_graphs={cfg.cuda_graphs}")
-    _print_table([(k, v) for k, v in st.items() if not isinstance(v, (dict, list))])
+    print("\n".join(_knob_header(cfg, set(given(args, type(cfg))))))
+    rows = [(k, v) for k, v in st.items() if not isinstance(v, (dict, list))]
+    _print_table(rows)
+    for k, _ in rows:
+        if k in LEGEND:
+            print(f"  - {k}: {LEGEND[k]}")
     if eng.profile_note:
         print(eng.profile_note)
+    if args.out:
+        workload = {k: getattr(args, k) for k in ("prompts", "max_new_tokens", "min_prompt_len",
+                                                  "max_prompt_len", "temperature")}
+        for path in _write_run(Path(args.out), cfg, st, workload):
+            written[path.stem] = path
     for name, path in written.items():
         print(f"  wrote {name}: {path}")
     return 0
@@ -191,21 +181,22 @@ COMMANDS = {"run": cmd_run, "demo": cmd_demo}
 
 def build_parser() -> argparse.ArgumentParser:
     p = FlagParser(prog="mtplab", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"mtplab {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=FlagParser)
     r = sub.add_parser("run", help="serve random prompts with one configuration",
                        description="Serve random prompts with one RunConfig; prints the memory "
                                    "estimate, a token progress bar and the stats table.")
     w = r.add_argument_group("workload")
-    w.add_argument("--prompts", type=int, default=8, metavar="N",
-                   help="number of requests (default: 8)")
-    w.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
-                   help="tokens generated per request (default: 32)")
-    w.add_argument("--min-prompt-len", type=int, default=8, metavar="N",
+    add_request_flags(w, prompts=8, max_new_tokens=32)
+    w.add_argument("--min-prompt-len", type=positive_int, default=8, metavar="N",
                    help="shortest random prompt, tokens (default: 8)")
-    w.add_argument("--max-prompt-len", type=int, default=64, metavar="N",
+    w.add_argument("--max-prompt-len", type=positive_int, default=64, metavar="N",
                    help="longest random prompt, tokens (default: 64)")
-    w.add_argument("--temperature", type=float, default=0.0, metavar="X",
+    w.add_argument("--temperature", type=nonneg_number, default=0.0, metavar="X",
                    help="sampling temperature, 0 = greedy (default: 0.0)")
+    r.add_argument("--out", default=None, type=out_dir, metavar="DIR",
+                   help="write results.json (the stats table, the workload, the resolved "
+                        "config) and manifest.json (config, versions, device, git commit) here")
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
     d.add_argument("--device", default="auto", type=device_name,
@@ -230,11 +221,13 @@ def main(argv: Optional[list] = None) -> int:
             module, func, _ = EXTERNAL[argv[0]]
             return getattr(importlib.import_module(module), func)(argv[1:])
         args = build_parser().parse_args(argv)
+        from .config import RunConfig
         from .errors import ConfigError
         try:
             return COMMANDS[args.cmd](args)
-        except (ConfigError, ValueError) as e:
-            print(f"mtplab {args.cmd}: error: {e}", file=sys.stderr)
+        except (ConfigError, ValueError) as e:      # field names as the flags that set them
+            print(f"mtplab {args.cmd}: error: {as_flags(str(e), knob_flags(RunConfig))}",
+                  file=sys.stderr)
             return 2
     except KeyboardInterrupt:      # Ctrl-C: each command has freed what it held on the way out
         print(f"mtplab {argv[0] if argv else ''}: interrupted", file=sys.stderr)

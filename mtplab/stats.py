@@ -3,12 +3,31 @@
     accept_len            tokens committed per verify, bonus included (mean over requests x steps)
     accept_rate_per_pos   P(accept_len > k) for k = 1..S
     TPOT                  per request (last - first token arrival) / (tokens - 1)
-    ITL                   gaps between a request's consecutive arrivals (a speculative step
-                          delivers several tokens at once: one arrival)
+    ITL                   gaps between a request's consecutive arrivals from its first decode
+                          step on (a speculative step delivers several tokens at once: one
+                          arrival); the gap from the prefill's token to the first decode
+                          step's is left out: it holds the prefills scheduled in between, a
+                          share of time to first token, not of the decode cadence
+
+`LEGEND` says, in one line each, what the less obvious keys of the table mean (`mtplab run`
+prints it under its stats table).
 """
 from __future__ import annotations
 
 from .core import Req
+
+LEGEND = {
+    "accept_len": "tokens committed per verify, bonus token included",
+    "tpot_p50_ms": "TPOT: per request, (last token - first token) / (tokens - 1)",
+    "itl_p50_ms": "ITL: gaps between a request's token deliveries from its first decode step "
+                  "on (the prefill-to-first-decode gap is left out; one delivery per step)",
+    "decode_tok_per_s": "tokens of decode steps / the time of decode steps (prefill left out)",
+    "retractions": "requests sent back to the queue when the KV pool ran short",
+    "overshoot_rows": "batch rows the overlap loop ran for a request the step before had "
+                      "already finished (launched before that result was read); their tokens "
+                      "are dropped, and no KV is committed",
+    "predrafted_steps": "decode steps whose draft ran a round early (zb_draft_preexec)",
+}
 
 
 def pct_ms(xs: list, q: float) -> float:
@@ -27,7 +46,7 @@ def collect_stats(reqs: list[Req], s, wall: float, *, num_steps: int, speculativ
     acc = s.accept_lens
     tpot = [(r.arrivals[-1][0] - r.arrivals[0][0]) / (len(r.output_ids) - 1)
             for r in reqs if len(r.output_ids) > 1 and r.arrivals]
-    itl = [b[0] - a[0] for r in reqs for a, b in zip(r.arrivals, r.arrivals[1:])]
+    itl = [b[0] - a[0] for r in reqs for a, b in zip(r.arrivals[1:], r.arrivals[2:])]
     spec = {}
     if speculative and acc:
         spec = {

@@ -1,6 +1,6 @@
 """Checks at the door (pure Python, never torch): RunConfig's fields against their declared
-types, the arguments of `Engine.generate`, and the command line's flags (argparse types and
-output paths), each failure one sentence with the fix.
+types, the arguments of `Engine.generate`, ports and output paths, each failure one sentence
+with the fix (the command line's argparse types built on them: mtplab/flags.py).
 
 Integers are `numbers.Integral` but never bool (True is an int in Python, and
 `max_running_requests=True` is a mistake, not 1): Python ints and numpy integers pass and are
@@ -12,7 +12,6 @@ the whole range.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import numbers
 import os
@@ -225,87 +224,11 @@ def check_generate_args(prompts, max_new_tokens, temperature, top_p, seed, stop_
     return out, stops
 
 
-# -- command-line flags ------------------------------------------------------------------------
-# argparse `type=` functions: a bad value is refused by argparse in one line naming the flag
-# (`mtplab X: error: argument --port: ...`), before anything runs. Output paths are checked,
-# never created, so a refused command leaves nothing behind.
-class FlagParser(argparse.ArgumentParser):
-    """Usage errors in one line (the prog, the problem, where to look) and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def parse(self, argv) -> argparse.Namespace | int:
-        """parse_args, or the exit code of --help (0) or a usage error (2), already printed."""
-        try:
-            return self.parse_args(argv)
-        except SystemExit as e:
-            return int(e.code or 0)
-
-
-def flag_type(check):
-    """An argparse type from `check(text) -> value` that raises ValueError (ConfigError
-    included): argparse then prints the check's own sentence, naming the flag."""
-    def convert(text: str):
-        try:
-            return check(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).rstrip(".")) from None
-    convert.__name__ = check.__name__
-    return convert
-
-
-def _number(text: str, integer: bool, allow_zero: bool):
-    try:
-        v = int(text) if integer else float(text)
-    except ValueError:
-        raise ValueError(f"expected {'an integer' if integer else 'a number'}, got "
-                         f"{text!r}") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        what = ("a non-negative " if allow_zero else "a positive ") + (
-            "integer" if integer else "finite number")
-        raise ValueError(f"must be {what}, got {text!r}")
-    return v
-
-
-@flag_type
-def positive_int(text: str) -> int:
-    return _number(text, True, False)
-
-
-@flag_type
-def nonneg_int(text: str) -> int:
-    return _number(text, True, True)
-
-
-@flag_type
-def positive_number(text: str) -> float:
-    return _number(text, False, False)
-
-
-@flag_type
-def nonneg_number(text: str) -> float:
-    return _number(text, False, True)
-
-
+# -- paths and ports (the command line's flags use these: mtplab/flags.py) -------------------
 def check_port(port) -> int:
     if not is_int(port) or not 1 <= port <= 65535:
         raise ConfigError(f"port {port!r} is not a TCP port; use a number in 1..65535.")
     return int(port)
-
-
-@flag_type
-def port_number(text: str) -> int:
-    try:
-        return check_port(int(text))
-    except ValueError:
-        raise ConfigError(f"{text!r} is not a TCP port; use a number in 1..65535.") from None
-
-
-@flag_type
-def device_name(text: str) -> str:
-    check_device(text)
-    return text
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -341,13 +264,3 @@ def check_out_file(path, what: str = "the output file") -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {p}: the folder {parent} is not writable; pass another path.")
     return p
-
-
-@flag_type
-def out_dir(text: str) -> str:
-    return str(check_out_dir(text, "folder"))
-
-
-@flag_type
-def out_file(text: str) -> str:
-    return str(check_out_file(text, "file"))

@@ -241,12 +241,12 @@ check() {
 }
 
 launch_args() {  # NUL-separated arguments of `mtplab sglang launch` for arm on|off|warm
-  local arm=$1 target=$2 draft=$3 traces=$4 port=${MTP_SGL_PORT:-30000} ov=--overlap
-  local work=(--prompts 32 --max-new-tokens 128 --profile-steps 20)
-  [ "$arm" = off ] && port=$((port + 1)) ov=--no-overlap
-  [ "$arm" = warm ] && port=$((port + 2)) work=(--prompts 8 --max-new-tokens 16 --profile-steps 0)
-  printf '%s\0' --model-path "$target" --draft eagle --draft-model-path "$draft" \
-    --num-steps 3 --topk 1 --simulate-accept-len 2.5 --dummy-weights "$ov" \
+  local arm=$1 target=$2 draft=$3 traces=$4 port=${MTP_SGL_PORT:-30000} ov=true
+  local work=(--prompts 32 --max-new-tokens 128 --profile true --profile-active 20)
+  [ "$arm" = off ] && port=$((port + 1)) ov=false
+  [ "$arm" = warm ] && port=$((port + 2)) work=(--prompts 8 --max-new-tokens 16 --profile false)
+  printf '%s\0' --model "$target" --draft eagle --draft-model "$draft" \
+    --num-steps 3 --topk 1 --simulate-accept-len 2.5 --dummy-weights true --overlap "$ov" \
     --max-running-requests 8 --cuda-graph-max-bs 8 --concurrency 8 --prompt-len 256 \
     "${work[@]}" --port "$port" --run-name "sglang_h100_$arm" --trace-dir "$traces" \
     --python "${MTP_SGL_SERVER_PYTHON:-$PY}" \

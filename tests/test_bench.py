@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtplab.bench import GROUPS, REPEAT, arm_label, effective_doc, grid_doc, table
+from mtplab.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
+                          grid_doc, table)
 from mtplab.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +172,8 @@ def test_bench_smoke_runs_every_group_on_cpu(tmp_path):
     assert "failed:" not in text
     dropped = [ln for ln in text.splitlines() if "dropped:" in ln]
     assert all("CUDA" in ln for ln in dropped)           # only the CUDA-graph arm, on CPU
-    assert re.search(r"\| draft=frozen_kv_mtp fold_seed=True \| 1 \| [\d.]+ / ", text)
+    assert re.search(r"\| draft=frozen_kv_mtp fold_seed=True \| 1 \| [\d.,]+ / ", text)
+    assert SMOKE_NOTE in text and SMOKE_RATIO in text             # path checks, not results
 
 
 def test_benchmarks_readme_lists_every_script():

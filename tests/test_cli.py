@@ -1,4 +1,5 @@
 """The CLI end to end (subprocess, like a user), and its parsing table-driven (in process)."""
+import json
 import subprocess
 import sys
 from dataclasses import fields
@@ -24,7 +25,7 @@ def test_run_prints_results_table():
             "--max-new-tokens", "8", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "tok_per_s" in r.stdout and "decode_steps" in r.stdout
-    assert "page_size=16" in r.stdout
+    assert "  set: page_size=16" in r.stdout
 
 
 def test_demo_runs_on_cpu_and_writes_the_run_folder(tmp_path):
@@ -95,11 +96,17 @@ def test_bad_values_refused_in_one_line(argv, message, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--min-prompt-len", "9", "--max-prompt-len", "3"],
      "--min-prompt-len 9 is larger than --max-prompt-len 3"),
-    (["--min-prompt-len", "0"], "--min-prompt-len must be >= 1"),
-    (["--prompts", "0"], "--prompts and --max-new-tokens must be >= 1"),
+    (["--min-prompt-len", "0"], "argument --min-prompt-len: must be a positive integer"),
+    (["--prompts", "0"], "argument --prompts: must be a positive integer"),
+    (["--max-new-tokens", "-2"], "argument --max-new-tokens: must be a positive integer"),
+    (["--temperature", "nan"], "argument --temperature: must be a non-negative finite"),
 ])
 def test_bad_workload_is_one_clear_error(argv, message, capsys):
-    assert cli.main(["run", "--device", "cpu", *argv]) == 2
+    try:
+        rc = cli.main(["run", "--device", "cpu", *argv])
+    except SystemExit as e:                       # argparse's own refusal
+        rc = e.code
+    assert rc == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith("mtplab run: error: ")
 
@@ -125,3 +132,109 @@ def test_external_commands_dispatch_without_argparse(capsys):
     assert cli.main(["analyze", "--help"]) == 0
     assert "usage: mtplab analyze" in capsys.readouterr().out
     assert set(cli.EXTERNAL) >= {"analyze", "plot", "sweep", "bench"}
+
+
+# ------------------------------------------------------------------ mtplab run --out, the header
+def test_run_out_writes_results_and_manifest_and_explains_its_table(tmp_path):
+    out = tmp_path / "o"
+    r = run("run", "--model", "random-tiny", "--page-size", "16", "--prompts", "3",
+            "--max-new-tokens", "6", "--device", "cpu", "--draft", "frozen_kv_mtp", "--topk", "2",
+            "--overlap", "true", "--simulate-accept-len", "2.5", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    head = r.stdout[r.stdout.index("mtplab run:"):].splitlines()
+    assert head[0] == "mtplab run: model=random-tiny draft=frozen_kv_mtp device=cpu dtype=float32"
+    assert head[1].split() == ["set:", "topk=2", "page_size=16", "overlap=True",
+                               "simulate_accept_len=2.5"]            # every knob given
+    assert head[2].startswith("  resolved:") and "attention_backend=torch" in head[2]
+    assert "- overshoot_rows: batch rows the overlap loop ran for a request" in r.stdout
+    assert "the prefill-to-first-decode gap is left out" in r.stdout
+    res = json.loads((out / "results.json").read_text(), parse_constant=_no_nan)
+    man = json.loads((out / "manifest.json").read_text(), parse_constant=_no_nan)
+    assert res["stats"]["tokens"] == 18 and res["workload"]["prompts"] == 3
+    assert man["config"]["topk"] == 2 and man["config"]["overlap"] is True
+    assert {"versions", "git_commit", "device_name"} <= set(man)
+    assert f"wrote results: {out / 'results.json'}" in r.stdout
+
+
+def _no_nan(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def test_a_refused_run_makes_no_out_folder(tmp_path, capsys):
+    assert cli.main(["run", "--device", "cpu", "--page-size", "3", "--out",
+                     str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--page-size 3 is not a power of two" in err          # the flag, not page_size=3
+    assert not (tmp_path / "o").exists()
+
+
+def test_itl_leaves_out_the_prefill_to_first_decode_gap():
+    """Deliveries at 0 (prefill), 100 (first decode), 110, 120 ms: ITL is 10 ms, not 100."""
+    from types import SimpleNamespace
+
+    from mtplab.sched.scheduler import StepStats
+    from mtplab.stats import collect_stats
+    req = SimpleNamespace(output_ids=[1, 2, 3, 4], arrivals=[(0.0, 1), (0.1, 1), (0.11, 1),
+                                                             (0.12, 1)], finished_reason="length")
+    st = collect_stats([req], StepStats(), 1.0, num_steps=3, speculative=False, simulated=False)
+    assert st["itl_p50_ms"] == pytest.approx(10.0) and st["itl_p99_ms"] == pytest.approx(10.0)
+    assert st["tpot_p50_ms"] == pytest.approx(40.0)                 # TPOT keeps the whole span
+    from mtplab.sglang.client import chunk_itl
+    # SGLang chunks: prefill at 0, then 2 tokens at 0.1, 2 more at 0.12: 10 ms per token
+    assert chunk_itl([0.0, 0.1, 0.12], [1, 3, 5]) == pytest.approx([0.01, 0.01])
+
+
+# ------------------------------------------------------------------ smaller points
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    from mtplab import __version__
+    assert capsys.readouterr().out == f"mtplab {__version__}\n"
+
+
+@pytest.mark.parametrize("value,text", [(1432.7, "1,433"), (14300.2, "14,300"), (143.2, "143"),
+                                        (14.32, "14.3"), (5.0, "5"), (0.01234, "0.0123"),
+                                        (2e-5, "2e-05"), (7, "7"), (123456, "123,456"),
+                                        (float("nan"), "-"), (None, "-")])
+def test_numbers_are_printed_readably(value, text):
+    from mtplab.fmt import readable
+    assert readable(value) == text
+
+
+def test_more_dask_cpu_workers_than_cores_is_one_warning(caplog):
+    from mtplab.sweep.executors import cpu_workers, usable_cores
+    n = usable_cores()
+    with caplog.at_level("WARNING", logger="mtplab.sweep"):
+        assert cpu_workers(None) == n and cpu_workers(n) == n
+        assert not caplog.records
+        assert cpu_workers(n + 1) == n + 1
+    (rec,) = caplog.records
+    assert f"{n + 1} Dask CPU workers on {n} cores" in rec.getMessage()
+    assert "\n" not in rec.getMessage()
+
+
+def test_bench_smoke_calls_its_ratios_path_checks():
+    import pandas as pd
+
+    from mtplab.bench import SMOKE_NOTE, SMOKE_RATIO, header, table
+    doc = {"grid": {"repeat": [0]}, "arms": [{"overlap": False}, {"overlap": True}]}
+    assert SMOKE_RATIO in table(pd.DataFrame(), doc, smoke=True)
+    assert SMOKE_RATIO not in table(pd.DataFrame(), doc)
+    assert header({}, True, None).endswith(SMOKE_NOTE) and "not results" in SMOKE_NOTE
+    assert SMOKE_NOTE not in header({}, False, None)
+
+
+def test_save_target_files_have_the_umask_mode(tmp_path):
+    """safetensors creates its file 0600; the saved model gets what open() would give."""
+    import os
+    import stat
+
+    from mtplab.atomic import FILE_MODE
+    mask = os.umask(0)
+    os.umask(mask)
+    assert FILE_MODE == 0o666 & ~mask
+    from mtplab import Engine, RunConfig
+    Engine(RunConfig(model="random-tiny", device="cpu")).save_target(tmp_path / "m")
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o666 & ~mask, name

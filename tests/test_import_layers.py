@@ -2,10 +2,11 @@
 mtplab module, at module level or inside a function, must follow the allowed edges below;
 a new sideways or upward edge fails this test with the file and the line.
 
-    leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds
+    leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
+              flags (validate: the command line's argparse types)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
@@ -21,18 +22,20 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds"}
+          "draft_kinds", "fmt"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
     "lossless": set(),             # output comparison (spec vs target-only), used by sweep
     "lazy_triton": set(),          # triton imported at a kernel's first use
     "draft_kinds": set(),          # the table of draft kinds (torch-free)
+    "fmt": set(),                  # numbers as people read them (tables, headers)
     "core": {"errors"},
     "validate": {"errors"},
+    "flags": {"validate"},
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
-    "analysis": {"stages", "atomic", "nogc", "validate"},   # validate: the CLI's flag checks
+    "analysis": {"stages", "atomic", "nogc", "validate", "flags"},   # the CLI's flag checks
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},
@@ -122,7 +125,7 @@ def test_sglang_adapter_never_imports_the_engine():
     """mtplab.sglang drives an external server: config, core, errors, atomic and the analyser,
     plus the model presets' shapes (`mtplab sglang models`; RunConfig already resolves them)."""
     allowed = {"config", "core", "errors", "atomic", "analysis", "sglang", "models", "validate",
-               "draft_kinds"}
+               "draft_kinds", "flags"}
     bad = [f"{p.relative_to(PKG.parent)}:{line} -> {mod[1]}"
            for p in sorted((PKG / "sglang").rglob("*.py"))
            for line, mod in mtplab_imports(p) if len(mod) > 1 and mod[1] not in allowed]

@@ -118,9 +118,9 @@ def test_knobs_sglang_lacks_are_refused(kw, spec, match):
 def test_dry_run_prints_env_and_one_shell_line(capsys, model_dirs, tmp_path):
     spaced = tmp_path / "t x"
     os.rename(model_dirs[0], spaced)
-    rc = main_sglang(["launch", "--dry-run", "--model-path", str(spaced), "--draft", "eagle",
-                      "--draft-model-path", model_dirs[1], "--topk", "2", "--num-draft-tokens", "5",
-                      "--no-overlap", "--simulate-accept-len", "2.5", "--python", "python3",
+    rc = main_sglang(["launch", "--dry-run", "--model", str(spaced), "--draft", "eagle",
+                      "--draft-model", model_dirs[1], "--topk", "2", "--num-draft-tokens", "5",
+                      "--overlap", "false", "--simulate-accept-len", "2.5", "--python", "python3",
                       "--extra-args", "--mem-fraction-static 0.6"])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -138,11 +138,12 @@ def test_dry_run_prints_env_and_one_shell_line(capsys, model_dirs, tmp_path):
 
 
 def test_dry_run_refusal_is_one_line(capsys):
-    rc = main_sglang(["launch", "--dry-run", "--model-path", "m", "--draft", "frozen_kv_mtp",
-                      "--draft-model-path", "d", "--no-fold-seed"])
+    rc = main_sglang(["launch", "--dry-run", "--model", "m", "--draft", "frozen_kv_mtp",
+                      "--draft-model", "d", "--fold-seed", "false"])
     assert rc == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("mtplab sglang: error:") and "\n" not in err
+    assert err.startswith("mtplab sglang launch: error:") and "\n" not in err
+    assert "set --fold-seed true" in err                   # the flag, not fold_seed=True
 
 
 # ------------------------------------------------------------------ a fake SGLang server
@@ -226,10 +227,11 @@ def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys, m
     py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
-    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--draft", "eagle",
-                      "--draft-model-path", model_dirs[1], "--port", str(free_port()),
+    rc = main_sglang(["launch", "--model", model_dirs[0], "--draft", "eagle",
+                      "--draft-model", model_dirs[1], "--port", str(free_port()),
                       "--prompts", "4", "--prompt-len", "8",
-                      "--max-new-tokens", "7", "--concurrency", "2", "--profile-steps", "5",
+                      "--max-new-tokens", "7", "--concurrency", "2", "--profile", "true",
+                      "--profile-active", "5",
                       "--trace-dir", str(tmp_path / "traces"), "--run-name", "r1",
                       "--python", str(py)])
     assert rc == 0
@@ -293,7 +295,7 @@ def test_launch_reports_a_server_that_dies(tmp_path, capsys, model_dirs):
     py = tmp_path / "deadpython"
     py.write_text("#!/bin/sh\nexit 3\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
-    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
+    rc = main_sglang(["launch", "--model", model_dirs[0], "--port", str(free_port()),
                       "--python", str(py), "--trace-dir", str(tmp_path)])
     assert rc == 2
     assert "exited before" in capsys.readouterr().err
@@ -384,7 +386,7 @@ def test_launch_refuses_a_port_another_server_answers_on(tmp_path, capsys, model
     py = tmp_path / "nosglang"
     py.write_text("#!/bin/sh\necho \"No module named 'sglang'\" >&2\nexit 1\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
-    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(stub_server),
+    rc = main_sglang(["launch", "--model", model_dirs[0], "--port", str(stub_server),
                       "--python", str(py), "--trace-dir", str(tmp_path / "traces")])
     err = capsys.readouterr().err
     assert rc == 2 and f"port {stub_server} on 127.0.0.1 is already in use" in err, err
@@ -394,8 +396,8 @@ def test_launch_refuses_a_port_another_server_answers_on(tmp_path, capsys, model
 def test_launch_fails_when_its_server_dies_during_the_run(tmp_path, monkeypatch, capsys,
                                                           model_dirs):
     monkeypatch.setenv("FAKE_DIE_AT_GENERATE", "1")
-    rc = main_sglang(["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
-                      "--python", str(fake_python(tmp_path)), "--profile-steps", "0",
+    rc = main_sglang(["launch", "--model", model_dirs[0], "--port", str(free_port()),
+                      "--python", str(fake_python(tmp_path)),
                       "--trace-dir", str(tmp_path / "traces"), "--run-name", "r"])
     err = capsys.readouterr().err
     assert rc == 2 and "the server process exited (code 9) during the run" in err, err
@@ -447,16 +449,20 @@ LAUNCH_REFUSALS = [   # (argv after launch; {t}/{d} = target/draft dirs, {file} 
     (["--vocab", "5"], "--vocab: must be above 10"),
     (["--prompt-len", "-3"], "--prompt-len: must be a positive integer"),
     (["--trace-dir", "{file}"], "is a file, not a folder"),
-    (["--run-name", "../../escape"], "must be a plain folder name under trace_dir"),
+    (["--run-name", "../../escape"], "--run-name ../../escape must be a plain folder name"),
     (["--port", "-1"], "--port: '-1' is not a TCP port"),
     (["--port", "0"], "--port: '0' is not a TCP port"),
     (["--port", "99999"], "--port: '99999' is not a TCP port"),
     (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
+    (["--fused", "true"], "SGLang has no equivalent of --fused"),
+    (["--fold-seed", "true"], "--fold-seed folds the Frozen-KV MTP seed step"),
     (["--attention-backend", "bogus"], "--attention-backend: invalid choice: 'bogus'"),
-    (["--draft-model-path", "{d}"], "draft='none' runs no draft"),
-    (["--model-path", "/nonexistent"], "/nonexistent is not a directory"),
-    (["--model-path", "{file}"], "is not a directory"),
-    (["--draft", "frozen_kv_mtp", "--draft-model-path", "{d}"], "is not a Frozen-KV assistant"),
+    (["--draft-model", "{d}"], "--draft-model is given but --draft none runs no draft"),
+    (["--model", "/nonexistent"], "--model /nonexistent is not a directory"),
+    (["--model", "{file}"], "is not a directory"),
+    (["--draft", "eagle"], "--draft eagle needs a draft model directory; pass --draft-model."),
+    (["--draft", "frozen_kv_mtp", "--draft-model", "{d}"],
+     "--draft-model {d} is not a Frozen-KV assistant"),
 ]
 
 
@@ -471,18 +477,18 @@ def test_launch_refusals_are_one_line_and_make_nothing(tmp_path, capsys, model_d
     afile.write_text("x")
     fill = dict(t=model_dirs[0], d=model_dirs[1], file=str(afile))
     argv = [a.format(**fill) for a in argv]
-    base = ["launch", "--model-path", model_dirs[0], "--port", str(free_port()),
+    base = ["launch", "--model", model_dirs[0], "--port", str(free_port()),
             "--trace-dir", str(tmp_path / "traces"), "--python", sys.executable]
     before = sorted(tmp_path.iterdir())
     assert main_sglang(base + argv + (["--dry-run"] if dry else [])) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err, err
+    assert err.count("\n") == 1 and message.format(**fill) in err, err
     assert sorted(tmp_path.iterdir()) == before
 
 
 def test_frozen_and_eagle_drafts_are_checked_against_their_directory(tmp_path, capsys):
     t, assistant = _frozen_dirs(tmp_path)
-    ok = ["launch", "--dry-run", "--model-path", str(t), "--draft-model-path", str(assistant)]
+    ok = ["launch", "--dry-run", "--model", str(t), "--draft-model", str(assistant)]
     assert main_sglang(ok + ["--draft", "frozen_kv_mtp"]) == 0
     assert "FROZEN_KV_MTP" in capsys.readouterr().out
     assert main_sglang(ok + ["--draft", "eagle"]) == 2          # SGLang would run it as frozen
@@ -494,3 +500,101 @@ def test_models_refuses_draft_layers_below_one(tmp_path, capsys, layers):
     assert main_sglang(["models", "--out", str(tmp_path / "m"), "--draft-layers", layers]) == 2
     assert "--draft-layers: must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+# ------------------------------------------------------------------ one dialect with `mtplab run`
+def _help(argv, capsys, monkeypatch) -> str:
+    from mtplab import cli
+    monkeypatch.setenv("COLUMNS", "400")                 # argparse wraps at hyphens too
+    try:
+        assert cli.main([*argv, "--help"]) == 0
+    except SystemExit as e:           # `run` exits through argparse, `sglang` returns
+        assert e.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_launch_takes_every_run_flag_with_its_help(capsys, monkeypatch):
+    """Every RunConfig field is a flag of both commands, with the same value syntax and the
+    field's own help text (knob metadata); each launch-only flag has a help line too."""
+    from dataclasses import fields
+    run_help = _help(["run"], capsys, monkeypatch)
+    launch_help = _help(["sglang", "launch"], capsys, monkeypatch)
+    for f in fields(RunConfig):
+        flag, doc = "--" + f.name.replace("_", "-"), " ".join(f.metadata["help"].split())
+        for text in (run_help, launch_help):
+            assert f"{flag} " in text and doc in text, (f.name, text[:200])
+    for flag in ("--overlap {true,false}", "--fold-seed {true,false}", "--model TEXT",
+                 "--simulate-accept-rates X,Y,...", "--dummy-weights {true,false}"):
+        assert flag in launch_help
+    from mtplab.sglang.cli import build_parser
+    launch = next(a for a in build_parser()._subparsers._group_actions[0].choices.values()
+                  if a.prog.endswith("launch"))
+    for action in launch._actions:
+        assert action.help, action.option_strings
+
+
+@pytest.mark.parametrize("argv,present,absent", [
+    (["--overlap", "true"], [], ["--disable-overlap-schedule"]),
+    (["--overlap", "false"], ["--disable-overlap-schedule"], []),
+    ([], ["--disable-overlap-schedule", "--cuda-graph-max-bs-decode"], []),   # RunConfig's defaults
+    (["--cuda-graphs", "false"], ["--cuda-graph-backend-decode"], ["--cuda-graph-max-bs-decode"]),
+    (["--device", "cpu"], ["--device cpu", "--cuda-graph-backend-decode"], []),
+    (["--dtype", "bfloat16", "--context-len", "4096", "--max-total-tokens", "8192"],
+     ["--dtype bfloat16", "--context-length 4096", "--max-total-tokens 8192"], []),
+    (["--dtype", "auto"], [], ["--dtype"]),
+    (["--page-size", "16", "--max-running-requests", "8", "--seed", "3"],
+     ["--page-size 16", "--max-running-requests 8", "--random-seed 3"], []),
+    (["--attention-backend", "fa3"], ["--attention-backend fa3"], []),
+    (["--dummy-weights", "true"], ["--load-format dummy"], []),
+])
+def test_launch_flags_reach_the_server(model_dirs, capsys, argv, present, absent):
+    assert main_sglang(["launch", "--dry-run", "--model", model_dirs[0], *argv]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    for p in present:
+        assert p in line, (p, line)
+    for a in absent:
+        assert a not in line, (a, line)
+
+
+def test_server_knobs_are_what_sglang_parses(model_dirs):
+    sa = sglang_module("sglang.srt.server_args")
+    sl = server_launch(cfg(), ServerSpec(model_path=model_dirs[0], device="cpu", dtype="bfloat16",
+                                         context_len=256, max_total_tokens=4096))
+    a = sa.prepare_server_args(list(sl.argv))
+    assert (a.dtype, a.context_length, a.max_total_tokens) == ("bfloat16", 256, 4096)
+
+
+@pytest.mark.parametrize("message,flags", [
+    ("page_size=3 is not a power of two; use 1, 2, 4.", "--page-size 3 is not a power of two; use 1, 2, 4."),
+    ("set fold_seed=True to compare like with like.", "set --fold-seed true to compare like with like."),
+    ("draft='eagle' needs a draft model directory; pass draft_model_path.",
+     "--draft eagle needs a draft model directory; pass --draft-model."),
+    ("with topk=1 the draft is a chain of num_steps+1 tokens, so num_draft_tokens must be 4.",
+     "with --topk 1 the draft is a chain of num_steps+1 tokens, so --num-draft-tokens must be 4."),
+    ("model_path /m is not a directory", "--model /m is not a directory"),
+    ("a draft model, a sglang_draft_model_path", "a draft model, a sglang_draft_model_path"),
+    ("/runs/trace_dir/m: no config.json", "/runs/trace_dir/m: no config.json"),     # a path
+])
+def test_errors_name_the_flag(message, flags):
+    from mtplab.flags import as_flags
+    from mtplab.sglang.cli import launch_flags
+    assert as_flags(message, launch_flags()) == flags
+
+
+def test_models_writes_a_frozen_assistant_that_launch_takes(tmp_path, capsys):
+    """`sglang models --draft frozen_kv_mtp`: a Gemma-4 target and its Frozen-KV assistant in a
+    preset's shape, which `launch --draft frozen_kv_mtp` accepts (and `--draft eagle` not)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    assert main_sglang(["models", "--out", str(tmp_path), "--draft", "frozen_kv_mtp",
+                        "--model", "random-tiny", "--draft-layers", "1"]) == 0
+    assert "assistant" in capsys.readouterr().out
+    t = json.loads((tmp_path / "target" / "config.json").read_text())
+    a = json.loads((tmp_path / "assistant" / "config.json").read_text())
+    assert t["architectures"] == ["Gemma4ForCausalLM"] and t["hidden_size"] == 128
+    assert a["architectures"] == ["Gemma4AssistantForCausalLM"]
+    assert a["backbone_hidden_size"] == 128 and a["text_config"]["num_hidden_layers"] == 1
+    ok = ["launch", "--dry-run", "--model", str(tmp_path / "target"), "--draft-model",
+          str(tmp_path / "assistant")]
+    assert main_sglang([*ok, "--draft", "frozen_kv_mtp"]) == 0
+    assert "--speculative-algorithm FROZEN_KV_MTP" in capsys.readouterr().out
+    assert main_sglang([*ok, "--draft", "eagle"]) == 2

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
-from ..validate import FlagParser, check_out_file, nonneg_number, positive_number
+from ..flags import FlagParser, nonneg_number, positive_number
+from ..validate import check_out_file
 from .causes import cause_help, cause_split
 from .example import EXAMPLE_TRACE
 from .trace_io import (

@@ -15,6 +15,9 @@
     (ServerSpec) device, backend   --device, --attention-backend: always explicit
     (always)                       --skip-tokenizer-init: the driver sends token ids
     (ServerSpec) deterministic     --enable-deterministic-inference
+    (ServerSpec) dtype             --dtype (not passed for None / auto: the model's)
+    (ServerSpec) context_len       --context-length
+    (ServerSpec) max_total_tokens  --max-total-tokens
     (ServerSpec) dummy weights     --load-format dummy --speculative-draft-load-format dummy
     (ServerSpec) cuda_graphs       overrides cfg.cuda_graphs (RunConfig resolves for this host)
 
@@ -76,6 +79,9 @@ class ServerSpec:
     dummy_weights: bool = False
     deterministic: bool = False
     mem_fraction_static: Optional[float] = None
+    dtype: Optional[str] = None
+    context_len: Optional[int] = None
+    max_total_tokens: Optional[int] = None
     # CUDA graphs on the server; None -> cfg.cuda_graphs (RunConfig resolves graphs for the
     # local device, which may be a CPU that cannot say True).
     cuda_graphs: Optional[bool] = None
@@ -212,5 +218,11 @@ def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:
         a.append("--enable-deterministic-inference")
     if spec.mem_fraction_static is not None:
         a += ["--mem-fraction-static", str(spec.mem_fraction_static)]
+    if spec.dtype not in (None, "auto"):
+        a += ["--dtype", spec.dtype]
+    if spec.context_len is not None:
+        a += ["--context-length", str(spec.context_len)]
+    if spec.max_total_tokens is not None:
+        a += ["--max-total-tokens", str(spec.max_total_tokens)]
     a += list(spec.extra_args)
     return ServerLaunch(argv=tuple(a), env=env)

@@ -2,7 +2,9 @@
 (streamed, for TTFT / ITL), /start_profile and /stop_profile. Standard library only.
 
 Per request (stream=True, SSE `data: {...}` chunks, `data: [DONE]` last):
-    ttft = first chunk - send;  itl = chunk-to-chunk times divided by the tokens each adds;
+    ttft = first chunk - send;  itl = chunk-to-chunk times divided by the tokens each adds,
+    from the first decode step's chunk on (the gap from the prefill's chunk to it is left out,
+    as mtplab's Engine.stats does; SGLang's bench_serving counts it);
     meta_info of the last chunk: completion_tokens, spec_verify_ct, spec_accept_length.
 Run metrics: tok/s = completion tokens / wall; tpot = (e2e - ttft) / (tokens - 1), mean over
 requests; itl_p50/p99 over all token gaps; accept_len = tokens / verify steps (spec runs).
@@ -100,10 +102,17 @@ def generate_one(base_url: str, input_ids: Sequence[int], max_new_tokens: int,
         raise ServerError(f"{base_url}/generate failed: {type(e).__name__}: {e}") from None
     if not times:
         raise ServerError(f"{base_url}/generate streamed no chunk.")
-    itl = [(b - a) / (n1 - n0) for a, b, n0, n1 in zip(times, times[1:], counts, counts[1:])
-           if n1 > n0 for _ in range(n1 - n0)]
-    return RequestStats(tokens=counts[-1], e2e_s=times[-1] - t0, ttft_s=times[0] - t0, itl_s=itl,
+    return RequestStats(tokens=counts[-1], e2e_s=times[-1] - t0, ttft_s=times[0] - t0,
+                        itl_s=chunk_itl(times, counts),
                         verify_ct=meta.get("spec_verify_ct"), output_ids=list(out))
+
+
+def chunk_itl(times: Sequence[float], counts: Sequence[int]) -> list[float]:
+    """ITL samples of one request's chunks (arrival times, completion tokens so far): each gap
+    divided by the tokens it adds, once per token, from the first decode step's chunk on."""
+    return [(b - a) / (n1 - n0)
+            for a, b, n0, n1 in zip(times[1:], times[2:], counts[1:], counts[2:])
+            if n1 > n0 for _ in range(n1 - n0)]
 
 
 def run_workload(base_url: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,

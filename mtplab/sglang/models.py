@@ -33,21 +33,35 @@ def write_llama_eagle_dirs(root: PathLike, model: str = "random-medium", *,
     return _config_dirs(root, {"target": target, "draft": draft}, sort_keys=True)
 
 
-def write_gemma4_frozen_dirs(root: PathLike, *, hidden_size: int = 256, layers: int = 4,
-                             heads: int = 4, kv_heads: int = 1, head_dim: int = 64,
-                             vocab_size: int = 1024, assistant_hidden_size: int = 128,
+def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
+                             hidden_size: int = 256, layers: int = 4, heads: int = 4,
+                             kv_heads: int = 1, head_dim: int = 64, vocab_size: int = 1024,
+                             assistant_hidden_size: int = 128,
                              assistant_layers: int = 2) -> tuple[Path, Path]:
-    """(target_dir, assistant_dir) under `root`, each holding only config.json."""
+    """(target_dir, assistant_dir) under `root`, each holding only config.json. With `model`
+    (an mtplab preset) the target takes that preset's shape and the assistant half its width."""
     from transformers import Gemma4AssistantConfig, Gemma4TextConfig
 
+    if model is not None:
+        from ..models.zoo import model_config
+        c = model_config(model)
+        hidden_size, layers, heads = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+        kv_heads, head_dim, vocab_size = c.num_key_value_heads, c.head_dim, c.vocab_size
+        assistant_hidden_size = hidden_size // 2
+
+    # the last layer attends fully (transformers forces it, with a warning, when the default
+    # sliding/full pattern ends on a sliding layer)
     text = dict(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
                 num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab_size,
-                intermediate_size=4 * hidden_size)
+                intermediate_size=4 * hidden_size,
+                layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])
     target = Gemma4TextConfig(**text).to_dict()
     target["architectures"] = ["Gemma4ForCausalLM"]
     a_text = Gemma4TextConfig(**{**text, "hidden_size": assistant_hidden_size,
                                  "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
                                  "num_hidden_layers": assistant_layers,
+                                 "layer_types": ["sliding_attention"] * (assistant_layers - 1)
+                                 + ["full_attention"],
                                  "intermediate_size": 4 * assistant_hidden_size}).to_dict()
     assistant = Gemma4AssistantConfig(text_config=a_text,
                                       backbone_hidden_size=hidden_size).to_dict()

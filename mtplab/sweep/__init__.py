@@ -38,8 +38,9 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               the window, the draft's S forwards)
   latency     step_time_p50_ms (all steps), decode_step_time_p50_ms (decode step wall time),
               itl_p50_ms, itl_p99_ms, tpot_p50_ms, tpot_p90_ms, from Engine.stats(): ITL =
-              time between consecutive token deliveries to one request (a speculative step
-              delivers its accepted tokens at once, so one sample per request per step);
+              time between consecutive token deliveries to one request from its first
+              decode step on (the prefill-to-first-decode gap is left out; a speculative
+              step delivers its accepted tokens at once, so one sample per request per step);
               TPOT = per request (last delivery - first delivery) / (tokens - 1)
   acceptance  accept_len (tokens committed per verify, bonus included; NaN without a draft),
               accept_rate_pos<i> (i = 1..num_steps), accept_simulated

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..validate import FlagParser, check_out_dir, out_dir, positive_int, positive_number
+from ..flags import FlagParser, out_dir, positive_int, positive_number
+from ..validate import check_out_dir
 from .executors import DaskExecutor, LocalExecutor, visible_gpus
 from .grid import Cell, load_grid, load_yaml
 from .lock import OutDirLocked, hold_out_dir

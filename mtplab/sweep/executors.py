@@ -196,7 +196,7 @@ def local_cluster(workers: int | None, gpus: list[str]) -> tuple[Any, str]:
     from distributed import LocalCluster
 
     if not gpus:
-        n = workers or os.cpu_count() or 1
+        n = cpu_workers(workers)
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                resources={CELL_SLOT: 1}, dashboard_address=":0")
         return cluster, "LocalCluster"
@@ -223,6 +223,27 @@ def local_cluster(workers: int | None, gpus: list[str]) -> tuple[Any, str]:
             for i, g in enumerate(gpus[:n])}
     return SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {
         "dashboard_address": ":0"}}), "SpecCluster (a Nanny per GPU)"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_workers(workers: int | None) -> int:
+    """How many CPU workers a local cluster starts (default: one per usable core); more than
+    the cores is allowed, with a one-line warning: concurrent CPU cells share the cores, and
+    their tok/s is not that of a cell running alone."""
+    cores = usable_cores()
+    n = workers or cores
+    if n > cores:
+        logger.warning("mtplab sweep: %d Dask CPU workers on %d cores: cells running at once "
+                       "share cores, so their tok/s and latencies are lower than alone; use "
+                       "--workers %d or fewer for timings.", n, cores, cores)
+    return n
 
 
 def visible_gpus() -> list[str]:

@@ -27,7 +27,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..atomic import atomic_write_text
+from ..atomic import atomic_write_json, strict_json
+from ..fmt import readable
 from ..analysis.bubbles import analyze
 from ..analysis.plots import plot_event_timeline, plot_timeline, save_figure
 from .metrics import meter_name
@@ -223,7 +224,7 @@ def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> s
                             for v in t["bubble_frac"]]
     for m in ("tok_per_s", "accept_len"):
         if m in t:
-            t[m] = [f"{v:.3g}" if v == v and v is not None else "-" for v in t[m]]
+            t[m] = [readable(v) for v in t[m]]
     bubble = f"bubble ({meter_name(df['cfg.device'])})" if "cfg.device" in df else "bubble"
     return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": bubble}).to_string(
         index=False, na_rep="-")
@@ -233,23 +234,14 @@ def write_answer(out_dir: str | Path, answer: dict) -> Path:
     """Print a notebook's answer and write it to `<out_dir>/answer.json` (a notebook sweep
     turns its scalars into `nb.<key>` columns). The file is strict JSON: a missing value
     (NaN, infinity, pandas NA) is null, numpy scalars are plain numbers."""
-    clean = {k: _json_value(v) for k, v in answer.items()}
+    clean = strict_json(answer, _plain)
     for k, v in clean.items():
         print(f"{k}: {v}")
-    return atomic_write_text(Path(out_dir) / "answer.json",
-                             json.dumps(clean, indent=1, allow_nan=False, default=str))
+    return atomic_write_json(Path(out_dir) / "answer.json", clean)
 
 
-def _json_value(v):
-    """`v` as strict JSON takes it: None for a missing number, a plain Python scalar."""
+def _plain(v):
+    """numpy scalars as Python ones, pandas' missing values as None."""
     if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, dict):
-        return {str(k): _json_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_value(x) for x in v]
-    return v
+        return v.item()
+    return None if v is pd.NA or v is pd.NaT else v

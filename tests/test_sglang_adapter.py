@@ -455,7 +455,7 @@ LAUNCH_REFUSALS = [   # (argv after launch; {t}/{d} = target/draft dirs, {file} 
     (["--port", "99999"], "--port: '99999' is not a TCP port"),
     (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
     (["--fused", "true"], "SGLang has no equivalent of --fused"),
-    (["--fold-seed", "true"], "--fold-seed folds the Frozen-KV MTP seed step"),
+    (["--fold-seed", "true"], "--fold-seed folds the draft's seed forward"),
     (["--attention-backend", "bogus"], "--attention-backend: invalid choice: 'bogus'"),
     (["--draft-model", "{d}"], "--draft-model is given but --draft none runs no draft"),
     (["--model", "/nonexistent"], "--model /nonexistent is not a directory"),

@@ -55,3 +55,79 @@ def test_random_tiny_is_seeded_and_stable():
     assert w.shape == (320, 128)
     want = torch.tensor([-1.493876, 2.005404, 0.058486, 0.058926])
     assert torch.allclose(w[3, :4], want, atol=1e-5)
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def test_llama3_rope_frequencies_match_transformers():
+    from transformers import LlamaConfig as HFConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from mtplab.models.llama import rope_inv_freq
+    hf_cfg = HFConfig(hidden_size=1024, num_attention_heads=8, num_hidden_layers=1,
+                      max_position_embeddings=131072,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192},
+                      rope_theta=500000.0)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
+    got = rope_inv_freq(128, 500000.0, {"rope_type": "llama3", "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192})
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+    plain = rope_inv_freq(128, 500000.0)
+    assert (got < plain).any() and (got == plain).any()   # low frequencies stretched only
+
+
+def _scaled_dir(tmp_path, legacy: bool):
+    """random-tiny saved, its config.json given Llama 3.1 RoPE scaling (the hub's
+    rope_scaling, or transformers 5's rope_parameters with the theta inside)."""
+    Engine(RunConfig(model="random-tiny", seed=3)).save_target(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if legacy:
+        cfg["rope_scaling"] = dict(LLAMA3_SCALING)
+    else:
+        cfg["rope_parameters"] = {**LLAMA3_SCALING, "rope_theta": cfg.pop("rope_theta")}
+        cfg.pop("rope_scaling", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_llama31_rope_scaling_survives_loading_and_matches_transformers(tmp_path, legacy):
+    d = _scaled_dir(tmp_path / "src", legacy)
+    eng = Engine(RunConfig(model=str(d), page_size=4))
+    assert eng.model.config.rope_scaling == LLAMA3_SCALING
+    assert eng.model.config.rope_theta == 10000.0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
+    prompt = [1] + list(range(40, 150))          # positions past the original 64
+    ours = eng.generate([prompt], max_new_tokens=8, ignore_eos=True)[0]
+    assert hf_greedy(hf, prompt, 8) == ours
+    plain = Engine(RunConfig(model="random-tiny", seed=3, page_size=4))
+    assert not torch.equal(eng.model.rope.cos, plain.model.rope.cos)   # the scaling is in force
+    eng.save_target(tmp_path / "again")                # and written back
+    assert LlamaLoad(tmp_path / "again").rope_scaling == LLAMA3_SCALING
+
+
+def test_unknown_rope_scaling_is_one_clear_error(tmp_path):
+    d = _scaled_dir(tmp_path, legacy=True)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    from mtplab.errors import ModelLoadError
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'yarn' is not implemented"):
+        LlamaLoad(d)
+
+
+def LlamaLoad(d):
+    from mtplab.models.llama_config import LlamaConfig
+    return LlamaConfig.load(d)
+
+
+def test_llama31_preset_has_128k_positions_and_its_scaling():
+    from mtplab.models.zoo import model_config
+    c = model_config("llama3.1-8b-like@2")
+    assert c.max_position_embeddings == 131072 and c.rope_scaling["rope_type"] == "llama3"
+    assert c.rope_scaling["original_max_position_embeddings"] == 8192

@@ -28,6 +28,7 @@ Moving or casting the model (`.to`) re-makes the views (`_apply`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -54,12 +55,40 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict] = None) -> torch.Tensor:
+    """Rotary frequencies [head_dim / 2]: theta^(-2i/d), rescaled by `scaling` (a config's
+    rope_scaling, normalised by LlamaConfig):
+
+        linear  every frequency / factor
+        llama3  (Llama 3.1) by wavelength w = 2 pi / f, with L = original_max_position_embeddings:
+                w < L / high_freq_factor            f             (high frequencies kept)
+                w > L / low_freq_factor             f / factor    (low frequencies stretched)
+                between                             (1 - a) f / factor + a f,
+                                                    a = (L / w - low) / (high - low)
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / scaling["factor"]
+    elif kind == "llama3":
+        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor",
+                                                  "high_freq_factor"))
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        a = ((old / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+        inv = torch.where(wavelen < old / high, inv,
+                          torch.where(wavelen > old / low, inv / factor,
+                                      (1 - a) * inv / factor + a * inv))
+    return inv
+
+
 class Rope(nn.Module):
     """Rotary embedding with a precomputed cos/sin table indexed by position (graph friendly)."""
 
-    def __init__(self, head_dim: int, theta: float, max_pos: int):
+    def __init__(self, head_dim: int, theta: float, max_pos: int,
+                 scaling: Optional[dict] = None):
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        inv = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], -1)
         self.register_buffer("cos", emb.cos(), persistent=False)
@@ -219,7 +248,8 @@ class LlamaForCausalLM(FusableModel):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
+                         cfg.rope_scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_k: torch.Tensor,
                 kv_v: torch.Tensor, out_loc: torch.Tensor, meta: AttnMeta, attn_fn: AttnFn,

@@ -31,6 +31,10 @@ class LlamaConfig:
     # Per-layer attention type (Gemma-style sliding/full split); None = all full attention.
     layer_types: Optional[list] = None
     sliding_window: Optional[int] = None
+    # RoPE frequency scaling (Hugging Face `rope_scaling`): None, or {"rope_type": "linear",
+    # "factor"} or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"} (Llama 3.1); see models/llama.py rope_inv_freq
+    rope_scaling: Optional[dict] = None
     bos_token_id: Optional[int] = 1
     eos_token_id: Optional[int] = 2
     pad_token_id: Optional[int] = 0
@@ -49,6 +53,7 @@ class LlamaConfig:
             raise ValueError("sliding_attention layers need a positive sliding_window.")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads (GQA).")
+        self.rope_scaling = normalized_rope_scaling(self.rope_scaling)
 
     @property
     def has_sliding(self) -> bool:
@@ -80,7 +85,7 @@ class LlamaConfig:
         d = {k: v for k, v in asdict(self).items() if k != "extra"}
         d.update(self.extra)
         d.update(hidden_act="silu", attention_bias=False, mlp_bias=False,
-                 initializer_range=0.02, rope_scaling=None)
+                 initializer_range=0.02)
         if self.has_sliding:
             # transformers' Llama ignores layer_types/sliding_window and would silently compute
             # full attention, so a sliding-window checkpoint is marked as mtplab-only.
@@ -117,6 +122,11 @@ class LlamaConfig:
         cls.check_hf_dict(d)
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
+        rp = d.get("rope_parameters")     # transformers >= 5 writes theta and scaling here
+        if isinstance(rp, dict):
+            if "rope_theta" in rp:
+                known["rope_theta"] = rp["rope_theta"]
+            known["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
         known.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
         known.setdefault("num_key_value_heads", d["num_attention_heads"])
         if isinstance(known.get("eos_token_id"), list):
@@ -124,7 +134,7 @@ class LlamaConfig:
         if not d.get("sliding_window"):
             known.pop("layer_types", None)
         skip = names | {"architectures", "model_type", "hidden_act", "attention_bias",
-                        "mlp_bias", "initializer_range", "rope_scaling", "torch_dtype", "dtype",
+                        "mlp_bias", "initializer_range", "rope_parameters", "torch_dtype", "dtype",
                         "transformers_version", "use_cache", "pretraining_tp",
                         "attention_dropout"}
         return cls(**known, extra={k: v for k, v in d.items() if k not in skip})
@@ -149,3 +159,34 @@ class LlamaConfig:
             return cls.from_hf_dict(d)
         except (ValueError, TypeError) as e:
             raise ModelLoadError(f"{path}: {str(e).rstrip('.')}.") from None
+
+
+ROPE_KEYS = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings")}
+
+
+def normalized_rope_scaling(rs) -> Optional[dict]:
+    """A config's rope_scaling as {"rope_type": ..., its parameters} (the old key "type"
+    accepted), None for no scaling; ValueError naming the problem for a kind mtplab does not
+    implement or a missing / non-positive parameter."""
+    if rs is None:
+        return None
+    if not isinstance(rs, dict):
+        raise ValueError(f"rope_scaling={rs!r} is not an object; use null or "
+                         '{"rope_type": "llama3", ...}')
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ROPE_KEYS:
+        raise ValueError(f"rope_scaling type {kind!r} is not implemented; mtplab implements "
+                         f"{sorted(ROPE_KEYS)} (or remove rope_scaling)")
+    out = {"rope_type": kind}
+    for k in ROPE_KEYS[kind]:
+        v = rs.get(k)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
+            raise ValueError(f"rope_scaling {kind} needs a positive {k}, got {v!r}")
+        out[k] = v
+    if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
+        raise ValueError("rope_scaling llama3 needs high_freq_factor > low_freq_factor")
+    return out

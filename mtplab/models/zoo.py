@@ -18,7 +18,9 @@ Shape presets (seeded random init, for timing with simulated acceptance; depth s
     gemma4-31b-like      hidden 5376, 32 q / 16 kv heads, head_dim 256, window 1024, 5:1
                          sliding:full, FFN 21504, vocab 262144 tied; default 6 of 60 layers
     llama3-8b-like       hidden 4096, 32 q / 8 kv heads, head_dim 128, FFN 14336, full vocab
-                         128256, rope theta 5e5; default 4 of 32 layers
+                         128256, rope theta 5e5, 8192 positions; default 4 of 32 layers
+    llama3.1-8b-like     the same shapes at 131072 positions with Llama 3.1's RoPE scaling
+                         (llama3: factor 8, low/high frequency factors 1 / 4, original 8192)
     (Gemma's full-attention layers really use head_dim 512 and fewer KV heads, GeGLU, QK-norm
     and extra norms; these stacks keep only the shapes that drive time and memory.)
 
@@ -63,6 +65,10 @@ def _gemma_types(n: int) -> list:
     return [FULL if i % 6 == 5 or i == n - 1 else SLIDING for i in range(n)]
 
 
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
 @dataclass(frozen=True)
 class ShapePreset:
     """A realistic stack at a chosen depth (random init). `full_layers` is the real depth."""
@@ -98,6 +104,12 @@ SHAPES: dict[str, ShapePreset] = {s.name: s for s in (
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      max_position_embeddings=8192, rope_theta=500000.0),
                 4, 32, False, "Llama-3 8B shapes"),
+    ShapePreset("llama3.1-8b-like",
+                dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=131072, rope_theta=500000.0,
+                     rope_scaling=LLAMA31_ROPE),
+                4, 32, False, "Llama-3.1 8B shapes, 128k context"),
 )}
 
 # Trained presets: name -> directory with target/, assistant/, eagle/ (train.py's output).
@@ -220,7 +232,8 @@ def build_target(name: str, seed: int = 0, device: torch.device | str | None = N
         if cfg.tie_word_embeddings:     # to_empty gives each module its own new parameter
             model.lm_head.weight = model.model.embed_tokens.weight
         # The RoPE tables are buffers, not parameters: compute them as a CPU build does.
-        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings).to(dev)
+        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
+                          cfg.rope_scaling).to(dev)
         init_random(model, seed)
         model.init_device = dev
     elif name in PRESETS or _shape_of(name) is not None:

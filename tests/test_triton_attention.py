@@ -32,7 +32,7 @@ def random_tree_mask(Q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
 
 
 def make_case(q_lens, kv_lens, *, Hq=4, Hkv=1, d=32, page=4, tree=False, dtype=torch.float32,
-              max_q=None, max_kv=None, device=DEVICE, seed=0):
+              max_q=None, max_kv=None, device=DEVICE, seed=0, kv_shared=False):
     """Random q / paged KV cache / AttnMeta. Pages come from a random permutation, and lanes map
     to shuffled rows of the table, so every indirection is exercised."""
     gen = torch.Generator().manual_seed(seed)
@@ -54,33 +54,40 @@ def make_case(q_lens, kv_lens, *, Hq=4, Hkv=1, d=32, page=4, tree=False, dtype=t
     kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32)
     cu_q = torch.zeros(B + 1, dtype=torch.long)
     cu_q[1:] = q_lens_t.cumsum(0)
-    prefix = kv_lens_t.long() - q_lens_t
+    prefix = kv_lens_t.long() - (0 if kv_shared else q_lens_t)
     tree_mask = None
     if tree:
         assert all(ql == max_q for ql in q_lens), "tree lanes all have q_len == max_q"
         masks, depths = zip(*(random_tree_mask(max_q, gen) for _ in range(B)))
         tree_mask = torch.stack(masks)
         positions = torch.cat([prefix[b] + depths[b] for b in range(B)])
+    elif kv_shared:     # a draft step's branches: all at the row's last position
+        positions = torch.cat([torch.full((q_lens[b],), int(prefix[b]) - 1) for b in range(B)])
     else:
         positions = torch.cat([prefix[b] + torch.arange(q_lens[b]) for b in range(B)])
     meta = AttnMeta(table=table, rows=rows, kv_lens=kv_lens_t, q_lens=q_lens_t, cu_q=cu_q,
-                    positions=positions, max_q=max_q, max_kv=max_kv, tree_mask=tree_mask)
+                    positions=positions, max_q=max_q, max_kv=max_kv, tree_mask=tree_mask,
+                    kv_shared=kv_shared)
     moved = {f: getattr(meta, f).to(device) for f in
              ("table", "rows", "kv_lens", "q_lens", "cu_q", "positions")}
     meta = AttnMeta(**moved, max_q=max_q, max_kv=max_kv,
-                    tree_mask=None if tree_mask is None else tree_mask.to(device))
+                    tree_mask=None if tree_mask is None else tree_mask.to(device),
+                    kv_shared=kv_shared)
     return (q.to(device, dtype), k_cache.to(device, dtype), v_cache.to(device, dtype), meta)
 
 
-def check(case, window=0, atol=1e-4):
-    """Both kernels families (default and deterministic) against the reference."""
+def check(case, window=0, atol=1e-4, splits=(None,)):
+    """Both kernels families (default, with each split count, and deterministic) against the
+    reference."""
     q, k, v, meta = case
     scale = q.shape[-1] ** -0.5
     ref = paged_attention_ref(q, k, v, meta, scale, window)
-    for det in (False, True):
-        out = paged_attention_triton(q, k, v, meta, scale, window, deterministic=det)
+    runs = [dict(num_splits=n) for n in splits] + [dict(deterministic=True)]
+    for kw in runs:
+        out = paged_attention_triton(q, k, v, meta, scale, window, **kw)
         assert out.shape == ref.shape and out.dtype == q.dtype
-        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol,
+                                   msg=lambda m: f"{kw}: {m}")
 
 
 # ---- decode (max_q == 1) ------------------------------------------------------------------
@@ -108,6 +115,60 @@ def test_decode_strided_q_and_padded_max_kv():
 def test_decode_zero_q_lane_writes_nothing():
     # lane 1 has no query: its cu_q points at lane 2's token, which it must not overwrite
     check(make_case([1, 0, 1], [12, 30, 7]))
+
+
+# ---- split-KV: the row cut in parts + the reduce pass -------------------------------------
+
+@pytest.mark.parametrize("kv_lens,Hq,Hkv,d,window,splits", [
+    ([300], 8, 2, 64, 0, (1, 2, 5)),          # chunks of 192 / 64 entries; 5: two empty splits
+    ([5, 300, 129], 4, 1, 32, 0, (3, 8)),     # short rows leave splits empty
+    ([5, 300, 129], 4, 2, 32, 100, (4,)),     # a window: only [pos - 99, pos] is split
+    ([1, 70], 6, 2, 32, 0, (2,)),             # GQA group of 3
+])
+def test_decode_split(kv_lens, Hq, Hkv, d, window, splits):
+    check(make_case([1] * len(kv_lens), kv_lens, Hq=Hq, Hkv=Hkv, d=d, page=16), window,
+          splits=splits)
+
+
+@pytest.mark.parametrize("Q,kv_lens,window,splits", [
+    (4, [200, 9], 0, (1, 3)),
+    (8, [150, 40, 8], 30, (2, 6)),             # the window hides prefix entries, not nodes
+])
+def test_tree_split(Q, kv_lens, window, splits):
+    check(make_case([Q] * len(kv_lens), kv_lens, Hq=4, Hkv=2, tree=True, seed=7), window,
+          splits=splits)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,window", [([4, 1, 3], [150, 20, 3], 0),
+                                                   ([4, 2], [150, 60], 25)])
+def test_short_extend_split(q_lens, kv_lens, window):
+    # a causal extend whose queries fit one tile (eagle's draft extend) takes the split kernel
+    check(make_case(q_lens, kv_lens, Hq=4, Hkv=2), window, splits=(1, 3))
+
+
+@pytest.mark.parametrize("K,kv_lens,window", [(4, [90, 7, 33], 0), (2, [130, 1], 20)])
+def test_kv_shared_branches_read_one_row(K, kv_lens, window):
+    # K queries per lane at the row's last position, owning no entry: a draft step's branches
+    check(make_case([K] * len(kv_lens), kv_lens, Hq=4, Hkv=2, kv_shared=True), window,
+          splits=(1, 3))
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_entries_outside_the_window_are_never_loaded(tree):
+    """V of every entry before the oldest query's window is NaN: one load of it would make
+    the output NaN (0 x NaN), so a finite, correct output shows the kernel never read it."""
+    Q = 4 if tree else 1
+    q, k, v, meta = make_case([Q, Q], [200, 120], Hq=4, Hkv=2, tree=tree, page=16, seed=3)
+    window, scale = 40, q.shape[-1] ** -0.5
+    ref = paged_attention_ref(q, k, v, meta, scale, window)
+    poisoned = v.clone()
+    for b in range(2):
+        lo = int(meta.positions[meta.cu_q[b]:meta.cu_q[b + 1]].min()) - window + 1
+        slots = meta.table[meta.rows[b], :lo].long()
+        poisoned[slots] = float("nan")
+    for splits in (1, 3):
+        out = paged_attention_triton(q, k, poisoned, meta, scale, window, num_splits=splits)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
 # ---- extend / prefill ----------------------------------------------------------------------

@@ -18,13 +18,16 @@ def visibility_mask(meta: AttnMeta, window: int) -> torch.Tensor:
     j = torch.arange(M, device=dev)
     kv_lens = meta.kv_lens.long()
     q_lens = meta.q_lens.long()
-    prefix = (kv_lens - q_lens)[:, None, None]                       # [B,1,1]
+    prefix = (kv_lens - (0 if meta.kv_shared else q_lens))[:, None, None]   # [B,1,1]
     jj = j[None, None, :]
     ii = i[None, :, None]
     in_kv = jj < kv_lens[:, None, None]
     tok = (meta.cu_q[:-1, None] + i[None, :]).clamp(max=meta.positions.shape[0] - 1)
     pos_q = meta.positions[tok][:, :, None]                          # [B,Q,1]
-    if meta.tree_mask is None:
+    if meta.kv_shared:
+        vis = (jj < prefix).expand(meta.batch_size, Q, M)
+        linear = torch.ones_like(vis)
+    elif meta.tree_mask is None:
         vis = jj <= prefix + ii
         linear = torch.ones_like(vis)
     else:

@@ -12,6 +12,8 @@ Layout of one forward over B requests, T = sum(q_lens) query tokens (packed):
 Visibility of entry j to query i (0-based within its lane), prefix = kv_len - q_len:
     no tree_mask : j <= prefix + i                      (causal over a linear row)
     tree_mask    : j < prefix  or  tree_mask[b, i, j - prefix]   (all lanes have q_len == Q)
+    kv_shared    : j < kv_len   for every query: the lane's q_len queries own no KV entry and
+                   share the whole row (a Frozen-KV draft step's K branches of one request)
     window W > 0 : additionally positions[t] - j < W for linear entries (the prefix part only
                    under a tree mask; tree nodes see their ancestors regardless)
 `max_q` / `max_kv` are static Python ints (upper bounds) so a CUDA graph can capture the
@@ -36,6 +38,7 @@ class AttnMeta:
     max_q: int
     max_kv: int
     tree_mask: Optional[torch.Tensor] = None   # [B, Q, Q] bool
+    kv_shared: bool = False                    # queries share [0, kv_len), own no entry
 
     @property
     def batch_size(self) -> int:

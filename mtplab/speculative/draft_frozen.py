@@ -2,8 +2,10 @@
 
     seed    (bonus [B], target hidden [B,H]) at position seq_len-1 over target KV [0, seq_len)
             -> logp [B,V] -> top-k: step-0 branches, hidden h0 [B,H]
-    step s  B*K lanes, each a plain decode over the same committed prefix at the same position
-    (s=1..S-1) token = branch token, hidden = output hidden of the branch's parent lane
+    step s  B lanes of K queries (the branches) over the same committed prefix at the same
+    (s=1..S-1) position: token = branch token, hidden = output hidden of the branch's parent;
+            one kv_shared attention lane per request, so each KV page is read once per step
+            for all K branches (kernels/attn_meta.py)
 After verify there is no draft-extend forward: the next seed is (bonus, verify hidden at the
 last accepted node), selected from the verify outputs by the spec worker.
 """
@@ -47,11 +49,14 @@ class FrozenDraftWorker:
         """The assistant on the device, reading the target's KV."""
         return cls(model.to(device, dtype), target_kv, table, attn_fn, num_steps, topk, spans)
 
-    def _forward(self, tokens, hidden, rows, seq_lens, max_kv):
+    def _forward(self, tokens, hidden, rows, seq_lens, max_kv, per_lane: int = 1):
+        """`per_lane` queries per request (tokens/hidden request-major [B*per_lane]), all at
+        position seq_len - 1 over the request's committed prefix [0, seq_len)."""
         n = rows.shape[0]
-        positions = (seq_lens - 1).clamp(min=0).long()
-        meta = AttnMeta(self.table, rows, seq_lens, torch.ones_like(seq_lens),
-                        torch.arange(n + 1, device=rows.device), positions, 1, max_kv)
+        positions = (seq_lens - 1).clamp(min=0).long().repeat_interleave(per_lane)
+        meta = AttnMeta(self.table, rows, seq_lens, torch.full_like(seq_lens, per_lane),
+                        torch.arange(n + 1, device=rows.device) * per_lane, positions,
+                        per_lane, max_kv, kv_shared=True)
         return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
 
     def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:
@@ -66,13 +71,11 @@ class FrozenDraftWorker:
         branches, cand = select_root(inp.topk_logp, inp.topk_index)
         out = [cand]
         h = h0[:, None, :].expand(B, K, h0.shape[-1])
-        rows_k = rows.repeat_interleave(K)
-        seq_k = seq_lens.repeat_interleave(K)
         for s in range(1, self.S):
             with self.spans.stage("draft.step"):
                 hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
                 hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
-                                           rows_k, seq_k, max_kv)
+                                           rows, seq_lens, max_kv, per_lane=K)
             logp, toks = branch_topk(logits.view(B, K, -1), K)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)

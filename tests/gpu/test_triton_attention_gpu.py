@@ -83,3 +83,64 @@ def test_cuda_graph_replay_matches_eager(max_q, det):
     eager = paged_attention_triton(q, k, v, meta, scale, 256, det)
     assert torch.equal(out, eager)
     check((q, k, v, meta), 256, atol=TOL[torch.bfloat16])
+
+
+# ---- long rows: split-KV (the row cut in parts + the reduce pass) ------------------------
+
+def long_case(kind: str, dtype, d=128, Hq=32, Hkv=8, kv_lens=(9000, 33000), seed=0):
+    Q = {"decode": 1, "tree": 8, "shared": 4}[kind]
+    return make_case([Q] * len(kv_lens), list(kv_lens), Hq=Hq, Hkv=Hkv, d=d, page=16,
+                     tree=kind == "tree", kv_shared=kind == "shared", dtype=dtype,
+                     device="cuda", seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["decode", "tree", "shared"])
+@pytest.mark.parametrize("window", [0, 1024])
+def test_long_rows_split(dtype, kind, window):
+    """Paged (shuffled pages of 16), windowed and tree lanes at 9k and 33k entries: the split
+    plan of the engine (auto) and explicit ones, against the reference."""
+    check(long_case(kind, dtype), window, atol=TOL[dtype], splits=(None, 1, 7, 40))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_head_dim_256(dtype):
+    # the gemma presets' head shape: 32 q / 16 kv heads of 256
+    check(long_case("tree", dtype, d=256, Hq=32, Hkv=16, kv_lens=(5000, 20000)), 1024,
+          atol=TOL[dtype], splits=(None, 3))
+
+
+@pytest.mark.parametrize("kind", ["decode", "tree", "shared"])
+def test_sliding_window_reads_only_the_window_at_long_context(kind):
+    """V before the window is NaN: a single load of it would poison the output."""
+    q, k, v, meta = long_case(kind, torch.bfloat16)
+    window, scale = 1024, 128 ** -0.5
+    ref = paged_attention_triton(q, k, v, meta, scale, window)
+    for b in range(meta.batch_size):
+        pos = meta.positions[meta.cu_q[b]:meta.cu_q[b + 1]]
+        v[meta.table[meta.rows[b], :int(pos.min()) - window + 1].long()] = float("nan")
+    for splits in (None, 1, 9):
+        out = paged_attention_triton(q, k, v, meta, scale, window, num_splits=splits)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, ref, atol=TOL[torch.bfloat16], rtol=0)
+
+
+@pytest.mark.parametrize("max_q", [1, 8])
+def test_split_plan_is_captured_and_replays(max_q):
+    """bs 1 over a 33k-entry row splits in many parts; a captured call replays with new
+    lengths (the chunk size is computed on the device)."""
+    q, k, v, meta = make_case([max_q], [20000], Hq=32, Hkv=8, d=128, page=16,
+                              tree=max_q > 1, dtype=torch.bfloat16, max_kv=33000,
+                              device="cuda")
+    scale = 128 ** -0.5
+    paged_attention_triton(q, k, v, meta, scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with gc_paused(), torch.cuda.graph(graph):
+        out = paged_attention_triton(q, k, v, meta, scale)
+    meta.kv_lens.fill_(31000)
+    meta.positions.add_(11000)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, paged_attention_triton(q, k, v, meta, scale))
+    check((q, k, v, meta), 0, atol=TOL[torch.bfloat16])

@@ -40,10 +40,10 @@ head r % GROUP of the group), so K/V are again loaded once per GQA group.
 Deterministic mode (RunConfig.deterministic), grid (B, max_q, Hkv): one program per (lane,
 query, kv-head), decode, prefill and tree verify alike. The split and extend kernels above do
 not reduce a query's keys the same way: their tiles hold a different number of rows (so
-different MMA shapes), the split plan depends on the batch, the extend loop starts its blocks at the tile's lo, and a
-tree node's ancestors sit at scattered entries (seq_len + node index), while target-only
-decoding holds the same tokens at consecutive entries. The per-query kernel instead walks the
-query's *logical* key sequence, its visible entries in position order:
+different MMA shapes), the split plan depends on the batch, the extend loop starts its blocks
+at the tile's lo, and a tree node's ancestors sit at scattered entries (seq_len + node index),
+while target-only decoding holds the same tokens at consecutive entries. The per-query kernel
+instead walks the query's *logical* key sequence, its visible entries in position order:
 
     linear (decode, prefill)  L -> entry L,                     L in [lo, prefix + i]
     tree node i               L -> entry L          for L < prefix
@@ -88,7 +88,7 @@ _NEG_INIT = tl.constexpr(-1.0e30)   # finite start of the running max (see invar
 _NO_WINDOW = tl.constexpr(1 << 30)  # the kernels' `window` when there is none (> any position)
 SPLIT_MAX_ROWS = 128   # lanes of up to this many (query, head) rows per KV head: split kernel
 MIN_CHUNK = 256        # fewest row entries per split worth a program of their own
-PROGRAMS_PER_SM = 2    # split plan: about this many split programs per SM in all
+PROGRAMS_PER_SM = 4    # split plan: about this many split programs per SM in all
 _SMS: dict = {}
 
 
@@ -103,8 +103,9 @@ def num_sms(device: torch.device) -> int:
     return _SMS[idx]
 
 
-# Launch shape of the split kernel by head_dim: (BLOCK_N, num_warps, num_stages).
-SPLIT_LAUNCH = {64: (64, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
+# Launch shape of the split kernel by head_dim: (BLOCK_N, num_warps, num_stages), from
+# benchmarks/bench_attention.py --sweep on the H100 (docs/benchmarks.md "Split-KV attention").
+SPLIT_LAUNCH = {64: (64, 4, 3), 128: (32, 4, 3), 256: (32, 4, 3)}
 
 
 def split_launch(head_dim: int, block_m: int) -> tuple[int, int, int]:
@@ -152,7 +153,7 @@ def _split_kernel(Q, K, V, O, Part, ML, Table, Rows, KvLens, QLens, CuQ, Pos, Tr
                   qk_scale, window, num_splits,
                   GROUP: tl.constexpr, MAX_Q: tl.constexpr, HEAD_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-                  DIRECT: tl.constexpr, DOT_PREC: tl.constexpr):
+                  DIRECT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
     """Split-KV, grid (splits, Hkv, B): program (s, kvh, b) holds all q_len queries x GROUP
     heads of lane b (one tile) and reduces its part of the row; see paged_attention_triton."""
     s_id = tl.program_id(0)
@@ -198,27 +199,42 @@ def _split_kernel(Q, K, V, O, Part, ML, Table, Rows, KvLens, QLens, CuQ, Pos, Tr
     m_i = tl.full([BLOCK_M], _NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    for st in range(start, end, BLOCK_N):
+    # The shared part of [start, end): no mask but the window's (a padded row computes
+    # scores of q = 0 and is never stored).
+    hi = tl.minimum(end, p_lin)
+    for st in range(start, hi, BLOCK_N):
         j = st + n
-        j_ok = j < end
+        j_ok = j < hi
         slot = tl.load(Table + row * stride_tr + j, mask=j_ok, other=0).to(tl.int64)
         k = tl.load(K + slot[:, None] * stride_kn + kvh * stride_kh + d[None, :],
                     mask=j_ok[:, None], other=0.0)                          # [BLOCK_N, HEAD_D]
         sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale   # log2 domain
-        in_win = pos[:, None] - j[None, :] < window
-        if MODE == 2:
-            t_ok = i_ok[:, None] & ((j >= p_lin) & j_ok)[None, :]
-            tm = tl.load(Tree + b * stride_mb + i[:, None] * stride_mi + (j - p_lin)[None, :],
-                         mask=t_ok, other=0)
-            vis = ((j < p_lin)[None, :] & in_win) | (tm != 0)
-        elif MODE == 1:
-            vis = (j[None, :] <= p_lin + i[:, None]) & in_win
+        if HAS_WINDOW:
+            vis = (pos[:, None] - j[None, :] < window) & j_ok[None, :]
         else:
-            vis = in_win
-        vis = vis & j_ok[None, :] & i_ok[:, None]
+            vis = j_ok[None, :]
         sc = tl.where(vis, sc, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(sc, m_i, l_i, acc, V, slot, j_ok, kvh, d,
                                              stride_vn, stride_vh, DOT_PREC)
+    if MODE != 0:   # the tail: the lane's own entries, causal or under the tree mask
+        for st in range(tl.maximum(start, p_lin), end, BLOCK_N):
+            j = st + n
+            j_ok = j < end
+            slot = tl.load(Table + row * stride_tr + j, mask=j_ok, other=0).to(tl.int64)
+            k = tl.load(K + slot[:, None] * stride_kn + kvh * stride_kh + d[None, :],
+                        mask=j_ok[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+            if MODE == 2:
+                t_ok = i_ok[:, None] & j_ok[None, :]
+                tm = tl.load(Tree + b * stride_mb + i[:, None] * stride_mi
+                             + (j - p_lin)[None, :], mask=t_ok, other=0)
+                vis = (tm != 0) & t_ok
+            else:
+                vis = ((j[None, :] <= p_lin + i[:, None]) & (pos[:, None] - j[None, :] < window)
+                       & j_ok[None, :] & i_ok[:, None])
+            sc = tl.where(vis, sc, float("-inf"))
+            m_i, l_i, acc = _online_softmax_step(sc, m_i, l_i, acc, V, slot, j_ok, kvh, d,
+                                                 stride_vn, stride_vh, DOT_PREC)
 
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -518,7 +534,8 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
         meta.table.stride(0), *tree_strides, *pstr, *lstr, qk_scale, win, ns,
         GROUP=group, MAX_Q=meta.max_q, HEAD_D=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        MODE=mode, DIRECT=direct, DOT_PREC=dot_prec, num_warps=warps, num_stages=stages)
+        MODE=mode, DIRECT=direct, HAS_WINDOW=win != _NO_WINDOW.value, DOT_PREC=dot_prec,
+        num_warps=warps, num_stages=stages)
     if not direct:
         _split_reduce_kernel[(B, meta.max_q, Hq)](
             part, ml, out, meta.q_lens, meta.cu_q, parts, *pstr, *lstr,

@@ -38,7 +38,7 @@ def knob(default, help: str, choices: Optional[tuple] = None):
 _MIN = {"num_steps": 1, "topk": 1, "page_size": 1, "max_running_requests": 1,
         "cuda_graph_max_bs": 1, "profile_active": 1, "event_timeline_every": 1,
         "profile_wait": 0, "profile_warmup": 0, "layers": 1, "num_draft_tokens": 1,
-        "max_total_tokens": 1, "context_len": 2}
+        "max_total_tokens": 1, "context_len": 2, "chunked_prefill_size": 1}
 
 
 @dataclass
@@ -60,6 +60,10 @@ class RunConfig:
                                            "(None: fits every row at full context)")
     context_len: Optional[int] = knob(None, "longest prompt + output "
                                       "(None: the model's max_position_embeddings)")
+    chunked_prefill_size: Optional[int] = knob(8192, "most prompt tokens one prefill forward "
+                                               "feeds: a longer prompt is prefilled in chunks "
+                                               "(prefill memory stays bounded; None: whole "
+                                               "prompts)")
     # scheduling ablations
     overlap: bool = knob(False, "overlap scheduler: launch step k+1 before processing k")
     fold_seed: bool = knob(False, "run the Frozen-KV seed step inside the draft graph")

@@ -63,6 +63,8 @@ class Req:
     finished_reason: Optional[str] = None     # "stop" | "length" | "abort"
     num_retractions: int = 0
     prefill_len: int = 0          # tokens fed by the last (re-)prefill: the host's length bound
+    prefilled: int = 0            # of those, tokens whose prefill forward is launched: below
+                                  # prefill_len while a chunked prefill is under way
     predrafted: bool = False      # the next round's draft already ran (zb_draft_preexec)
     arrivals: list = field(default_factory=list)   # (perf_counter s, tokens) per processed step
 
@@ -105,13 +107,19 @@ class SamplingTensors:
 
 @dataclass
 class PrefillInputs:
-    input_ids: torch.Tensor     # [T] packed prompts (prompt + earlier output on re-prefill)
+    """One prefill forward: a chunk of each request's fill ids (the whole prompt unless
+    chunked prefill cuts it), whose earlier chunks' KV is already written."""
+    input_ids: torch.Tensor     # [T] packed chunks (prompt + earlier output on re-prefill)
     rows: torch.Tensor          # [B]
-    q_lens: torch.Tensor        # [B] tokens fed per request (= kv_lens: no cached prefix)
+    q_lens: torch.Tensor        # [B] tokens fed per request
     cu_q: torch.Tensor          # [B+1]
-    positions: torch.Tensor     # [T]
+    positions: torch.Tensor     # [T] prefix_len + i
     max_q: int
-    sampling: SamplingTensors
+    sampling: SamplingTensors   # counters = kv_lens (the sampled token's index)
+    kv_lens: Optional[torch.Tensor] = None   # [B] prefix + q_len (None: = q_lens, no prefix)
+    max_kv: int = 0             # bound on kv_lens (0: = max_q)
+    next_ids: Optional[torch.Tensor] = None  # [B] the fill token after a non-final chunk, -1
+                                             # after the final one (None: every chunk final)
 
 
 @dataclass

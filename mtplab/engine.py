@@ -274,6 +274,7 @@ class Engine:
                          reserve_per_decode=self.cfg.reserve_per_decode,
                          alloc_len_per_decode=self.cfg.alloc_len_per_decode,
                          tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook,
+                         chunked_prefill_size=self.cfg.chunked_prefill_size,
                          loop=LoopOptions(overlap=self.cfg.overlap,
                                           async_d2h=self.cfg.zb_async_d2h,
                                           device_seq_lens=self.cfg.zb_device_seq_lens,

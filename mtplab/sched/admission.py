@@ -2,6 +2,12 @@
 
     admit    waiting head -> a row + pages for (prompt + output) + the decode reserve,
              FIFO, up to max_running and max_prefill_tokens per prefill batch
+    chunks   the next prefill forward: every admitted request whose prefill is under way
+             gets its next chunk, up to chunk_size tokens in all (chunked prefill; KV pages
+             were all allocated at admission, so a chunk allocates nothing)
+
+                 fill ids  [0 ........ prefilled)[prefilled ... prefilled + n)[ ... prefill_len)
+                            KV written (earlier)   this chunk                  later chunks
     reserve  every decode lane gets room for its next decode on its host length:
              host_seq + reserve_per_decode (all-or-nothing, one table write)
     retract  the most recently admitted request: KV freed, back at the head of the queue,
@@ -11,6 +17,7 @@ The host length of a request is a lower bound: under overlap its last step is in
 from __future__ import annotations
 
 from collections import deque
+from typing import Optional
 
 from ..core import Req
 from ..mem.kv_manager import KVManager
@@ -18,11 +25,12 @@ from ..mem.kv_manager import KVManager
 
 class KVAdmission:
     def __init__(self, kv: KVManager, *, max_running: int, reserve_per_decode: int,
-                 max_prefill_tokens: int = 8192):
+                 max_prefill_tokens: int = 8192, chunk_size: Optional[int] = None):
         self.kv = kv
         self.max_running = max_running
         self.reserve = reserve_per_decode
         self.max_prefill_tokens = max_prefill_tokens
+        self.chunk_size = chunk_size        # None: a prompt is prefilled in one forward
 
     @staticmethod
     def host_seq(r: Req) -> int:
@@ -39,10 +47,29 @@ class KVAdmission:
             kv = self.kv.admit(n + self.reserve, rid=req.rid)
             if kv is None:
                 break
-            req.kv, req.prefill_len, req.predrafted = kv, n, False
+            req.kv, req.prefill_len, req.prefilled, req.predrafted = kv, n, 0, False
             new.append(waiting.popleft())
             tokens += n
         return new
+
+    @staticmethod
+    def prefilling(running: list[Req]) -> list[Req]:
+        """Running requests whose (chunked) prefill is not fully launched yet."""
+        return [r for r in running if not r.finished and r.prefilled < r.prefill_len]
+
+    def chunks(self, reqs: list[Req]) -> list[tuple[Req, int, int]]:
+        """The next prefill forward: (request, start, n) per request of `reqs` in order, at
+        most chunk_size tokens in all (at least one token); advances `prefilled`."""
+        budget = self.chunk_size or float("inf")
+        plan = []
+        for r in reqs:
+            n = int(min(r.prefill_len - r.prefilled, budget))
+            if n <= 0:
+                break
+            plan.append((r, r.prefilled, n))
+            r.prefilled += n
+            budget -= n
+        return plan
 
     def reserve_decode(self, batch: list[Req]) -> bool:
         items = [(r.kv, self.host_seq(r) + self.reserve) for r in batch]
@@ -52,7 +79,7 @@ class KVAdmission:
         victim = running.pop()                 # most recently admitted
         self.release([victim])
         victim.num_retractions += 1
-        victim.prefill_len, victim.predrafted = 0, False
+        victim.prefill_len, victim.prefilled, victim.predrafted = 0, 0, False
         waiting.appendleft(victim)
         return victim
 

@@ -34,6 +34,7 @@ class Pending:
     results: list                  # device tensors: [tokens] or [tokens, accept_lens]
     host: Optional[list]           # pinned copies (async) or None (blocking)
     copy_done: object              # event recorded after the copies
+    final: Optional[list] = None   # prefill: per request, did this step feed its final chunk
 
     def read(self) -> list[list]:
         """The results as Python lists: the host's one sync per step (`sync` stage)."""
@@ -44,7 +45,7 @@ class Pending:
 
 
 def d2h(dev: Device, spans: Spans, copy_stream, forward_stream, kind: str, reqs: list[Req],
-        results: list, async_copy: bool) -> Pending:
+        results: list, async_copy: bool, final: Optional[list] = None) -> Pending:
     done = dev.new_event()
     host = None
     if async_copy:
@@ -66,4 +67,4 @@ def d2h(dev: Device, spans: Spans, copy_stream, forward_stream, kind: str, reqs:
                     for h, t in zip(host, results):
                         h.copy_(t, non_blocking=True)
             done.record(copy_stream)
-    return Pending(kind, reqs, results, host, done)
+    return Pending(kind, reqs, results, host, done, final)

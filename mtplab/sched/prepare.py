@@ -1,7 +1,9 @@
 """The `prepare` stage: a batch's host state -> the worker's device inputs (on the schedule
 stream; pinned staging, non-blocking H2D).
 
-    prefill  packed fill ids [T], rows/q_lens/cu_q/positions, sampling (counters = q_lens)
+    prefill  a chunk plan (admission.py `chunks`) -> packed chunk ids [T], rows/q_lens/cu_q,
+             positions start + i, kv_lens start + n, the token after each non-final chunk,
+             sampling (counters = kv_lens)
     decode   rows [B] + sampling [B]: reused while the batch is the same requests on the same
              rows (never written in place, so safe to reuse while a step still reads them);
              max_kv = the host's bound on seq_len + tokens this step (eager attention only)
@@ -26,17 +28,23 @@ def sampling_tensors(dev: Device, reqs: list[Req], counters: Optional[list[int]]
         counters=None if counters is None else h2d(counters, torch.long))
 
 
-def prepare_prefill(dev: Device, reqs: list[Req]) -> PrefillInputs:
+def prepare_prefill(dev: Device, plan: list[tuple[Req, int, int]]) -> PrefillInputs:
     h2d = dev.h2d
+    reqs = [r for r, _, _ in plan]
     fills = [r.fill_ids() for r in reqs]
-    lens = [len(f) for f in fills]
+    lens = [n for _, _, n in plan]
+    ends = [start + n for _, start, n in plan]
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
-    return PrefillInputs(h2d([t for f in fills for t in f], torch.long),
-                         h2d([r.kv.row for r in reqs], torch.long), h2d(lens, torch.long),
-                         h2d(cu, torch.long), h2d([i for n in lens for i in range(n)], torch.long),
-                         max(lens), sampling_tensors(dev, reqs, lens))
+    ids = [t for f, (_, start, n) in zip(fills, plan) for t in f[start:start + n]]
+    nxt = [f[e] if e < len(f) else -1 for f, e in zip(fills, ends)]
+    return PrefillInputs(h2d(ids, torch.long), h2d([r.kv.row for r in reqs], torch.long),
+                         h2d(lens, torch.long), h2d(cu, torch.long),
+                         h2d([start + i for _, start, n in plan for i in range(n)], torch.long),
+                         max(lens), sampling_tensors(dev, reqs, ends),
+                         kv_lens=h2d(ends, torch.long), max_kv=max(ends),
+                         next_ids=h2d(nxt, torch.long))
 
 
 class DecodePrepare:

@@ -1,6 +1,7 @@
 """The `process_result` stage: a step's results -> output tokens, lengths, finished requests.
 
-    prefill  output += [sampled token]; kv_committed_len = prefill_len
+    prefill  output += [sampled token]; kv_committed_len = prefill_len -- for a request whose
+             final chunk this step fed (an earlier chunk's token is not a result)
     decode   output += tokens[:accept_len] (up to a stop / the length limit);
              kv_committed_len += accept_len  -- the ONE place it advances, never for a request
              that already finished (an overshoot row of the overlap loop commits nothing)
@@ -8,12 +9,14 @@ Live-request identity after processing: len(prompt) + len(output) == kv_committe
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..core import Req
 
 
-def append_prefill(reqs: list[Req], toks: list) -> None:
-    for r, t in zip(reqs, toks):
-        if r.finished or r.kv is None:
+def append_prefill(reqs: list[Req], toks: list, final: Optional[list] = None) -> None:
+    for i, (r, t) in enumerate(zip(reqs, toks)):
+        if r.finished or r.kv is None or (final is not None and not final[i]):
             continue
         r.kv.kv_committed_len = r.prefill_len
         r.append_tokens([t])

@@ -82,6 +82,7 @@ class Scheduler:
     def __init__(self, worker, kv: KVManager, future_map, device: Device, *, max_running: int,
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
+                 chunked_prefill_size: Optional[int] = None,
                  loop: LoopOptions = LoopOptions(),
                  on_iteration: Optional[Callable[["Scheduler"], None]] = None,
                  spans: Spans = NO_SPANS, on_step: Optional[Callable[[], None]] = None):
@@ -94,7 +95,8 @@ class Scheduler:
         self.on_iteration = on_iteration    # after every iteration (debug_invariants)
         self.admission = KVAdmission(kv, max_running=max_running,
                                      reserve_per_decode=reserve_per_decode,
-                                     max_prefill_tokens=max_prefill_tokens)
+                                     max_prefill_tokens=max_prefill_tokens,
+                                     chunk_size=chunked_prefill_size)
         self.prepare_decode = DecodePrepare(device, kv.width, tokens_per_decode)
         self.lag = alloc_len_per_decode if loop.overlap else 0   # in-flight advance bound
         cur = device.current_stream()
@@ -143,22 +145,32 @@ class Scheduler:
         return kind
 
     # -- stages --------------------------------------------------------------------------
-    def schedule(self) -> tuple[str, list[Req]]:
-        """Admit waiting requests (a prefill batch), else every running request's decode."""
+    def schedule(self) -> tuple[str, list]:
+        """The next chunks of a prefill under way, else admit waiting requests (a prefill
+        batch: (request, start, n) chunks), else every running request's decode."""
         with self.sp.stage("schedule", "host"), self.dev.stream(self.schedule_stream):
             # WAR: rows/pages freed by processed results may still be read by the step in
             # flight; this stream's writes must follow the forward stream's reads.
             self.schedule_stream.wait_stream(self.forward_stream)
-            new = self.admission.admit(self.waiting, len(self.running))
-            if new:
-                self.running.extend(new)
-                return "prefill", new
+            pending = self.admission.prefilling(self.running)    # a chunked prefill first
+            if not pending:
+                pending = self.admission.admit(self.waiting, len(self.running))
+                self.running.extend(pending)
+            if pending:
+                return "prefill", self.admission.chunks(pending)
             return "decode", self._decode_batch() if self.running else []
 
-    def launch(self, kind: str, reqs: list[Req]) -> Pending:
+    def launch(self, kind: str, batch: list) -> Pending:
         """prepare -> the worker's forward (resolve .. stash) -> d2h."""
+        final = None
+        if kind == "prefill":           # a chunk plan: its final chunks give a token
+            reqs = [r for r, _, _ in batch]
+            final = [start + n == r.prefill_len for r, start, n in batch]
+        else:
+            reqs = batch
         with self.sp.stage("prepare", "host"), self.dev.stream(self.schedule_stream):
-            x = prepare_prefill(self.dev, reqs) if kind == "prefill" else self._prepare_decode(reqs)
+            x = (prepare_prefill(self.dev, batch) if kind == "prefill"
+                 else self._prepare_decode(reqs))
         self.keep_alive.append(x)
         self.forward_stream.wait_stream(self.schedule_stream)
         with self.dev.stream(self.forward_stream):
@@ -171,7 +183,7 @@ class Scheduler:
                 for r in reqs:
                     r.predrafted = self.opt.draft_preexec
         return d2h(self.dev, self.sp, self.copy_stream, self.forward_stream, kind, reqs, results,
-                   self.opt.async_d2h)
+                   self.opt.async_d2h, final)
 
     def process_result(self, p: Pending) -> None:
         self._stalled = 0
@@ -179,7 +191,7 @@ class Scheduler:
             vals = p.read()
         with self.sp.stage("process_result", "host"):
             if p.kind == "prefill":
-                append_prefill(p.reqs, vals[0])
+                append_prefill(p.reqs, vals[0], p.final)
             else:
                 append_decode(p.reqs, vals[0], vals[1], self.stats)
             self.finished.extend(self._finish_done())
@@ -304,10 +316,11 @@ class Scheduler:
     # -- checks --------------------------------------------------------------------------
     def check_identity(self) -> None:
         """Live-request identity: len(prompt) + len(output) == kv_committed_len + 1, for
-        every running request whose results are all processed."""
+        every running request whose results are all processed (a chunked prefill under way
+        has no output yet: it is checked once its last chunk is processed)."""
         inflight = set(map(id, self.in_flight.reqs)) if self.in_flight else set()
         bad = [(r.rid, len(r.prompt_ids) + len(r.output_ids), r.kv.kv_committed_len + 1)
-               for r in self.running if id(r) not in inflight
+               for r in self.running if id(r) not in inflight and r.prefilled >= r.prefill_len
                if len(r.prompt_ids) + len(r.output_ids) != r.kv.kv_committed_len + 1]
         if bad:
             raise InvariantError("live-request identity len(prompt)+len(output) == "

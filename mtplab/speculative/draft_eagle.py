@@ -65,18 +65,22 @@ class EagleDraftWorker:
         return DraftInputs(None, h[select_idx], logp, idx)
 
     def after_prefill(self, bonus, hidden_last, *, fed_ids, hidden_all, rows, q_lens, cu_q,
-                      positions, max_q, **_) -> DraftInputs:
-        """Draft extend over the fed tokens shifted left by one (the tail is the bonus)."""
+                      positions, max_q, max_kv=None, next_ids=None, **_) -> DraftInputs:
+        """Draft extend over the fed tokens shifted left by one: the tail is the bonus after
+        a prompt's final chunk, the next chunk's first token after an earlier one
+        (`next_ids` >= 0); the draft KV of the chunk's positions is written either way."""
         with self.spans.stage("draft_extend"):
             return self._prefill_extend(bonus, fed_ids, hidden_all, rows, q_lens, cu_q,
-                                        positions, max_q)
+                                        positions, max_q, max_kv or max_q, next_ids)
 
-    def _prefill_extend(self, bonus, fed_ids, hidden_all, rows, q_lens, cu_q, positions, max_q):
+    def _prefill_extend(self, bonus, fed_ids, hidden_all, rows, q_lens, cu_q, positions, max_q,
+                        max_kv, next_ids):
         ends = cu_q[1:] - 1
         shifted = torch.roll(fed_ids, -1)
-        shifted[ends] = bonus
-        out = self._run_extend(shifted, hidden_all, positions, rows, q_lens, cu_q, max_q, max_q,
-                               ends)
+        shifted[ends] = bonus if next_ids is None else torch.where(next_ids >= 0, next_ids,
+                                                                    bonus)
+        out = self._run_extend(shifted, hidden_all, positions, rows, q_lens, cu_q, max_q,
+                               max_kv, ends)
         out.bonus = bonus
         return out
 

@@ -1,7 +1,8 @@
 """The draft-worker interface: what the spec worker asks of a draft, whichever it is.
 
     create(model, target_kv, ...)  -> the worker, its model (and own KV) on the device
-    after_prefill(...)            -> DraftInputs   first inputs, stashed by prefill
+    after_prefill(...)            -> DraftInputs   first inputs, stashed by prefill (by each
+                                                   chunk of a chunked prefill; the last wins)
     seed(inp, rows, seq, max_kv)  -> DraftInputs   step-0 inputs: (hidden, topk_logp, topk_index)
     steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
     extend(...)                   -> DraftInputs   next iteration's inputs, after commit
@@ -23,7 +24,7 @@ capturable) except after_prefill.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol
 
 import torch
 
@@ -47,7 +48,9 @@ class DraftWorker(Protocol):
     def after_prefill(self, bonus: torch.Tensor, hidden_last: torch.Tensor, *,
                       fed_ids: torch.Tensor, hidden_all: torch.Tensor, rows: torch.Tensor,
                       q_lens: torch.Tensor, cu_q: torch.Tensor, positions: torch.Tensor,
-                      max_q: int) -> DraftInputs: ...
+                      max_q: int, max_kv: int, next_ids: Optional[torch.Tensor]) -> DraftInputs:
+        """After a prefill forward (one chunk per request over its earlier chunks' KV):
+        next_ids [B] is the fill token after each non-final chunk, -1 after a final one."""
 
     def seed(self, inp: DraftInputs, rows: torch.Tensor, seq_lens: torch.Tensor,
              max_kv: int) -> DraftInputs: ...

@@ -1,5 +1,8 @@
 """Target worker: the target model's forwards over paged KV (prefill eager, decode eager or
-graph replay) and token sampling. The speculative worker adds a draft worker beside it.
+graph replay) and token sampling. A prefill forward feeds one chunk per request (the whole
+prompt unless chunked prefill cuts it) over the KV of its earlier chunks; the token it samples
+is a result only after the final chunk (the scheduler drops the others). The speculative
+worker adds a draft worker beside it.
 
 All decode inputs are device tensors and everything else is derived on the device:
     seq_lens, input token  <- the future map (resolve; published/stashed by the last forward)
@@ -19,6 +22,11 @@ from ..instrument.spans import NO_SPANS, Spans
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 
 
+
+
+def prefill_kv_lens(x: PrefillInputs) -> torch.Tensor:
+    """KV entries of each request once this prefill forward is done: the chunk's end."""
+    return x.q_lens if x.kv_lens is None else x.kv_lens
 
 
 class TargetWorker:
@@ -53,7 +61,7 @@ class TargetWorker:
         publish the new lengths and stash the token as the next input."""
         tok = self.prefill_with_hidden(x)[0]
         with self.spans.stage("publish"):
-            self.future_map.publish(x.rows, x.q_lens)
+            self.future_map.publish(x.rows, prefill_kv_lens(x))
         with self.spans.stage("stash"):
             self.future_map.stash(x.rows, DraftInputs(tok))
         return tok
@@ -68,8 +76,8 @@ class TargetWorker:
         B = x.rows.shape[0]
         row_of_tok = torch.repeat_interleave(x.rows, x.q_lens, output_size=x.input_ids.shape[0])
         out_loc = self.table[row_of_tok, x.positions].long()
-        meta = AttnMeta(self.table, x.rows, x.q_lens, x.q_lens, x.cu_q, x.positions,
-                        max_q=x.max_q, max_kv=x.max_q)
+        meta = AttnMeta(self.table, x.rows, prefill_kv_lens(x), x.q_lens, x.cu_q, x.positions,
+                        max_q=x.max_q, max_kv=x.max_kv or x.max_q)
         hidden, logits = self.model(x.input_ids, x.positions, self.kv.k, self.kv.v, out_loc,
                                     meta, self.attn_fn, logits_idx=x.cu_q[1:] - 1)
         s = x.sampling

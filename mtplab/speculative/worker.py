@@ -54,7 +54,7 @@ from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
 from .commit import commit
 from .draft_select import StepCandidates, num_candidates
 from .draft_worker import DraftWorker
-from .target_worker import TargetWorker
+from .target_worker import TargetWorker, prefill_kv_lens
 from .tree import DraftTree, build_tree, organize
 from .verify import verify
 
@@ -151,10 +151,11 @@ class SpecWorker:
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
         bonus, hidden = self.target.prefill_with_hidden(x)
         with self.spans.stage("publish"):
-            self.future_map.publish(x.rows, x.q_lens)
+            self.future_map.publish(x.rows, prefill_kv_lens(x))
         nxt = self.draft_worker.after_prefill(
             bonus, hidden[x.cu_q[1:] - 1], fed_ids=x.input_ids, hidden_all=hidden, rows=x.rows,
-            q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q)
+            q_lens=x.q_lens, cu_q=x.cu_q, positions=x.positions, max_q=x.max_q,
+            max_kv=x.max_kv or x.max_q, next_ids=x.next_ids)
         with self.spans.stage("stash"):
             self.future_map.stash(x.rows, nxt)
         return bonus

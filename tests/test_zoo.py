@@ -175,6 +175,22 @@ def test_memory_check_prints_and_rejects_impossible_size():
     assert check_memory(small, log=lines.append).device_bytes < 1 << 30
 
 
+def test_memory_estimate_names_the_sliding_layers_full_storage():
+    """gemma4-31b-like@12: ten sliding layers of twelve hold every entry (stored in full);
+    the estimate says so and what a window-only pool would hold."""
+    from mtplab.models.memory import estimate_memory
+    rc = RunConfig(model="gemma4-31b-like@12", max_running_requests=8, context_len=32768,
+                   dtype="bfloat16")
+    est = estimate_memory(rc)
+    entry = 16 * 256 * 2 * 2
+    assert est.kv_bytes == 12 * est.kv_slots * entry
+    assert est.kv_sliding_bytes == 10 * est.kv_slots * entry
+    assert est.kv_window_only_bytes == 10 * 8 * (1024 + 1) * entry
+    assert "sliding layers 40.01 of it, stored in full -- 1.25 for their windows only" \
+        in est.describe()
+    assert "sliding" not in estimate_memory(RunConfig(model="random-tiny")).describe()
+
+
 def test_random_tiny_unchanged():
     model, _ = zoo.build_target("random-tiny", 0)
     assert not hasattr(model, "trained_dir") or model.trained_dir is None

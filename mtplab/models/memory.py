@@ -3,7 +3,11 @@
     weights   target (+ the chosen draft) parameters x bytes of the run dtype
     kv        target pool L x slots x Hkv x d x 2 (K and V) x dtype bytes, slots =
               (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for a draft
-              that owns KV)
+              that owns KV). Sliding-window layers store their KV in full, like the others
+              (one pool, one req_to_token row per request): they *read* only their window (the
+              attention kernels) but hold every entry. The estimate names their share and what
+              a window-only pool (SGLang's SWA pool) would hold instead: per running request
+              its window + a page, per sliding layer.
     workspace max(256 MiB, 10% of weights + kv): activations, logits, graphs, allocator slack
     host      the builder makes every model in float32 on the host first, then moves it
 On CUDA the device must hold weights + kv + workspace and the host the float32 build; on the
@@ -50,6 +54,8 @@ class MemoryEstimate:
     kv_slots: int
     workspace_bytes: int
     host_build_bytes: int
+    kv_sliding_bytes: int = 0      # of kv_bytes: the sliding layers' (stored in full)
+    kv_window_only_bytes: int = 0  # what those layers would hold for their windows only
 
     @property
     def device_bytes(self) -> int:
@@ -58,9 +64,15 @@ class MemoryEstimate:
     def describe(self) -> str:
         return (f"memory estimate for {self.model} on {self.device}: "
                 f"{self.device_bytes / GiB:.2f} GiB = weights {self.weights_bytes / GiB:.2f} "
-                f"+ KV {self.kv_bytes / GiB:.2f} ({self.kv_slots} slots) + workspace "
-                f"{self.workspace_bytes / GiB:.2f}; host build (float32) "
+                f"+ KV {self.kv_bytes / GiB:.2f} ({self.kv_slots} slots{self._sliding()}) "
+                f"+ workspace {self.workspace_bytes / GiB:.2f}; host build (float32) "
                 f"{self.host_build_bytes / GiB:.2f} GiB")
+
+    def _sliding(self) -> str:
+        if not self.kv_sliding_bytes:
+            return ""
+        return (f"; sliding layers {self.kv_sliding_bytes / GiB:.2f} of it, stored in full "
+                f"-- {self.kv_window_only_bytes / GiB:.2f} for their windows only")
 
 
 def estimate_memory(cfg) -> MemoryEstimate:
@@ -73,10 +85,16 @@ def estimate_memory(cfg) -> MemoryEstimate:
     slots = (cfg.max_total_tokens // P + 1) * P
     own_kv = cfg.draft in DRAFT_KINDS and DRAFT_KINDS[cfg.draft].owns_kv
     layers = mc.num_hidden_layers + (1 if own_kv else 0)
-    kv = layers * slots * mc.num_key_value_heads * mc.head_dim * 2 * nbytes
+    entry = mc.num_key_value_heads * mc.head_dim * 2 * nbytes      # one slot of one layer
+    kv = layers * slots * entry
+    sliding = [mc.window_of(i) for i in range(mc.num_hidden_layers) if mc.window_of(i)]
+    if own_kv and mc.window_of(mc.num_hidden_layers - 1):
+        sliding.append(mc.window_of(mc.num_hidden_layers - 1))   # the draft's layer
+    window_only = sum(min(slots, cfg.max_running_requests * (w + P)) for w in sliding) * entry
     weights = params * nbytes
     return MemoryEstimate(cfg.model, cfg.device, weights, kv,
-                          slots, max(WORKSPACE_MIN, (weights + kv) // 10), params * 4)
+                          slots, max(WORKSPACE_MIN, (weights + kv) // 10), params * 4,
+                          len(sliding) * slots * entry, window_only)
 
 
 def host_available_bytes() -> int:

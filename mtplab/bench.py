@@ -60,7 +60,7 @@ from .analysis.causes import CAUSES
 from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
-GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs")
+GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context")
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
@@ -107,6 +107,10 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
             base.pop("layers", None)
         if "model" in doc["grid"]:
             doc["grid"]["model"] = [SMOKE_MODEL]
+        for k in ("prompt_len_tokens", "context_len"):   # the context group's long prompts
+            doc["grid"].pop(k, None)
+            doc["base"].pop(k, None)
+        base["prompt_len_tokens"] = SMOKE_BASE["prompt_len_tokens"]
     return doc
 
 

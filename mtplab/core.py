@@ -21,6 +21,10 @@ import torch
 
 from .errors import ConfigError  # noqa: F401  (re-exported: the historical home)
 
+# The token id a step reports to the host for a request whose target forward was not finite
+# (kernels/sampling.py finite_rows, flag_nonfinite; the device keeps a valid next input).
+NONFINITE_TOKEN = -1
+
 
 # -- requests ---------------------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from .config import ConfigError, RunConfig
+from .errors import NonFiniteLogitsError
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
 from .kernels.fused_ops import references
@@ -30,6 +31,7 @@ from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
+from .models.reference import first_nonfinite, largest_weight
 from .models.weights import save_model
 from .progress import TokenProgress
 from .atomic import atomic_path, atomic_write_text
@@ -308,9 +310,26 @@ class Engine:
         not per step: it is on the hot path of generate)."""
         try:
             return self.scheduler.step()
+        except NonFiniteLogitsError as e:
+            self.scheduler.abort_all()
+            raise NonFiniteLogitsError(self._nonfinite_message(e), e.rid, e.tokens) from None
         except BaseException:
             self.scheduler.abort_all()
             raise
+
+    def _nonfinite_message(self, e: NonFiniteLogitsError) -> str:
+        """The scheduler's finding plus where a dense forward of the request's tokens first
+        stops being finite (models/reference.py), in one sentence."""
+        ids = list(e.tokens)
+        part = first_nonfinite(self.model, ids)
+        name, size = largest_weight(self.model)
+        if part is None:
+            return (f"{e}, yet a dense forward of its {len(ids)} tokens is finite at every "
+                    "layer, so the engine's state (KV cache, future map) is at fault, not "
+                    "the weights; rerun with debug_invariants=True.")
+        return (f"{e}: in a dense forward of its {len(ids)} tokens the values first stop "
+                f"being finite at the output of {part} (the largest weight is {name} = "
+                f"{size:.3g}); check the model's weights and dtype.")
 
     def abort(self, req: Union[Req, int]) -> bool:
         """End a request now and free its KV (its output so far stays): its handle (what

@@ -2,6 +2,7 @@
 
     ConfigError      an invalid setting (RunConfig, grid files, CLI flags)
     ModelLoadError   a model folder that cannot be loaded (a ConfigError: model= points at it)
+    NonFiniteLogitsError  the target's forward was not finite (names the layer)
 
 Every message is one sentence naming the problem and the fix.
 """
@@ -13,3 +14,14 @@ class ConfigError(ValueError):
 
 class ModelLoadError(ConfigError):
     """A corrupt or mismatched model folder: "<path>: <problem>; <fix>"."""
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The target's forward for a request was not finite (a NaN or an inf in its logits, or
+    a hidden state whose mean square overflows). The scheduler raises it with `rid` and
+    `tokens` (the request's tokens so far); the engine re-raises it naming the layer where the
+    values first stop being finite."""
+
+    def __init__(self, message: str, rid: int = -1, tokens: tuple = ()):
+        super().__init__(message)
+        self.rid, self.tokens = rid, tokens

@@ -45,7 +45,8 @@ ALLOWED = {
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
                     "stages", "draft_kinds"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)
-    "sched": {"core", "device", "mem", "instrument", "stages", "kernels", "lazy_triton"},
+    "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
+              "lazy_triton"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
                "draft_kinds"},
 }

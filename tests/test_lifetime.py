@@ -187,6 +187,7 @@ def test_abort_takes_the_request_handle():
     other = Engine(RunConfig(model="random-tiny", device="cpu"))
     c = other.add_request([1, 2], max_new_tokens=3)
     assert c.rid == 0 and not eng.abort(c)               # another engine's handle: not ours
+    other.check_invariants()
     for bad in ("0", 1.0, True, None):
         with pytest.raises(TypeError, match="abort takes a request handle"):
             eng.abort(bad)

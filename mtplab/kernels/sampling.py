@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core import NONFINITE_TOKEN
+
 _M32 = 0xFFFFFFFF
 SAMPLE, SIMULATE = 0, 1     # streams: columns of counter_uniform
 
@@ -82,8 +84,28 @@ def inverse_cdf(cdf: torch.Tensor, last: torch.Tensor, u: torch.Tensor) -> torch
     uses, so equal (probs, u) give the same token in prefill, decode and tree accept."""
     thr = u.float()[:, None] * cdf[:, -1:]
     x = torch.searchsorted(cdf.contiguous(), thr.contiguous(), right=True)[:, 0]
-    # u*total may round up to total: never step past the last token with mass.
-    return torch.minimum(x, last)
+    # u*total may round up to total: never step past the last token with mass. A row with no
+    # mass (NaN logits: last = -1) gets token 0, a valid next input; the step reports it as
+    # NONFINITE_TOKEN (flag_nonfinite).
+    return torch.minimum(x, last.clamp(min=0))
+
+
+def finite_rows(logits: torch.Tensor, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows] bool: row r's logits hold no NaN and no inf, and neither does the mean square
+    of its hidden state before the final norm (`logits` / `hidden` reshaped to [rows, -1]: one
+    token, or the D tree nodes of one request, per row). The second part catches an
+    overflowing residual stream (|h| above ~1e19: weights of 1e30), which the final RMSNorm
+    would turn into all-zero, finite logits. Two sums, an add and an isfinite: small kernels,
+    no host sync (a NaN or an inf anywhere makes a sum non-finite; real logits and hidden
+    states are far too small for their sums to overflow)."""
+    energy = hidden.float().square().reshape(rows, -1).sum(-1)
+    return torch.isfinite(logits.reshape(rows, -1).sum(-1) + energy)
+
+
+def flag_nonfinite(tokens: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """A copy of `tokens` ([B] or [B, n]) for the host: rows where `ok` [B] is False read
+    NONFINITE_TOKEN (the scheduler raises on it when it processes the step's results)."""
+    return torch.where(ok.view((-1,) + (1,) * (tokens.dim() - 1)), tokens, NONFINITE_TOKEN)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,

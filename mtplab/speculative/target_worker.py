@@ -15,7 +15,7 @@ import torch
 
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.attn_meta import AttnMeta
-from ..kernels.sampling import sample
+from ..kernels.sampling import finite_rows, flag_nonfinite, sample
 from ..mem.kv_cache import KVCache
 from ..models.llama import AttnFn, LlamaForCausalLM
 from ..instrument.spans import NO_SPANS, Spans
@@ -57,22 +57,24 @@ class TargetWorker:
 
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
-        """Forward every fed token, sample the next token of each request -> [B] int64;
-        publish the new lengths and stash the token as the next input."""
-        tok = self.prefill_with_hidden(x)[0]
+        """Forward every fed token, sample the next token of each request; publish the new
+        lengths and stash the token as the next input. -> the tokens [B] int64 as the host
+        reads them (NONFINITE_TOKEN where the logits were not finite)."""
+        tok, _, report = self.prefill_with_hidden(x)
         with self.spans.stage("publish"):
             self.future_map.publish(x.rows, prefill_kv_lens(x))
         with self.spans.stage("stash"):
             self.future_map.stash(x.rows, DraftInputs(tok))
-        return tok
+        return report
 
     @torch.no_grad()
-    def prefill_with_hidden(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (next tokens [B], hidden [T, H] of every fed token, pre final norm)."""
+    def prefill_with_hidden(self, x: PrefillInputs) -> tuple[torch.Tensor, ...]:
+        """-> (next tokens [B], hidden [T, H] of every fed token, pre final norm, the tokens
+        for the host: NONFINITE_TOKEN where the logits were not finite)."""
         with self.spans.stage("prefill"):
             return self._prefill(x)
 
-    def _prefill(self, x: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, x: PrefillInputs) -> tuple[torch.Tensor, ...]:
         B = x.rows.shape[0]
         row_of_tok = torch.repeat_interleave(x.rows, x.q_lens, output_size=x.input_ids.shape[0])
         out_loc = self.table[row_of_tok, x.positions].long()
@@ -82,11 +84,15 @@ class TargetWorker:
                                     meta, self.attn_fn, logits_idx=x.cu_q[1:] - 1)
         s = x.sampling
         assert logits.shape[0] == B
-        return sample(logits, s.temperature, s.top_p, s.seeds, s.counters), hidden
+        tok = sample(logits, s.temperature, s.top_p, s.seeds, s.counters)
+        last = hidden[x.cu_q[1:] - 1]                      # the rows the logits are of
+        return tok, hidden, flag_nonfinite(tok, finite_rows(logits, last, B))
 
     def _decode_fn(self, max_kv: int, greedy: bool = False):
-        """greedy: every lane has temperature 0, so the token is the argmax (what `sample`
-        gives a greedy lane) and the sampling kernels are left out of the step."""
+        """-> fn(...) -> (token [B] for the next input, the token for the host:
+        NONFINITE_TOKEN where the logits were not finite). greedy: every lane has temperature
+        0, so the token is the argmax (what `sample` gives a greedy lane) and the sampling
+        kernels are left out of the step."""
         def fn(input_ids, rows, kv_lens, temperature, top_p, seeds):
             counters = kv_lens                     # the sampling counter: the new length
             B = rows.shape[0]
@@ -95,11 +101,11 @@ class TargetWorker:
             ones = torch.ones_like(kv_lens)
             cu_q = torch.arange(B + 1, device=rows.device)
             meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv)
-            _, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc, meta,
-                                   self.attn_fn)
-            if greedy:
-                return logits.argmax(-1)
-            return sample(logits, temperature, top_p, seeds, counters)
+            hidden, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc,
+                                        meta, self.attn_fn)
+            tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,
+                                                              counters)
+            return tok, flag_nonfinite(tok, finite_rows(logits, hidden, B))
         return fn
 
     @torch.no_grad()
@@ -115,10 +121,10 @@ class TargetWorker:
             with self.spans.stage("resolve", graphed=True):
                 self.graphs["resolve"].run({"rows": rows}, clone=False)
             with self.spans.stage("verify", graphed=True):
-                tok = g.run(dict(rows=rows, temperature=s.temperature, top_p=s.top_p,
-                                 seeds=s.seeds))
+                _, report = g.run(dict(rows=rows, temperature=s.temperature, top_p=s.top_p,
+                                       seeds=s.seeds), clone=(1,))
             fm.mark_published()
-            return DecodeOut(tok[:, None], torch.ones_like(tok))
+            return DecodeOut(report[:, None], torch.ones_like(report))
         with self.spans.stage("resolve"):
             seq = fm.resolve_seq_lens(x.rows)
             inp = fm.gather(x.rows)
@@ -127,15 +133,15 @@ class TargetWorker:
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
         graphed = g is not None and x.rows.shape[0] <= g.max_bs
         with self.spans.stage("verify", graphed=graphed):   # the forward of a one-node tree
-            if graphed:
-                tok = g.run(args)
+            if graphed:       # tok: a view of the graph's buffer, stashed before its next replay
+                tok, report = g.run(args, clone=(1,))
             else:
-                tok = self._decode_fn(x.max_kv, x.all_greedy)(**args)
+                tok, report = self._decode_fn(x.max_kv, x.all_greedy)(**args)
         with self.spans.stage("publish"):
             fm.publish(x.rows, new_len)
         with self.spans.stage("stash"):
             fm.stash(x.rows, DraftInputs(tok))
-        return DecodeOut(tok[:, None], torch.ones_like(tok))
+        return DecodeOut(report[:, None], torch.ones_like(report))
 
     def _capture_decode(self, max_bs: int) -> None:
         """The two decode graphs (greedy, sampling) over one set of static inputs, and
@@ -182,7 +188,7 @@ class TargetWorker:
         fm = self.future_map
 
         def decode_publish_stash(input_ids, rows, kv_lens, temperature, top_p, seeds, mark):
-            tok = fn(input_ids, rows, kv_lens, temperature, top_p, seeds)
+            tok, report = fn(input_ids, rows, kv_lens, temperature, top_p, seeds)
             fm.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
-            return tok
+            return tok, report
         return decode_publish_stash

@@ -48,7 +48,7 @@ import torch
 
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
-from ..kernels.sampling import SIMULATE, position_uniform
+from ..kernels.sampling import SIMULATE, finite_rows, flag_nonfinite, position_uniform
 from ..kernels.topk import argmax as vocab_argmax
 from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
 from .commit import commit
@@ -149,7 +149,7 @@ class SpecWorker:
     # -- prefill / decode: the stage lists ---------------------------------------------------
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
-        bonus, hidden = self.target.prefill_with_hidden(x)
+        bonus, hidden, report = self.target.prefill_with_hidden(x)
         with self.spans.stage("publish"):
             self.future_map.publish(x.rows, prefill_kv_lens(x))
         nxt = self.draft_worker.after_prefill(
@@ -158,7 +158,7 @@ class SpecWorker:
             max_kv=x.max_kv or x.max_q, next_ids=x.next_ids)
         with self.spans.stage("stash"):
             self.future_map.stash(x.rows, nxt)
-        return bonus
+        return report
 
     @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
@@ -167,7 +167,7 @@ class SpecWorker:
         if cands is None:
             cands = self._draft(rows, seq, inp, M)
         tree = self._tree(rows, seq, bonus, cands, M)
-        logits, hidden = self._run("verify", self._verify_fn, dict(
+        logits, hidden, finite = self._run("verify", self._verify_fn, dict(
             rows=rows, seq_lens=seq, tokens=tree.tokens, positions=tree.positions,
             mask=tree.mask), M)
         acc = self._accept(tree, logits, x, seq)
@@ -180,7 +180,9 @@ class SpecWorker:
         nxt = self._extend(rows, seq, acc, hidden_path, hidden_last, M)
         if p.draft_preexec:     # the next round's draft (+ stash), before the host sees this
             self._draft(rows, new_seq, nxt, min(self.table.shape[1], M + p.num_steps + 1))
-        return DecodeOut(acc.tokens, acc.accept_lens)
+        # the committed tokens for the host (a copy: the device keeps acc.tokens), each
+        # request's row NONFINITE_TOKEN where its verify logits were not finite
+        return DecodeOut(flag_nonfinite(acc.tokens, finite), acc.accept_lens)
 
     # -- stages ---------------------------------------------------------------------------
     def _resolve(self, x: DecodeInputs):
@@ -259,12 +261,13 @@ class SpecWorker:
     def _run(self, name: str, make_fn, args: dict, max_kv: int):
         """One segment as its stage span(s): a graph replay when captured, else eager (one
         span per stage: `mark` switches them). Replay outputs are views of the graph's
-        buffers (consumed later in this step, on this stream) except accept's tokens and
-        lengths, which leave the step (D2H, the scheduler's results)."""
+        buffers (consumed later in this step, on this stream) except accept's lengths, which
+        leave the step (D2H, the scheduler's results; its tokens leave through
+        flag_nonfinite's copy)."""
         g = self.graphs.get(name)
         if g is not None and args["rows"].shape[0] <= g.max_bs:
             with self.spans.stage(name, graphed=True):
-                return g.run(args, clone=(1, 2) if name == "accept" else False)
+                return g.run(args, clone=(1,) if name == "accept" else False)
         stages = self._stages(name)
         if len(stages) == 1:
             with self.spans.stage(name):
@@ -361,8 +364,12 @@ class SpecWorker:
         return fn
 
     def _verify_fn(self, max_kv: int):
+        """-> (logits [B, D, V], hidden [B, D, H], finite [B]: kernels/sampling.py
+        finite_rows over request b's D nodes)."""
         def fn(rows, seq_lens, tokens, positions, mask):
-            return verify(self.target, tokens, positions, rows, seq_lens, mask, max_kv)
+            logits, hidden = verify(self.target, tokens, positions, rows, seq_lens, mask,
+                                    max_kv)
+            return logits, hidden, finite_rows(logits, hidden, rows.shape[0])
         return fn
 
     def _accept_fn(self, max_kv: int):

@@ -1,28 +1,95 @@
 #!/usr/bin/env bash
-# A real SGLang 0.5.17 server on the lent H100 (no network there, <= 64 MiB carried per call,
-# /tmp survives between calls only while the machine stays warm). docs/sglang.md section 3
-# has the sizes, the trimming and the exact device calls.
+# SGLang 0.5.17 on a GPU machine without network: stage it here, carry it there, run on it.
+# A machine with SGLang installed needs none of this: it runs `mtplab sglang launch` and
+# `python -m benchmarks.bench_peer_sglang` directly (docs/sglang.md, docs/peers.md).
+#
+# The machine this was written for (the lent H100, image 'cuda'): Python 3.12.3, torch
+# 2.11.0+cu130, triton 3.6, transformers 5.17, tokenizers 0.23.2, torchvision 0.26,
+# cuda-bindings, nvidia-ml-py, aiohttp, uvloop, requests, psutil, einops, nvcc 13.0; no
+# network; each call carries at most 64 MiB of files (the checkout's tracked tree, ~18 MB, rides
+# along, so one carry folder holds at most 46 MiB: PART_BYTES); /tmp survives between calls
+# only while the machine stays warm (30 s idle); $OUT returns at most 8 files of 16 MiB, two
+# folders deep, named in [A-Za-z0-9._-].
 #
 # Here (CPU, PyPI):
-#   scripts/sglang_h100.sh stage     # build + pack + extras: download the wheels, install them
-#                                    # for cp312 into one site tree, trim it, tar.xz it, split it
-#                                    # into carry folders $MTP_SGL_CARRY_ROOT/.sgl_c1 .. .sgl_cN;
-#                                    # .sgl_cx: flashinfer's JIT sources + a deep_gemm stub
-#   scripts/sglang_h100.sh dry       # the exact `mtplab sglang launch --dry-run` of both arms
+#   scripts/sglang_h100.sh stage     # build + pack + extras: download the wheels (WHEELS), install
+#                                    # them for cp312 into one site tree, trim it (TRIM), tar.xz
+#                                    # it (xz -9e, ~4 min on 2 cores), split it into carry folders
+#                                    # $MTP_SGL_CARRY_ROOT/.sgl_c1 .. .sgl_cN (each part + one
+#                                    # MANIFEST.sha256); .sgl_cx: the extras (below). The folders
+#                                    # /.sgl_c*/ and /.sgl_build/ belong in .git/info/exclude.
+#   scripts/sglang_h100.sh dry       # the exact `mtplab sglang launch --dry-run` of pair's arms
 # On the device, carry [".sgl_cK"] in call K, back to back:
 #   bash scripts/sglang_h100.sh receive .sgl_cK     # adds call K's parts to $MTP_SGL_TMP/stage
 # and in the call that brings the last part (or any later call while the machine is warm):
-#   bash scripts/sglang_h100.sh install             # reassemble, sha256-check, extract
+#   bash scripts/sglang_h100.sh install             # reassemble, sha256-check, extract (5 s; on
+#                                                   # a warm machine holding it: nothing)
 #   bash scripts/sglang_h100.sh overlay .sgl_cx     # the extras over the site (carry it too)
 #   bash scripts/sglang_h100.sh check               # import probe only (every missing piece)
 #   bash scripts/sglang_h100.sh warm                # probe + one short server run (compiles
 #                                                   # SGLang's nvcc JIT and Triton kernels)
-#   bash scripts/sglang_h100.sh pair                # probe, then overlap on / off arms
+#   bash scripts/sglang_h100.sh pair                # probe, then overlap on / off HTTP arms
+#   bash scripts/sglang_h100.sh peer [FLAGS]        # probe, then the peer harness (both
+#                                                   # engines in-process; FLAGS are its own)
 # Device commands write under $OUT (else $MTP_SGL_TMP/out): sgl.log (this script's output),
-# arm_<warm|on|off>.log (client + server output), and from `pair` summary.json and
-# results.tgz (each arm's metrics.json, analysis/ and trace). Every wait has a timeout;
-# `warm` and `pair` end within $MTP_SGL_DEADLINE seconds (default 480) of their start; a
-# TERM or INT (the call's own timeout) stops the running arm's whole session before exiting.
+# arm_<warm|on|off>.log (client + server output), from `pair` summary.json and results.tgz
+# (each arm's metrics.json, analysis/ and trace), from `peer` peer_results.json (the harness's
+# resumable results), peer_table.md, peer_logs.tgz (each worker's output) and peer_traces.tgz
+# (the profiled traces and their analysis; without the raw traces if over 15 MiB). Every wait
+# has a timeout; `warm`, `pair` and `peer` end within $MTP_SGL_DEADLINE seconds (default 480)
+# of their start; a TERM or INT (the call's own timeout) stops the running arm's whole session
+# before exiting. The probe runs once per installed payload (a marker in the site).
+#
+# A `peer` run resumes: its results stay in $MTP_SGL_TMP/peer while the machine is warm; on a
+# cold one, put the peer_results.json a call returned into a carried folder as results.json
+# and name it in MTP_PEER_FROM (e.g. .sgl_cresults: /.sgl_c*/ keeps it out of git).
+#
+# What is carried and why (the server's and sglang.Engine's import path beyond the image, found
+# by scripts/sglang_probe.py --fake-cuda in a Python 3.12 environment of the image's packages
+# plus the payload; every import below is at module level on that path, no flag avoids it):
+#   sglang 0.5.17, sglang-kernel 0.4.5 (trimmed)  the engine, its compiled ops
+#   flashinfer-python 0.6.15.post1 (trimmed)      fp8_utils (bmm_fp8) and sampler
+#                                                 (flashinfer.sampling) under is_cuda(): not
+#                                                 avoided by --attention-backend triton
+#                                                 --sampling-backend pytorch
+#   xgrammar 0.2.1 (trimmed)                      the function-call parser's StructuralTag: not
+#                                                 avoided by --grammar-backend none
+#   apache-tvm-ffi 0.1.11                         all_reduce; SGLang's JIT kernels (nvcc) build
+#                                                 through it
+#   transformers 5.12.1, tokenizers 0.22.2        SGLang's pin; the image's 5.17 ships qwen3_asr,
+#                                                 which SGLang registers again (raises)
+#   fastapi .. opentelemetry-api                  the HTTP server (and mtplab's orjson)
+#   orjson .. dill, openai .. rpds-py,            utils, detokenizer, OpenAI protocol and chat,
+#   compressed-tensors gguf loguru, soundfile     the quantization registry, realtime session,
+#   cffi, ipython traitlets                       sglang/utils.py (IPython.display)
+# Trimmed (TRIM, with the reason beside each path): 1.57 GB installed -> 232 MB; the payload
+# sglang-site.tar.xz is 42.2 MB (40.2 MiB): one carry folder, .sgl_c1. The 37 wheels are 491 MB
+# (sglang-kernel 383 MB, of it the 1.12 GB-installed FA3 library); carried as they are they
+# would take 8 calls. sgl_kernel keeps sm90/common_ops (capability 9.0 loads it), which needs
+# libnvrtc.so.13 and libcublas.so.13: device_env puts torch's nvidia/*/lib on LD_LIBRARY_PATH.
+#
+# The extras folder .sgl_cx (4.9 MB; `overlay .sgl_cx` after `install`), both pieces found by
+# the first H100 calls:
+#   flashinfer-data.tar.xz   flashinfer's data/ (JIT sources, 76 MB unpacked): sgl_kernel's
+#                            rmsnorm builds flashinfer's norm module with nvcc at the first
+#                            forward (without it the first graph capture dies on norm.cu)
+#   deep_gemm-stub.tar.xz    an empty deep_gemm (not on PyPI): the DSA backend imports it at
+#                            module level and the EAGLE v2 worker imports that backend while
+#                            capturing its draft graphs; device_env turns DeepGEMM use off
+#
+# Checking the payload here: in a Python 3.12 venv with the image's versions (torch==2.11.0
+# triton==3.6.0 transformers==5.17.0 tokenizers==0.23.2 timm cuda-bindings cuda-pathfinder
+# nvidia-ml-py aiohttp uvloop requests psutil einops scipy xxhash ..., without pydantic,
+# pydantic-core, annotated-types, typing-inspection, which the image lacks):
+#   PYTHON=venv/bin/python MTP_SGL_TMP=/tmp/sgl_local MTP_SGL_PROBE_ARGS=--fake-cuda \
+#     scripts/sglang_h100.sh receive .sgl_c1 && ... install && ... check
+#
+# The calls (kind nvidia-h100-x1, carry [".sgl_c1", ".sgl_cx"], 42.2 + 4.9 MB beside the
+# tracked tree; timeout 600 s each; add overlay .sgl_cx after install on a machine gone cold):
+#   1. receive .sgl_c1 && install && overlay .sgl_cx && warm
+#   2. receive .sgl_c1 && install && pair          (or peer FLAGS, see docs/peers.md)
+# If call 1's probe reports missing modules, add them to WHEELS, stage again and repeat; a
+# first server on a cold machine recompiles the JIT kernels (about a minute).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -234,10 +301,16 @@ overlay() {      # overlay DIR: its verified tarballs unpacked over the installe
   done
 }
 
-check() {
+check() {        # the import probe; a pass is marked in the site (a new payload clears it)
   device_env
   echo "== check: $(nvidia-smi -L 2>/dev/null | head -1)"
-  timeout 300 $PY "$ROOT/scripts/sglang_probe.py" ${MTP_SGL_PROBE_ARGS:-}
+  timeout 300 $PY "$ROOT/scripts/sglang_probe.py" ${MTP_SGL_PROBE_ARGS:-} || return $?
+  [ -d "$SITE" ] && sha256sum "$ROOT/scripts/sglang_probe.py" > "$SITE/.probe_ok"
+  return 0
+}
+
+probed() {       # the probe passed on this site with this probe script
+  [ -f "$SITE/.probe_ok" ] && (cd / && sha256sum -c --quiet "$SITE/.probe_ok" 2>/dev/null)
 }
 
 launch_args() {  # NUL-separated arguments of `mtplab sglang launch` for arm on|off|warm
@@ -304,7 +377,11 @@ prepare() {      # environment, model dirs, import probe: what every server run 
   [ -f "$SITE/.payload_sha256" ] || { echo "$SITE is empty: run receive + install first"; return 2; }
   $PY -m mtplab.cli sglang models --out "$MTP_SGL_TMP/models" --model "${MTP_SGL_MODEL:-random-medium}" \
     || return 2
-  check || { echo "the import probe failed; not launching (see above)"; return 3; }
+  if probed; then
+    echo "== check: the probe passed on this site already"
+  else
+    check || { echo "the import probe failed; not launching (see above)"; return 3; }
+  fi
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
   return 0
 }
@@ -327,6 +404,57 @@ pair() {         # overlap on, then off; after `warm` each takes a minute or two
   summarize
   echo "pair: on exit $rc_on, off exit $rc_off, $((SECONDS - start))s"
   [ "$rc_on" -eq 0 ] && [ "$rc_off" -eq 0 ]
+}
+
+peer() {         # the peer harness (benchmarks/bench_peer_sglang.py); "$@" are its flags
+  local start=$SECONDS deadline=${MTP_SGL_DEADLINE:-480} work=$MTP_SGL_TMP/peer cap pid t=0 rc
+  prepare || return $?
+  mkdir -p "$work"
+  if [ -n "${MTP_PEER_FROM:-}" ] && [ ! -f "$work/results.json" ]; then
+    if [ -f "$MTP_PEER_FROM/results.json" ]; then
+      cp "$MTP_PEER_FROM/results.json" "$work/" && echo "peer: resuming $MTP_PEER_FROM/results.json"
+    else
+      echo "peer: MTP_PEER_FROM=$MTP_PEER_FROM holds no results.json (carried?); starting afresh"
+    fi
+  fi
+  cap=$((deadline - (SECONDS - start) - 30))     # 30 s: stopping its engines, packing $OUT
+  if [ "$cap" -lt 60 ]; then
+    echo "peer: TIMEOUT before launch (${cap}s of MTP_SGL_DEADLINE left); raise it"
+    return 124
+  fi
+  echo "== peer: at most ${cap}s, results in $work"
+  # the harness stops starting work 20 s before the cap; at the cap it gets a TERM (it kills
+  # its engines' sessions and writes what finished)
+  setsid $PY -m benchmarks.bench_peer_sglang --out "$work" --deadline-s $((cap - 20)) "$@" &
+  pid=$! ARM_PID=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$t" -ge "$cap" ]; then
+      echo "peer: TIMEOUT after ${cap}s; stopping it"
+      pkill_group "$pid"; break
+    fi
+    sleep 2; t=$((t + 2))
+  done
+  wait "$pid"; rc=$?
+  ARM_PID=
+  peer_pack "$work"
+  echo "peer: exit $rc, $((SECONDS - start))s"
+  return "$rc"
+}
+
+peer_pack() {    # the harness's folder -> at most 4 files under $OUT (its limits: see the top)
+  local work=$1 f
+  for f in results.json table.md; do
+    [ -f "$work/$f" ] && cp "$work/$f" "$OUTDIR/peer_$f"
+  done
+  [ -d "$work/logs" ] && tar -C "$work" -czf "$OUTDIR/peer_logs.tgz" logs
+  if [ -d "$work/traces" ]; then
+    tar -C "$work" -czf "$OUTDIR/peer_traces.tgz" traces
+    if [ "$(stat -c %s "$OUTDIR/peer_traces.tgz")" -gt 15728640 ]; then
+      echo "peer_traces.tgz > 15 MiB: leaving the raw traces out"
+      tar -C "$work" -czf "$OUTDIR/peer_traces.tgz" --exclude='*.trace.json*' traces
+    fi
+  fi
+  ls -l "$OUTDIR"
 }
 
 summarize() {
@@ -360,7 +488,7 @@ EOF
 # ---------------------------------------------------------------- dispatch
 cmd=${1:-}; shift || true
 case "$cmd" in
-  receive|install|overlay|check|warm|pair)
+  receive|install|overlay|check|warm|pair|peer)
     OUTDIR=${OUT:-$MTP_SGL_TMP/out}; mkdir -p "$OUTDIR"
     exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
     TEE_PID=$!
@@ -379,7 +507,8 @@ case "$cmd" in
   check) check ;;
   warm) warm ;;
   pair) pair ;;
+  peer) peer "$@" ;;
   *) echo "usage: $0 build|pack [PAYLOAD]|stage|dry  (here);" \
-       "receive DIR|install|overlay DIR|check|warm|pair  (device)" >&2
+       "receive DIR|install|overlay DIR|check|warm|pair|peer [FLAGS]  (device)" >&2
      exit 2 ;;
 esac

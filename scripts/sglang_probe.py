@@ -32,11 +32,14 @@ import sys
 import traceback
 import types
 
-# What `python -m sglang.launch_server` with EAGLE (v2 worker), the triton attention backend,
-# the pytorch sampling backend, --grammar-backend none, --skip-tokenizer-init, dummy weights and
-# a Llama target + LlamaForCausalLMEagle draft imports, at module level or when it starts
-# (scheduler / tokenizer / detokenizer processes, model runner, CUDA graphs, profiler).
+# What `python -m sglang.launch_server` and the offline `sglang.Engine` with EAGLE or
+# FROZEN_KV_MTP (v2 workers), the triton attention backend, the pytorch sampling backend,
+# --grammar-backend none, --skip-tokenizer-init, dummy weights and a Llama target +
+# LlamaForCausalLMEagle draft or a Gemma-4 target + Gemma4AssistantForCausalLM import, at module
+# level or when they start (scheduler / tokenizer / detokenizer processes, model runner, CUDA
+# graphs, profiler).
 MODULES = [
+    "sglang",
     "sglang.launch_server",
     "sglang.srt.server_args",
     "sglang.srt.entrypoints.http_server",
@@ -73,6 +76,12 @@ MODULES = [
     "sglang.srt.speculative.draft_utils",
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner",
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+    "sglang.srt.speculative.frozen_kv_mtp_worker_v2",
+    "sglang.srt.speculative.frozen_kv_mtp_info",
+    "sglang.srt.speculative.frozen_kv_mtp_utils",
+    "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner",
+    "sglang.srt.models.gemma4_causal",
+    "sglang.srt.models.gemma4_mtp",
     "sglang.srt.constrained.base_grammar_backend",
     "sglang.srt.utils.hf_transformers_utils",
     "sglang.srt.utils.profile_utils",

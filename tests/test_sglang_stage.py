@@ -295,3 +295,30 @@ def test_warm_launches_nothing_when_the_deadline_is_spent(tmp_path):
     assert r.returncode == 124, r.stdout + r.stderr
     assert "TIMEOUT before launch" in r.stdout and "raise it" in r.stdout
     assert not started.exists() and not (tmp_path / "out" / "arm_warm.log").exists()
+
+
+@pytest.mark.slow
+def test_peer_resumes_a_carried_result_and_packs_what_comes_back(tmp_path):
+    """`peer FLAGS`: prepare (the probe once per site), the harness with its own flags (a dry
+    run here: no engine), a carried results.json resumed (MTP_PEER_FROM), and at most the
+    four peer_* files next to sgl.log under $OUT, named as the device returns them."""
+    pytest.importorskip("transformers", reason="the harness writes Gemma-4 directories")
+    env = device_env(tmp_path, sys.executable, 1)
+    carried = tmp_path / ".sgl_cresults"
+    carried.mkdir()
+    import dataclasses
+    from benchmarks.peer_plan import Workload
+    (carried / "results.json").write_text(__import__("json").dumps(
+        {"workload": dataclasses.asdict(Workload()), "cells": {}}))
+    env["MTP_PEER_FROM"] = str(carried)
+    r = sh("peer", "--dry-run", "--shapes", "random-medium", "--drafts", "eagle", "--bs", "1",
+           env=env, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["peer_results.json", "sgl.log"]
+    log = (out / "sgl.log").read_text()
+    assert "probe: OK" in log and f"peer: resuming {carried}/results.json" in log
+    assert "# random-medium_eagle_overlap-on (bs [1])" in log and "--deadline-s" not in log
+    r = sh("peer", "--dry-run", "--shapes", "random-medium", "--drafts", "eagle", "--bs", "1",
+           env=env, check=False)
+    assert r.returncode == 0 and "the probe passed on this site already" in r.stdout

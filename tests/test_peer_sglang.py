@@ -1,0 +1,472 @@
+"""benchmarks/bench_peer_sglang.py, mtplab and SGLang side by side: the knobs each engine gets
+(SGLang's side through SGLang's own parser and model config, where installed), the workload
+both see, the interleaving / ratio / resume / deadline logic against stand-in engines, the
+worker processes (a stand-in engine in a real worker), and the refusals. No GPU."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_peer_sglang as peer
+from benchmarks import peer_plan
+from benchmarks.peer_plan import Cell, Workload, plan
+from tests.sglang_fixtures import sglang_module
+
+WL = Workload(prompt_len=16, new_tokens=9, repeats=3, warmup_tokens=4, profile_steps=0)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers", reason="the Gemma-4 directories need transformers")
+    root = tmp_path_factory.mktemp("models")
+    peer_plan.write_model_dirs(root, plan(["random-medium"], list(peer_plan.DRAFTS),
+                                          ["on"], [1]))
+    return root
+
+
+# ------------------------------------------------------------------ what each engine gets
+@pytest.mark.parametrize("draft", list(peer_plan.DRAFTS))
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_both_engines_get_the_same_knobs_by_sglangs_parser(models, draft, overlap):
+    """The SGLang arguments of a group, parsed by SGLang's own prepare_server_args (device cpu:
+    0.5.17's checks for cuda ask the GPU for its memory), say what mtplab's RunConfig says."""
+    sa = sglang_module("sglang.srt.server_args")
+    g = plan(["random-medium"], [draft], [overlap], [1, 8, 32])[0]
+    launch = peer_plan.sglang_launch(g, WL, models, 0.3)
+    knobs = peer_plan.mtplab_knobs(g, WL)
+    argv = list(launch.argv)
+    argv[argv.index("--device") + 1] = "cpu"
+    a = sa.prepare_server_args(argv)
+    spec = knobs["draft"] != "none"
+    algo = {"none": None, "eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}[knobs["draft"]]
+    assert a.speculative_algorithm == algo
+    if spec:
+        assert (a.speculative_num_steps, a.speculative_eagle_topk,
+                a.speculative_num_draft_tokens) == (knobs["num_steps"], knobs["topk"],
+                                                    knobs["num_draft_tokens"])
+        assert float(launch.env["SGLANG_SIMULATE_ACC_LEN"]) == knobs["simulate_accept_len"]
+        assert launch.env["SGLANG_SIMULATE_ACC_METHOD"] == "match-expected"
+    else:
+        assert launch.env == {}
+    assert a.page_size == knobs["page_size"] and a.random_seed == knobs["seed"]
+    assert a.max_running_requests == knobs["max_running_requests"] == 32
+    assert a.cuda_graph_max_bs_decode == knobs["cuda_graph_max_bs"] == 32
+    assert ("--disable-overlap-schedule" in argv) == (not knobs["overlap"])
+    if not knobs["overlap"]:       # (on CPU SGLang itself turns overlap off for spec decoding)
+        assert a.disable_overlap_schedule
+    assert a.attention_backend == knobs["attention_backend"] == "triton"
+    assert knobs["cuda_graphs"] and "--cuda-graph-backend-decode" not in argv
+    assert a.skip_tokenizer_init and a.disable_radix_cache
+    assert a.load_format == "dummy" and (not spec or a.speculative_draft_load_format == "dummy")
+    assert (a.sampling_backend, a.grammar_backend) == ("pytorch", "none")
+
+
+@pytest.mark.parametrize("draft", ["eagle", "frozen"])
+def test_sglang_loads_the_shape_mtplab_builds(models, draft):
+    """SGLang's ModelConfig of the target and the draft directories against mtplab's preset:
+    the same sizes (a Gemma-4 target for Frozen-KV, whose assistant is as wide as mtplab's)."""
+    sa = sglang_module("sglang.srt.server_args")
+    mc = sglang_module("sglang.srt.configs.model_config")
+    from mtplab.models.zoo import assistant_config, model_config
+    g = plan(["random-medium"], [draft], ["off"], [1])[0]
+    argv = list(peer_plan.sglang_launch(g, WL, models, 0.3).argv)
+    argv[argv.index("--device") + 1] = "cpu"
+    a = sa.prepare_server_args(argv)
+    t = mc.ModelConfig.from_server_args(a)
+    d = mc.ModelConfig.from_server_args(a, model_path=a.speculative_draft_model_path,
+                                        is_draft_model=True)
+    c = model_config("random-medium")
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.get_total_num_kv_heads(),
+            t.head_dim, t.vocab_size) == (c.hidden_size, c.num_hidden_layers,
+                                          c.num_attention_heads, c.num_key_value_heads,
+                                          c.head_dim, c.vocab_size)
+    assert t.hf_text_config.intermediate_size == c.intermediate_size
+    assert str(t.dtype) == f"torch.{peer_plan.mtplab_knobs(g, WL)['dtype']}"
+    assert d.hidden_size == c.hidden_size and d.num_hidden_layers == 1
+    if draft == "frozen":
+        ac = assistant_config(c)
+        assert t.hf_config.architectures == ["Gemma4ForCausalLM"]
+        assert d.hf_config.architectures == ["Gemma4AssistantForCausalLM"]
+        assert set(t.hf_text_config.layer_types) == {"full_attention"}
+        assert d.hf_text_config.intermediate_size == ac.intermediate_size
+        assert (d.hidden_size, d.num_hidden_layers) == (ac.hidden_size, ac.num_layers)
+    else:
+        assert d.hf_config.architectures == ["LlamaForCausalLMEagle"]
+
+
+def test_both_engines_get_the_same_prompts():
+    """The prompts of a cell: fixed by shape, bs and repeat (the same for every draft and
+    overlap arm), fresh per repeat, bs of them, in [VOCAB_FLOOR, vocab)."""
+    a = peer_plan.prompts(Cell("s", "eagle", "on", 8), 0, WL, 100)
+    assert a == peer_plan.prompts(Cell("s", "frozen", "off", 8), 0, WL, 100)
+    assert a != peer_plan.prompts(Cell("s", "eagle", "on", 8), 1, WL, 100)
+    assert len(a) == 8 and {len(p) for p in a} == {WL.prompt_len}
+    assert min(map(min, a)) >= peer_plan.VOCAB_FLOOR and max(map(max, a)) < 100
+
+
+def test_a_group_serves_every_bs_at_its_largest():
+    gs = plan(["random-medium", "llama3-8b-like@8"], ["target", "eagle"], ["on", "off"],
+              [8, 1, 32, 8])
+    assert len(gs) == 8 and gs[0].bs == (8, 1, 32) and gs[0].max_bs == 32
+    assert [c.bs for c in gs[0].cells()] == [8, 1, 32]
+    assert all(peer_plan.group_knobs(g, WL)["max_running_requests"] == 32 for g in gs)
+    with pytest.raises(ValueError, match="unknown draft 'medusa'"):
+        plan(["random-medium"], ["medusa"], ["on"], [1])
+    with pytest.raises(ValueError, match="unknown overlap"):
+        plan(["random-medium"], ["eagle"], ["yes"], [1])
+
+
+# ------------------------------------------------------------------ stand-in engines
+class FakeArm:
+    """An engine in this process: `tok_s` tokens per second (a list: one per repeat), a log of
+    every request (shared `calls`), and failures on demand."""
+
+    def __init__(self, side, calls, tok_s=(1000.0,), fail_start=None, fail_run_at=None,
+                 tokens_short=False, clock=None, run_s=0.0):
+        self.side, self.calls, self.tok_s = side, calls, list(tok_s)
+        self.fail_start, self.fail_run_at, self.short = fail_start, fail_run_at, tokens_short
+        self.clock, self.run_s = clock, run_s
+        self.n_long = 0
+        self.closed = self.killed = False
+
+    def request(self, msg, timeout):
+        self.calls.append((self.side, msg["op"], msg.get("new_tokens"),
+                           len(msg.get("prompts", ()))))
+        if self.clock is not None:
+            self.clock.t += self.run_s
+            if self.clock.t > self.clock.end:
+                raise peer.Deadline("fake deadline")
+        if msg["op"] == "start":
+            if self.fail_start:
+                raise peer.ArmError(self.side, self.fail_start)
+            return {"info": {}}
+        if msg["op"] == "profile":
+            return {"trace": None, "meter": {"bubble_frac": 0.25}}
+        bs, n = len(msg["prompts"]), msg["new_tokens"]
+        if n > 1 and n != WL.warmup_tokens:          # a timed run
+            if self.fail_run_at is not None and self.n_long == self.fail_run_at:
+                raise peer.ArmError(self.side, "CUDA error: an illegal memory access")
+            rate = self.tok_s[min(self.n_long, len(self.tok_s) - 1)]
+            self.n_long += 1
+        else:
+            rate = 1000.0
+        tokens = [n - (1 if self.short and n > 1 else 0)] * bs
+        return {"wall_s": bs * n / rate, "tokens": tokens, "decode_steps": n - 1,
+                "accept_len": 2.5}
+
+    def close(self):
+        self.closed = True
+
+    def kill(self):
+        self.killed = True
+
+
+class Clock:
+    def __init__(self, end=float("inf")):
+        self.t, self.end = 0.0, end
+
+    def __call__(self):
+        return self.t
+
+
+def run(tmp_path, groups, arms_of, wl=WL, deadline=float("inf"), clock=None, reserve=0.0):
+    res = peer.Results.open(tmp_path / "results.json", wl)
+    started = []
+
+    def start_arm(side, g, launch, knobs):
+        arm = arms_of(side, g)
+        started.append((side, g.name))
+        return arm
+
+    peer.run_groups(groups, wl, res, start_arm, lambda c: 1000, deadline, reserve, None,
+                    tmp_path / "models", 0.3, say=lambda *_: None,
+                    clock=clock or Clock())
+    return res, started
+
+
+@pytest.fixture
+def groups():
+    return plan(["random-medium"], ["eagle"], ["on"], [1, 8])
+
+
+def test_arms_alternate_and_the_ratio_is_taken_per_repeat(tmp_path, groups):
+    calls = []
+    tok = {"mtplab": [3000.0, 1000.0, 2000.0], "sglang": [1000.0, 1000.0, 1000.0]}
+    res, _ = run(tmp_path, groups, lambda side, g: FakeArm(side, calls, tok[side]),
+                 wl=WL)
+    rec = res.cells["random-medium|eagle|overlap-on|bs1"]
+    assert rec["status"] == "ok" and rec["order"] == [["mtplab", "sglang"],
+                                                      ["sglang", "mtplab"],
+                                                      ["mtplab", "sglang"]]
+    assert rec["ratio"]["repeats"] == pytest.approx([3.0, 1.0, 2.0])
+    assert rec["ratio"]["median"] == pytest.approx(2.0)
+    assert (rec["ratio"]["min"], rec["ratio"]["max"]) == pytest.approx((1.0, 3.0))
+    assert rec["mtplab"]["tok_s"] == pytest.approx(2000.0)
+    # TPOT = (t_n - t_1) / (n - 1); step = (t_n - t_1) / decode steps (= n - 1 here)
+    m = rec["repeats"][0]["mtplab"]
+    assert m["ttft_s"] == pytest.approx(1 / 1000.0)
+    assert rec["mtplab"]["tpot_p50_ms"] == pytest.approx(
+        1e3 * (9 / 2000.0 - 1 / 1000.0) / 8)
+    timed = [c for c in calls if c[1] == "run" and c[2] == WL.new_tokens]
+    # repeat by repeat, each arm's prefill-only run comes right before its timed run
+    runs = [c for c in calls if c[1] == "run"][4:]            # after both warm-ups
+    assert [c[2] for c in runs[:4]] == [1, WL.new_tokens, 1, WL.new_tokens]
+    assert [c[0] for c in timed[:6]] == ["mtplab", "sglang", "sglang", "mtplab", "mtplab",
+                                         "sglang"]
+
+
+def test_one_engine_start_serves_every_bs_and_warmup_is_not_timed(tmp_path, groups):
+    calls = []
+    res, started = run(tmp_path, groups, lambda side, g: FakeArm(side, calls))
+    assert started == [("sglang", groups[0].name), ("mtplab", groups[0].name)]  # SGLang first
+    assert sorted(res.cells) == ["random-medium|eagle|overlap-on|bs1",
+                                 "random-medium|eagle|overlap-on|bs8"]
+    assert all(r["max_running_requests"] == 8 for r in res.cells.values())
+    first = [c for c in calls if c[1] == "run"][:4]
+    assert [c[2] for c in first] == [WL.warmup_tokens, 1, WL.warmup_tokens, 1]
+
+
+def test_a_finished_cell_is_written_at_once_and_skipped_on_resume(tmp_path, groups):
+    calls = []
+    clock = Clock(end=80.0)
+    # every request costs 2 s of the fake clock: the starts and the first cell (16 requests)
+    # end at 36 s; the second cell would take as long, more than the 44 s left allow
+    res, _ = run(tmp_path, groups,
+                 lambda side, g: FakeArm(side, calls, clock=clock, run_s=2.0),
+                 deadline=80.0, clock=clock)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert list(on_disk["cells"]) == ["random-medium|eagle|overlap-on|bs1"]
+    assert peer.missing(res, groups) == ["random-medium|eagle|overlap-on|bs8"]
+    calls.clear()
+    res2, started = run(tmp_path, groups, lambda side, g: FakeArm(side, calls))
+    assert len(started) == 2 and peer.missing(res2, groups) == []
+    assert {c[3] for c in calls if c[1] == "run"} == {8}          # only the missing cell ran
+    assert res2.cells["random-medium|eagle|overlap-on|bs1"] == on_disk["cells"][
+        "random-medium|eagle|overlap-on|bs1"]                     # untouched
+
+
+def test_the_deadline_kills_the_engines_and_starts_no_group(tmp_path):
+    gs = plan(["random-medium"], ["eagle", "target"], ["on"], [1])
+    arms = []
+
+    def mk(side, g):
+        arms.append(FakeArm(side, [], clock=clock, run_s=10.0))
+        return arms[-1]
+
+    clock = Clock(end=45.0)
+    res, started = run(tmp_path, gs, mk, deadline=45.0, clock=clock, reserve=5.0)
+    assert res.cells == {} and len(started) == 2          # the second group never started
+    assert all(a.killed for a in arms)
+    assert peer.missing(res, gs) == [c.cell_id for g in gs for c in g.cells()]
+
+
+def test_an_engine_that_cannot_start_says_so_for_every_cell(tmp_path, groups):
+    msg = "ValueError: speculative_eagle_topk > 1 is not supported with page_size > 1"
+    calls = []
+    res, started = run(tmp_path, groups, lambda side, g: FakeArm(
+        side, calls, fail_start=msg if side == "sglang" else None))
+    assert started == [("sglang", groups[0].name)]         # mtplab was not started
+    for rec in res.cells.values():
+        assert (rec["status"], rec["failed_side"], rec["message"]) == ("failed", "sglang", msg)
+    table = peer.cell_table(list(res.cells.values()))
+    assert f"SGLang cannot run this cell: {msg}" in table
+    assert all(ln.count("|") == 15 for ln in table.splitlines() if ln.startswith("| random"))
+    _, again = run(tmp_path, groups, lambda side, g: FakeArm(side, calls))
+    assert again == []                                  # a failed cell is finished ...
+    res = peer.Results.open(tmp_path / "results.json", WL)
+    peer.run_groups(groups, WL, res, lambda side, g, la, kn: FakeArm(side, calls),
+                    lambda c: 1000, float("inf"), 0.0, None, tmp_path / "models", 0.3,
+                    say=lambda *_: None, retry_failed=True)
+    assert {r["status"] for r in res.cells.values()} == {"ok"}    # ... unless retried
+
+
+def test_unequal_outputs_fail_the_cell(tmp_path, groups):
+    res, _ = run(tmp_path, groups, lambda side, g: FakeArm(side, [],
+                                                            tokens_short=side == "sglang"))
+    rec = res.cells["random-medium|eagle|overlap-on|bs1"]
+    assert rec["status"] == "failed" and rec["failed_side"] == "sglang"
+    assert "not 9 for each of the 1 requests" in rec["message"]
+    assert "random-medium|eagle|overlap-on|bs8" not in res.cells     # the group stopped there
+
+
+def test_a_run_failure_is_recorded_with_the_engines_message(tmp_path, groups):
+    res, _ = run(tmp_path, groups, lambda side, g: FakeArm(
+        side, [], fail_run_at=1 if side == "mtplab" else None))
+    rec = res.cells["random-medium|eagle|overlap-on|bs1"]
+    assert rec["failed_side"] == "mtplab" and "illegal memory access" in rec["message"]
+
+
+def test_resume_refuses_another_workload(tmp_path, groups):
+    run(tmp_path, groups, lambda side, g: FakeArm(side, []))
+    with pytest.raises(ValueError, match="holds cells of another workload"):
+        peer.Results.open(tmp_path / "results.json", Workload(new_tokens=64))
+
+
+def test_tables_show_both_engines_and_the_overlap_direction(tmp_path):
+    gs = plan(["random-medium"], ["eagle"], ["on", "off"], [1])
+    tok = {("on", "mtplab"): 1200.0, ("off", "mtplab"): 1000.0,
+           ("on", "sglang"): 800.0, ("off", "sglang"): 1000.0}
+    res, _ = run(tmp_path, gs, lambda side, g: FakeArm(side, [], [tok[(g.overlap, side)]]))
+    text = peer.tables(res, gs)
+    assert "| random-medium | eagle | on | 1 | 1200 | 800 | 1.50x [1.50-1.50] |" in text
+    assert "| random-medium | eagle | 1 | 1.20x | 0.80x | no |" in text
+    assert peer.agreement(1, 1) == "yes" and peer.agreement(0, -1) == "mtplab within noise"
+    assert peer.agreement(0, 0) == "both within noise"
+
+
+def test_profiled_traces_are_analysed(tmp_path, groups):
+    """Each engine's profiled trace goes through mtplab's analyser (bubble, top causes)."""
+    from tests.test_sglang_adapter import sglang_steps_trace
+
+    class Traced(FakeArm):
+        def request(self, msg, timeout):
+            if msg["op"] == "profile":
+                d = Path(msg["dir"])
+                d.mkdir(parents=True)
+                return {"trace": str(sglang_steps_trace(d / "x.trace.json.gz")), "meter": {}}
+            return super().request(msg, timeout)
+
+    wl = Workload(prompt_len=16, new_tokens=9, repeats=1, warmup_tokens=4, profile_steps=5)
+    res = peer.Results.open(tmp_path / "results.json", wl)
+    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: Traced(side, []),
+                    lambda c: 1000, float("inf"), 0.0, tmp_path / "traces",
+                    tmp_path / "models", 0.3, say=lambda *_: None)
+    p = res.cells["random-medium|eagle|overlap-on|bs1"]["profile"]
+    for side in ("mtplab", "sglang"):
+        assert 0 < p[side]["bubble_frac"] < 1 and p[side]["top"]
+        assert (Path(p[side]["trace"]).parent / "analysis" / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------ real worker processes
+def worker(tmp_path, **config) -> peer.WorkerArm:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return peer.WorkerArm("sglang", config, env, tmp_path / "logs" / "w.log",
+                          worker="tests.peer_fakes:FakeSide")
+
+
+def test_a_worker_process_answers_and_closes(tmp_path):
+    w = worker(tmp_path, tok_s=500.0)
+    try:
+        assert w.request({"op": "start"}, 60)["info"] == {"engine": "fake"}
+        r = w.request({"op": "run", "prompts": [[1, 2]] * 4, "new_tokens": 5}, 60)
+        assert r["tokens"] == [5] * 4 and r["wall_s"] == pytest.approx(20 / 500.0)
+    finally:
+        w.close()
+    assert w.proc.returncode == 0
+
+
+def test_a_worker_that_cannot_start_gives_its_engines_own_message(tmp_path):
+    w = worker(tmp_path, fail_start="topk > 1 with page_size > 1 is not supported")
+    try:
+        with pytest.raises(peer.ArmError) as e:
+            w.request({"op": "start"}, 60)
+    finally:
+        w.close()
+    assert e.value.message == ("ValueError: topk > 1 with page_size > 1 is not supported "
+                               "[RuntimeError: Initialization failed. Please see the error "
+                               "messages above.]")
+
+
+def test_a_hanging_worker_is_killed_at_the_deadline(tmp_path):
+    w = worker(tmp_path, hang_op="run")
+    try:
+        w.request({"op": "start"}, 60)
+        with pytest.raises(peer.Deadline):
+            w.request({"op": "run", "prompts": [[1]], "new_tokens": 2}, 1.0)
+    finally:
+        w.kill()
+    assert w.proc.poll() is not None
+
+
+# ------------------------------------------------------------------ the command line
+@pytest.mark.parametrize("argv,message", [
+    (["--shapes", "no-such-shape"], "unknown model 'no-such-shape'"),
+    (["--bs", "0"], "batch sizes must be >= 1"),
+    (["--new-tokens", "1"], "--new-tokens must be >= 2"),
+    (["--mem-fraction", "1.5"], "--mem-fraction must lie in (0, 1)"),
+    (["--deadline-s", "0"], "--deadline-s must be > 0"),
+])
+def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
+    assert peer.main(["--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_an_unknown_draft_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        peer.main(["--out", "x", "--drafts", "medusa"])
+    assert e.value.code == 2 and "invalid choice: 'medusa'" in capsys.readouterr().err
+
+
+def test_dry_run_prints_both_configurations(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the Gemma-4 directories need transformers")
+    assert peer.main(["--out", str(tmp_path / "o"), "--dry-run", "--shapes", "random-medium",
+                      "--drafts", "eagle", "frozen", "--overlap", "off", "--bs", "1", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nmtplab: ") == 2 and out.count("\nsglang: ") == 2
+    assert "SGLANG_SIMULATE_ACC_LEN=2.5" in out and "'--disable-overlap-schedule'" in out
+    assert (tmp_path / "o" / "models" / "random-medium" / "gemma4" / "assistant" /
+            "config.json").is_file()
+
+
+def test_the_harness_runs_as_a_module(tmp_path):
+    """`python -m benchmarks.bench_peer_sglang --help` from a fresh process."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_peer_sglang", "--help"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0 and "--deadline-s" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_cell_with_mtplab_engines_in_real_workers(tmp_path):
+    """measure_cell end to end with mtplab's worker side in both seats (random-tiny on CPU):
+    the protocol, the timed runs, the profiled engine and its trace through the analyser."""
+    knobs = dict(model="random-tiny", draft="eagle", num_steps=3, topk=1, num_draft_tokens=4,
+                 simulate_accept_len=2.5, max_running_requests=2, context_len=64,
+                 device="cpu", cuda_graphs=False, attention_backend="torch", dtype="float32")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    arms = {side: peer.WorkerArm(side, {"knobs": knobs}, env, tmp_path / f"{side}.log",
+                                 worker="mtplab") for side in peer.SIDES}
+    wl = Workload(prompt_len=8, new_tokens=5, repeats=2, warmup_tokens=3, profile_steps=2)
+    try:
+        for a in arms.values():
+            assert a.request({"op": "start"}, 300)["info"]["engine"] == "mtplab"
+        rec = peer.measure_cell(Cell("random-tiny", "eagle", "on", 2), arms, wl, 300,
+                                lambda: 600.0, tmp_path / "traces")
+    finally:
+        for a in arms.values():
+            a.close()
+    assert [a.proc.returncode for a in arms.values()] == [0, 0]
+    for side in peer.SIDES:
+        r = rec["repeats"][0][side]
+        assert r["tokens"] == [5, 5] and r["decode_steps"] >= 1 and r["ttft_s"] > 0
+        assert rec[side]["accept_len"] >= 1
+        p = rec["profile"][side]
+        assert p["trace"].endswith(".pt.trace.json.gz") and p["steps"] >= 1
+        assert p["meter"]["meter_steps"] >= 1
+
+
+def test_a_harness_error_fails_its_cell_not_the_run(tmp_path, groups):
+    """A reply the harness cannot read (here: no wall time) fails that cell with the error;
+    the next group still runs."""
+    class Broken(FakeArm):
+        def request(self, msg, timeout):
+            ans = super().request(msg, timeout)
+            return {k: v for k, v in ans.items() if k != "wall_s"}
+
+    gs = plan(["random-medium"], ["eagle", "target"], ["on"], [1])
+    res, started = run(tmp_path, gs, lambda side, g: (Broken if g.draft == "eagle" else FakeArm)(
+        side, []))
+    bad, good = res.cells["random-medium|eagle|overlap-on|bs1"], \
+        res.cells["random-medium|target|overlap-on|bs1"]
+    assert (bad["status"], bad["failed_side"]) == ("failed", "harness")
+    assert bad["message"] == "KeyError: 'wall_s'" and good["status"] == "ok"
+    assert "the harness cannot run this cell: KeyError" in peer.cell_table([bad])

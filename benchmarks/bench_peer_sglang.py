@@ -315,14 +315,15 @@ def run_groups(groups: list[Group], wl: Workload, results: Results, start_arm, v
     `start_arm(side, group, launch, knobs) -> Arm` starts one engine's worker."""
     t_end = clock() + deadline_s
     left = lambda: t_end - clock()  # noqa: E731
+    first_costs: list[float] = []      # per group so far: engine starts + its first cell
     for g in groups:
         todo = missing(results, [g], retry_failed)
         if not todo:
             continue
         todo = [c for c in g.cells() if c.cell_id in todo]
-        if left() < group_reserve_s:
-            say(f"deadline: {left():.0f} s left, a group needs {group_reserve_s:.0f} s; "
-                "stopping")
+        need = max([group_reserve_s, *first_costs])
+        if left() < need:
+            say(f"deadline: {left():.0f} s left, a group needs {need:.0f} s; stopping")
             return
         knobs = mtplab_knobs(g, wl)
         try:
@@ -357,6 +358,8 @@ def run_groups(groups: list[Group], wl: Workload, results: Results, start_arm, v
                            "message": f"{type(e).__name__}: {e}"}
                 durations.append(clock() - t0)
                 rec.update(seconds=durations[-1], engines=engines)
+                if len(durations) == 1:
+                    first_costs.append(clock() - t_group)
                 results.put(c.cell_id, {**_cell_base(c, g, launch, knobs), **rec})
                 say(cell_line(results.cells[c.cell_id]))
                 if rec["status"] != "ok":

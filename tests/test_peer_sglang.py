@@ -264,6 +264,17 @@ def test_the_deadline_kills_the_engines_and_starts_no_group(tmp_path):
     assert peer.missing(res, gs) == [c.cell_id for g in gs for c in g.cells()]
 
 
+def test_no_group_starts_without_the_time_its_predecessors_took(tmp_path):
+    """The first group (two starts, 4 warm-up and 12 timed requests at 1 s each: 18 s) fits;
+    12 s remain, more than the 5 s reserve but less than the first group took: the second
+    group is not started."""
+    gs = plan(["random-medium"], ["eagle", "target"], ["on"], [1])
+    clock = Clock()
+    res, started = run(tmp_path, gs, lambda side, g: FakeArm(side, [], clock=clock, run_s=1.0),
+                       deadline=30.0, clock=clock, reserve=5.0)
+    assert list(res.cells) == ["random-medium|eagle|overlap-on|bs1"] and len(started) == 2
+
+
 def test_an_engine_that_cannot_start_says_so_for_every_cell(tmp_path, groups):
     msg = "ValueError: speculative_eagle_topk > 1 is not supported with page_size > 1"
     calls = []

@@ -501,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SGLang's --mem-fraction-static (mtplab's engines share the GPU)")
     ap.add_argument("--retry-failed", action="store_true",
                     help="run again the cells results.json holds as failed")
+    ap.add_argument("--table-only", action="store_true",
+                    help="write the tables of the grid from results.json; run nothing")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the model directories, print each group's two configurations")
     return ap
@@ -554,6 +556,8 @@ def main(argv=None) -> int:
             print(f"sglang: {env + ' ' if env else ''}sglang.Engine(server_args="
                   f"prepare_server_args({list(launch.argv)!r}))")
         return 0
+    if a.table_only:
+        return write_tables(results, groups, out)
     vocabs = {}
 
     def vocab_of(c: Cell) -> int:
@@ -576,6 +580,11 @@ def main(argv=None) -> int:
     except Deadline as e:           # between groups: nothing was running
         print(f"deadline: {e}")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return write_tables(results, groups, out)
+
+
+def write_tables(results: Results, groups: list[Group], out: Path) -> int:
+    """OUT/table.md (and stdout): the grid's tables and the cells not run yet."""
     text = tables(results, groups)
     undone = missing(results, groups)
     if undone:

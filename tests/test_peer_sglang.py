@@ -311,6 +311,21 @@ def test_a_run_failure_is_recorded_with_the_engines_message(tmp_path, groups):
     assert rec["failed_side"] == "mtplab" and "illegal memory access" in rec["message"]
 
 
+def test_table_only_reads_results_and_starts_nothing(tmp_path, groups, capsys, monkeypatch):
+    run(tmp_path / "o", groups[:1], lambda side, g: FakeArm(side, []))
+    monkeypatch.setattr(peer, "WorkerArm", None)          # any engine start would fail
+    monkeypatch.setattr(peer_plan, "write_model_dirs", lambda *a: None)
+    assert peer.main(["--out", str(tmp_path / "o"), "--shapes", "random-medium", "--drafts",
+                      "eagle", "target", "--overlap", "on", "--bs", "1", "8", "--repeats", "3",
+                      "--prompt-len", "16", "--new-tokens", "9", "--warmup-tokens", "4",
+                      "--profile-steps", "0", "--table-only"]) == 0
+    out = capsys.readouterr().out
+    assert "| random-medium | eagle | on | 1 | 1000 |" in out
+    assert "not run yet (2): random-medium|target|overlap-on|bs1, random-medium|target|" \
+           "overlap-on|bs8" in out
+    assert (tmp_path / "o" / "table.md").read_text().strip() == out.strip()
+
+
 def test_resume_refuses_another_workload(tmp_path, groups):
     run(tmp_path, groups, lambda side, g: FakeArm(side, []))
     with pytest.raises(ValueError, match="holds cells of another workload"):

@@ -80,6 +80,7 @@ class GraphRunner:
         self.pad = pad_values
         self.buckets = sorted(buckets)
         self.graphs: dict[int, tuple] = {}
+        self.replays = 0                        # replays so far (instrument/hostclock.py)
         for k, v in self.static.items():
             v.fill_(pad_values[k])
 
@@ -152,6 +153,7 @@ class GraphRunner:
             self._copy_in(k, v, bs, b)
         g, out = self.graphs[b]
         g.replay()
+        self.replays += 1
         if self.stamps:
             self.meter.log(self.stamps)          # one list append (instrument/meter.py)
         if isinstance(out, torch.Tensor):

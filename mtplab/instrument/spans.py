@@ -7,8 +7,10 @@ shows it on the host and mirrors it on the GPU lane of each stream it launched w
 `gpu_user_annotation`) when profiling, and (3) a CUDA event pair on the current stream plus
 host perf_counter times into the EventTimeline (when one is attached), and (4) with a
 BubbleMeter attached, device time stamps at the stage's boundaries (instrument/meter.py; the
-meter runs on every step, independent of `enabled` and of timeline sampling). Disabled spans
-without a meter return one shared nullcontext: no allocation, no call into torch.
+meter runs on every step, independent of `enabled` and of timeline sampling), and (5) with a
+HostClock attached while spans are off (`host_clock`, instrument/hostclock.py), the host
+time of the span. Disabled spans without a meter or a clock return one shared nullcontext:
+no allocation, no call into torch.
 
 Inside a CUDA graph nothing of this runs (a replay is one host call): the graph replay itself
 is wrapped as its stage (e.g. `draft` covers the whole draft graph, the folded seed included;
@@ -92,6 +94,7 @@ class Spans:
         self.stream_name = stream_name
         self.sample_every = 1 if annotate else max(1, sample_every)
         self._master = enabled
+        self.host_clock = None      # a HostClock (instrument/hostclock.py): host µs per stage
 
     def begin_step(self, step: int) -> None:
         """Called by the scheduler at the start of engine step `step` (sampling)."""
@@ -116,10 +119,12 @@ class Spans:
         """Context manager for one stage span; `stream` labels the timeline lane.
         `graphed`: the body is one replay of a graph captured with the meter's stamps."""
         if not self.enabled:
-            m = self.meter
+            m, hc = self.meter, self.host_clock
             if m is None or graphed or stream == "host":
-                return _NULL     # a graph (or kernel) carries its stamps; host is not GPU work
-            return m.span(name, stream or self.stream_name)
+                inner = _NULL    # a graph (or kernel) carries its stamps; host is not GPU work
+            else:
+                inner = m.span(name, stream or self.stream_name)
+            return inner if hc is None else hc.span(name, inner)
         _check(name)
         stream = stream or self.stream_name
         m = self.meter
@@ -129,8 +134,9 @@ class Spans:
         """Context manager for one engine step's span (`step[decode bs=N]`, on the host lane):
         it also opens the bubble meter's next step."""
         if not self.enabled:
-            m = self.meter
-            return _NULL if m is None else m.step_span(name)
+            m, hc = self.meter, self.host_clock
+            inner = _NULL if m is None else m.step_span(name)
+            return inner if hc is None else hc.step(name, inner)
         _check(name, step=True)
         m = self.meter
         return _Span(self, name, "host", m.step_span(name) if m is not None else _NULL)

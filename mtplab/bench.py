@@ -43,6 +43,12 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     floor/step       floor ms / step ms (1.0 = the step runs at the HBM floor)
     step vs base     step ms / the first arm's step ms at the same grid point (a spec step
                      over the target step when the first arm is target-only)
+A group whose cells measure host stages (`host_stages: true`, the `host` group) prints the
+host-stage table instead (`host_table`), one row per grid point and arm, medians over the
+repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule, prepare, each segment's launch,
+d2h, sync, process_result; mtplab/sweep/host.py), the loop's own Python between them, the
+whole step, replays / copy_ / other aten ops per step, and the step against its replay floor
+(replays per step x one replay's host µs, measured in the cell's process).
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ from .analysis.causes import CAUSES
 from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
-GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context")
+GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host")
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
@@ -155,12 +161,9 @@ def arm_label(arm: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in arm.items()) or "(base)"
 
 
-def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool = False) -> str:
-    """The markdown ratio table of one group from its results frame (see the module doc).
-    Rows follow the grid's order; a grid point's baseline is its first arm. With `smoke` the
-    ratio column says what it is: a check of the path, not a result."""
+def _cells(df: pd.DataFrame, doc: dict):
+    """(grid, arms, point axes, {(grid point, arm index): [records]}, grid points in order)."""
     from .sweep import grid_from_dict
-    from .sweep.metrics import meter_name
 
     grid = grid_from_dict(doc)
     arms = grid.arms or [{}]
@@ -176,6 +179,52 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
             continue
         if rec["settings_json"] in where:            # not a cell of this grid: left out
             cells.setdefault(where[rec["settings_json"]], []).append(rec)
+    return grid, arms, point_axes, cells, list(dict.fromkeys(p for p, _ in cells))
+
+
+HOST_COLUMNS = ("schedule", "prepare", "resolve", "draft_seed", "draft", "tree", "verify",
+                "accept", "commit", "draft_extend", "d2h", "sync", "process_result")
+
+
+def host_table(df: pd.DataFrame, doc: dict) -> str:
+    """The host-stage table of a group whose cells ran with `host_stages` (module doc); a
+    stage no arm of the group spends time in is left out."""
+    _, arms, point_axes, cells, points = _cells(df, doc)
+    ok = {k: [r for r in v if r["status"] == "ok"] for k, v in cells.items()}
+    stages = [s for s in HOST_COLUMNS
+              if any((_med(pd.DataFrame(v), f"host_{s}_us") or 0) > 0 for v in ok.values() if v)]
+    head = ([SHORT.get(a, a) for a in point_axes] + ["arm", "n", "step µs", "p50 µs"] +
+            [f"{s.replace('_seed', '.seed')} µs" for s in stages] +
+            ["loop µs", "replays", "copy_", "other ops", "floor µs", "step / floor"])
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for pt in points:
+        for i, arm in enumerate(arms):
+            recs = ok.get((pt, i))
+            if not recs:
+                continue
+            d = pd.DataFrame(recs)
+            step, floor = _med(d, "host_step_us"), _med(d, "host_floor_us")
+            out.append("| " + " | ".join(
+                [str(v) for v in pt] + [arm_label(arm), str(len(d)), _fmt(step, ".0f"),
+                                        _fmt(_med(d, "host_step_p50_us"), ".0f")] +
+                [_fmt(_med(d, f"host_{s}_us"), ".1f") for s in stages] +
+                [_fmt(_med(d, "host_loop_us"), ".1f"), _fmt(_med(d, "host_replays_per_step"), ".2f"),
+                 _fmt(_med(d, "host_copies_per_step"), ".2f"),
+                 _fmt(_med(d, "host_ops_per_step"), ".2f"), _fmt(floor, ".1f"),
+                 "-" if not floor or not step or floor != floor else f"{step / floor:.1f}x"])
+                + " |")
+    return "\n".join(out)
+
+
+def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool = False) -> str:
+    """The markdown ratio table of one group from its results frame (see the module doc).
+    Rows follow the grid's order; a grid point's baseline is its first arm. With `smoke` the
+    ratio column says what it is: a check of the path, not a result."""
+    if (doc.get("base") or {}).get("host_stages"):
+        return host_table(df, doc)
+    from .sweep.metrics import meter_name
+
+    _, arms, point_axes, cells, points = _cells(df, doc)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", SMOKE_RATIO if smoke else "vs baseline",
@@ -185,7 +234,6 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
              "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
              "mem floor ms/tok", "floor ms (KV)", "floor/step", "step vs base"])
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    points = list(dict.fromkeys(p for p, _ in cells))
     for pt in points:
         base = base_step = None
         for i, arm in enumerate(arms):

@@ -25,6 +25,7 @@ from .validate import (check_device, check_fields, check_min, check_run_name, ch
 DRAFTS = DRAFT_CHOICES          # "none" and the rows of the draft table (draft_kinds.py)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
+GRANULARITIES = ("stage", "step")
 
 
 def knob(default, help: str, choices: Optional[tuple] = None):
@@ -70,6 +71,8 @@ class RunConfig:
     cuda_graphs: Optional[bool] = knob(None, "decode stages as CUDA graph replays "
                                        "(None: True on CUDA, False on CPU)")
     cuda_graph_max_bs: int = knob(32, "largest captured batch bucket")
+    graph_granularity: str = knob("stage", "decode CUDA graphs: one per segment (stage) or "
+                                  "resolve..stash of a step as one graph (step)", GRANULARITIES)
     zero_bubble: bool = knob(False, "turn on all three zb_* sub-knobs")
     zb_async_d2h: Optional[bool] = knob(None, "results copied to pinned memory asynchronously "
                                         "(None: True)")
@@ -146,6 +149,9 @@ class RunConfig:
                                   " nodes the draft can propose (num_steps*topk+1).")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
+        if self.graph_granularity not in GRANULARITIES:
+            raise ConfigError(f"graph_granularity={self.graph_granularity!r} is unknown; use "
+                              f"one of {GRANULARITIES}.")
         if self.attention_backend not in BACKENDS:
             raise ConfigError(f"attention_backend={self.attention_backend!r} is unknown; "
                               f"use one of {BACKENDS}.")
@@ -214,6 +220,10 @@ class RunConfig:
             self.fused = dev.is_cuda
         if self.cuda_graphs and not dev.is_cuda:
             raise ConfigError("cuda_graphs=True needs a CUDA device; set cuda_graphs=False on CPU.")
+        if self.cuda_graphs and self.graph_granularity == "step" and self.debug_future_map:
+            raise ConfigError("graph_granularity='step' captures resolve inside the step graph, "
+                              "and debug_future_map's consume-once check syncs there; use "
+                              "graph_granularity='stage' with debug_future_map.")
         if self.num_draft_tokens is None:
             self.num_draft_tokens = (self.num_steps + 1 if self.topk == 1
                                      else self.num_steps * self.topk + 1)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .errors import ConfigError  # noqa: F401  (re-exported: the historical home)
@@ -40,19 +41,36 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
 
 
-@dataclass
 class ReqKV:
     """A request's KV ownership: its req_to_token row and its pages.
     kv_allocated_len = len(pages) * P (page-granular, entries in row order);
-    kv_committed_len = entries holding valid KV (advanced only by result processing)."""
-    row: int
-    page_size: int
-    pages: list[int] = field(default_factory=list)
-    kv_committed_len: int = 0
+    kv_committed_len = entries holding valid KV (advanced only by result processing), kept
+    in `lens[row]`: the KV manager's per-row array (mem/kv_manager.py), so the scheduler
+    reads and advances a batch's lengths as one array operation."""
+
+    __slots__ = ("row", "page_size", "pages", "lens")
+
+    def __init__(self, row: int, page_size: int, pages: Optional[list] = None,
+                 lens: Optional[np.ndarray] = None):
+        self.row, self.page_size = row, page_size
+        self.pages: list[int] = [] if pages is None else pages
+        self.lens = np.zeros(row + 1, dtype=np.int64) if lens is None else lens
+
+    @property
+    def kv_committed_len(self) -> int:
+        return int(self.lens[self.row])
+
+    @kv_committed_len.setter
+    def kv_committed_len(self, n: int) -> None:
+        self.lens[self.row] = n
 
     @property
     def kv_allocated_len(self) -> int:
         return len(self.pages) * self.page_size
+
+    def __repr__(self) -> str:
+        return (f"ReqKV(row={self.row}, pages={len(self.pages)}, "
+                f"committed={self.kv_committed_len}, allocated={self.kv_allocated_len})")
 
 
 @dataclass

@@ -12,6 +12,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -26,6 +27,9 @@ class NullEvent:
 
     def synchronize(self) -> None:
         pass
+
+    def query(self) -> bool:
+        return True
 
 
 class NullStream:
@@ -42,6 +46,8 @@ class NullStream:
 
 
 _STREAMS: dict = {}
+_NUMPY = {torch.long: np.int64, torch.int32: np.int32, torch.float32: np.float32,
+          torch.float64: np.float64, torch.bool: np.bool_}
 
 
 def current_cuda_stream() -> torch.cuda.Stream:
@@ -165,6 +171,24 @@ class Device:
     def new_event(self, timing: bool = False):
         return torch.cuda.Event(enable_timing=timing) if self.is_cuda else NullEvent()
 
+    def order(self, waiter, producer) -> None:
+        """`waiter`'s later work runs after the work queued on `producer` so far: one event
+        per (waiter, producer) pair, recorded again each time (a wait holds the record it
+        was issued after). `Stream.wait_stream` would make, record and destroy a new event
+        per call. No-op on CPU and for one stream."""
+        if waiter is producer or not self.is_cuda:
+            return
+        key = (waiter.cuda_stream, producer.cuda_stream)
+        ev = self._links.get(key)
+        if ev is None:
+            ev = self._links[key] = torch.cuda.Event()
+        ev.record(producer)
+        waiter.wait_event(ev)
+
+    @functools.cached_property
+    def _links(self) -> dict:
+        return {}
+
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.torch_device)
@@ -178,15 +202,16 @@ class Device:
         return PinnedRing()
 
     def h2d(self, data, dtype) -> torch.Tensor:
-        """A host list as a device tensor without a host sync: staged in pinned memory (a
-        ring, no allocation) and copied non-blocking on the current stream
+        """A host list or numpy array as a device tensor without a host sync: staged in
+        pinned memory (a ring, no allocation) and copied non-blocking on the current stream
         (`torch.tensor(x, device="cuda")` would be a synchronous copy that waits for the
         stream's queued work)."""
-        t = torch.tensor(data, dtype=dtype)
         if not self.is_cuda:
-            return t
-        pinned = self._staging.take(t.shape, dtype)
-        pinned.copy_(t)
+            return (torch.from_numpy(data).to(dtype) if isinstance(data, np.ndarray)
+                    else torch.tensor(data, dtype=dtype))
+        a = np.asarray(data, dtype=_NUMPY[dtype])
+        pinned = self._staging.take(a.shape, dtype)
+        pinned.numpy()[...] = a                      # the host write, no torch op
         return pinned.to(self.torch_device, non_blocking=True)
 
     def empty_pinned(self, shape, dtype) -> torch.Tensor:

@@ -76,7 +76,8 @@ def _check_invariants(scheduler: Scheduler, *, allocator: PagedAllocator,
     InvariantError naming the leak. A function, not an Engine method, so the scheduler's
     debug hook (a partial of it) holds no reference to the engine."""
     scheduler.check_identity()
-    check_kv_invariants(allocator, pool, scheduler.live_kv(), check_table=check_table)
+    check_kv_invariants(allocator, pool, scheduler.live_kv(), check_table=check_table,
+                        allocated=scheduler.kv.allocated)
 
 
 class Engine:
@@ -105,12 +106,14 @@ class Engine:
             with_topk=cfg.speculative and DRAFT_KINDS[cfg.draft].extend_forward,
             num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
+        # publish_ready is waited on only by the host's read of the lengths (scheduler.py)
+        self.future_map.host_reads = cfg.overlap and not cfg.zb_device_seq_lens
         with self.numerics():                 # graphs capture the kernels in force
             self.target_worker = TargetWorker(
                 self.model, self.kv_cache, self.pool.table, attn,
                 cfg.cuda_graphs and not cfg.speculative,
                 min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
-                self.spans)
+                self.spans, cfg.graph_granularity)
             self.worker = self.target_worker
             self.draft_model = None
             if cfg.speculative:
@@ -178,7 +181,8 @@ class Engine:
                             cfg.zb_draft_preexec, cfg.simulate_accept_len,
                             cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
-                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests))
+                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
+                          cfg.graph_granularity)
 
     @contextlib.contextmanager
     def numerics(self):

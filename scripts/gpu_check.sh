@@ -40,9 +40,9 @@ phase_instruments() {
     --only overhead syncs timelines trace
 }
 
-#: host  where a decode step's host time goes -> bench_host.md
+#: host  where a decode step's host time goes, loop modes side by side -> host/bench_host.md
 phase_host() {
-  python3 -m benchmarks.bench_host --out "$OUT_DIR/bench_host.md"
+  python3 -m benchmarks.bench_host --out-dir "$OUT_DIR/host"
 }
 
 #: ab  decode tok/s, working tree vs [COMMIT] (default HEAD~1) -> bench_ab.md

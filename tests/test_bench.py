@@ -255,3 +255,23 @@ def test_a_target_only_zero_bubble_arm_survives_the_sweeps_re_resolution():
     cfg = RunConfig(model="random-tiny", device="cpu", overlap=True, zero_bubble=True)
     again = replace(cfg, run_name="placed")
     assert again.zb_device_seq_lens and again.zb_async_d2h and not again.zb_draft_preexec
+
+
+def test_host_table_gives_stage_us_counts_and_the_floor_per_arm():
+    doc = {"base": {"host_stages": True}, "grid": {REPEAT: [0, 1], "batch_size": [1]},
+           "arms": [{"overlap": False}, {"overlap": True}]}
+    recs = []
+    for r in (0, 1):
+        for ov, step in ((False, 300.0), (True, 200.0)):
+            recs.append(_record({"host_stages": True, "batch_size": 1, "overlap": ov, REPEAT: r},
+                                host_step_us=step + 2 * r, host_schedule_us=10.0, host_verify_us=20.0,
+                                host_draft_us=0.0, host_loop_us=50.0, host_replays_per_step=2.0,
+                                host_copies_per_step=1.0, host_ops_per_step=3.0,
+                                host_floor_us=10.0))
+    text = table(pd.DataFrame(recs), doc)
+    rows = rows_of(text)
+    head = [c.strip() for c in text.splitlines()[0].strip("|").split("|")]
+    assert "draft µs" not in head and "schedule µs" in head and "verify µs" in head
+    assert [r[1] for r in rows] == ["overlap=False", "overlap=True"]
+    assert rows[0][2] == "2" and rows[0][3] == "301" and rows[1][3] == "201"   # median of 2
+    assert rows[1][-1] == "20.1x" and rows[1][-5] == "2.00" and rows[1][4] == "-"

@@ -51,9 +51,8 @@ def arm(eng: Engine, point: str, at_call: int, exc: type[BaseException]) -> None
     elif point == "prepare":
         sched._prepare_decode = wrap(sched._prepare_decode)
     elif point == "d2h":
-        import mtplab.sched.scheduler as sm
-        eng._restore = (sm, sm.d2h)
-        sm.d2h = wrap(sm.d2h)
+        eng._restore = sched.d2h
+        sched.d2h = wrap(sched.d2h)
     else:
         setattr(sched, point, wrap(getattr(sched, point)))
 
@@ -64,8 +63,7 @@ def disarm(eng: Engine) -> None:
     for k in ("decode", "prefill"):
         eng.worker.__dict__.pop(k, None)
     if hasattr(eng, "_restore"):
-        sm, real = eng._restore
-        sm.d2h = real
+        eng.scheduler.d2h = eng._restore
 
 
 def assert_all_free(eng: Engine) -> None:

@@ -94,11 +94,12 @@ def _run(cfg, max_new=24):
 def test_bug_commit_twice_is_caught(monkeypatch):
     orig = sched_mod.append_decode
 
-    def twice(reqs, toks, lens, stats):
-        orig(reqs, toks, lens, stats)
-        for r, n in zip(reqs, lens):
+    def twice(batch, toks, lens, host, committed, stats):
+        done = orig(batch, toks, lens, host, committed, stats)
+        for r, n in zip(batch.reqs, lens.tolist()):
             if not r.finished:
                 r.kv.kv_committed_len += n           # seed 001: committed advanced twice
+        return done
     monkeypatch.setattr(sched_mod, "append_decode", twice)
     cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", debug_invariants=True)
     with pytest.raises((InvariantError, RowOverflowError)):

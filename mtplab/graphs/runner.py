@@ -1,21 +1,20 @@
 """CUDA graph capture/replay, bucketed by batch size, with padded lanes.
 
-    static inputs (max bucket rows)   capture fn(**static[:bs]) for every bucket bs
-    run(inputs, bs): copy inputs -> static[:bs], fill static[bs:bucket] with pad values
-                     (padding lanes point at req_to_token row 0 -> the padding page),
-                     replay the smallest bucket >= bs, return out[:bs]
-                     (out: a tensor or a tuple of tensors, batch-major)
-An input that already is `static[k][:bs]` (staged by the caller, e.g. a buffer several
-runners share; see `stage`) is not copied again. `sticky` keys name inputs that are never
-written in place once made (a batch's rows and sampling parameters): while the caller passes
-the same tensor object as on the previous replay, it is not copied again. `clone=False`
-returns views of the graph's output buffers: valid until this runner's next replay, so only
-for values consumed by work queued on the same stream before that replay.
-`meter` + `stage` (a BubbleMeter, instrument/meter.py): every captured graph is
-    [stamp begin(stage), fn's kernels, stamp end(stage)]
-so a replay carries its stage's device time stamps with no extra host launch; `run` logs
+    static inputs (max bucket rows)   capture fn(**static[:b]) for every bucket b
+    replay(bs)       replay the smallest bucket b >= bs on whatever static[:b] holds now
+                     -> fn's output(s) [:bs] (views of the graph's buffers, cached per bs)
+    run(inputs)      copy inputs -> static[:bs] (padding lanes static[bs:b] filled with pad
+                     values: they point at req_to_token row 0 -> the padding page), replay
+The static inputs are the graph's persistent input buffers. Where a producer writes them
+(an earlier graph's captured copy, `stage` for a host input), a replay needs no copy at all:
+the spec worker's segments read what the previous segment wrote (speculative/worker.py).
+Output views stay valid until this runner's next replay, so they are for values consumed by
+work queued before that replay (on the same stream, or on a stream ordered before it).
+`meter` + segments (a BubbleMeter, instrument/meter.py): every captured graph is
+    [stamp begin(stage), fn's kernels, stamp end(stage)]        per segment
+so a replay carries its stages' device time stamps with no extra host launch; `replay` logs
 them for the meter's current step (the warm-up runs before capture are not stamped).
-A graph of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash")) calls
+A segment of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash")) calls
 `fn(..., mark=mark)`; `mark(name)` ends the current stage and begins the next one with one
 handover stamp (no host between them inside a graph):
     [b commit, ..., h publish, ..., h stash, ..., e stash]
@@ -29,6 +28,11 @@ begin with `mark.begin()`; a one-stage segment's last kernel takes the end with 
     tree:    [organize{b tree}, build_tree{e tree}]                     (no stamp node)
     accept:  [argmax{b accept}, ..., walk{e accept}]
     commit:  [window_slots{b commit}, ..., move_rows{h publish, h stash, e stash}]
+A graph of several segments (`segments`, the whole decode step as one graph) gives fn a
+`marks(i)` that begins segment i where it is called (its begin node, if not carried) and
+returns its marks; fn calls `finish()` on each before the next segment begins. A replay logs
+each segment's stamps as its own entry: the meter reads the same stage intervals as from one
+graph per segment.
 `mark.fused` tells a fn it runs captured (an eager twin's is False); in the warm-up runs marks
 issue nothing and carried stamps go to a scratch ring (the same kernel variant is compiled before
 the capture). The stamps stay on the graph's one chain: a stamp on a side branch would cost
@@ -55,34 +59,52 @@ def default_buckets(max_bs: int) -> list[int]:
     return sorted({x for x in b if x <= max_bs} | {max_bs})
 
 
-class GraphRunner:
-    def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
-                 pad_values: dict[str, int], buckets: list[int], sticky: tuple = (),
-                 meter=None, stage: str | tuple[str, ...] = "", carry_begin: bool = False):
-        self.fn = fn
+class Segment:
+    """The stamps of one segment of a captured graph: its stages, where its begin stamp is
+    issued, its stamp codes [begin s0, handover s1, ..., end s(n-1)] and the carrying
+    kernels' done counter (one per segment; zero between launches)."""
+
+    def __init__(self, stages: str | tuple[str, ...], carry_begin: bool, meter, device):
+        self.stages = (stages,) if isinstance(stages, str) else tuple(stages)
         self.carry_begin = carry_begin
         self.meter = meter
-        self.stages = (stage,) if isinstance(stage, str) else tuple(stage)
-        # [begin s0, handover s1, ..., handover s(n-1), end s(n-1)]
         self.stamps = meter.launch_codes(
             (meter.stamp_code(self.stages[0], "forward", False),)
             + tuple(meter.stamp_code(s, "forward", False, handover=True) for s in self.stages[1:])
             + (meter.stamp_code(self.stages[-1], "forward", True),)) if meter is not None else ()
         if meter is not None:
             # the carrying kernel's done counter; the warm-up runs' stamps go to a scratch ring
-            dev = next(iter(static_inputs.values())).device
-            self._done = torch.zeros(1, dtype=torch.int32, device=dev)
-            self._scratch = (torch.zeros(4, 2, dtype=torch.long, device=dev),
-                             torch.zeros(1, dtype=torch.int32, device=dev))
-        self.sticky = sticky
-        self._last: dict = {}                   # sticky key -> the tensor copied last
+            self._done = torch.zeros(1, dtype=torch.int32, device=device)
+            self._scratch = (torch.zeros(4, 2, dtype=torch.long, device=device),
+                             torch.zeros(1, dtype=torch.int32, device=device))
+
+
+class GraphRunner:
+    def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
+                 pad_values: dict[str, int], buckets: list[int], meter=None,
+                 stage: str | tuple[str, ...] = "", carry_begin: bool = False,
+                 segments: Optional[list[tuple]] = None):
+        self.fn = fn
+        self.meter = meter
+        dev = next(iter(static_inputs.values())).device
+        self.multi = segments is not None
+        self.segments = [Segment(st, cb, meter, dev)
+                         for st, cb in (segments if self.multi else [(stage, carry_begin)])]
         self.static = static_inputs
         self.pad = pad_values
         self.buckets = sorted(buckets)
         self.graphs: dict[int, tuple] = {}
+        self._views: dict[int, tuple] = {}      # bs -> (its bucket's graph, output views)
         self.replays = 0                        # replays so far (instrument/hostclock.py)
         for k, v in self.static.items():
             v.fill_(pad_values[k])
+
+    # the one segment of a single-segment runner (its stamps, stages, counters)
+    stamps = property(lambda self: self.segments[0].stamps)
+    stages = property(lambda self: self.segments[0].stages)
+    carry_begin = property(lambda self: self.segments[0].carry_begin)
+    _done = property(lambda self: self.segments[0]._done)
+    _scratch = property(lambda self: self.segments[0]._scratch)
 
     @property
     def max_bs(self) -> int:
@@ -93,7 +115,7 @@ class GraphRunner:
         worker that holds this runner: a cycle, broken here)."""
         self.graphs.clear()
         self.static = {}
-        self._last.clear()
+        self._views.clear()
         self.fn = None
 
     def capture(self) -> None:
@@ -104,16 +126,28 @@ class GraphRunner:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):          # warm-up: Triton JIT, cuBLAS workspaces
-                    self._call(args, _Marks(self, warm=True))
+                    self._call(args, warm=True)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with gc_paused(), torch.cuda.graph(g, pool=pool):
-                out = self._call(args, _Marks(self, warm=False))
+                out = self._call(args, warm=False)
             self.graphs[bs] = (g, out)
         torch.cuda.synchronize()
 
-    def _call(self, args: dict, mark: "_Marks"):
-        plain = len(self.stages) == 1 and not self.carry_begin
+    def _call(self, args: dict, warm: bool):
+        if self.multi:
+            begun: list = []
+
+            def marks(i: int) -> _Marks:      # segment i begins here (its begin node, if any)
+                begun.append(_Marks(self.segments[i], warm))
+                return begun[-1]
+            out = self.fn(**args, marks=marks)
+            for m in begun:
+                m.finish()
+            return out
+        seg = self.segments[0]
+        mark = _Marks(seg, warm)
+        plain = len(seg.stages) == 1 and not seg.carry_begin
         out = self.fn(**args) if plain else self.fn(**args, mark=mark)
         mark.finish()
         return out
@@ -126,56 +160,62 @@ class GraphRunner:
 
     def stage(self, key: str, v: torch.Tensor) -> torch.Tensor:
         """Copy `v` into static[key][:bs] (padding lanes filled up to the bucket) and return
-        that view: passing it to `run` costs no further copy."""
-        return self._copy_in(key, v, v.shape[0], self.bucket(v.shape[0]))
-
-    def _copy_in(self, key: str, v: torch.Tensor, bs: int, b: int) -> torch.Tensor:
+        that view."""
+        bs = v.shape[0]
         st = self.static[key]
         st[:bs].copy_(v, non_blocking=True)
+        b = self.bucket(bs)
         if b > bs:
             st[bs:b].fill_(self.pad[key])
         return st[:bs]
 
-    def run(self, inputs: dict[str, torch.Tensor], clone: bool | tuple[int, ...] = True):
-        """Replay for these inputs -> fn's output(s) [:bs]. `clone`: True copies every output
-        out of the graph's buffers, False returns views, a tuple of indices clones those
-        outputs only (the others are views)."""
-        bs = next(iter(inputs.values())).shape[0]
-        b = self.bucket(bs)
+    def run(self, inputs: dict[str, torch.Tensor], bs: Optional[int] = None):
+        """Copy `inputs` into the static inputs (an input that already is static[k][:bs] is
+        not copied), then `replay(bs)`."""
+        bs = next(iter(inputs.values())).shape[0] if bs is None else bs
         for k, v in inputs.items():
             st = self.static[k]
             if v.data_ptr() == st.data_ptr() and v.shape[0] == bs and v.is_contiguous():
                 continue                             # staged: already static[k][:bs]
-            if k in self.sticky:
-                if self._last.get(k) is v:
-                    continue                         # the same immutable tensor as last time
-                self._last[k] = v
-            self._copy_in(k, v, bs, b)
-        g, out = self.graphs[b]
-        g.replay()
+            self.stage(k, v)
+        return self.replay(bs)
+
+    def replay(self, bs: int):
+        """Replay the bucket of `bs` on the static inputs as they are -> the output views
+        [:bs] (see the module doc for how long they stay valid)."""
+        v = self._views.get(bs)
+        if v is None:
+            g, out = self.graphs[self.bucket(bs)]
+            v = self._views[bs] = (g, self._slice(out, bs))
+        v[0].replay()
         self.replays += 1
-        if self.stamps:
-            self.meter.log(self.stamps)          # one list append (instrument/meter.py)
-        if isinstance(out, torch.Tensor):
-            return out[:bs].clone() if clone else out[:bs]
-        keep = range(len(out)) if clone is True else clone or ()
-        return tuple(o[:bs].clone() if i in keep else o[:bs] for i, o in enumerate(out))
+        for seg in self.segments:
+            if seg.stamps:
+                self.meter.log(seg.stamps)       # one list append (instrument/meter.py)
+        return v[1]
+
+    @staticmethod
+    def _slice(out, bs: int):
+        if out is None or isinstance(out, torch.Tensor):
+            return out if out is None else out[:bs]
+        return tuple(o[:bs] for o in out)
 
 
 class _Marks:
-    """The stamps of one capture of `runner`, issued in order:
-        codes = [b s0, h s1, ..., h s(n-1), e s(n-1)]        (s = runner.stages)
+    """The stamps of one capture of a segment, issued in order:
+        codes = [b s0, h s1, ..., h s(n-1), e s(n-1)]        (s = segment.stages)
     b s0 at once (a stamp node) unless carry_begin, where the fn's first kernel takes it
     (`begin()`); `mark(s)` = the handover into s as a node; `carry(*stages)` = the codes
     still to come, for the fn's last kernel to issue; `finish()` = the end as a node unless
-    carried. Warm-up runs (`warm`) issue no node and carry into the runner's scratch ring."""
+    carried. Warm-up runs (`warm`) issue no node and carry into the segment's scratch ring.
+    `finish` may be called more than once (a step graph's fn finishes each segment)."""
 
     fused = True           # the future map's tail in a graph is one kernel (sched/future_map.py)
 
-    def __init__(self, runner: GraphRunner, warm: bool):
-        self.r, self.warm, self.pos = runner, warm, 0
-        self.codes = runner.stamps or (0,) * (len(runner.stages) + 1)
-        if not runner.carry_begin:
+    def __init__(self, segment: Segment, warm: bool):
+        self.r, self.warm, self.pos = segment, warm, 0
+        self.codes = segment.stamps or (0,) * (len(segment.stages) + 1)
+        if not segment.carry_begin:
             self._node()
 
     def _node(self) -> None:

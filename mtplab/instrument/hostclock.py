@@ -87,18 +87,22 @@ class HostClock:
         self.steps = 0
         self.depth = 0                 # stage spans open (a nested one is not added to "stages")
         self.pending: list = []        # (stage, ns, outermost) of the iteration under way
+        self.samples: list = []        # per decode step: {stage: ns}
         self.t_iter: Optional[int] = None   # its first span's entry
 
     def close_iteration(self, decode: bool) -> None:
         """The step span closed: its iteration's spans count if it was a decode step."""
         if decode:
-            ns, calls = self.ns, self.calls
+            ns, calls, step = self.ns, self.calls, defaultdict(int)
             for name, dt, top in self.pending:
-                ns[name] += dt
+                step[name] += dt
                 calls[name] += 1
                 if top:
-                    ns["stages"] += dt
-            ns["step"] += _now() - self.t_iter
+                    step["stages"] += dt
+            step["step"] = _now() - self.t_iter
+            for k, v in step.items():
+                ns[k] += v
+            self.samples.append(step)
             self.steps += 1
         self.pending.clear()
         self.t_iter = None
@@ -114,6 +118,16 @@ class HostClock:
         outermost stage spans: step - stages is the loop's own Python between them)."""
         n = max(1, self.steps)
         return {k: v / 1e3 / n for k, v in self.ns.items()}
+
+    def median_per_step(self) -> dict[str, float]:
+        """The median decode step's µs by stage (rare slow steps, e.g. a page allocation,
+        weigh in `per_step`, the mean, not here)."""
+        keys = {k for s in self.samples for k in s}
+        out = {}
+        for k in keys:
+            xs = sorted(s.get(k, 0) for s in self.samples)
+            out[k] = xs[len(xs) // 2] / 1e3 if xs else 0.0
+        return out
 
     def calls_per_step(self) -> dict[str, float]:
         n = max(1, self.steps)

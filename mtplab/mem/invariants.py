@@ -3,7 +3,8 @@
     idle: free_pages + 0          == total_pages   and   free_rows == total_rows
     busy: free_pages + sum(owned) == total_pages   and   free_rows + live == total_rows
           (owned = every live request's page-aligned allocation, counted once)
-    each live request: 0 <= kv_committed_len <= kv_allocated_len <= W, pages distinct
+    each live request: 0 <= kv_committed_len <= kv_allocated_len <= W, pages distinct, and
+          the KV manager's per-row `allocated` array (given) equals kv_allocated_len
 Raises InvariantError naming the leak (how many slots, which requests); silent when clean.
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ class InvariantError(AssertionError):
 
 
 def check_kv_invariants(allocator: PagedAllocator, pool: ReqToTokenPool,
-                        live: dict, check_table: bool = False) -> None:
-    """`live` maps request id -> ReqKV for every request that holds KV right now."""
+                        live: dict, check_table: bool = False, allocated=None) -> None:
+    """`live` maps request id -> ReqKV for every request that holds KV right now;
+    `allocated`: the KV manager's per-row allocated lengths (mem/kv_manager.py)."""
     P = allocator.page_size
     problems = []
     owned = Counter(p for kv in live.values() for p in kv.pages)
@@ -52,6 +54,9 @@ def check_kv_invariants(allocator: PagedAllocator, pool: ReqToTokenPool,
             problems.append(f"request {rid}: kv_committed_len={kv.kv_committed_len}, "
                             f"kv_allocated_len={kv.kv_allocated_len}, width={pool.width} "
                             "violates 0 <= committed <= allocated <= W")
+        if allocated is not None and int(allocated[kv.row]) != kv.kv_allocated_len:
+            problems.append(f"request {rid}: the row array says {int(allocated[kv.row])} "
+                            f"entries allocated, its pages {kv.kv_allocated_len}")
         if check_table and kv.pages:
             want = allocator.page_slots(kv.pages)
             got = pool.table[kv.row, : kv.kv_allocated_len].cpu().numpy()

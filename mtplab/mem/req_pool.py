@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..device import Device
@@ -24,6 +25,7 @@ class ReqToTokenPool:
         self.table = torch.zeros(num_rows + 1, width, dtype=torch.int32, device=device)
         self.h2d = h2d or Device(self.table.device).h2d
         self._free: list[int] = list(range(num_rows, 0, -1))
+        self._pending: list[tuple] = []       # (row, start, slots) queued by `write`
 
     @property
     def free_rows(self) -> int:
@@ -38,18 +40,31 @@ class ReqToTokenPool:
         self._free.append(row)
 
     def write(self, rows: list[int], starts: list[int], slots: list) -> None:
-        """table[rows[i], starts[i] : starts[i]+len(slots[i])] = slots[i], in one H2D copy."""
-        if not rows:
-            return
-        r, c, v = [], [], []
+        """table[rows[i], starts[i] : starts[i]+len(slots[i])] = slots[i], queued: `flush`
+        issues every queued write in one H2D copy (the scheduler orders it after the
+        in-flight forward's reads of the table first, sched/scheduler.py)."""
         for row, start, s in zip(rows, starts, slots):
             n = len(s)
             if start + n > self.width:
                 raise ReqPoolError(f"row {row} would need {start + n} entries but rows are "
                                    f"{self.width} wide.")
-            r.extend([row] * n)
-            c.extend(range(start, start + n))
-            v.extend(int(x) for x in s)
-        # one pinned staging buffer, one non-blocking H2D copy (no host sync)
-        dev = self.h2d([r, c, v], torch.int32)            # int32 indices and values
+            self._pending.append((row, start, s))
+
+    @property
+    def pending(self) -> bool:
+        """Writes are queued (`flush` has device work to issue)."""
+        return bool(self._pending)
+
+    def flush(self) -> None:
+        """The queued writes as one pinned staging buffer and one non-blocking H2D copy on
+        the current stream (no host sync)."""
+        if not self._pending:
+            return
+        n = [len(s) for _, _, s in self._pending]
+        rcv = np.empty((3, sum(n)), dtype=np.int32)
+        rcv[0] = np.repeat([row for row, _, _ in self._pending], n)
+        rcv[1] = np.concatenate([np.arange(st, st + k) for (_, st, _), k in zip(self._pending, n)])
+        rcv[2] = np.concatenate([np.asarray(s) for _, _, s in self._pending])
+        self._pending.clear()
+        dev = self.h2d(rcv, torch.int32)                  # int32 indices and values
         self.table.index_put_((dev[0], dev[1]), dev[2])

@@ -9,33 +9,34 @@
                  fill ids  [0 ........ prefilled)[prefilled ... prefilled + n)[ ... prefill_len)
                             KV written (earlier)   this chunk                  later chunks
     reserve  every decode lane gets room for its next decode on its host length:
-             host_seq + reserve_per_decode (all-or-nothing, one table write)
+             max(kv_committed_len, prefill_len) + reserve_per_decode (all-or-nothing,
+             one table write; array operations over the batch, rows.py)
     retract  the most recently admitted request: KV freed, back at the head of the queue,
              re-prefilled later with prompt + output (nothing is lost)
 The host length of a request is a lower bound: under overlap its last step is in flight.
+Admission and release keep the per-row host arrays (sched/rows.py) in step with the rows.
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import Optional
 
+import numpy as np
+
 from ..core import Req
 from ..mem.kv_manager import KVManager
+from .rows import Batch, HostRows
 
 
 class KVAdmission:
     def __init__(self, kv: KVManager, *, max_running: int, reserve_per_decode: int,
                  max_prefill_tokens: int = 8192, chunk_size: Optional[int] = None):
         self.kv = kv
+        self.host = HostRows(kv.pool.num_rows)
         self.max_running = max_running
         self.reserve = reserve_per_decode
         self.max_prefill_tokens = max_prefill_tokens
         self.chunk_size = chunk_size        # None: a prompt is prefilled in one forward
-
-    @staticmethod
-    def host_seq(r: Req) -> int:
-        """The host's lower bound of a request's KV length (its prefill may be unprocessed)."""
-        return max(r.kv.kv_committed_len, r.prefill_len)
 
     def admit(self, waiting: deque, n_running: int) -> list[Req]:
         new, tokens = [], 0
@@ -50,6 +51,7 @@ class KVAdmission:
             req.kv, req.prefill_len, req.prefilled, req.predrafted = kv, n, 0, False
             new.append(waiting.popleft())
             tokens += n
+        self.host.take(new)
         return new
 
     @staticmethod
@@ -71,9 +73,14 @@ class KVAdmission:
             budget -= n
         return plan
 
-    def reserve_decode(self, batch: list[Req]) -> bool:
-        items = [(r.kv, self.host_seq(r) + self.reserve) for r in batch]
-        return self.kv.extend_many(items, rids=[r.rid for r in batch])
+    def host_seq_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The host's lower bound of the KV length of the requests on these rows (their
+        prefill may be unprocessed): max(kv_committed_len, prefill_len), as one array."""
+        return np.maximum(self.kv.committed[rows], self.host.prefill_len[rows])
+
+    def reserve_decode(self, batch: Batch) -> bool:
+        return self.kv.reserve_rows(batch.kvs, batch.rows,
+                                    self.host_seq_rows(batch.rows) + self.reserve, batch.rids)
 
     def retract(self, running: list[Req], waiting: deque) -> Req:
         victim = running.pop()                 # most recently admitted
@@ -84,6 +91,7 @@ class KVAdmission:
         return victim
 
     def release(self, reqs: list[Req]) -> None:
+        self.host.free(reqs)
         self.kv.release([r.kv for r in reqs if r.kv is not None])
         for r in reqs:
             r.kv = None

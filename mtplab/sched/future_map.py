@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..core import DraftInputs
+from ..device import current_cuda_stream
 from ..kernels.future_map import RowMove, move_rows_triton
 
 
@@ -54,6 +55,9 @@ class FutureMap:
         self.pre_tokens = torch.zeros(R, C, dtype=torch.long, device=dev)
         self.pre_parents = torch.zeros(R, C, dtype=torch.long, device=dev)
         self.publish_ready = device.new_event()
+        self.host_reads = True      # the host reads published lengths (zb_device_seq_lens off)
+        # the cached current stream (Event.record() without one builds a Stream per call)
+        self._current_stream = current_cuda_stream if device.is_cuda else lambda: None
 
     # -- lengths ---------------------------------------------------------------------------
     def publish(self, rows: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
@@ -65,8 +69,10 @@ class FutureMap:
         self.seq_lens[rows] = new_seq_lens.long()
 
     def mark_published(self) -> None:
-        """The host half: `publish_ready` after the work queued so far (never captured)."""
-        self.publish_ready.record()
+        """The host half: `publish_ready` after the work queued so far (never captured);
+        recorded only where a host read waits on it (`host_reads`)."""
+        if self.host_reads:
+            self.publish_ready.record(self._current_stream())
 
     def resolve_seq_lens(self, rows: torch.Tensor, stream=None) -> torch.Tensor:
         if stream is not None:
@@ -76,8 +82,11 @@ class FutureMap:
             self._consume(self.seq_lens, rows, s, "seq_lens")
         return s
 
-    def host_seq_lens(self, rows: torch.Tensor) -> list[int]:
-        """The lengths on the host: a sync on the last publish (zb_device_seq_lens off)."""
+    def host_seq_lens(self, rows: torch.Tensor, stream=None) -> list[int]:
+        """The lengths on the host (zb_device_seq_lens off): `stream` (the current one)
+        waits on `publish_ready`, then a sync on the read."""
+        if stream is not None:
+            stream.wait_event(self.publish_ready)
         return self.seq_lens[rows].tolist()
 
     def resolve_into(self, rows: torch.Tensor, fields: list[tuple], stamp=None) -> None:

@@ -4,15 +4,16 @@ stream; pinned staging, non-blocking H2D).
     prefill  a chunk plan (admission.py `chunks`) -> packed chunk ids [T], rows/q_lens/cu_q,
              positions start + i, kv_lens start + n, the token after each non-final chunk,
              sampling (counters = kv_lens)
-    decode   rows [B] + sampling [B]: reused while the batch is the same requests on the same
-             rows (never written in place, so safe to reuse while a step still reads them);
-             max_kv = the host's bound on seq_len + tokens this step (eager attention only)
+    decode   rows [B] + sampling [B]: made once per Batch (sched/rows.py) and reused while it
+             is the same; max_kv = the host's bound on seq_len + tokens this step (eager
+             attention only)
 seq_lens and input tokens are not prepared: the worker resolves them from the future map.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
+import numpy as np
 import torch
 
 from ..core import DecodeInputs, PrefillInputs, Req, SamplingTensors
@@ -48,25 +49,42 @@ def prepare_prefill(dev: Device, plan: list[tuple[Req, int, int]]) -> PrefillInp
 
 
 class DecodePrepare:
-    """prepare for decode batches, with the steady-batch cache of rows and sampling."""
+    """prepare for decode batches: the rows and sampling tensors of a Batch (sched/rows.py)
+    are made once and reused while the scheduler hands the same Batch (never written in
+    place, so safe to reuse while a step still reads them; a graphed worker then stages
+    nothing either). `fresh`: the last call made them (H2D copies on the current stream)."""
 
     def __init__(self, dev: Device, width: int, tokens_per_decode: int):
         self.dev, self.width, self.tokens_per_decode = dev, width, tokens_per_decode
-        self._key: Optional[tuple] = None
+        self._batch = None
         self._tensors: Optional[tuple] = None
+        self.fresh = False
 
     def reset(self) -> None:
-        self._key = self._tensors = None
+        self._batch = self._tensors = None
 
-    def __call__(self, reqs: list[Req], host_seq_bound: Callable[[torch.Tensor], int],
-                 predrafted: bool) -> DecodeInputs:
-        key = tuple((r.rid, r.kv.row) for r in reqs)
-        if key != self._key:
-            self._key = key
-            self._tensors = (self.dev.h2d([r.kv.row for r in reqs], torch.long),
-                             sampling_tensors(self.dev, reqs, None))
-        rows, sampling = self._tensors
-        return DecodeInputs(
-            rows=rows, sampling=sampling,
-            max_kv=min(self.width, host_seq_bound(rows) + self.tokens_per_decode),
-            all_greedy=all(r.sampling.temperature == 0 for r in reqs), predrafted=predrafted)
+    def has(self, batch) -> bool:
+        """The tensors of `batch` are made (a call makes no device work)."""
+        return batch is self._batch
+
+    def tensors(self, batch) -> tuple:
+        """(rows, sampling) of `batch` on the device, made when it is a new Batch: two H2D
+        copies (rows and seeds as one int64 [2, B], temperature and top_p as one float32
+        [2, B]), the tensors views of them."""
+        if batch is not self._batch:
+            self.fresh = True
+            self._batch = batch
+            reqs = batch.reqs
+            ints = self.dev.h2d(np.stack([batch.rows, [r.sampling.seed for r in reqs]]),
+                                torch.long)
+            floats = self.dev.h2d([[r.sampling.temperature for r in reqs],
+                                   [r.sampling.top_p for r in reqs]], torch.float32)
+            self._tensors = (ints[0], SamplingTensors(floats[0], floats[1], ints[1]))
+        return self._tensors
+
+    def __call__(self, batch, host_seq_bound: int, predrafted: bool) -> DecodeInputs:
+        self.fresh = False
+        rows, sampling = self.tensors(batch)
+        return DecodeInputs(rows=rows, sampling=sampling,
+                            max_kv=min(self.width, host_seq_bound + self.tokens_per_decode),
+                            all_greedy=batch.all_greedy, predrafted=predrafted)

@@ -5,17 +5,24 @@
     decode   output += tokens[:accept_len] (up to a stop / the length limit);
              kv_committed_len += accept_len  -- the ONE place it advances, never for a request
              that already finished (an overshoot row of the overlap loop commits nothing)
+A decode step is processed as arrays over its lanes (sched/rows.py): which lanes are live,
+how many tokens each keeps (the first stop id, the length limit), which finish, the lengths
+advanced; per request only the append of its kept tokens and its arrival time remain.
 Live-request identity after processing: len(prompt) + len(output) == kv_committed_len + 1.
 A token NONFINITE_TOKEN (the target's forward was not finite: kernels/sampling.py
 finite_rows, flag_nonfinite) raises NonFiniteLogitsError for its request: one comparison per
-request.
+request (decode: one array comparison per step).
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
+
+import numpy as np
 
 from ..core import NONFINITE_TOKEN, Req
 from ..errors import NonFiniteLogitsError
+from .rows import Batch, HostRows
 
 
 def _nonfinite(r: Req, where: str) -> NonFiniteLogitsError:
@@ -25,24 +32,71 @@ def _nonfinite(r: Req, where: str) -> NonFiniteLogitsError:
                                 tuple(r.fill_ids()))
 
 
-def append_prefill(reqs: list[Req], toks: list, final: Optional[list] = None) -> None:
-    for i, (r, t) in enumerate(zip(reqs, toks)):
+def append_prefill(reqs: list[Req], toks: np.ndarray, host: HostRows,
+                   final: Optional[list] = None) -> list[Req]:
+    """-> the requests the prefill token finished (`final`: per request, did this step
+    feed its final chunk; an earlier chunk's token is not a result)."""
+    done = []
+    for i, (r, t) in enumerate(zip(reqs, toks.tolist())):
         if r.finished or r.kv is None or (final is not None and not final[i]):
             continue
         if t == NONFINITE_TOKEN:
             raise _nonfinite(r, "prefill")
         r.kv.kv_committed_len = r.prefill_len
         r.append_tokens([t])
+        host.out_len[r.kv.row] = len(r.output_ids)
+        if r.finished:
+            done.append(r)
+    return done
 
 
-def append_decode(reqs: list[Req], toks: list, lens: list, stats) -> None:
-    for r, t, n in zip(reqs, toks, lens):
-        if r.finished or r.kv is None:       # overshoot row: commits nothing
-            stats.overshoot_rows += 1
-            continue
-        if t[0] == NONFINITE_TOKEN:
-            raise _nonfinite(r, f"decode step {len(r.output_ids)}")
-        stats.accept_lens.append(n)
-        stats.decode_tokens += r.append_tokens(t[:n])
-        if not r.finished:
-            r.kv.kv_committed_len += n
+def append_decode(batch: Batch, toks: np.ndarray, lens: np.ndarray, host: HostRows,
+                  committed: np.ndarray, stats) -> list[Req]:
+    """Lane i of `batch` keeps toks[i, :lens[i]] up to its first stop id or its length limit;
+    -> the requests that finished. The common step (every lane live, no stop id in the
+    batch) is a dozen array operations; the rest only where a lane needs it."""
+    rows, rids, reqs = batch.rows, batch.rids, batch.reqs
+    rid = host.rid[rows]
+    live = None if (rid == rids).all() else rid == rids
+    bad = toks[:, 0] == NONFINITE_TOKEN
+    if live is not None:
+        bad &= live
+    if bad.any():
+        r = reqs[int(bad.argmax())]
+        raise _nonfinite(r, f"decode step {len(r.output_ids)}")
+    room = host.max_new[rows] - host.out_len[rows]
+    kept = np.minimum(lens, room)
+    stop = None
+    if batch.has_stops:
+        E = toks.shape[1]
+        hit = (toks[:, :, None] == batch.stops[:, None, :]).any(-1) & \
+            (np.arange(E) < kept[:, None])
+        stop = hit.any(1)
+        kept = np.where(stop, hit.argmax(1) + 1, kept)
+    done = kept >= room
+    if stop is not None:
+        done |= stop
+    if live is not None:                  # overshoot lanes (finished, aborted) keep nothing
+        done &= live
+        kept = np.where(live, kept, 0)
+        stats.overshoot_rows += len(reqs) - int(live.sum())
+        stats.accept_lens.extend(lens[live].tolist())
+    else:
+        stats.accept_lens.extend(lens.tolist())
+    host.out_len[rows] += kept
+    adv = ~done if live is None else live & ~done
+    committed[rows[adv]] += lens[adv]
+    stats.decode_tokens += int(kept.sum())
+    now, tl, kl = time.perf_counter(), toks.tolist(), kept.tolist()
+    for i in (range(len(reqs)) if live is None else np.flatnonzero(live).tolist()):
+        r, k = reqs[i], kl[i]
+        r.output_ids += tl[i][:k]
+        r.arrivals.append((now, k))
+    if not done.any():
+        return []
+    finished = []
+    for i in np.flatnonzero(done).tolist():
+        r = reqs[i]
+        r.finished_reason = "stop" if stop is not None and stop[i] else "length"
+        finished.append(r)
+    return finished

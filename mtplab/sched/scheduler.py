@@ -7,9 +7,17 @@
         -> process_result k-1 (sync on k-1's copy_done only) ; k stays in flight
 
     streams (CUDA; on CPU all no-ops, same order):
-        schedule  KV allocation, req_to_token writes, input H2D       (waits forward: WAR)
+        schedule  req_to_token writes, input H2D      (waits forward first: WAR, only when
+                                                       the step writes the table)
         forward   all model work; lengths/inputs resolved from the future map on the device
+                  (waits schedule only when the step issued H2D work there)
         copy      D2H of tokens + accept lengths into pinned buffers, `copy_done` event
+    The stream waits reuse one event per stream pair (Device.order). A graphed decode's
+    results are graph buffers the next decode overwrites: before launching decode k+1 the
+    forward stream waits for decode k's `copy_done` unless the host sees it done (a query).
+The host state of the running requests is arrays by req_to_token row (rows.py): a decode
+batch (Batch) is built once per running set; finishing-in-flight, the KV reserve, the length
+bound and result processing are array operations over its lanes.
 
     stage            file                   stage            file
     schedule         admission.py (KV)      d2h              d2h.py
@@ -35,6 +43,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
+
 from ..core import Req
 from ..device import Device
 from ..instrument.spans import NO_SPANS, Spans
@@ -43,9 +53,10 @@ from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
 from ..stages import step_name
 from .admission import KVAdmission
-from .d2h import Pending, d2h
+from .d2h import Pending, Readback
 from .prepare import DecodePrepare, prepare_prefill
 from .process_result import append_decode, append_prefill
+from .rows import Batch
 
 STALL_STEPS = 3     # consecutive iterations with nothing launched or processed while requests wait
 
@@ -69,7 +80,7 @@ class StepStats:
     decode_steps: int = 0
     retractions: int = 0
     decode_tokens: int = 0
-    decode_time_s: float = 0.0
+    decode_time_s: float = 0.0      # iterations that waited for a decode's results
     step_times_s: list = field(default_factory=list)
     decode_step_times_s: list = field(default_factory=list)
     accept_lens: list = field(default_factory=list)   # per request per decode step
@@ -103,14 +114,22 @@ class Scheduler:
         self.schedule_stream = device.new_stream() if loop.overlap else cur
         self.forward_stream = device.new_stream() if loop.overlap else cur
         self.copy_stream = device.new_stream() if loop.overlap else cur
+        self.d2h = Readback(device, spans, self.copy_stream, self.forward_stream,
+                            max_running * (tokens_per_decode + 2) + 16)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        # the last decode Batch: `running` is only ever replaced, never changed in place, so
+        # the list object names the running set
+        self._batch_cache: Optional[tuple] = None
+        self._predrafted: Optional[Batch] = None    # the last Batch decoded with preexec
+        self._chunking = False          # a chunked prefill may be under way (`schedule`)
         self.finished: list[Req] = []       # finished by the current step only (returned)
         self.in_flight: Optional[Pending] = None
         self.keep_alive: deque = deque(maxlen=2)        # inputs still read on the device
         self.stats = StepStats()
         self.syncs = SyncRecorder(enabled=loop.debug_syncs and device.is_cuda)
         self._stalled = 0
+        self._waited: Optional[str] = None   # the kind of the result this iteration waited for
 
     # -- the two loops -------------------------------------------------------------------
     def step(self) -> list[Req]:
@@ -119,6 +138,7 @@ class Scheduler:
         self.finished, t0 = [], time.perf_counter()
         if self.sp.timeline is not None:
             self.sp.begin_step(self.sp.timeline.next_step())
+        self._waited = None
         kind = self._overlap_step() if self.opt.overlap else self._normal_step()
         self._account(kind, time.perf_counter() - t0)
         return self.finished
@@ -136,65 +156,98 @@ class Scheduler:
         if not batch:                       # only in-flight work left: finish it
             if self.in_flight is None:
                 return self._stall()
+            self._waited = self.in_flight.kind
             self.drain()
             return None
         with self._step_span(kind, batch):
             prev, self.in_flight = self.in_flight, self.launch(kind, batch)
             if prev is not None:
+                self._waited = prev.kind
                 self.process_result(prev)
         return kind
 
     # -- stages --------------------------------------------------------------------------
-    def schedule(self) -> tuple[str, list]:
+    def schedule(self) -> tuple[str, object]:
         """The next chunks of a prefill under way, else admit waiting requests (a prefill
-        batch: (request, start, n) chunks), else every running request's decode."""
-        with self.sp.stage("schedule", "host"), self.dev.stream(self.schedule_stream):
-            # WAR: rows/pages freed by processed results may still be read by the step in
-            # flight; this stream's writes must follow the forward stream's reads.
-            self.schedule_stream.wait_stream(self.forward_stream)
-            pending = self.admission.prefilling(self.running)    # a chunked prefill first
+        batch: (request, start, n) chunks), else every running request's decode (a Batch).
+        Table writes are queued here (the pool issues them in `launch`)."""
+        with self.sp.stage("schedule", "host"):
+            pending = self.admission.prefilling(self.running) if self._chunking else []
             if not pending:
                 pending = self.admission.admit(self.waiting, len(self.running))
-                self.running.extend(pending)
+                if pending:
+                    self.running = self.running + pending
             if pending:
-                return "prefill", self.admission.chunks(pending)
-            return "decode", self._decode_batch() if self.running else []
+                plan = self.admission.chunks(pending)
+                self._chunking = any(r.prefilled < r.prefill_len for r in pending)
+                return "prefill", plan
+            self._chunking = False
+            return "decode", self._decode_batch() if self.running else None
 
-    def launch(self, kind: str, batch: list) -> Pending:
-        """prepare -> the worker's forward (resolve .. stash) -> d2h."""
-        final = None
-        if kind == "prefill":           # a chunk plan: its final chunks give a token
-            reqs = [r for r, _, _ in batch]
-            final = [start + n == r.prefill_len for r, start, n in batch]
-        else:
-            reqs = batch
-        with self.sp.stage("prepare", "host"), self.dev.stream(self.schedule_stream):
-            x = (prepare_prefill(self.dev, batch) if kind == "prefill"
-                 else self._prepare_decode(reqs))
-        self.keep_alive.append(x)
-        self.forward_stream.wait_stream(self.schedule_stream)
-        with self.dev.stream(self.forward_stream):
-            if kind == "prefill":
-                results = [self.worker.prefill(x)]
+    def launch(self, kind: str, batch) -> Pending:
+        """prepare -> the worker's forward (resolve .. stash) -> d2h. `batch`: a chunk plan
+        (prefill) or a Batch (decode)."""
+        dev, pool = self.dev, self.kv.pool
+        with self.sp.stage("prepare", "host"):
+            if kind == "decode" and not pool.pending and self.prepare_decode.has(batch) \
+                    and self.opt.device_seq_lens:
+                x, wrote = self._prepare_decode(batch), False     # no device work to issue
             else:
+                with dev.stream(self.schedule_stream):
+                    wrote = pool.pending
+                    if wrote:
+                        # WAR: rows/pages freed by processed results may still be read by
+                        # the step in flight; the table writes must follow its reads.
+                        dev.order(self.schedule_stream, self.forward_stream)
+                        pool.flush()
+                    if kind == "prefill":
+                        x = prepare_prefill(dev, batch)
+                    else:
+                        x = self._prepare_decode(batch)
+                    wrote = wrote or kind == "prefill" or self.prepare_decode.fresh
+        self.keep_alive.append(x)
+        if wrote:
+            dev.order(self.forward_stream, self.schedule_stream)
+        with dev.stream(self.forward_stream):
+            if kind == "prefill":           # a chunk plan: its final chunks give a token
+                results, reqs = [self.worker.prefill(x)], [r for r, _, _ in batch]
+            else:
+                self._copied_out()
                 self.stats.predrafted_steps += x.predrafted
                 out = self.worker.decode(x)
-                results = [out.tokens, out.accept_lens]
-                for r in reqs:
-                    r.predrafted = self.opt.draft_preexec
-        return d2h(self.dev, self.sp, self.copy_stream, self.forward_stream, kind, reqs, results,
-                   self.opt.async_d2h, final)
+                results, reqs = [out.tokens, out.accept_lens], batch.reqs
+                if self.opt.draft_preexec:
+                    self._predrafted = batch          # every request of it: drafted ahead
+                    if not x.predrafted:
+                        for r in reqs:
+                            r.predrafted = True
+        if kind == "prefill":
+            return self.d2h(kind, reqs, results, self.opt.async_d2h,
+                            final=[start + n == r.prefill_len for r, start, n in batch])
+        return self.d2h(kind, reqs, results, self.opt.async_d2h, batch=batch)
+
+    def _copied_out(self) -> None:
+        """A graphed decode's results are graph buffers: the decode in flight must have copied
+        its own out before this one overwrites them (the forward stream waits for its
+        `copy_done` unless the host sees it done already)."""
+        p = self.in_flight
+        if p is not None and p.kind == "decode" and p.copy_done is not None \
+                and not p.copy_done.query():
+            self.forward_stream.wait_event(p.copy_done)
 
     def process_result(self, p: Pending) -> None:
         self._stalled = 0
         with self.sp.stage("sync", "host"):
             vals = p.read()
         with self.sp.stage("process_result", "host"):
+            host = self.admission.host
             if p.kind == "prefill":
-                append_prefill(p.reqs, vals[0], p.final)
+                done = append_prefill(p.reqs, vals[0], host, p.final)
             else:
-                append_decode(p.reqs, vals[0], vals[1], self.stats)
-            self.finished.extend(self._finish_done())
+                done = append_decode(p.batch, vals[0].reshape(len(p.reqs), -1), vals[1], host,
+                                     self.kv.committed, self.stats)
+            if done:
+                self.finished.extend(self._finish_done())
 
     def drain(self) -> None:
         """Process the in-flight result now (the host waits for it)."""
@@ -202,40 +255,62 @@ class Scheduler:
         self.process_result(p)
 
     # -- schedule helpers ----------------------------------------------------------------
-    def _decode_batch(self) -> list[Req]:
+    def _decode_batch(self) -> Optional[Batch]:
         """Every running request gets room for its next decode, retracting if needed."""
         while True:
-            done = self._finishing_in_flight()
-            batch = [r for r in self.running if id(r) not in done]
-            if not batch or self.admission.reserve_decode(batch):
+            batch = self._batch()
+            if batch is None or self.admission.reserve_decode(batch):
                 return batch
             if self.in_flight is not None:        # results first: they may free KV
                 self.drain()
                 continue
+            self.running = list(self.running)
             self.admission.retract(self.running, self.waiting)
             self.stats.retractions += 1
 
-    def _finishing_in_flight(self) -> set:
-        """ids of requests the host can tell (from lengths) the in-flight step finishes."""
+    def _batch(self) -> Optional[Batch]:
+        """The running requests minus those the host can tell (from lengths) the in-flight
+        step finishes, as a Batch cached per running list and lanes left out."""
+        run, out = self.running, self._finishing_in_flight()
+        c = self._batch_cache            # (running list, rows left out, Batch or None)
+        if c is None or c[0] is not run or c[1] != out:
+            keep = [r for r in run if r.kv.row not in out] if out else run
+            c = self._batch_cache = (run, out, Batch.of(keep) if keep else None)
+        return c[2]
+
+    def _finishing_in_flight(self) -> tuple:
+        """Rows of requests the host can tell (from lengths) the in-flight step finishes."""
         p = self.in_flight
         if p is None:
-            return set()
-        return {id(r) for r in p.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
+            return ()
+        h = self.admission.host
+        rows = p.batch.rows if p.batch is not None else \
+            np.array([r.kv.row for r in p.reqs if r.kv is not None], dtype=np.int64)
+        fin = rows[h.out_len[rows] + 1 >= h.max_new[rows]]
+        return tuple(fin.tolist())
 
-    def _prepare_decode(self, reqs: list[Req]):
-        def seq_bound(rows) -> int:
-            if self.opt.overlap and not self.opt.device_seq_lens:
-                # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits
-                # for the previous verify's publish -- the publish-point host sync.
-                with self.sp.stage("sync", "host"):
-                    return max(self.future_map.host_seq_lens(rows))
-            return max(self.admission.host_seq(r) for r in reqs) + self.lag
-        return self.prepare_decode(reqs, seq_bound, all(r.predrafted for r in reqs))
+    def _prepare_decode(self, batch: Batch):
+        if self.opt.overlap and not self.opt.device_seq_lens:
+            # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
+            # the previous verify's publish -- the publish-point host sync.
+            with self.sp.stage("sync", "host"):
+                bound = max(self.future_map.host_seq_lens(
+                    self.prepare_decode.tensors(batch)[0], self.schedule_stream))
+        else:
+            bound = int(self.admission.host_seq_rows(batch.rows).max()) + self.lag
+        pre = self.opt.draft_preexec and (batch is self._predrafted
+                                          or all(r.predrafted for r in batch.reqs))
+        return self.prepare_decode(batch, bound, pre)
 
-    @contextlib.contextmanager
-    def _step_span(self, kind: str, batch: list[Req]):
-        with self.sp.step(step_name(kind, len(batch))), self.syncs.record(kind):
-            yield
+    def _step_span(self, kind: str, batch):
+        """The step span (and, with debug_syncs, the sync listing) of one iteration."""
+        span = self.sp.step(step_name(kind, len(batch)))
+        if not self.syncs.enabled:
+            return span
+        stack = contextlib.ExitStack()
+        stack.enter_context(span)
+        stack.enter_context(self.syncs.record(kind))
+        return stack
 
     def _stall(self) -> None:
         if self.idle:
@@ -251,15 +326,22 @@ class Scheduler:
         return None
 
     def _account(self, kind: Optional[str], dt: float) -> None:
-        if kind is not None:
-            if kind == "prefill":
-                self.stats.prefill_steps += 1
-            else:
-                self.stats.decode_steps += 1
-                self.stats.decode_time_s += dt
-                self.stats.decode_step_times_s.append(dt)
-            self.stats.step_times_s.append(dt)
-            self.stats.host_syncs = self.syncs.counts
+        """Count the step launched (`kind`); its time goes to the step whose results the
+        iteration waited for: under overlap the previous one (the iteration that launches
+        the first decode waits for the prefill's forward, the drain for the last decode's),
+        else the one it launched."""
+        s = self.stats
+        timed = self._waited if self.opt.overlap else kind
+        if kind == "prefill":
+            s.prefill_steps += 1
+        elif kind == "decode":
+            s.decode_steps += 1
+        if timed == "decode":
+            s.decode_time_s += dt
+            s.decode_step_times_s.append(dt)
+        if kind is not None or timed is not None:
+            s.step_times_s.append(dt)
+            s.host_syncs = self.syncs.counts
         if self.on_iteration is not None:
             self.on_iteration(self)
         if self.on_step is not None:
@@ -299,9 +381,12 @@ class Scheduler:
         self.admission.release(held)
         self.waiting.clear()
         self.running = []
+        self.kv.pool.flush()          # after the synchronize: nothing reads the table now
         self.in_flight = None
         self.keep_alive.clear()
         self.prepare_decode.reset()
+        self._batch_cache = self._predrafted = None
+        self._chunking = False
         self._stalled = 0
         return held
 
@@ -325,6 +410,12 @@ class Scheduler:
         if bad:
             raise InvariantError("live-request identity len(prompt)+len(output) == "
                                  f"kv_committed_len+1 violated for (rid, lhs, rhs) {bad[:4]}.")
+        h = self.admission.host
+        stale = [r.rid for r in self.running if r.kv is not None and
+                 (h.rid[r.kv.row] != r.rid or h.out_len[r.kv.row] != len(r.output_ids))]
+        if stale:
+            raise InvariantError(f"the host row arrays (sched/rows.py) disagree with requests "
+                                 f"{stale[:4]}: rid or len(output_ids) out of step.")
 
     def live_kv(self) -> dict:
         return {r.rid: r.kv for r in self.running if r.kv is not None}

@@ -8,6 +8,13 @@ All decode inputs are device tensors and everything else is derived on the devic
     seq_lens, input token  <- the future map (resolve; published/stashed by the last forward)
     positions = kv_lens - 1 ; out_loc = req_to_token[rows, positions]
 so the captured decode graph needs no host-side lengths (only the static bound W).
+Graphed decode, per batch bucket and sampling mode (greedy: an argmax; else the sampler):
+    granularity "stage"   resolve graph (lengths and tokens into the decode graph's inputs),
+                          then the decode graph [verify | publish | stash]: two replays
+    granularity "step"    one graph [resolve | verify | publish | stash]: one replay
+The host stages rows and the sampling parameters only when the batch changes (they are new
+tensors then, sched/prepare.py); the outputs (tokens [B, 1], accept lengths of ones) are
+views of graph buffers, valid until the next decode is launched.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ def prefill_kv_lens(x: PrefillInputs) -> torch.Tensor:
 class TargetWorker:
     def __init__(self, model: LlamaForCausalLM, kv: KVCache, table: torch.Tensor,
                  attn_fn: AttnFn, cuda_graphs: bool, graph_max_bs: int, future_map,
-                 spans: Spans = NO_SPANS):
+                 spans: Spans = NO_SPANS, granularity: str = "stage"):
         self.spans = spans
         self.future_map = future_map  # publish / resolve / stash / gather
         self.model = model
@@ -44,7 +51,9 @@ class TargetWorker:
         # Two captured decode graphs, picked per step by the host's all_greedy flag: the
         # greedy one ends in an argmax, the other samples (top-p sort, softmax, uniforms).
         self.decode_graphs: dict[bool, GraphRunner] = {}
-        self.graphs: dict[str, GraphRunner] = {}     # "resolve"
+        self.graphs: dict[str, GraphRunner] = {}     # "resolve" (stage granularity)
+        self.granularity = granularity
+        self._staged: dict[str, torch.Tensor] = {}   # input -> the tensor staged last
         if cuda_graphs:
             self._capture_decode(graph_max_bs)
 
@@ -54,6 +63,11 @@ class TargetWorker:
             r.close()
         self.decode_graphs.clear()
         self.graphs.clear()
+        self._staged.clear()
+
+    def runners(self) -> list[GraphRunner]:
+        """Every captured graph runner (instrument/hostclock.py counts their replays)."""
+        return list(self.decode_graphs.values()) + list(self.graphs.values())
 
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
@@ -108,33 +122,47 @@ class TargetWorker:
             return tok, flag_nonfinite(tok, finite_rows(logits, hidden, B))
         return fn
 
-    @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
-        """One token per lane: the fed token's KV is written at entry seq_len.
-        Graphed: a resolve replay (lengths and tokens into the decode graph's inputs), then
-        the decode graph [verify, publish, stash]; no eager launch between them."""
+        """One token per lane: the fed token's KV is written at entry seq_len (module doc).
+        Graph replays need no autograd mode; the eager path runs under no_grad."""
         g = self.decode_graphs.get(x.all_greedy)
         s = x.sampling
         fm = self.future_map
-        if g is not None and x.rows.shape[0] <= g.max_bs and "resolve" in self.graphs:
-            rows = g.stage("rows", x.rows)
-            with self.spans.stage("resolve", graphed=True):
-                self.graphs["resolve"].run({"rows": rows}, clone=False)
-            with self.spans.stage("verify", graphed=True):
-                _, report = g.run(dict(rows=rows, temperature=s.temperature, top_p=s.top_p,
-                                       seeds=s.seeds), clone=(1,))
+        bs = x.rows.shape[0]
+        if g is not None and bs <= g.max_bs and (self.granularity == "step"
+                                                 or "resolve" in self.graphs):
+            for k, t in (("rows", x.rows), ("temperature", s.temperature),
+                         ("top_p", s.top_p), ("seeds", s.seeds)):
+                if self._staged.get(k) is not t:
+                    g.stage(k, t)
+                    self._staged[k] = t
+            if self.granularity == "stage":
+                with self.spans.stage("resolve", graphed=True):
+                    self.graphs["resolve"].replay(bs)
+                with self.spans.stage("verify", graphed=True):
+                    report, ones, _ = g.replay(bs)
+            else:
+                with self.spans.stage("resolve", graphed=True):
+                    report, ones, _ = g.replay(bs)
             fm.mark_published()
-            return DecodeOut(report[:, None], torch.ones_like(report))
+            return DecodeOut(report, ones)
+        with torch.no_grad():
+            return self._decode_eager(x, g)
+
+    def _decode_eager(self, x: DecodeInputs, g) -> DecodeOut:
+        """resolve eagerly, then the decode graph (debug_future_map) or an eager forward."""
+        s, fm, bs = x.sampling, self.future_map, x.rows.shape[0]
         with self.spans.stage("resolve"):
             seq = fm.resolve_seq_lens(x.rows)
             inp = fm.gather(x.rows)
         new_len = seq + 1
         args = dict(input_ids=inp.bonus, rows=x.rows, kv_lens=new_len,
                     temperature=s.temperature, top_p=s.top_p, seeds=s.seeds)
-        graphed = g is not None and x.rows.shape[0] <= g.max_bs
+        graphed = g is not None and bs <= g.max_bs
         with self.spans.stage("verify", graphed=graphed):   # the forward of a one-node tree
-            if graphed:       # tok: a view of the graph's buffer, stashed before its next replay
-                tok, report = g.run(args, clone=(1,))
+            if graphed:     # debug_future_map: resolve eager, then the graph (tok: its buffer,
+                report, _, tok = g.run(args)                 # stashed before its next replay)
+                report = report[:, 0]
             else:
                 tok, report = self._decode_fn(x.max_kv, x.all_greedy)(**args)
         with self.spans.stage("publish"):
@@ -144,9 +172,9 @@ class TargetWorker:
         return DecodeOut(report[:, None], torch.ones_like(report))
 
     def _capture_decode(self, max_bs: int) -> None:
-        """The two decode graphs (greedy, sampling) over one set of static inputs, and
-        without the consume-once debug check (it syncs) the resolve graph that fills them
-        and lets the decode graphs publish and stash in-graph."""
+        """The two decode graphs (greedy, sampling) over one set of static inputs. Without
+        the consume-once debug check (it syncs) they publish and stash in-graph, and resolve
+        fills their inputs: a graph of its own (stage) or inside them (step)."""
         dev, L, fm = self.device, max_bs, self.future_map
         static = dict(
             input_ids=torch.zeros(L, dtype=torch.long, device=dev),
@@ -157,26 +185,38 @@ class TargetWorker:
             seeds=torch.zeros(L, dtype=torch.long, device=dev))
         # Padding lane: row 0, one KV entry -> writes and reads slot 0 of the padding page.
         pad = dict(input_ids=0, rows=0, kv_lens=1, temperature=0, top_p=1, seeds=0)
+        ones = torch.ones(L, dtype=torch.long, device=dev)    # accept lengths: one token
         in_graph = not fm.poison
-        stages = ("verify", "publish", "stash") if in_graph else "verify"
+        step = in_graph and self.granularity == "step"
+
+        def resolve(rows, mark, kv_lens, input_ids):   # kv_lens = seq_lens + 1 (padding: 1)
+            fm.resolve_into(rows, [(kv_lens, "seq_lens", 1, 1), (input_ids, "bonus", 0, 0)],
+                            mark.carry("resolve"))
         for greedy in (True, False):
             fn = self._decode_fn(self.width, greedy)
             if in_graph:
                 fn = self._with_publish_stash(fn)
-            runner = GraphRunner(torch.no_grad()(fn), static, pad, default_buckets(max_bs),
-                                 sticky=("rows", "temperature", "top_p", "seeds"),
-                                 meter=self.spans.meter, stage=stages)
+
+            def decode(fn=fn, marks=None, mark=None, **a):
+                if step:                    # [resolve | verify, publish, stash]
+                    resolve(a["rows"], marks(0), a["kv_lens"], a["input_ids"])
+                    mark = marks(1)
+                tok, report = fn(**a) if mark is None else fn(**a, mark=mark)
+                return report[:, None], ones[:tok.shape[0]], tok
+            kw = (dict(segments=[(("resolve",), True), (("verify", "publish", "stash"), False)])
+                  if step else dict(stage=("verify", "publish", "stash") if in_graph
+                                    else "verify"))
+            runner = GraphRunner(torch.no_grad()(decode), static, pad, default_buckets(max_bs),
+                                 meter=self.spans.meter, **kw)
             with self.spans.paused():
                 runner.capture()
             self.decode_graphs[greedy] = runner
-        if in_graph:
-            def resolve(rows, mark):      # kv_lens = seq_lens + 1 (padding lanes: 1)
+        if in_graph and not step:
+            def resolve_graph(rows, mark):
                 bs = rows.shape[0]
-                fm.resolve_into(rows, [(static["kv_lens"][:bs], "seq_lens", 1, 1),
-                                       (static["input_ids"][:bs], "bonus", 0, 0)],
-                                mark.carry("resolve"))
+                resolve(rows, mark, static["kv_lens"][:bs], static["input_ids"][:bs])
                 return ()
-            runner = GraphRunner(torch.no_grad()(resolve), dict(rows=static["rows"]),
+            runner = GraphRunner(torch.no_grad()(resolve_graph), dict(rows=static["rows"]),
                                  dict(rows=0), default_buckets(max_bs),
                                  meter=self.spans.meter, stage="resolve", carry_begin=True)
             with self.spans.paused():

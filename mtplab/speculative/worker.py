@@ -11,7 +11,7 @@ One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has
     accept        accept.py                  greedy / target-only sampling / simulated
     commit        commit.py                  topk>1: accepted path's KV to the window front;
                                              new lengths, path hidden rows
-    publish       sched/future_map.py        seq_lens[rows] <- seq_lens + accept_lens (+ event)
+    publish       sched/future_map.py        seq_lens[rows] <- seq_lens + accept_lens
     draft_extend  draft_eagle.py             eagle: forward over the S+1 window -> next top-k
                                              (frozen: the next seed is selected, no forward)
     stash         sched/future_map.py        future map[rows] <- next inputs
@@ -19,30 +19,51 @@ One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has
               stashed; the next iteration starts at `tree`
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.
 
-CUDA graphs (bucketed by batch size, padded lanes on row 0), one per segment, each replay
-wrapped in the span of its first stage; the small future-map stages ride in the graph
-next to them, so a graphed step issues no eager launch between replays (and the bubble
-meter's stamps of every stage are inside graphs):
-    resolve graph   the future-map gathers, written straight into the static inputs of the
-                    draft and tree graphs (padding lanes: seq_len 1, zeros)
-    draft graph     frozen fold_seed=True : seed + S-1 steps in one replay
-                    frozen fold_seed=False: seed eager (draft.seed, its own launches), then steps
-                    eagle                 : S-1 steps
-                    + stash (pre-drafted candidates) when zb_draft_preexec
-    tree graph      organize + build_tree
-    verify graph    the target over B*D tree nodes
-    accept graph    greedy or simulated accept (sampled batches: eager tree sampling)
-    commit graph    KV compaction, path hidden rows, new lengths + publish
-                    (+ the draft's selection and stash when it has no draft_extend forward)
-    draft_extend graph  eagle's draft extend + stash
-A graph's stages after the first are visible to the meter (stamps inside the graph), not
-to the profiler (one replay = one host span). Without graphs every stage runs eagerly in
-its own span.
+The step as data: `plan()` lists the step's segments in order, each a `Call` of the one
+segment table below, naming the values it reads (per parameter) and the values each of
+its outputs becomes. One executor runs a plan three ways:
+
+    eager          values in a dict, one span per stage (`_SpanChain`): CPU, batches above
+                   the largest bucket, and steps no graph covers
+    stage graphs   graph_granularity="stage": one CUDA graph per segment and batch bucket.
+                   Every value is a persistent device buffer (max bucket rows): a graph
+                   reads its inputs from the buffers and writes its outputs into the buffers
+                   its readers read (copies captured in the graph), so a replay takes no
+                   input copy; the host stages rows and seeds when the batch changes
+    step graph     graph_granularity="step": the whole plan captured as one graph per bucket
+                   and plan (resolve .. stash, one replay per step); values flow inside it
+
+    segment       stages                          reads -> writes (value names = buffers)
+    resolve       resolve                         rows -> seq_lens, d_seq, bonus, draft
+                                                  inputs | pre-drafted candidates
+    draft.seed    draft.seed (unfolded frozen)    bonus, d_hidden -> d_hidden, d_topk_*
+    draft         draft (+ stash if preexec)      d_seq, bonus / d_hidden, d_topk_* ->
+                                                  scores, cand_tokens, cand_parents
+    tree          tree                            seq_lens, bonus, candidates -> the tree
+    verify        verify                          seq_lens, tokens, positions, mask ->
+                                                  logits, hidden_all, finite
+    accept        accept                          the tree, logits (, seeds), finite ->
+                                                  accept_index, accept_lens, acc_tokens,
+                                                  bonus (the next round's root), host_tokens
+                                                  (acc_tokens, NONFINITE_TOKEN rows where
+                                                  the verify was not finite: the host's copy)
+    commit        commit, publish (+ stash)       ... -> d_seq (new lengths), hidden_path,
+                                                  d_hidden (frozen: the next seed)
+    draft_extend  draft_extend, stash (eagle)     ... -> d_hidden, d_topk_*
+    draft         (preexec: the next round's draft on the values commit/extend wrote)
+`bonus`, `d_seq` and `d_hidden` are overwritten in the step (after their last reader of the
+old value): what the pre-executed draft reads is what the next round's draft would.
+Graph padding lanes (bs < bucket) carry row 0 (the padding page) and the pads of `VALUES`
+through every segment. A graph of several stages is replayed inside the span of its first
+stage: its later stages are visible to the meter (stamps inside the graph), not to the
+profiler (one replay = one host span); a step graph is replayed inside a `resolve` span.
+Sampled (temperature > 0) batches accept eagerly (target-only tree sampling); under
+graph_granularity="step" such a step runs by stages, eagerly.
 """
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -50,7 +71,7 @@ from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
 from ..kernels.sampling import SIMULATE, finite_rows, flag_nonfinite, position_uniform
 from ..kernels.topk import argmax as vocab_argmax
-from .accept import AcceptResult, accept_greedy, accept_sample, accept_simulated
+from .accept import accept_greedy, accept_sample, accept_simulated
 from .commit import commit
 from .draft_select import StepCandidates, num_candidates
 from .draft_worker import DraftWorker
@@ -79,18 +100,49 @@ class _SpanChain:
         self.cur.__enter__()
 
     def __exit__(self, *exc):
-        self.cur.__exit__(*exc)
+        if self.cur is not None:
+            self.cur.__exit__(*exc)
+            self.cur = None
         return False
 
     def begin(self) -> None:
         """No stamp to carry: an eager stage's span stamps it (the graph twin's `begin`)."""
         return None
 
+    def carry(self, *names: str) -> None:
+        """The eager twin of a carrying kernel's stamps: the spans already stamp."""
+        return None
 
-# segments whose first kernel is one of ours and carries the segment's begin stamp when
-# captured (GraphRunner `carry_begin`): the future map's gathers, organize, the argmax, and
-# window_slots; draft, verify and draft_extend begin with a stamp node
-CARRY_BEGIN = ("resolve", "tree", "accept", "commit")
+    def finish(self) -> None:
+        """The segment is done: its last span ends (a step's marks, `_EagerMarks`)."""
+        self.__exit__(None, None, None)
+
+
+class _NoSpan:
+    """The marks of a segment that spans itself (the draft worker's seed)."""
+    fused = False
+
+    def finish(self) -> None:
+        return None
+
+
+class _EagerMarks:
+    """`marks(i)` of a step function run eagerly: segment i's stage spans (`_SpanChain`)
+    open until the step function finishes it; `close` ends one left open by an error."""
+
+    def __init__(self, spans, plan):
+        self.spans, self.plan, self.open = spans, plan, None
+
+    def __call__(self, i: int):
+        c = self.plan[i]
+        if c.key == "draft.seed":
+            return _NoSpan()
+        self.open = _SpanChain(self.spans, c.stages).__enter__()
+        return self.open
+
+    def close(self, exc) -> None:
+        if self.open is not None:
+            self.open.__exit__(type(exc), exc, None)
 
 
 def _begin(mark):
@@ -118,19 +170,55 @@ class SpecParams:
         return self.simulate_accept_len is not None or self.simulate_accept_rates is not None
 
 
+@dataclass(frozen=True)
+class Call:
+    """One segment run of a step's plan (the module's segment table).
+    `key`: its graph under stage granularity (a segment run twice with the same reads shares
+    one); `graphed`: False for a segment that always runs eagerly (the unfolded seed in stage
+    graphs, sampled accept); `reads`: (parameter, value) pairs; `writes`: per output, the
+    values it becomes."""
+    key: str
+    stages: tuple[str, ...]
+    carry_begin: bool
+    reads: tuple[tuple[str, str], ...]
+    writes: tuple[tuple[str, ...], ...]
+    graphed: bool = True
+
+    @property
+    def plain(self) -> bool:
+        """fn takes no `mark`: one stage whose begin and end are stamp nodes."""
+        return len(self.stages) == 1 and not self.carry_begin
+
+
+# resolve: value -> (future-map field, pad on graph-padding lanes)
+RESOLVE_FIELDS = {"seq_lens": ("seq_lens", 1), "d_seq": ("seq_lens", 1), "bonus": ("bonus", 0),
+                  "d_hidden": ("hidden", 0), "d_topk_logp": ("topk_logp", 0),
+                  "d_topk_index": ("topk_index", 0), "scores": ("pre_scores", 0),
+                  "cand_tokens": ("pre_tokens", 0), "cand_parents": ("pre_parents", -1)}
+TREE_OUT = ("tokens", "parents", "depth", "positions", "mask", "next_token", "next_sibling")
+
+
 class SpecWorker:
-    """decode() is the stage list of the module map above; each stage is one `_run` (a graph
-    replay when captured, else eager) or a future-map call, named as its stage."""
+    """decode() runs the plan of the step (module doc): a step graph, stage graphs, or
+    eagerly."""
 
     def __init__(self, target: TargetWorker, draft: DraftWorker, future_map, params: SpecParams,
-                 cuda_graphs: bool = False, graph_max_bs: int = 32):
+                 cuda_graphs: bool = False, graph_max_bs: int = 32,
+                 granularity: str = "stage"):
         self.spans = target.spans
         self.target = target
         self.draft_worker = draft
         self.future_map = future_map
         self.p = params
         self.table = target.table
-        self.graphs: dict[str, GraphRunner] = {}
+        self.granularity = granularity
+        self.graphs: dict[str, GraphRunner] = {}          # stage graphs by Call.key
+        self.step_graphs: dict[tuple, GraphRunner] = {}    # step graphs by plan key
+        self.bufs: dict[str, torch.Tensor] = {}            # persistent values (stage graphs)
+        self._plans: dict[tuple, tuple[Call, ...]] = {}
+        self._staged: dict[str, tuple] = {}                # host value -> (tensor, bs) staged
+        self._views: dict[tuple, torch.Tensor] = {}        # (value, bs) -> bufs[value][:bs]
+        self.max_bs = 0
         if cuda_graphs:
             self._capture(graph_max_bs)
 
@@ -141,12 +229,20 @@ class SpecWorker:
     def close(self) -> None:
         """Release the captured graphs (each graph's function holds this worker), the
         target worker's too."""
-        for r in self.graphs.values():
+        for r in self.runners():
             r.close()
         self.graphs.clear()
+        self.step_graphs.clear()
+        self.bufs.clear()
+        self._views.clear()
+        self._staged.clear()
         self.target.close()
 
-    # -- prefill / decode: the stage lists ---------------------------------------------------
+    def runners(self) -> list[GraphRunner]:
+        """Every captured graph runner (instrument/hostclock.py counts their replays)."""
+        return list(self.graphs.values()) + list(self.step_graphs.values())
+
+    # -- prefill / decode ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
         bonus, hidden, report = self.target.prefill_with_hidden(x)
@@ -160,145 +256,244 @@ class SpecWorker:
             self.future_map.stash(x.rows, nxt)
         return report
 
-    @torch.no_grad()
     def decode(self, x: DecodeInputs) -> DecodeOut:
-        p, fm, M = self.p, self.future_map, x.max_kv
-        rows, seq, inp, bonus, cands = self._resolve(x)
-        if cands is None:
-            cands = self._draft(rows, seq, inp, M)
-        tree = self._tree(rows, seq, bonus, cands, M)
-        logits, hidden, finite = self._run("verify", self._verify_fn, dict(
-            rows=rows, seq_lens=seq, tokens=tree.tokens, positions=tree.positions,
-            mask=tree.mask), M)
-        acc = self._accept(tree, logits, x, seq)
-        # commit + publish (+ the draft's selection + stash: no draft_extend forward)
-        new_seq, hidden_path, hidden_last = self._run("commit", self._commit_fn, dict(
-            rows=rows, seq_lens=seq, accept_index=acc.accept_index,
-            accept_lens=acc.accept_lens, hidden=hidden,
-            **self._commit_extra(acc)), M)
-        fm.mark_published()
-        nxt = self._extend(rows, seq, acc, hidden_path, hidden_last, M)
-        if p.draft_preexec:     # the next round's draft (+ stash), before the host sees this
-            self._draft(rows, new_seq, nxt, min(self.table.shape[1], M + p.num_steps + 1))
-        # the committed tokens for the host (a copy: the device keeps acc.tokens), each
-        # request's row NONFINITE_TOKEN where its verify logits were not finite
-        return DecodeOut(flag_nonfinite(acc.tokens, finite), acc.accept_lens)
-
-    # -- stages ---------------------------------------------------------------------------
-    def _resolve(self, x: DecodeInputs):
-        """resolve: lengths and draft inputs from the future map -> (rows, seq_lens, draft
-        inputs, the tree's bonus, pre-drafted candidates or None). Graphed: one replay
-        writing straight into the draft and tree graphs' static inputs (views come back)."""
-        g = self.graphs.get("resolve")
-        if g is None or x.rows.shape[0] > g.max_bs:
-            fm = self.future_map
-            with self.spans.stage("resolve"):
-                seq = fm.resolve_seq_lens(x.rows)
-                inp = fm.gather(x.rows)
-                cands = fm.gather_predraft(x.rows) if x.predrafted else None
-                rows, seq = self._stage_common(x.rows, seq)
-            return rows, seq, inp, inp.bonus, cands
+        """One decode iteration. The outputs are views of graph buffers when graphed: valid
+        until the next decode is launched (the scheduler copies them out before). Graph
+        replays need no autograd mode; eager segments run under no_grad."""
         bs = x.rows.shape[0]
-        rows = g.stage("rows", x.rows)
-        with self.spans.stage("resolve", graphed=True):
-            out = g.run({"rows": rows}, clone=False)
-        t = self.graphs["tree"].static
-        if self._resolve_direct:
-            d = self.graphs["draft"].static
-            inp = DraftInputs(**{k: d[k][:bs] if k in self._draft_inputs else None
-                                 for k in ("bonus", "hidden", "topk_logp", "topk_index")})
+        greedy = x.all_greedy or self.p.simulated
+        if bs <= self.max_bs:
+            g = self.step_graphs.get((x.predrafted, greedy))
+            if g is not None:
+                self._stage_host(g.static, x, bs)
+                with self.spans.stage("resolve", graphed=True):
+                    return DecodeOut(*g.replay(bs))
+            if self.graphs:
+                return self._run_stages(self.plan(x.predrafted, greedy), x, bs)
+        with torch.no_grad():
+            v = self._run_eager(self.plan(x.predrafted, greedy), x)
+        return DecodeOut(v["host_tokens"], v["accept_lens"])
+
+    # -- the plan: the segment table, in step order -----------------------------------------------
+    def plan(self, predrafted: bool, greedy: bool) -> tuple[Call, ...]:
+        """The Calls of one decode step (module doc), cached per (predrafted, greedy)."""
+        key = (predrafted, greedy)
+        if key not in self._plans:
+            self._plans[key] = self._make_plan(predrafted, greedy)
+        return self._plans[key]
+
+    def _make_plan(self, predrafted: bool, greedy: bool) -> tuple[Call, ...]:
+        p, dw = self.p, self.draft_worker
+        eagle, preexec = dw.extend_forward, p.draft_preexec
+        seed_call = dw.seed_forward and not p.fold_seed
+        stage_graphs = self.granularity == "stage"
+        draft_in = ("bonus", "d_hidden") if p.fold_seed else \
+            ("d_hidden", "d_topk_logp", "d_topk_index")
+
+        def draft_calls() -> list[Call]:
+            out = []
+            if seed_call:      # the unfolded seed: eager between stage graphs
+                out.append(Call("draft.seed", ("draft.seed",), False,
+                                (("rows", "rows"), ("seq_lens", "d_seq"), ("bonus", "bonus"),
+                                 ("hidden", "d_hidden")),
+                                (("d_hidden",), ("d_topk_logp",), ("d_topk_index",)),
+                                graphed=not stage_graphs))
+            params = ("bonus", "hidden") if p.fold_seed else ("hidden", "topk_logp", "topk_index")
+            out.append(Call("draft", ("draft", "stash") if preexec else ("draft",), False,
+                            (("rows", "rows"), ("seq_lens", "d_seq")) + tuple(zip(params, draft_in)),
+                            (("scores",), ("cand_tokens",), ("cand_parents",))))
+            return out
+
+        res = ("seq_lens", "bonus") + (("scores", "cand_tokens", "cand_parents") if predrafted
+                                       else ("d_seq", "d_hidden") +
+                                       (("d_topk_logp", "d_topk_index") if eagle else ()))
+        calls = [Call("resolve.pre" if predrafted else "resolve", ("resolve",), True,
+                      (("rows", "rows"),), tuple((v,) for v in res))]
+        if not predrafted:
+            calls += draft_calls()
+        common = (("rows", "rows"), ("seq_lens", "seq_lens"))
+        calls.append(Call("tree", ("tree",), True,
+                          common + (("bonus", "bonus"), ("scores", "scores"),
+                                    ("tokens", "cand_tokens"), ("parents", "cand_parents")),
+                          tuple((v,) for v in TREE_OUT)))
+        calls.append(Call("verify", ("verify",), False,
+                          common + (("tokens", "tokens"), ("positions", "positions"),
+                                    ("mask", "mask")),
+                          (("logits",), ("hidden_all",), ("finite",))))
+        acc_writes = (("accept_index",), ("accept_lens",), ("acc_tokens",), ("bonus",),
+                      ("host_tokens",))
+        if greedy:
+            calls.append(Call("accept", ("accept",), True,
+                              common + tuple((k, k) for k in ("tokens", "parents", "next_token",
+                                                              "logits", "seeds", "finite")),
+                              acc_writes))
         else:
-            inp = DraftInputs(*out)
-        cands = tuple(t[k][:bs] for k in ("scores", "tokens", "parents")) \
-            if x.predrafted else None
-        return rows, self.graphs["verify"].static["seq_lens"][:bs], inp, t["bonus"][:bs], cands
+            calls.append(Call("accept.sample", ("accept",), False,
+                              (("seq_lens", "seq_lens"), ("logits", "logits"), ("seeds", "seeds"),
+                               ("temperature", "temperature"), ("top_p", "top_p"),
+                               ("finite", "finite")) +
+                              tuple((k, k) for k in TREE_OUT), acc_writes, graphed=False))
+        extra = () if eagle else (("tokens", "acc_tokens"), ("bonus", "bonus"))
+        calls.append(Call("commit", ("commit", "publish") + (() if eagle else ("stash",)), True,
+                          common + (("accept_index", "accept_index"),
+                                    ("accept_lens", "accept_lens"),
+                                    ("hidden", "hidden_all")) + extra,
+                          (("d_seq",), ("hidden_path",), () if eagle else ("d_hidden",))))
+        if eagle:
+            calls.append(Call("draft_extend", ("draft_extend", "stash"), False,
+                              common + (("tokens", "acc_tokens"), ("hidden_path", "hidden_path"),
+                                        ("accept_lens", "accept_lens"), ("bonus", "bonus")),
+                              (("d_hidden",), ("d_topk_logp",), ("d_topk_index",))))
+        if preexec:            # the next round's draft, on what commit / extend wrote
+            calls += draft_calls()
+        return tuple(calls)
 
-    def _draft(self, rows, seq, inp: DraftInputs, max_kv: int):
-        """draft: seed (eager unless folded) + steps -> candidates (scores, tokens, parents);
-        with zb_draft_preexec they are also stashed (the pre-drafted candidates)."""
-        if not self.p.fold_seed:
-            inp = self.draft_worker.seed(inp, rows, seq, max_kv)
-        return self._run("draft", self._draft_fn, dict(
-            rows=rows, seq_lens=seq, **{k: getattr(inp, k) for k in self._draft_inputs}), max_kv)
+    def _fn(self, c: Call, max_kv: int) -> Callable:
+        """The segment function of a Call (pure tensor functions: eager with a host max_kv,
+        or captured with W)."""
+        if c.key.startswith("resolve"):
+            return self._resolve_fn(c)
+        if c.key == "accept.sample":
+            return self._accept_sample_fn()
+        make = {"draft.seed": self._seed_fn, "draft": self._draft_fn, "tree": self._tree_fn,
+                "verify": self._verify_fn, "accept": self._accept_fn,
+                "commit": self._commit_fn, "draft_extend": self._extend_fn}[c.key]
+        return make(max_kv)
 
-    def _commit_extra(self, acc: AcceptResult) -> dict:
-        """The commit segment's extra inputs when it also runs the draft's selection."""
-        if self.draft_worker.extend_forward:
-            return {}
-        return dict(tokens=acc.tokens, bonus=acc.bonus)
+    # -- the executor ----------------------------------------------------------------------------
+    def _run_eager(self, plan: tuple[Call, ...], x: DecodeInputs) -> dict:
+        """The step function a step graph captures, run eagerly with spans as its marks."""
+        marks = _EagerMarks(self.spans, plan)
+        try:
+            return self._step_fn(plan, x.max_kv)(
+                marks, rows=x.rows, seeds=x.sampling.seeds,
+                temperature=x.sampling.temperature, top_p=x.sampling.top_p)
+        except BaseException as e:
+            marks.close(e)
+            raise
 
-    def _tree(self, rows, seq, bonus, cands, max_kv: int) -> DraftTree:
-        scores, tokens, parents = cands
-        return DraftTree(*self._run("tree", self._tree_fn, dict(
-            rows=rows, seq_lens=seq, bonus=bonus, scores=scores, tokens=tokens,
-            parents=parents), max_kv), num_steps=self.p.num_steps)
+    def _step_fn(self, plan: tuple[Call, ...], max_kv: int) -> Callable:
+        """step(marks, **host values) -> every value of the step: the plan's segments in
+        order, `marks(i)` beginning segment i (a graph's stamps or an eager twin's spans)
+        and its `finish()` ending it."""
+        fns = [self._fn(c, max_kv) for c in plan]
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, x: DecodeInputs,
-                seq: torch.Tensor) -> AcceptResult:
-        p, s = self.p, x.sampling
-        if x.all_greedy or p.simulated:
-            return AcceptResult(*self._run("accept", self._accept_fn, dict(
-                rows=x.rows, seq_lens=seq, tokens=tree.tokens, parents=tree.parents,
-                next_token=tree.retrieve_next_token, logits=logits, seeds=s.seeds), x.max_kv))
-        with self.spans.stage("accept"):   # target-only tree sampling (eager)
-            # level k decides position seq + 1 + k: the uniform target-only sampling uses there
-            u = position_uniform(s.seeds, seq + 1, p.num_steps + 1)
-            return accept_sample(tree, logits, s.temperature, s.top_p, u)
+        def step(marks, **v):
+            for i, (c, fn) in enumerate(zip(plan, fns)):
+                m = marks(i)
+                args = {p: v[val] for p, val in c.reads}
+                out = fn(**args) if c.plain else fn(**args, mark=m)
+                m.finish()
+                self._bind(v, c, out)
+            return v
+        return step
 
-    def _extend(self, rows, seq, acc: AcceptResult, hidden_path, hidden_last,
-                max_kv: int) -> DraftInputs:
-        """The next iteration's draft inputs (already stashed): a `draft_extend` forward +
-        stash, or the selection the commit segment made and stashed."""
-        dw = self.draft_worker
-        if not dw.extend_forward:
-            return dw.extend(rows, seq, acc.tokens, acc.bonus, hidden_path, hidden_last,
-                             acc.accept_lens, max_kv)
-        h, lp, ix = self._run("draft_extend", self._extend_fn, dict(
-            rows=rows, seq_lens=seq, tokens=acc.tokens, hidden_path=hidden_path,
-            accept_lens=acc.accept_lens, bonus=acc.bonus), max_kv)
-        return DraftInputs(acc.bonus, h, lp, ix)
+    def _call_eager(self, c: Call, fn, args: dict):
+        """One segment eagerly, in its stage spans (the draft worker spans its seed itself)."""
+        if c.key == "draft.seed":
+            return fn(**args)
+        if c.plain:
+            with self.spans.stage(c.stages[0]):
+                return fn(**args)
+        with _SpanChain(self.spans, c.stages) as chain:
+            return fn(**args, mark=chain)
 
-    def _run(self, name: str, make_fn, args: dict, max_kv: int):
-        """One segment as its stage span(s): a graph replay when captured, else eager (one
-        span per stage: `mark` switches them). Replay outputs are views of the graph's
-        buffers (consumed later in this step, on this stream) except accept's lengths, which
-        leave the step (D2H, the scheduler's results; its tokens leave through
-        flag_nonfinite's copy)."""
-        g = self.graphs.get(name)
-        if g is not None and args["rows"].shape[0] <= g.max_bs:
-            with self.spans.stage(name, graphed=True):
-                return g.run(args, clone=(1,) if name == "accept" else False)
-        stages = self._stages(name)
-        if len(stages) == 1:
-            with self.spans.stage(name):
-                return make_fn(max_kv)(**args)
-        with _SpanChain(self.spans, stages) as chain:
-            return make_fn(max_kv)(**args, mark=chain)
+    @staticmethod
+    def _bind(v: dict, c: Call, out) -> None:
+        for vals, o in zip(c.writes, out):
+            for val in vals:
+                v[val] = o
 
-    def _stages(self, name: str) -> tuple[str, ...]:
-        """The stages a segment runs (the first names it): see the module map."""
-        if name == "draft" and self.p.draft_preexec:
-            return ("draft", "stash")
-        if name == "commit":
-            return ("commit", "publish") + (() if self.draft_worker.extend_forward
-                                            else ("stash",))
-        if name == "draft_extend":
-            return ("draft_extend", "stash")
-        return (name,)
+    def _run_stages(self, plan: tuple[Call, ...], x: DecodeInputs, bs: int) -> DecodeOut:
+        """Stage graphs: each graphed segment one replay on the buffers (no input copy); an
+        eager segment reads the buffers and writes its outputs into them."""
+        self._stage_host(self.bufs, x, bs)
+        for c in plan:
+            if c.graphed:
+                with self.spans.stage(c.stages[0], graphed=True):
+                    self.graphs[c.key].replay(bs)
+                continue
+            args = {p: self._view(val, bs) if val in self.bufs else self._host_value(val, x)
+                    for p, val in c.reads}
+            with torch.no_grad():
+                out = self._call_eager(c, self._fn(c, self.table.shape[1]), args)
+            for vals, o in zip(c.writes, out):
+                for val in vals:
+                    self._fill(val, o, bs)
+        return DecodeOut(self._view("host_tokens", bs), self._view("accept_lens", bs))
 
-    def _stage_common(self, rows: torch.Tensor, seq: torch.Tensor):
-        """rows/seq_lens into the static buffers every segment graph shares: copied once per
-        step instead of once per replay."""
-        g = self.graphs.get("verify")
-        if g is None or rows.shape[0] > g.max_bs:
-            return rows, seq
-        return g.stage("rows", rows), g.stage("seq_lens", seq)
+    @staticmethod
+    def _host_value(val: str, x: DecodeInputs) -> torch.Tensor:
+        """A value the host hands an eager segment directly (sampling parameters)."""
+        return {"temperature": x.sampling.temperature, "top_p": x.sampling.top_p}[val]
+
+    def _view(self, val: str, bs: int) -> torch.Tensor:
+        v = self._views.get((val, bs))
+        if v is None:
+            v = self._views[(val, bs)] = self.bufs[val][:bs]
+        return v
+
+    def _fill(self, val: str, t: torch.Tensor, bs: int) -> None:
+        """An eager value into its buffer, padding lanes up to the bucket with its pad."""
+        buf = self.bufs[val]
+        buf[:bs].copy_(t)
+        b = self._bucket(bs)
+        if b > bs:
+            buf[bs:b].fill_(VALUES_PAD[val])
+
+    def _bucket(self, bs: int) -> int:
+        return next(b for b in self._buckets if b >= bs)
+
+    def _stage_host(self, static: dict, x: DecodeInputs, bs: int) -> None:
+        """rows (and seeds) into their graph buffers when they are new tensors: the batch's
+        are reused (never written in place) while it stays the same (sched/prepare.py)."""
+        for val, t in (("rows", x.rows), ("seeds", x.sampling.seeds)):
+            last = self._staged.get(val)
+            if val not in static or (last is not None and last[0] is t and last[1] == bs):
+                continue
+            buf = static[val]
+            buf[:bs].copy_(t, non_blocking=True)
+            b = self._bucket(bs)
+            if b > bs:
+                buf[bs:b].fill_(VALUES_PAD[val])
+            self._staged[val] = (t, bs)
 
     # -- segments (pure tensor functions; eager with a host max_kv, or captured with W) ---
-    @property
-    def _draft_inputs(self) -> tuple[str, ...]:
-        """The DraftInputs fields the draft segment reads: folded, seed runs inside it."""
-        return ("bonus", "hidden") if self.p.fold_seed else ("hidden", "topk_logp", "topk_index")
+    def _resolve_fn(self, c: Call):
+        """resolve -> the Call's values from the future map. Captured: one kernel, carrying
+        resolve's stamps (`carry_begin`), writing into `dst` (the stage graphs' buffers) or
+        fresh tensors (a step graph); padding lanes (row 0) get the values' pads. Eager: the
+        future map's gathers (with the consume-once checks of debug_future_map)."""
+        fm = self.future_map
+        names = tuple(vals[0] for vals in c.writes)
+
+        def fn(rows, mark, dst=None):
+            if not mark.fused:
+                seq, inp = fm.resolve_seq_lens(rows), fm.gather(rows)
+                pre = fm.gather_predraft(rows) if "scores" in names else (None,) * 3
+                got = dict(seq_lens=seq, d_seq=seq, bonus=inp.bonus, d_hidden=inp.hidden,
+                           d_topk_logp=inp.topk_logp, d_topk_index=inp.topk_index,
+                           scores=pre[0], cand_tokens=pre[1], cand_parents=pre[2])
+                return tuple(got[k] for k in names)
+            bs = rows.shape[0]
+            out = []
+            for k in names:
+                f = getattr(fm, RESOLVE_FIELDS[k][0])
+                out.append(dst[k][:bs] if dst is not None else
+                           f.new_empty((bs,) + tuple(f.shape[1:])))
+            fm.resolve_into(rows, [(o, RESOLVE_FIELDS[k][0], RESOLVE_FIELDS[k][1], 0)
+                                   for o, k in zip(out, names)], mark.carry("resolve"))
+            return tuple(out)
+        return fn
+
+    def _seed_fn(self, max_kv: int):
+        """The unfolded Frozen-KV seed: (bonus, hidden) -> (h0, topk_logp, topk_index)."""
+        dw = self.draft_worker
+
+        def fn(rows, seq_lens, bonus, hidden):
+            out = dw.seed(DraftInputs(bonus, hidden), rows, seq_lens, max_kv)
+            return out.hidden, out.topk_logp, out.topk_index
+        return fn
 
     def _draft_fn(self, max_kv: int):
         """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]
@@ -317,40 +512,6 @@ class SpecWorker:
                 fm.write(rows, mark, predraft=cands)
             return cands
         return fn
-
-    def _resolve_fn(self, max_kv: int):
-        """Graphed resolve: lengths (+ pre-drafted candidates) into the shared and the tree
-        graph's static inputs; the draft inputs into the draft graph's static inputs when
-        the draft segment reads them unchanged (`_resolve_direct`), else returned (the eager
-        seed runs on them). Padding lanes (row 0): seq_len 1 and zeros, as GraphRunner pads.
-        One kernel, carrying resolve's stamps (`carry_begin`)."""
-        fm, common = self.future_map, self.graphs["verify"].static
-        d, t = self.graphs["draft"].static, self.graphs["tree"].static
-        direct = self._resolve_direct
-        with_topk = fm.topk_logp is not None
-
-        def fn(rows, mark):
-            bs = rows.shape[0]
-            fields = [(common["seq_lens"][:bs], "seq_lens", 1, 0), (t["bonus"][:bs], "bonus", 0, 0)]
-            if self.p.draft_preexec:
-                fields += [(t[k][:bs], "pre_" + k, pad, 0)
-                           for k, pad in (("scores", 0), ("tokens", 0), ("parents", -1))]
-            names = ("bonus", "hidden") + (("topk_logp", "topk_index") if with_topk else ())
-            if direct:
-                out = {k: d[k][:bs] for k in self._draft_inputs}
-            else:                                # graph outputs: the eager seed's inputs
-                out = {k: getattr(fm, k).new_empty((bs,) + getattr(fm, k).shape[1:])
-                       for k in names}
-            fm.resolve_into(rows, fields + [(v, k, 0, 0) for k, v in out.items()],
-                            mark.carry("resolve"))
-            return () if direct else tuple(out[k] for k in names)
-        return fn
-
-    @property
-    def _resolve_direct(self) -> bool:
-        """The draft segment reads the future map's fields unchanged: the seed is folded into
-        it, or the draft's seed runs no forward (eagle: the stashed top-k)."""
-        return self.p.fold_seed or not self.draft_worker.seed_forward
 
     def _tree_fn(self, max_kv: int):
         """organize + build_tree; captured, the two kernels carry the stage's begin and end."""
@@ -377,7 +538,7 @@ class SpecWorker:
         the argmax kernel carries the stage's begin and the walk its end."""
         p = self.p
 
-        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds, mark=None):
+        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds, finite, mark=None):
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
             # = logits.argmax(-1); split-V kernel on CUDA
             argmax = vocab_argmax(logits, _begin(mark))
@@ -388,12 +549,27 @@ class SpecWorker:
                 u = position_uniform(seeds, seq_lens + 1, p.num_steps + 1, SIMULATE)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
                                        accept_rates=p.simulate_accept_rates, end=_end(mark))
-            return astuple(acc)
+            # the committed tokens for the host (a copy: the device keeps acc.tokens), each
+            # request's row NONFINITE_TOKEN where its verify logits were not finite
+            return astuple(acc) + (flag_nonfinite(acc.tokens, finite),)
+        return fn
+
+    def _accept_sample_fn(self):
+        """Target-only tree sampling (eager: temperature / top-p per lane)."""
+        S = self.p.num_steps
+
+        def fn(seq_lens, logits, seeds, temperature, top_p, finite, **tree):
+            t = DraftTree(tree["tokens"], tree["parents"], tree["depth"], tree["positions"],
+                          tree["mask"], tree["next_token"], tree["next_sibling"], S)
+            # level k decides position seq + 1 + k: the uniform target-only sampling uses there
+            u = position_uniform(seeds, seq_lens + 1, S + 1)
+            acc = accept_sample(t, logits, temperature, top_p, u)
+            return astuple(acc) + (flag_nonfinite(acc.tokens, finite),)
         return fn
 
     def _commit_fn(self, max_kv: int):
-        """commit -> publish (-> the draft's selection -> stash, `_commit_extra` inputs);
-        captured, window_slots carries commit's begin and the future map's kernel the rest."""
+        """commit -> publish (-> the draft's selection -> stash, frozen); captured,
+        window_slots carries commit's begin and the future map's kernel the rest."""
         p, fm, dw = self.p, self.future_map, self.draft_worker
 
         def fn(rows, seq_lens, accept_index, accept_lens, hidden, mark, tokens=None,
@@ -421,48 +597,105 @@ class SpecWorker:
         return fn
 
     # -- CUDA graphs -------------------------------------------------------------------------
-    def _capture(self, max_bs: int) -> None:
-        p, dev = self.p, self.device
-        W = self.table.shape[1]
-        L, K, D, E = max_bs, p.topk, p.num_draft_tokens, p.num_steps + 1
-        H = self.future_map.hidden.shape[1]
-        hdt = self.future_map.hidden.dtype
-        z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
-        common = dict(rows=z(L), seq_lens=z(L))
-        pad = dict(rows=0, seq_lens=1, bonus=0, hidden=0, topk_logp=0, topk_index=0, tokens=0,
-                   positions=0, mask=1, hidden_path=0, accept_lens=1, scores=0,
-                   parents=-1, logits=0, seeds=0, accept_index=0, next_token=-1)
-        buckets = default_buckets(max_bs)
-
-        def runner(name, fn, static):
-            r = GraphRunner(torch.no_grad()(fn), static, {k: pad[k] for k in static}, buckets,
-                            meter=self.spans.meter, stage=self._stages(name),
-                            carry_begin=name in CARRY_BEGIN)
-            with self.spans.paused():
-                r.capture()
-            self.graphs[name] = r
-
-        draft_in = dict(bonus=z(L), hidden=z(L, H, dt=hdt), topk_logp=z(L, K, dt=torch.float32),
-                        topk_index=z(L, K))
-        runner("draft", self._draft_fn(W), dict(common, **{k: draft_in[k]
-                                                          for k in self._draft_inputs}))
+    def _value_specs(self) -> dict[str, tuple]:
+        """value -> (shape after the batch dim, dtype): every value a step can hold."""
+        p, fm = self.p, self.future_map
+        K, D, E = p.topk, p.num_draft_tokens, p.num_steps + 1
+        H, hdt = fm.hidden.shape[1], fm.hidden.dtype
         C = num_candidates(p.num_steps, K)
-        runner("tree", self._tree_fn(W),
-               dict(common, bonus=z(L), scores=z(L, C, dt=torch.float32), tokens=z(L, C),
-                    parents=z(L, C)))
-        runner("verify", self._verify_fn(W),
-               dict(common, tokens=z(L, D), positions=z(L, D), mask=z(L, D, D, dt=torch.bool)))
         V = self.target.model.config.vocab_size
-        runner("accept", self._accept_fn(W),
-               dict(common, tokens=z(L, D), parents=z(L, D), next_token=z(L, D),
-                    logits=z(L, D, V, dt=torch.float32), seeds=z(L)))
-        extra = {} if self.draft_worker.extend_forward else dict(tokens=z(L, E), bonus=z(L))
-        runner("commit", self._commit_fn(W),
-               dict(common, accept_index=z(L, E), accept_lens=z(L), hidden=z(L, D, H, dt=hdt),
-                    **extra))
-        if self.draft_worker.extend_forward:
-            runner("draft_extend", self._extend_fn(W),
-                   dict(common, tokens=z(L, E), hidden_path=z(L, E, H, dt=hdt),
-                        accept_lens=z(L), bonus=z(L)))
-        if not self.future_map.poison:      # the consume-once check syncs: resolve eagerly
-            runner("resolve", self._resolve_fn(W), dict(rows=common["rows"]))
+        L, f32, b = torch.long, torch.float32, torch.bool
+        return {"rows": ((), L), "seeds": ((), L), "seq_lens": ((), L), "d_seq": ((), L),
+                "bonus": ((), L), "d_hidden": ((H,), hdt), "d_topk_logp": ((K,), f32),
+                "d_topk_index": ((K,), L), "scores": ((C,), f32), "cand_tokens": ((C,), L),
+                "cand_parents": ((C,), L), "tokens": ((D,), L), "parents": ((D,), L),
+                "depth": ((D,), L), "positions": ((D,), L), "mask": ((D, D), b),
+                "next_token": ((D,), L), "next_sibling": ((D,), L), "logits": ((D, V), f32),
+                "hidden_all": ((D, H), hdt), "accept_index": ((E,), L),
+                "accept_lens": ((), L), "acc_tokens": ((E,), L), "hidden_path": ((E, H), hdt),
+                "finite": ((), b), "host_tokens": ((E,), L)}
+
+    def _capture(self, max_bs: int) -> None:
+        """Capture the graphs of every plan the engine can run: one step graph per greedy
+        (or simulated) plan, or the stage graphs of every plan's graphed segments over
+        persistent value buffers (sampled steps accept eagerly between them). The consume-
+        once check (debug_future_map) syncs: resolve then runs eagerly, between stage
+        graphs (the config refuses it with graph_granularity "step")."""
+        self._buckets = default_buckets(max_bs)
+        self.max_bs = max_bs
+        W = self.table.shape[1]
+        pres = (False, True) if self.p.draft_preexec else (False,)
+        if self.granularity == "step":
+            if self.future_map.poison:
+                raise ValueError("a step graph captures resolve; debug_future_map cannot be.")
+            dev = self.device
+            self._step_static = {v: torch.zeros(max_bs, dtype=torch.long, device=dev)
+                                 for v in ("rows", "seeds")}
+            for pre in pres:
+                self.step_graphs[(pre, True)] = self._capture_step(self.plan(pre, True), W)
+            return
+        plans = [self.plan(pre, greedy) for pre in pres for greedy in (True, False)]
+        if self.future_map.poison:
+            self._plans = {k: tuple(replace(c, graphed=False) if c.key.startswith("resolve")
+                                    else c for c in plan) for k, plan in self._plans.items()}
+            plans = list(self._plans.values())
+        specs = self._value_specs()
+        used = {val for plan in plans for c in plan for _, val in c.reads if val in specs}
+        dev = self.device
+        self.bufs = {v: torch.full((max_bs,) + specs[v][0], VALUES_PAD[v], dtype=specs[v][1],
+                                   device=dev)
+                     for v in sorted(used | {"host_tokens", "accept_lens"})}
+        for plan in plans:
+            for c in plan:
+                if c.graphed and c.key not in self.graphs:
+                    self.graphs[c.key] = self._capture_stage(c, W)
+
+    def _capture_stage(self, c: Call, W: int) -> GraphRunner:
+        """One segment's graph: reads its buffers, writes its outputs into the buffers of the
+        values they become (resolve writes them itself)."""
+        bufs, fn = self.bufs, self._fn(c, W)
+        static = {p: bufs[val] for p, val in c.reads}
+        resolve = c.key.startswith("resolve")
+
+        def seg(mark=None, **args):
+            bs = next(iter(args.values())).shape[0]
+            if resolve:
+                fn(**args, mark=mark, dst=bufs)
+                return ()
+            out = fn(**args) if mark is None else fn(**args, mark=mark)
+            for vals, o in zip(c.writes, out):
+                for val in vals:
+                    if val in bufs:
+                        bufs[val][:bs].copy_(o)
+            return ()
+        r = GraphRunner(torch.no_grad()(seg), static, {p: VALUES_PAD[v] for p, v in c.reads},
+                        self._buckets, meter=self.spans.meter, stage=c.stages,
+                        carry_begin=c.carry_begin)
+        with self.spans.paused():
+            r.capture()
+        return r
+
+    def _capture_step(self, plan: tuple[Call, ...], W: int) -> GraphRunner:
+        """The whole plan as one graph: static inputs rows and seeds, values flowing inside,
+        each segment's stamps as in its own graph (GraphRunner `segments`)."""
+        run = self._step_fn(plan, W)
+        static = self._step_static             # shared by the plans' graphs: staged once
+
+        def step(rows, seeds, marks):
+            v = run(marks, rows=rows, seeds=seeds)
+            return v["host_tokens"], v["accept_lens"]
+        r = GraphRunner(torch.no_grad()(step), static, {"rows": 0, "seeds": 0}, self._buckets,
+                        meter=self.spans.meter,
+                        segments=[(c.stages, c.carry_begin) for c in plan])
+        with self.spans.paused():
+            r.capture()
+        return r
+
+
+# every value's pad on graph-padding lanes (GraphRunner pads; resolve pads from row 0)
+VALUES_PAD = {"rows": 0, "seeds": 0, "seq_lens": 1, "d_seq": 1, "bonus": 0, "d_hidden": 0,
+              "d_topk_logp": 0, "d_topk_index": 0, "scores": 0, "cand_tokens": 0,
+              "cand_parents": -1, "tokens": 0, "parents": -1, "depth": 0, "positions": 0,
+              "mask": 1, "next_token": -1, "next_sibling": -1, "logits": 0, "hidden_all": 0,
+              "accept_index": 0, "accept_lens": 1, "acc_tokens": 0, "hidden_path": 0,
+              "finite": 1, "host_tokens": 0}

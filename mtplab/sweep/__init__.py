@@ -27,7 +27,7 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               per request = cfg.reserve_per_decode), kv_row_width_tokens (req_to_token row)
   workload    batch_size, num_requests, prompt_len_tokens, output_len_tokens,
               warmup_output_len_tokens, temperature, prompts, repeat, check_lossless,
-              fail, sleep_s (see grid.Workload)
+              host_stages, fail, sleep_s (see grid.Workload)
   notebook    param.<key> (grid keys that are neither), nb.<key> (scalars of answer.json)
   throughput  requests, tokens, wall_s, tok_per_s, decode_tok_per_s, steps, decode_steps,
               prefill_steps, retractions (of the measured generate; warm-up excluded),
@@ -46,6 +46,9 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               accept_rate_pos<i> (i = 1..num_steps), accept_simulated
   lossless    diverging_requests, first_divergence_tokens (workload check_lossless=True: the
               measured prompts re-run target-only, greedy, same numerics; see mtplab/lossless.py)
+  host        host_<stage>_us, host_step_us, host_loop_us, host_replays_per_step,
+              host_copies_per_step, host_ops_per_step, host_views_per_step, replay_floor_us,
+              host_floor_us (workload host_stages=True; mtplab/sweep/host.py)
   stages      stage_<stage>_ms (median per decode step), stage_sum_gpu_ms, sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)

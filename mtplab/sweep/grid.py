@@ -69,6 +69,8 @@ class Workload:
                             distinct cells of the same run, interleaved in the grid's order
     check_lossless          also run the measured workload target-only (greedy) and count the
                             requests whose spec output diverges (mtplab/lossless.py)
+    host_stages             also measure the host µs per stage of a decode step and what the
+                            host issues per step (replays, copies; mtplab/sweep/host.py)
     fail                    fault injection: the cell's process raises before building the
                             engine (the cell is `failed`)
     sleep_s                 fault injection: the cell's process sleeps this long first (with a
@@ -84,6 +86,7 @@ class Workload:
     prompts: str = "random"
     repeat: int = 0
     check_lossless: bool = False
+    host_stages: bool = False
     fail: bool = False
     sleep_s: float = 0.0
 

@@ -3,7 +3,7 @@ generate, run the measured generate, then (event timeline on) the same workload 
 with spans for the stage times, then (profile=True) profiled generates of the same workload;
 write the run folder and derive the figures.
 
-    engine steps:  [warm-up][measured generate][timeline generate][profiled generate(s) ...]
+    engine steps:  [warm-up][measured generate][timeline generate][host][profiled generate(s)]
     spans:          on       paused             on                 on
     profiler:      held in `wait` ----------------------------->  wait | warmup | active
     figures:                tok/s, latency      stage times,       bubble fractions, launch
@@ -17,7 +17,9 @@ Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured 
 profiler (no collection, no trace export inside it) nor the spans (paused: an event pair per
 stage has a cost comparable to a small model's kernels, docs/benchmarks.md) touch.
 The event-timeline figures use only the steps of the timeline generate; the trace covers
-profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0).
+profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0). With the workload's
+`host_stages`, two more runs of the workload give the host-stage columns ([host]: a
+generate with the host clock, spans off; a step-by-step run under the op counter; sweep/host.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ..lossless import divergence
 from ..models.floor import StepBytes, engine_step_bytes
 from .grid import Workload
 from ..instrument.meter import meter_figures
+from .host import host_columns
 from .metrics import stage_metrics, trace_metrics
 
 LATENCY_KEYS = ("tpot_p50_ms", "tpot_p90_ms", "itl_p50_ms", "itl_p99_ms")
@@ -121,6 +124,8 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
             run(measured, wl.output_len_tokens)                     # stage times
             end_step = eng.timeline.step + 1
             timeline_tps = eng.stats()["decode_tok_per_s"]
+    host = host_columns(eng, measured, wl.output_len_tokens, wl.temperature) \
+        if wl.host_stages else {}
     eng.check_invariants()
     if prof is not None:
         while not prof.done:
@@ -148,6 +153,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     man = cfg.manifest()
     row.update(device_name=man["device_name"], git_commit=man["git_commit"],
                mtplab_version=man["versions"]["mtplab"], torch_version=man["versions"]["torch"])
+    row.update(host)
     if wl.check_lossless:
         row.update(lossless_columns(cfg, measured, wl.output_len_tokens, outputs))
     row["run_dir"] = str(eng.run_dir)

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where
+from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where, parse_draft_vocab
 from .errors import ConfigError, ModelLoadError
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
                        is_real)
@@ -48,8 +48,13 @@ class RunConfig:
     model: str = knob("random-tiny", "a zoo preset (tiny-code: trained, real acceptance; "
                       "random-tiny, random-medium, *-like shape presets) or a local HF Llama dir")
     layers: Optional[int] = knob(None, "depth of a shape preset (model becomes <preset>@<layers>)")
+    moe_routing: str = knob("uniform", "router of a random MoE preset: uniform | zipf:<s> "
+                            "(expert e's weight scaled by its rank^-s; models/zoo.py)")
     draft: str = knob("none", " | ".join(["none"] + [f"{k.name} ({k.help})"
                                                      for k in DRAFT_KINDS.values()]), DRAFTS)
+    draft_vocab: str = knob("full", "the draft head's vocabulary: full | hot:<N> (the N most "
+                            "frequent tokens, FR-Spec) | centroids:<C>/<k> (k of C token "
+                            "clusters per row); models/draft_vocab.py")
     num_steps: int = knob(3, "S: draft steps per iteration")
     topk: int = knob(1, "K: branches per draft step")
     num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
@@ -235,6 +240,13 @@ class RunConfig:
             raise
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None
+        self._check_moe_routing(mcfg)
+        self._check_draft_vocab(mcfg.vocab_size)
+        need = DRAFT_KINDS[self.draft].min_target_layers if self.speculative else 1
+        if mcfg.num_hidden_layers < need:
+            raise ConfigError(f"draft={self.draft!r} reads {need} target layers and "
+                              f"{self.model} has {mcfg.num_hidden_layers}; choose a deeper "
+                              "model (--layers) or another draft.")
         if self.topk > mcfg.vocab_size:
             raise ConfigError(f"topk={self.topk} is larger than the vocabulary of {self.model} "
                               f"({mcfg.vocab_size} tokens); use topk <= {mcfg.vocab_size}.")
@@ -250,6 +262,37 @@ class RunConfig:
             raise ConfigError(f"max_total_tokens={self.max_total_tokens} cannot hold even one "
                               f"request at context_len={self.context_len} (a row needs {W} "
                               "slots); raise max_total_tokens or lower context_len.")
+
+    def _check_draft_vocab(self, V: int) -> None:
+        try:
+            dv = parse_draft_vocab(self.draft_vocab)
+        except ValueError as e:
+            raise ConfigError(f"{e}.") from None
+        if dv.kind != "full" and not self.speculative:
+            raise ConfigError(f"draft_vocab={self.draft_vocab!r} shapes a draft's head; it "
+                              "needs a draft (or leave draft_vocab='full').")
+        if dv.kind == "hot" and not self.topk <= dv.size <= V:
+            raise ConfigError(f"draft_vocab={self.draft_vocab!r} keeps {dv.size} tokens; it "
+                              f"must lie in [topk={self.topk}, vocab {V}].")
+        if dv.kind == "centroids":
+            C, k = dv.clusters, dv.top
+            if C & (C - 1) or V % C or k > C or k * (V // C) < self.topk:
+                raise ConfigError(
+                    f"draft_vocab={self.draft_vocab!r}: C must be a power of two dividing the "
+                    f"vocabulary ({V}), k <= C, and k*V/C >= topk={self.topk}.")
+
+    def _check_moe_routing(self, mcfg) -> None:
+        from .models.llama_config import routing_skew
+        from .models.zoo import is_random_preset
+        try:
+            skew = routing_skew(self.moe_routing)
+        except ValueError as e:
+            raise ConfigError(f"{e}.") from None
+        if skew and not (mcfg.is_moe and is_random_preset(self.model)):
+            raise ConfigError(f"moe_routing={self.moe_routing!r} skews the router of a random "
+                              f"MoE preset, and {self.model} is not one; use moe_routing="
+                              "'uniform' or an MoE preset (random-tiny-moe, "
+                              "gemma4-26b-a4b-like).")
 
     def _resolve_zero_bubble(self):
         """zero_bubble turns every sub-knob on; None sub-knobs follow it (async D2H of the

@@ -13,6 +13,7 @@ floor, the CLI and the SGLang adapter read (`RunConfig.draft` is a key of it, or
     sglang_algorithm   SGLang's --speculative-algorithm             sglang adapter
     sglang_token_map   SGLang's worker for it takes                 sglang adapter
                        --speculative-token-map (a hot vocabulary)
+    min_target_layers  the fewest target layers it can ride on      config
     module             the kind's module, imported when a draft     engine, memory, zoo
                        is built or counted: `Worker` (a DraftWorker,
                        speculative/draft_worker.py), `build(target, seed) -> draft model`
@@ -38,6 +39,7 @@ class DraftSpec:
     sglang_algorithm: str
     sglang_token_map: bool
     module: str
+    min_target_layers: int = 1
 
     def _module(self):
         return importlib.import_module(self.module)
@@ -66,6 +68,10 @@ DRAFT_KINDS: dict[str, DraftSpec] = {s.name: s for s in (
               owns_kv=True, seed_forward=False, extend_forward=True,
               sglang_algorithm="EAGLE", sglang_token_map=True,
               module="mtplab.speculative.draft_eagle"),
+    DraftSpec("gemma4_assistant", "Gemma-4's 4-layer Frozen-KV assistant (layers n-2 / n-1, "
+              "own tied head)", owns_kv=False, seed_forward=True, extend_forward=False,
+              sglang_algorithm="FROZEN_KV_MTP", sglang_token_map=False,
+              module="mtplab.speculative.draft_gemma4", min_target_layers=2),
 )}
 
 NO_DRAFT = "none"
@@ -86,3 +92,41 @@ def kinds_where(**flags) -> list[str]:
     error messages name the drafts a setting works with from here."""
     return [n for n, s in DRAFT_KINDS.items()
             if all(getattr(s, k) == v for k, v in flags.items())]
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """`RunConfig.draft_vocab`, parsed: the vocabulary a draft's LM head scores.
+
+    full               every token (the head as trained)
+    hot:<N>            the N most frequent tokens of the model's corpus (FR-Spec): a head of
+                       N rows; a token outside them is never drafted
+    centroids:<C>/<k>  tokens in C equal clusters; per row the k best clusters' tokens are
+                       scored (Gemma-4 E2B/E4B's masked head): C + k V / C rows
+    """
+    kind: str               # "full" | "hot" | "centroids"
+    size: int = 0           # hot: N
+    clusters: int = 0       # centroids: C
+    top: int = 0            # centroids: k
+
+
+def parse_draft_vocab(text: str) -> DraftVocab:
+    """ValueError naming the three forms for anything else."""
+    kind, _, arg = str(text).partition(":")
+    try:
+        if kind == "full" and not arg:
+            return DraftVocab("full")
+        if kind == "hot":
+            n = int(arg)
+            if n >= 1:
+                return DraftVocab("hot", size=n)
+        if kind == "centroids":
+            c, _, k = arg.partition("/")
+            c, k = int(c), int(k)
+            if c >= 1 and k >= 1:
+                return DraftVocab("centroids", clusters=c, top=k)
+    except ValueError:
+        pass
+    raise ValueError(f"draft_vocab={text!r} is not 'full', 'hot:<N>' or "
+                     "'centroids:<C>/<k>' with positive integers (e.g. hot:4096, "
+                     "centroids:2048/32)")

@@ -39,8 +39,9 @@ from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
 from .instrument.meter import BubbleMeter
-from .models.zoo import build_target
-from .draft_kinds import DRAFT_KINDS
+from .models.zoo import build_target, token_counts
+from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
+from .models.draft_vocab import set_draft_vocab
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
@@ -87,7 +88,8 @@ class Engine:
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
-        model, self.tokenizer = build_target(cfg.model, cfg.seed, dev, cfg.torch_dtype)
+        model, self.tokenizer = build_target(cfg.model, cfg.seed, dev, cfg.torch_dtype,
+                                             cfg.moe_routing)
         self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         mc = self.model.config
         P = cfg.page_size
@@ -172,8 +174,10 @@ class Engine:
     def _spec_worker(self, num_slots: int, attn) -> SpecWorker:
         cfg, dev = self.cfg, self.device.torch_device
         kind = DRAFT_KINDS[cfg.draft]        # draft_kinds.py: only this kind is built
+        model = set_draft_vocab(kind.build(self.model, cfg.seed),
+                                parse_draft_vocab(cfg.draft_vocab), token_counts(self.model))
         draft = kind.worker.create(
-            kind.build(self.model, cfg.seed), self.kv_cache, self.pool.table, attn,
+            model, self.kv_cache, self.pool.table, attn,
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)

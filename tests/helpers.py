@@ -39,11 +39,24 @@ def make_agreeable(engine, eps: float = 0.05) -> None:
     with torch.no_grad():
         for layer in t.model.layers:
             layer.self_attn.o_proj.weight.mul_(eps)
-            layer.mlp.down_proj.weight.mul_(eps)
+            for name, p in layer.mlp.named_parameters():      # dense or MoE (every expert's)
+                if "down_proj" in name:
+                    p.mul_(eps)
         d = engine.draft_model
         if d is None:
             return
         eye = torch.eye(H, dtype=t.lm_head.weight.dtype, device=t.lm_head.weight.device)
+        if hasattr(d, "embed_tokens"):             # Gemma-4 assistant: own head, width Ha
+            Ha = d.acfg.hidden_size                # a bigram on the first Ha features
+            d.pre_projection.weight.zero_()
+            d.pre_projection.weight[:, :Ha] = eye[:Ha, :Ha] / d.embed_scale
+            d.post_projection.weight.copy_(eye[:, :Ha])
+            d.embed_tokens.weight.copy_(t.lm_head.weight[:, :Ha])
+            for layer in d.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            d.norm.weight.copy_(t.model.norm.weight[:Ha])
+            return
         if hasattr(d, "pre_projection"):           # Frozen-KV assistant
             d.pre_projection.weight.zero_()
             d.pre_projection.weight[:, :H] = eye / d.embed_scale

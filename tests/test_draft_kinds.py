@@ -64,3 +64,33 @@ def test_a_new_kind_is_one_module_and_one_row(monkeypatch):
     assert eng.generate(prompts, 12, ignore_eos=True) == ref.generate(prompts, 12,
                                                                       ignore_eos=True)
     eng.check_invariants()
+
+
+def test_gemma4_assistant_structure_and_lossless():
+    """The third kind (speculative/draft_gemma4.py + its row): four Q-only layers, three on
+    the target's layer n-2 and one on n-1, a pre-projection from 2H, its own tied head at
+    width Ha < H; greedy spec == target-only (fp32), topk 2 with the seed folded."""
+    from mtplab.config import ConfigError
+    from tests.helpers import make_agreeable
+    cfg = RunConfig(model="random-tiny-swa", draft="gemma4_assistant", topk=2, fold_seed=True,
+                    max_running_requests=4, overlap=True, zero_bubble=True)
+    eng = Engine(cfg)
+    d, H = eng.draft_model, eng.model.config.hidden_size
+    assert d.acfg.kv_layers == [2, 2, 2, 3] and len(d.layers) == 4
+    assert eng.model.config.layer_types[2:] == ["full_attention", "sliding_attention"]
+    assert d.pre_projection.weight.shape == (H // 2, 2 * H)
+    assert d.lm_head.weight is d.embed_tokens.weight and d.lm_head.weight.shape == (320, H // 2)
+    mc = zoo.model_config("random-tiny-swa")
+    assert estimate_memory(cfg).weights_bytes == (target_params(mc)
+                                                  + draft_params(mc, "gemma4_assistant")) * 4
+    make_agreeable(eng)
+    ref = Engine(RunConfig(model="random-tiny-swa", max_running_requests=4))
+    make_agreeable(ref)
+    prompts = random_prompts(4, [5, 9, 3, 12], 320, seed=3)
+    assert eng.generate(prompts, 12, ignore_eos=True) == ref.generate(prompts, 12,
+                                                                      ignore_eos=True)
+    assert eng.stats()["accept_len"] > 1.2
+    eng.check_invariants()
+    with pytest.raises(ConfigError, match="reads 2 target layers"):
+        RunConfig(model="llama3-8b-like", layers=1, draft="gemma4_assistant",
+                  simulate_accept_len=2.0)

@@ -45,7 +45,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit(do_not_specialize=["M"])
 def _mm_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+               DOT_PREC: tl.constexpr, UPCAST: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -61,6 +61,8 @@ def _mm_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, str
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(B + k[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn,
                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:       # the interpreter's tl.dot mis-computes bfloat16 (Triton 3.9)
+            a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
     tl.store(C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn,
              acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -70,8 +72,9 @@ def mm_config(dtype: torch.dtype, device_type: str) -> dict:
     """The tiles: fixed per dtype and device (never per M), the whole point. On CPU (the
     Triton interpreter) big tiles: few programs, each op one numpy call."""
     prec = "ieee" if dtype == torch.float32 else "tf32"
-    if device_type != "cuda":
-        return dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, DOT_PREC=prec)
+    if device_type != "cuda":      # bf16 operands widened to fp32 (exact): see _mm_kernel
+        return dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, DOT_PREC=prec,
+                    UPCAST=dtype == torch.bfloat16)
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, DOT_PREC=prec, num_warps=4)
     return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_PREC=prec, num_warps=4, num_stages=3)

@@ -112,3 +112,9 @@ def heldout_snippets(n: int, nbytes: int) -> list[str]:
     root = stdlib_root()
     texts = code_snippets(root, [f for f in list_files(root) if is_heldout(f)], n, nbytes)
     return [texts[i % len(texts)] for i in range(n)]
+
+
+def token_counts(stream: torch.Tensor, vocab_size: int) -> list[int]:
+    """How often each id occurs in a token stream: the ranking a hot draft vocabulary takes
+    its N most frequent tokens from (models/draft_vocab.py)."""
+    return torch.bincount(stream.long(), minlength=vocab_size)[:vocab_size].tolist()

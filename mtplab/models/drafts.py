@@ -7,6 +7,8 @@ Frozen-KV MTP assistant (owns no KV):
           committed prefix [0, seq_len), at the constant position seq_len - 1
     h'  = post_projection(x)                                          [Ha -> H]  (recurrent)
     logits = target.lm_head(norm(h'))                                 (shared LM head)
+Every draft scores through `DraftHead.logits_of`: its head (the target's LM head, or a kind's
+own) over the draft vocabulary (`draft_vocab`: full, a hot subset, centroid-masked).
 
 EAGLE draft (owns a one-layer KV pool sharing slot ids with the target):
     x = fc( embed(token) ⊕ hidden ) ; x = decoder_layer(x) (writes its own KV) ; h' = x
@@ -21,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
@@ -81,7 +84,30 @@ def last_layer_of_type(tcfg: LlamaConfig, layer_type: str) -> int:
     return idx[-1]
 
 
-class FrozenKVAssistant(FusableModel):
+class DraftHead(FusableModel):
+    """A draft's LM head: `head_weight` (the target's LM head unless a kind has its own),
+    scored over the draft vocabulary (`vocab_head`, models/draft_vocab.py; None: full).
+    `vocab_ids` maps a reduced head's indices back to token ids (None: they are token ids)."""
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_head = None          # a submodule once set (set_draft_vocab)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.target.lm_head.weight
+
+    @property
+    def vocab_ids(self):
+        return None if self.vocab_head is None else self.vocab_head.vocab_ids
+
+    def logits_of(self, s: torch.Tensor) -> torch.Tensor:
+        w = self.head_weight
+        out = F.linear(s, w) if self.vocab_head is None else self.vocab_head(s, w)
+        return out.float()
+
+
+class FrozenKVAssistant(DraftHead):
     def __init__(self, acfg: AssistantConfig, target: LlamaForCausalLM):
         super().__init__()
         tcfg = target.config
@@ -113,22 +139,32 @@ class FrozenKVAssistant(FusableModel):
                 x, delta = layer.forward_fused(x, delta, positions, t.rope,
                                                KVView(kv_k[li], kv_v[li], None), meta,
                                                self.tcfg.window_of(li), attn_fn)
-            h = self.post_projection(x if delta is None else x + delta)
-            return h, t.lm_head(add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]).float()
+            return self.output_fused(x, delta)
         for layer, li in zip(self.layers, self.acfg.kv_layers):
             x = layer(x, positions, t.rope, KVView(kv_k[li], kv_v[li], None), meta,
                       self.tcfg.window_of(li), attn_fn)
+        return self.output(x)
+
+    def output(self, x: torch.Tensor):
+        """The last layer's residual stream [T, Ha] -> (recurrent hidden [T, H], logits):
+        post-project, then the target's final-norm-like norm and shared LM head."""
         h = self.post_projection(x)
-        return h, t.lm_head(self.norm(h)).float()
+        return h, self.logits_of(self.norm(h))
+
+    def output_fused(self, x: torch.Tensor, delta):
+        """`output` of the fused path: x + delta (the last block's pending MLP output)."""
+        h = self.post_projection(x if delta is None else x + delta)
+        normed = add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
+        return h, self.logits_of(normed)
 
 
-class EagleDraft(FusableModel):
+class EagleDraft(DraftHead):
     def __init__(self, target: LlamaForCausalLM):
         super().__init__()
         tcfg = target.config
         H = tcfg.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layer = DecoderLayer(tcfg)
+        self.layer = DecoderLayer(tcfg, dense=True)
         self.norm = RMSNorm(H, tcfg.rms_norm_eps)
         self.window = tcfg.window_of(tcfg.num_hidden_layers - 1)
         self._target = [target]
@@ -148,7 +184,7 @@ class EagleDraft(FusableModel):
                                                   self.window, attn_fn)
             normed, x = add_rmsnorm(res, delta, self.norm.weight, self.norm.eps)
             h = normed if logits_idx is None else normed[logits_idx]
-            return x, t.lm_head(h).float()
+            return x, self.logits_of(h)
         x = self.layer(x, positions, t.rope, kv, meta, self.window, attn_fn)
         h = x if logits_idx is None else x[logits_idx]
-        return x, t.lm_head(self.norm(h)).float()
+        return x, self.logits_of(self.norm(h))

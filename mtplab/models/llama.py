@@ -1,4 +1,5 @@
-"""Llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA, optional sliding-window layers) over paged KV.
+"""Llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA, optional sliding-window layers) over paged KV;
+with experts in the config each layer's FFN is a mixture of experts (models/moe.py).
 
 Parameter names follow Hugging Face `LlamaForCausalLM` (model.embed_tokens, model.layers.i.
 self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm,
@@ -201,10 +202,16 @@ class Block(nn.Module):
 
 
 class DecoderLayer(Block):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, dense: bool = False):
+        """The FFN is a mixture of experts when the config has experts (models/moe.py),
+        unless `dense` (an EAGLE draft's layer): then SwiGLU of intermediate_size."""
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        if cfg.is_moe and not dense:
+            from .moe import MoEFFN          # moe.py builds on this module's MLP
+            self.mlp = MoEFFN(cfg)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -10,6 +10,8 @@ from typing import Optional
 from ..errors import ModelLoadError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "shared_expert_intermediate_size", "norm_topk_prob", "moe_router_bias")
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads")
 POSITIVE_INTS = REQUIRED + ("num_key_value_heads", "head_dim", "max_position_embeddings")
@@ -38,6 +40,15 @@ class LlamaConfig:
     bos_token_id: Optional[int] = 1
     eos_token_id: Optional[int] = 2
     pad_token_id: Optional[int] = 0
+    # Mixture-of-experts FFN in every layer (Qwen2-MoE's names and formula, models/moe.py);
+    # num_experts 0 = the dense SwiGLU FFN of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0      # 0: no shared expert
+    norm_topk_prob: bool = True                   # renormalise the top-k routing weights
+    moe_router_bias: bool = False                 # a per-expert router logit bias (mtplab key:
+                                                  # the routing skew of a random preset)
     extra: dict = field(default_factory=dict)   # other config.json keys, carried through
 
     def __post_init__(self):
@@ -54,6 +65,15 @@ class LlamaConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads (GQA).")
         self.rope_scaling = normalized_rope_scaling(self.rope_scaling)
+        if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
+                                     and self.moe_intermediate_size >= 1):
+            raise ValueError(f"a mixture of {self.num_experts} experts needs 1 <= "
+                             f"num_experts_per_tok <= {self.num_experts} and a positive "
+                             "moe_intermediate_size.")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def has_sliding(self) -> bool:
@@ -76,17 +96,49 @@ class LlamaConfig:
             shapes.update({
                 p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
                 p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
-                p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
-                p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                p + "mlp.down_proj.weight": (H, I)})
+                p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q)})
+            shapes.update(self._ffn_shapes(p + "mlp."))
         return shapes
+
+    def _ffn_shapes(self, p: str) -> dict[str, tuple[int, ...]]:
+        """The FFN's tensors of one layer: dense SwiGLU, or Qwen2-MoE's router, stacked
+        experts (gate rows then up rows) and shared expert with its sigmoid gate."""
+        H, I = self.hidden_size, self.intermediate_size
+        if not self.is_moe:
+            return {p + "gate_proj.weight": (I, H), p + "up_proj.weight": (I, H),
+                    p + "down_proj.weight": (H, I)}
+        E, Ie, Is = self.num_experts, self.moe_intermediate_size, \
+            self.shared_expert_intermediate_size
+        out = {p + "gate.weight": (E, H), p + "experts.gate_up_proj": (E, 2 * Ie, H),
+               p + "experts.down_proj": (E, H, Ie)}
+        if self.moe_router_bias:
+            out[p + "gate.bias"] = (E,)
+        if Is:
+            out.update({p + "shared_expert.gate_proj.weight": (Is, H),
+                        p + "shared_expert.up_proj.weight": (Is, H),
+                        p + "shared_expert.down_proj.weight": (H, Is),
+                        p + "shared_expert_gate.weight": (1, H)})
+        return out
 
     def to_hf_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "extra"}
         d.update(self.extra)
         d.update(hidden_act="silu", attention_bias=False, mlp_bias=False,
                  initializer_range=0.02)
-        if self.has_sliding:
+        if not self.is_moe:
+            for k in MOE_KEYS:
+                d.pop(k)
+        else:
+            d.update(decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=False,
+                     use_sliding_window=self.has_sliding)
+        if self.is_moe and not self.has_sliding and not self.moe_router_bias:
+            d.pop("layer_types"), d.pop("sliding_window"), d.pop("moe_router_bias")
+            d.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
+        elif self.is_moe:
+            # Qwen2-MoE has no router bias, and its sliding layers are not mtplab's: such a
+            # checkpoint is mtplab-only (docs/design.md "Models", the MoE layout).
+            d.update(architectures=["MtplabMoeForCausalLM"], model_type="mtplab_moe")
+        elif self.has_sliding:
             # transformers' Llama ignores layer_types/sliding_window and would silently compute
             # full attention, so a sliding-window checkpoint is marked as mtplab-only.
             d.update(architectures=["MtplabLlamaForCausalLM"], model_type="mtplab_llama")
@@ -131,12 +183,17 @@ class LlamaConfig:
         known.setdefault("num_key_value_heads", d["num_attention_heads"])
         if isinstance(known.get("eos_token_id"), list):
             known["eos_token_id"] = known["eos_token_id"][0]
-        if not d.get("sliding_window"):
+        if not d.get("sliding_window") or d.get("use_sliding_window") is False:
             known.pop("layer_types", None)
+            known.pop("sliding_window", None)
+        if d.get("num_experts"):
+            check_moe_layout(d)
         skip = names | {"architectures", "model_type", "hidden_act", "attention_bias",
                         "mlp_bias", "initializer_range", "rope_parameters", "torch_dtype", "dtype",
                         "transformers_version", "use_cache", "pretraining_tp",
-                        "attention_dropout"}
+                        "attention_dropout", "decoder_sparse_step", "mlp_only_layers",
+                        "qkv_bias", "use_sliding_window", "max_window_layers",
+                        "output_router_logits", "router_aux_loss_coef"}
         return cls(**known, extra={k: v for k, v in d.items() if k not in skip})
 
     @classmethod
@@ -190,3 +247,29 @@ def normalized_rope_scaling(rs) -> Optional[dict]:
     if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
         raise ValueError("rope_scaling llama3 needs high_freq_factor > low_freq_factor")
     return out
+
+
+def check_moe_layout(d: dict) -> None:
+    """A Qwen2-MoE-style config.json that mtplab's MoE (experts in every layer, no attention
+    biases) can run; ValueError naming the key otherwise."""
+    if d.get("qkv_bias"):
+        raise ValueError("qkv_bias=true: mtplab's attention has no q/k/v biases; use a "
+                         "checkpoint without them")
+    if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
+        raise ValueError("decoder_sparse_step / mlp_only_layers put dense FFNs between the "
+                         "MoE layers; mtplab's MoE has experts in every layer")
+
+
+def routing_skew(text: str) -> float:
+    """`moe_routing`: "uniform" -> 0, "zipf:<s>" -> s > 0; ValueError naming the forms."""
+    if text == "uniform":
+        return 0.0
+    kind, _, arg = str(text).partition(":")
+    try:
+        s = float(arg) if kind == "zipf" else -1.0
+    except ValueError:
+        s = -1.0
+    if not s > 0 or s != s or s == float("inf"):
+        raise ValueError(f"moe_routing={text!r} is not 'uniform' or 'zipf:<s>' with s > 0 "
+                         "(e.g. zipf:1.2)")
+    return s

@@ -1,6 +1,7 @@
 """Memory estimate of an engine before anything is allocated, and one clear refusal.
 
-    weights   target (+ the chosen draft) parameters x bytes of the run dtype
+    weights   target (+ the chosen draft, + a hot draft vocabulary's row copy) parameters x
+              bytes of the run dtype
     kv        target pool L x slots x Hkv x d x 2 (K and V) x dtype bytes, slots =
               (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for a draft
               that owns KV). Sliding-window layers store their KV in full, like the others
@@ -15,14 +16,15 @@ CPU the host holds both (the float32 build is the model itself when dtype is flo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from ..draft_kinds import DRAFT_KINDS
+from ..draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from ..errors import ConfigError
-from .llama_config import LlamaConfig
+from .llama_config import LlamaConfig, routing_skew
 
 GiB = 1 << 30
 WORKSPACE_MIN = 256 << 20
@@ -33,10 +35,12 @@ class InsufficientMemoryError(ConfigError):
 
 
 def target_params(c: LlamaConfig) -> int:
-    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    layer = H * q * 2 + H * kv * 2 + 3 * H * c.intermediate_size + 2 * H
-    embed = c.vocab_size * H * (1 if c.tie_word_embeddings else 2)
-    return embed + c.num_hidden_layers * layer + H
+    """Every tensor of the checkpoint the config implies (a tied LM head once): dense or MoE
+    FFNs alike."""
+    shapes = c.hf_tensor_shapes()
+    if c.tie_word_embeddings:
+        del shapes["lm_head.weight"]
+    return sum(math.prod(s) for s in shapes.values())
 
 
 def draft_params(c: LlamaConfig, draft: str) -> int:
@@ -79,8 +83,12 @@ def estimate_memory(cfg) -> MemoryEstimate:
     """`cfg` is a resolved RunConfig (model, draft, dtype, device, page_size, max_total_tokens)."""
     from .zoo import model_config
     mc = model_config(cfg.model)
+    mc.moe_router_bias = bool(routing_skew(cfg.moe_routing))    # the skew's router bias
     nbytes = torch.empty(0, dtype=getattr(torch, cfg.dtype)).element_size()
     params = target_params(mc) + draft_params(mc, cfg.draft)
+    dv = parse_draft_vocab(cfg.draft_vocab)
+    if dv.kind == "hot":            # the hot rows' copy, at most the target's width
+        params += dv.size * mc.hidden_size
     P = cfg.page_size
     slots = (cfg.max_total_tokens // P + 1) * P
     own_kv = cfg.draft in DRAFT_KINDS and DRAFT_KINDS[cfg.draft].owns_kv

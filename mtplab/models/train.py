@@ -4,7 +4,8 @@ then its Frozen-KV MTP assistant and EAGLE draft against the frozen target.
     python -m mtplab.models.train --out DIR [--target-seconds 300 --assistant-seconds 90 ...]
 
 writes DIR/target/{config.json,model.safetensors} (HF LlamaForCausalLM), DIR/assistant/ and
-DIR/eagle/ ({config.json,model.safetensors} each), DIR/tokenizer.json and DIR/manifest.json.
+DIR/eagle/ ({config.json,model.safetensors} each), DIR/tokenizer.json, DIR/token_counts.json
+(the training split's token counts) and DIR/manifest.json.
 
 Dense (no paged KV) training forwards over a batch of windows ids [B, T] at positions 0..T-1,
 reusing the modules' parameters; they compute what the engine's paged path computes:
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .corpus import Corpus, load_corpus
+from .corpus import Corpus, load_corpus, token_counts
 from .drafts import EagleDraft, FrozenKVAssistant
 from .llama import LlamaForCausalLM
 from .llama_config import LlamaConfig
@@ -132,8 +133,7 @@ def assistant_step(asst: FrozenKVAssistant, tokens, hidden, kvs):
         q = t.rope(a.q_proj(layer.input_layernorm(x)).view(B, T, a.nq, a.d), pos)
         x = x + a.o_proj(_attend(q, *kvs[li], causal=True))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    h = asst.post_projection(x)
-    return h, t.lm_head(asst.norm(h)).float()
+    return asst.output(x)
 
 
 def eagle_mask(T: int, k: int, device) -> torch.Tensor:
@@ -380,6 +380,15 @@ def _save_state(module: torch.nn.Module, directory: Path, config: dict, dtype) -
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
+def write_token_counts(out: Path, corpus: Corpus, vocab: int) -> None:
+    """out/token_counts.json: each id's count in the training split (a hot draft
+    vocabulary's ranking, zoo.token_counts)."""
+    doc = {"split": "train", "python_version": corpus.python_version,
+           "train_tokens": int(corpus.train.numel()),
+           "counts": token_counts(corpus.train, vocab)}
+    (out / "token_counts.json").write_text(json.dumps(doc))
+
+
 def tokenizer_description(vocab: int) -> dict:
     return {"type": "byte", "vocab_size": vocab, "pad_token_id": 0, "bos_token_id": 1,
             "eos_token_id": 2, "byte_offset": BYTE0,
@@ -434,6 +443,7 @@ def run(cfg: TrainConfig) -> dict:
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_description(cfg.vocab), indent=2))
     dtype = getattr(torch, cfg.save_dtype)
     corpus: Corpus = load_corpus(cfg.corpus_root, max_files=cfg.max_files)
+    write_token_counts(out, corpus, cfg.vocab)
     train_stream, held_stream = corpus.train.to(dev), corpus.heldout.to(dev)
     timings = {"corpus_s": time.perf_counter() - t_start}
     print(f"corpus: {len(corpus.train_files)} train files ({corpus.train.numel()} tokens), "

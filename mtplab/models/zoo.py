@@ -3,6 +3,8 @@ init) or loaded from a local Hugging Face Llama-format directory.
 
     random-tiny      4-layer, hidden 128, GQA 4:2, vocab 320, full attention (loads in HF)
     random-tiny-swa  same width, layers sliding/sliding/full/sliding with window 16
+    random-tiny-moe  random-tiny's attention with an MoE FFN: 16 experts (64 wide), top-4, a
+                     shared expert (128 wide); saves as Qwen2-MoE (loads in transformers)
     random-medium    8-layer, hidden 1024, GQA 16:4, vocab 32000 (timing at a larger width)
 
 Random presets initialise on the CPU (fp32, a CPU generator: the same weights on every machine
@@ -13,8 +15,9 @@ storage on the device in the run's dtype and initialised there with a generator 
 Shape presets (seeded random init, for timing with simulated acceptance; depth selectable as
 `<preset>@<layers>`, see `with_layers`; every layer uses one head_dim and one KV-head count):
     gemma4-26b-a4b-like  hidden 2816, 16 q / 8 kv heads, head_dim 256, window 1024, 5:1
-                         sliding:full, dense SwiGLU FFN 7744 = the active MoE width (shared 2112
-                         + top-8 x 704), vocab 262144 tied; default 6 of 30 layers
+                         sliding:full, MoE FFN: 128 experts of width 704, top-8, and a shared
+                         expert of width 2112 (models/moe.py), vocab 262144 tied; default 6 of
+                         30 layers (25.2B parameters at 30)
     gemma4-31b-like      hidden 5376, 32 q / 16 kv heads, head_dim 256, window 1024, 5:1
                          sliding:full, FFN 21504, vocab 262144 tied; default 6 of 60 layers
     llama3-8b-like       hidden 4096, 32 q / 8 kv heads, head_dim 128, FFN 14336, full vocab
@@ -30,6 +33,7 @@ Trained preset (weights shipped in the package, mtplab/zoo/<name>/):
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +45,7 @@ from safetensors.torch import load_file
 from ..nogc import import_on_bare_thread
 from .drafts import AssistantConfig, last_layer_of_type
 from .llama import LlamaForCausalLM, Rope
-from .llama_config import FULL, SLIDING, LlamaConfig
+from .llama_config import FULL, SLIDING, LlamaConfig, routing_skew
 from .tokenizer import ByteTokenizer
 
 
@@ -90,10 +94,13 @@ class ShapePreset:
 
 SHAPES: dict[str, ShapePreset] = {s.name: s for s in (
     ShapePreset("gemma4-26b-a4b-like",
-                dict(vocab_size=262144, hidden_size=2816, intermediate_size=7744,
+                dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112,
                      num_attention_heads=16, num_key_value_heads=8, head_dim=256,
-                     max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),
-                6, 30, True, "Gemma-4 26B-A4B shapes, MoE FFN replaced by its active width"),
+                     max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
+                     num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704,
+                     shared_expert_intermediate_size=2112),
+                6, 30, True, "Gemma-4 26B-A4B shapes: 128 experts of width 704, top-8, and a "
+                             "shared expert of width 2112 per layer"),
     ShapePreset("gemma4-31b-like",
                 dict(vocab_size=262144, hidden_size=5376, intermediate_size=21504,
                      num_attention_heads=32, num_key_value_heads=16, head_dim=256,
@@ -153,6 +160,11 @@ PRESETS: dict[str, Preset] = {
         "random-tiny-swa",
         lambda: _tiny(layer_types=[SLIDING, SLIDING, FULL, SLIDING], sliding_window=16),
         "4 layers, hidden 128, sliding window 16 on layers 0, 1, 3"),
+    "random-tiny-moe": Preset(
+        "random-tiny-moe",
+        lambda: _tiny(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=128),
+        "4 layers, hidden 128, 16 experts of width 64, top-4, a shared expert of width 128"),
     "random-medium": Preset(
         "random-medium",
         lambda: _tiny(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
@@ -160,6 +172,11 @@ PRESETS: dict[str, Preset] = {
                       head_dim=64, max_position_embeddings=4096, rope_theta=500000.0),
         "8 layers, hidden 1024, GQA 16:4, vocab 32000"),
 }
+
+
+def is_random_preset(name: str) -> bool:
+    """A preset built by seeded random init (not trained weights, not a directory)."""
+    return name in PRESETS or _shape_of(name) is not None
 
 
 def is_model_dir(name: str) -> bool:
@@ -189,15 +206,18 @@ def model_config(name: str) -> LlamaConfig:
 @torch.no_grad()
 def init_random(model: torch.nn.Module, seed: int) -> None:
     """Seeded init in a fixed parameter order, on a generator on the parameters' device: on
-    the CPU identical on every machine. Embeddings ~N(0,1), projections ~N(0, 1/fan_in),
-    lm_head ~N(0, 4/H), norms = 1."""
+    the CPU identical on every machine. Embeddings ~N(0,1), projections (stacked experts
+    too) ~N(0, 1/fan_in), lm_head ~N(0, 4/H), norms = 1, biases (an MoE router's) = 0."""
     dev = next(model.parameters()).device
     g = torch.Generator(device=dev).manual_seed(seed)
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         if name.endswith("norm.weight"):
             p.fill_(1.0)
             continue
-        std = 1.0 if "embed" in name else 1.0 / math.sqrt(p.shape[1])
+        if name.endswith(".bias"):           # an MoE router's bias: the routing skew's
+            p.zero_()                         # (zoo.skew_routing), zero = uniform
+            continue
+        std = 1.0 if "embed" in name else 1.0 / math.sqrt(p.shape[-1])
         if name.startswith("lm_head"):
             std = 2.0 / math.sqrt(p.shape[1])
         if dev.type == "cpu":
@@ -220,12 +240,17 @@ def _on_device(device, dtype) -> bool:
 
 
 def build_target(name: str, seed: int = 0, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> tuple[LlamaForCausalLM, ByteTokenizer]:
+                 dtype: torch.dtype | None = None,
+                 moe_routing: str = "uniform") -> tuple[LlamaForCausalLM, ByteTokenizer]:
     """The target model and its tokenizer: on the CPU in float32, except a shape preset asked
     for on a CUDA `device` with a `dtype`, which is built and initialised there (module doc).
-    `init_device` marks the device of an on-device build (None: a CPU build); build_drafts
-    builds random drafts the same way."""
+    `init_device` marks the device of an on-device build (None: a CPU build); build_draft
+    builds random drafts the same way. `moe_routing` skews a random MoE preset's router
+    (`skew_routing`); the caller (RunConfig) has checked that it applies."""
     cfg = model_config(name)
+    skew = routing_skew(moe_routing)
+    if skew:
+        cfg.moe_router_bias = True
     if _shape_of(name) is not None and _on_device(device, dtype):
         dev = torch.device(device)
         model = _empty_on(lambda: LlamaForCausalLM(cfg), dev, dtype)
@@ -246,7 +271,21 @@ def build_target(name: str, seed: int = 0, device: torch.device | str | None = N
         model = load_model(trained / "target" if trained is not None else name)
         # build_drafts finds the shipped drafts through this mark (kept by .to()).
         model.trained_dir = trained
+    if skew:
+        skew_routing(model, skew, seed)
     return model.eval(), ByteTokenizer(vocab_size=cfg.vocab_size)
+
+
+@torch.no_grad()
+def skew_routing(model: LlamaForCausalLM, s: float, seed: int) -> None:
+    """Zipf-skewed routing of a random MoE model: each layer's router gets a logit bias
+    -s ln(rank), the ranks 1..E a seeded permutation per layer, so an expert's softmax weight
+    is scaled by rank^-s (the top-ranked experts are chosen most often)."""
+    g = torch.Generator().manual_seed(seed + 101)
+    for layer in model.model.layers:
+        bias = layer.mlp.gate.bias
+        ranks = torch.randperm(bias.numel(), generator=g).double() + 1.0
+        bias.copy_((-s * ranks.log()).to(bias.dtype))
 
 
 def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
@@ -256,6 +295,16 @@ def assistant_config(tcfg: LlamaConfig) -> AssistantConfig:
     return AssistantConfig(hidden_size=tcfg.hidden_size, intermediate_size=2 * tcfg.hidden_size,
                            num_layers=len(types),
                            kv_layers=[last_layer_of_type(tcfg, t) for t in types])
+
+
+def token_counts(target: LlamaForCausalLM) -> torch.Tensor | None:
+    """Token counts of a trained preset's training split (<preset>/token_counts.json, written
+    by train.py), the corpus a hot draft vocabulary is ranked on; None for a random preset."""
+    trained = getattr(target, "trained_dir", None)
+    f = None if trained is None else trained / "token_counts.json"
+    if f is None or not f.is_file():
+        return None
+    return torch.tensor(json.loads(f.read_text())["counts"], dtype=torch.long)
 
 
 def trained_draft_dir(target: LlamaForCausalLM, sub: str) -> Path | None:
@@ -286,5 +335,7 @@ def build_draft(target: LlamaForCausalLM, make: Callable[[], torch.nn.Module], s
         return model.eval()
     dev = getattr(target, "init_device", None)
     model = make() if dev is None else _empty_on(make, dev, target.lm_head.weight.dtype)
+    if dev is not None and hasattr(model, "tie_weights"):   # to_empty untied its tied head
+        model.tie_weights()
     init_random(model, seed)
     return model.eval()

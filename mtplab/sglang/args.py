@@ -20,6 +20,9 @@
     (ServerSpec) max_total_tokens  --max-total-tokens
     (ServerSpec) dummy weights     --load-format dummy --speculative-draft-load-format dummy
     (ServerSpec) cuda_graphs       overrides cfg.cuda_graphs (RunConfig resolves for this host)
+    draft_vocab hot:<N>            --speculative-token-map FILE (ServerSpec.token_map: the hot
+                                   ids, models.write_token_map), where the kind's SGLang worker
+                                   takes one (draft_kinds.py sglang_token_map: EAGLE in 0.5.17)
 
 Knobs SGLang has no equivalent for are refused (ConfigError, one sentence), and so are the
 FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..config import RunConfig
-from ..draft_kinds import DRAFT_KINDS, kinds_where
+from ..draft_kinds import DRAFT_KINDS, kinds_where, parse_draft_vocab
 from ..errors import ConfigError
 
 ALGORITHMS = {name: kind.sglang_algorithm for name, kind in DRAFT_KINDS.items()}
@@ -86,6 +89,7 @@ class ServerSpec:
     # local device, which may be a CPU that cannot say True).
     cuda_graphs: Optional[bool] = None
     extra_args: tuple = ()
+    token_map: Optional[str] = None       # hot token ids (torch.save of a list), for hot:<N>
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
     if not cfg.speculative and spec.draft_model_path is not None:
         raise ConfigError("draft_model_path is given but draft='none' runs no draft; set "
                           f"draft to one of {list(DRAFT_KINDS)}, or leave draft_model_path out.")
+    _refuse_draft_vocab(cfg, spec)
     if spec.device not in DEVICES:
         raise ConfigError(f"SGLang has no device {spec.device!r}; use one of {list(DEVICES)}.")
     if spec.attention_backend not in ATTENTION_BACKENDS:
@@ -143,6 +148,23 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
         if cfg.page_size > 1 and spec.attention_backend not in PAGE_TREE_BACKENDS:
             raise ConfigError(f"topk>1 with page_size>1 needs one of {PAGE_TREE_BACKENDS}; "
                               "set the attention backend to triton.")
+
+
+def _refuse_draft_vocab(cfg: RunConfig, spec: ServerSpec) -> None:
+    dv = parse_draft_vocab(cfg.draft_vocab)
+    if dv.kind == "centroids":
+        raise ConfigError("SGLang takes a centroid head from the assistant's config.json "
+                          "(use_ordered_embeddings, num_centroids, centroid_intermediate_top_k), "
+                          "not from a flag; use draft_vocab='full' with such an assistant.")
+    if dv.kind == "hot":
+        if not DRAFT_KINDS[cfg.draft].sglang_token_map:
+            raise ConfigError(f"SGLang's {ALGORITHMS[cfg.draft]} worker takes no "
+                              "--speculative-token-map; use draft_vocab='full' for an SGLang "
+                              f"run of {cfg.draft}, or a draft of "
+                              f"{kinds_where(sglang_token_map=True)}.")
+        if spec.token_map is None:
+            raise ConfigError(f"draft_vocab={cfg.draft_vocab!r} on SGLang needs the hot ids as "
+                              "a file: pass token_map (mtplab.sglang.models.write_token_map).")
 
 
 def _architectures(path: str, what: str) -> list:
@@ -196,6 +218,8 @@ def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:
               "--speculative-num-steps", str(cfg.num_steps),
               "--speculative-eagle-topk", str(cfg.topk),
               "--speculative-num-draft-tokens", str(cfg.num_draft_tokens)]
+        if spec.token_map is not None:
+            a += ["--speculative-token-map", spec.token_map]
         if cfg.simulate_accept_len is not None:
             env["SGLANG_SIMULATE_ACC_LEN"] = repr(float(cfg.simulate_accept_len))
             env["SGLANG_SIMULATE_ACC_METHOD"] = "match-expected"

@@ -116,3 +116,14 @@ def _config_dirs(root: PathLike, configs: dict, **json_options) -> tuple[Path, P
         out.append(d)
     return out[0], out[1]
 
+
+def write_token_map(path: PathLike, ids) -> Path:
+    """A hot vocabulary as SGLang's --speculative-token-map reads it (a torch.save'd list of
+    token ids, spec_utils.load_token_map); written atomically. torch is imported on call."""
+    import torch
+
+    from ..atomic import atomic_path
+    out = Path(path)
+    with atomic_path(out) as tmp:
+        torch.save([int(i) for i in ids], tmp)
+    return out

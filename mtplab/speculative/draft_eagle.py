@@ -61,7 +61,7 @@ class EagleDraftWorker:
         meta = AttnMeta(self.table, rows, kv_lens, q_lens, cu_q, positions, max_q, max_kv)
         h, logits = self.model(tokens, hidden, positions, self.kv.k, self.kv.v, out_loc, meta,
                                self.attn_fn, logits_idx=select_idx)
-        logp, idx = branch_topk(logits, self.K)
+        logp, idx = branch_topk(logits, self.K, self.model.vocab_ids)
         return DraftInputs(None, h[select_idx], logp, idx)
 
     def after_prefill(self, bonus, hidden_last, *, fed_ids, hidden_all, rows, q_lens, cu_q,
@@ -113,7 +113,7 @@ class EagleDraftWorker:
                 hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
                                         pos, self.kv.k, self.kv.v,
                                         slots[:, :, s - 1].reshape(-1), meta, self.attn_fn)
-            logp, toks = branch_topk(logits.view(B, K, -1), K)
+            logp, toks = branch_topk(logits.view(B, K, -1), K, self.model.vocab_ids)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)
             h = hs.view(B, K, -1)

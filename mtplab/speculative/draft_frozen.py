@@ -63,7 +63,7 @@ class FrozenDraftWorker:
         """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K])."""
         with self.spans.stage("draft.seed"):
             h0, logits = self._forward(inp.bonus, inp.hidden, rows, seq_lens, max_kv)
-        return DraftInputs(inp.bonus, h0, *branch_topk(logits, self.K))
+        return DraftInputs(inp.bonus, h0, *branch_topk(logits, self.K, self.model.vocab_ids))
 
     def steps(self, inp: DraftInputs, rows, seq_lens, max_kv) -> list[StepCandidates]:
         """Step 0 from the seed's top-k, then the S-1 recurrent forwards."""
@@ -76,7 +76,7 @@ class FrozenDraftWorker:
                 hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
                 hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
                                            rows, seq_lens, max_kv, per_lane=K)
-            logp, toks = branch_topk(logits.view(B, K, -1), K)
+            logp, toks = branch_topk(logits.view(B, K, -1), K, self.model.vocab_ids)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)
             h = hs.view(B, K, -1)

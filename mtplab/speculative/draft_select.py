@@ -31,6 +31,7 @@ log_softmax + topk.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -60,10 +61,13 @@ def num_candidates(num_steps: int, topk: int) -> int:
     return topk + (num_steps - 1) * topk * topk
 
 
-def branch_topk(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def branch_topk(logits: torch.Tensor, topk: int,
+                vocab_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [..., V] -> (log-probs [..., K] float32, tokens [..., K] int64), best first:
-    the top-k of log_softmax(logits.float()) (kernels/topk.logp_topk; reference logp_topk_ref)."""
-    return logp_topk(logits, topk)
+    the top-k of log_softmax(logits.float()) (kernels/topk.logp_topk; reference logp_topk_ref).
+    A draft head over a hot vocabulary scores N ids: `vocab_ids` [N] maps index -> token."""
+    logp, idx = logp_topk(logits, topk)
+    return (logp, idx) if vocab_ids is None else (logp, vocab_ids[idx])
 
 
 def select_root(logp: torch.Tensor, tokens: torch.Tensor) -> tuple[DraftBranches, StepCandidates]:

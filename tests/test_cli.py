@@ -117,7 +117,7 @@ def test_run_help_documents_every_knob(capsys, monkeypatch):
         cli.main(["run", "--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())        # argparse wraps lines
-    assert "--draft {none,frozen_kv_mtp,eagle}" in text
+    assert "--draft {none,frozen_kv_mtp,eagle,gemma4_assistant}" in text
     assert "--attention-backend {auto,torch,triton}" in text
     assert "--overlap {true,false}" in text and "--simulate-accept-rates X,Y,..." in text
     for f in fields(RunConfig):

@@ -58,7 +58,7 @@ AUTO = {"device": "cuda", "attention_backend": "triton"}      # 'auto' on an SGL
 # Launch-only flags -> the ServerSpec field or message word they stand for (errors name these).
 LAUNCH_FLAGS = {"draft_model_path": "--draft-model", "version": "--sglang-version",
                 "port": "--port", "dummy_weights": "--dummy-weights",
-                "extra_args": "--extra-args"}
+                "extra_args": "--extra-args", "token_map": "--token-map"}
 
 
 @flag_type
@@ -108,6 +108,10 @@ def build_parser() -> FlagParser:
     s.add_argument("--draft-model", dest="draft_model_path", metavar="DIR",
                    help="the draft's directory (an EAGLE draft, or a Frozen-KV assistant for "
                         "--draft frozen_kv_mtp); required with a draft")
+    s.add_argument("--token-map", metavar="FILE",
+                   help="the hot token ids for --draft-vocab hot:N, passed as "
+                        "--speculative-token-map (write one with "
+                        "mtplab.sglang.models.write_token_map)")
     s.add_argument("--sglang-version", dest="version", default="0.5.17", metavar="X.Y.Z",
                    help="the server's SGLang version: some flag names changed (default: 0.5.17)")
     s.add_argument("--port", type=port_number, default=30000,
@@ -172,7 +176,7 @@ def config_from_args(args) -> tuple[RunConfig, ServerSpec]:
     cfg = RunConfig(**knobs, device="cpu", cuda_graphs=False)
     spec = ServerSpec(**server, draft_model_path=args.draft_model_path, version=args.version,
                       port=args.port, dummy_weights=args.dummy_weights,
-                      extra_args=tuple(args.extra_args))
+                      extra_args=tuple(args.extra_args), token_map=args.token_map)
     return cfg, spec
 
 

@@ -1,4 +1,4 @@
-"""mtplab command line: run | demo | bench | sweep | analyze | plot | sglang.
+"""mtplab command line: run | demo | bench | sweep | analyze | plot | whatif | sglang.
 
 `analyze` and `plot` never import torch (they work on any Kineto trace, fast start-up);
 `run` exposes every RunConfig field as a --flag with the field's documentation, choices and
@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Optional
 
 from . import __version__
 from .draft_kinds import DRAFT_CHOICES
 from .flags import (FlagParser, add_knob_flags, add_request_flags, as_flags, device_name, given,
-                    knob_flags, nonneg_number, out_dir, positive_int)
+                    knob_flags, nonneg_number, out_dir, parse_bool, positive_int)
 from .fmt import readable
 
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
@@ -28,6 +28,9 @@ EXTERNAL = {
     "analyze": ("mtplab.analysis.cli", "main_analyze", "bubble analysis of a Kineto trace"),
     "plot": ("mtplab.analysis.cli", "main_plot",
              "timeline of a run folder, trace or timeline.parquet (--example: an H100 run)"),
+    "whatif": ("mtplab.analysis.whatif_cli", "main_whatif",
+               "a measured run's step under other settings (overlap, zero-bubble, fold_seed, "
+               "host / GPU time of a stage), and what each bubble cause costs"),
     "sglang": ("mtplab.sglang.cli", "main_sglang", "drive a real SGLang server with the same knobs"),
 }
 
@@ -93,6 +96,8 @@ def cmd_run(args) -> int:
     from .stats import LEGEND
     _check_workload(args)
     cfg = _config_from_args(args)
+    if args.step_profile:                 # the predictor pairs host spans with the meter's
+        cfg = replace(cfg, bubble_meter=True)
     print(estimate_memory(cfg).describe())          # before anything is allocated
     eng = Engine(cfg)
     rng = random.Random(cfg.seed)
@@ -104,7 +109,14 @@ def cmd_run(args) -> int:
                  temperature=args.temperature, progress=True)
     eng.check_invariants()
     st = eng.stats()
-    written = eng.finish()                       # trace, timeline, manifest (when profiled)
+    if args.step_profile:
+        from .sweep import step_profile
+        written = step_profile.record(eng, prompts, args.max_new_tokens, args.temperature,
+                                      st["meter_tok_per_s"])
+        eng.check_invariants()
+    else:
+        written = {}
+    written.update(eng.finish())                 # trace, timeline, meter, manifest
     print("\n".join(_knob_header(cfg, set(given(args, type(cfg))))))
     rows = [(k, v) for k, v in st.items() if not isinstance(v, (dict, list))]
     _print_table(rows)
@@ -120,6 +132,8 @@ def cmd_run(args) -> int:
             written[path.stem] = path
     for name, path in written.items():
         print(f"  wrote {name}: {path}")
+    if args.step_profile:
+        print(f"  what if: mtplab whatif {eng.run_dir}")
     return 0
 
 
@@ -194,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest random prompt, tokens (default: 64)")
     w.add_argument("--temperature", type=nonneg_number, default=0.0, metavar="X",
                    help="sampling temperature, 0 = greedy (default: 0.0)")
+    w.add_argument("--step-profile", type=parse_bool, default=False, metavar="BOOL",
+                   help="run the prompts once more with the host spans of every decode step "
+                        "timed beside the bubble meter (turned on), for `mtplab whatif RUN_DIR` "
+                        "(host_steps.parquet, whatif.json in the run folder; default: false)")
     r.add_argument("--out", default=None, type=out_dir, metavar="DIR",
                    help="write results.json (the stats table, the workload, the resolved "
                         "config) and manifest.json (config, versions, device, git commit) here")

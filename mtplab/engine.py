@@ -38,7 +38,7 @@ from .atomic import atomic_path, atomic_write_text
 from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
-from .instrument.meter import BubbleMeter
+from .instrument.meter import BubbleMeter, meter_throughput
 from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
@@ -422,7 +422,9 @@ class Engine:
                                          speculative=cfg.speculative, simulated=cfg.simulated)
         if self.meter is not None:
             self.meter.collect()
-            self._last_stats.update(self.meter.summary(first_meter_step))
+            m = self.meter.summary(first_meter_step)
+            m["meter_tok_per_s"] = meter_throughput(m, sched.stats.decode_tokens)
+            self._last_stats.update(m)
         return [r.output_ids for r in reqs]
 
     def stats(self) -> dict:

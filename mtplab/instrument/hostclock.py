@@ -107,7 +107,7 @@ class HostClock:
         self.pending.clear()
         self.t_iter = None
 
-    def span(self, name: str, inner) -> _HostSpan:
+    def span(self, name: str, inner, graphed: bool = False) -> _HostSpan:
         return _HostSpan(self, name, inner)
 
     def step(self, name: str, inner) -> _HostStep:

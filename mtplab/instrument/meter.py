@@ -339,7 +339,16 @@ class BubbleMeter:
                 "meter_steps": int(len(df))}
 
 
-METER_KEYS = ("bubble_frac", "bubble_us_per_step", "meter_wall_us_per_step", "meter_steps")
+METER_KEYS = ("bubble_frac", "bubble_us_per_step", "meter_wall_us_per_step", "meter_steps",
+              "meter_tok_per_s")
+
+
+def meter_throughput(summary: dict, decode_tokens: int) -> float:
+    """Decode tokens over the meter's decode-step windows summed: the decode phase on the
+    device's own timeline, so every host delay between steps counts (an on_step hook, the
+    generate loop), which `decode_tok_per_s` (the scheduler's iteration times) leaves out."""
+    wall = summary["meter_wall_us_per_step"] * summary["meter_steps"]
+    return decode_tokens / wall * 1e6 if wall > 0 else float("nan")
 
 
 def meter_figures(stats: dict) -> dict:

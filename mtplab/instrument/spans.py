@@ -124,7 +124,7 @@ class Spans:
                 inner = _NULL    # a graph (or kernel) carries its stamps; host is not GPU work
             else:
                 inner = m.span(name, stream or self.stream_name)
-            return inner if hc is None else hc.span(name, inner)
+            return inner if hc is None else hc.span(name, inner, graphed)
         _check(name)
         stream = stream or self.stream_name
         m = self.meter

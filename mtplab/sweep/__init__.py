@@ -49,13 +49,18 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   host        host_<stage>_us, host_step_us, host_loop_us, host_replays_per_step,
               host_copies_per_step, host_ops_per_step, host_views_per_step, replay_floor_us,
               host_floor_us (workload host_stages=True; mtplab/sweep/host.py)
+  what-if     run_dir holds host_steps.parquet and whatif.json (workload step_profile=True;
+              sweep/step_profile.py), read by `mtplab whatif` and sweep/whatif_check.py
   stages      stage_<stage>_ms (median per decode step), stage_sum_gpu_ms, sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)
   bubbles     bubble_frac, bubble_us_per_step, meter_wall_us_per_step, meter_steps: the
               headline, from the bubble meter over the measured generate's decode steps
               (unprofiled; instrument/meter.py; on CPU it stamps the host clock, and
-              tables and figures name it so: metrics.meter_name);
+              tables and figures name it so: metrics.meter_name); meter_tok_per_s: decode
+              tokens / the meter's decode-step wall summed (every host delay between
+              iterations counted, unlike decode_tok_per_s; the regime map and the what-if
+              validation compare it);
               bubble_frac_profiled, bubble_<cause>_frac (each cause of
               analysis/causes.py: bubble_sync_frac, ..., bubble_other_frac), bubble_steps,
               device_busy_step_ms, step_profiled_ms, launches_per_step,

@@ -69,6 +69,11 @@ class Workload:
                             distinct cells of the same run, interleaved in the grid's order
     check_lossless          also run the measured workload target-only (greedy) and count the
                             requests whose spec output diverges (mtplab/lossless.py)
+    step_profile            also run the workload once with a StepClock: the host spans per
+                            decode step beside the meter's stages, for `mtplab whatif`
+                            (host_steps.parquet, whatif.json; sweep/step_profile.py)
+    host_delay_us           a host delay planted after every engine step (a busy-wait in
+                            on_step), in every generate of the cell
     host_stages             also measure the host µs per stage of a decode step and what the
                             host issues per step (replays, copies; mtplab/sweep/host.py)
     fail                    fault injection: the cell's process raises before building the
@@ -87,15 +92,17 @@ class Workload:
     repeat: int = 0
     check_lossless: bool = False
     host_stages: bool = False
+    step_profile: bool = False
+    host_delay_us: float = 0.0
     fail: bool = False
     sleep_s: float = 0.0
 
     def __post_init__(self):
         check_fields(self)               # YAML types: `fail: "no"` is a string, not False
-        check_finite(self, ("temperature", "sleep_s"))
+        check_finite(self, ("temperature", "sleep_s", "host_delay_us"))
         check_min(self, {"batch_size": 1, "prompt_len_tokens": 1, "output_len_tokens": 1,
                          "num_requests": 1, "warmup_output_len_tokens": 0, "repeat": 0,
-                         "temperature": 0, "sleep_s": 0})
+                         "temperature": 0, "sleep_s": 0, "host_delay_us": 0})
         if self.prompts not in ("random", "code"):
             raise ConfigError(f"prompts must be 'random' or 'code', got {self.prompts!r}.")
         if self.check_lossless and self.temperature != 0:

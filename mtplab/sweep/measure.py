@@ -20,10 +20,15 @@ The event-timeline figures use only the steps of the timeline generate; the trac
 profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0). With the workload's
 `host_stages`, two more runs of the workload give the host-stage columns ([host]: a
 generate with the host clock, spans off; a step-by-step run under the op counter; sweep/host.py).
+With `step_profile`, one more generate (spans off, meter on, a StepClock) writes the what-if
+predictor's tables into the run folder (sweep/step_profile.py). `host_delay_us` plants a
+busy-wait of that length after every engine step of every generate (an on_step hook).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 import json
 import random
 from dataclasses import replace
@@ -34,6 +39,7 @@ from ..lossless import divergence
 from ..models.floor import StepBytes, engine_step_bytes
 from .grid import Workload
 from ..instrument.meter import meter_figures
+from . import step_profile
 from .host import host_columns
 from .metrics import stage_metrics, trace_metrics
 
@@ -79,6 +85,13 @@ def code_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return out
 
 
+def spin(us: float, _step: int = 0) -> None:
+    """Busy-wait `us` microseconds on the host (a planted delay after every engine step)."""
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
 def floor_context(wl: Workload) -> float:
     """The committed context of a mean measured decode step: the prompt plus half the output
     (the KV term of the floor grows linearly over the generate)."""
@@ -99,6 +112,8 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
         raise RuntimeError("workload fail=True: this cell fails on purpose (test hook).")
     cfg = replace(cfg, bubble_meter=True)         # the headline bubble_frac (instrument/meter.py)
     eng = Engine(cfg)
+    if wl.host_delay_us:
+        eng.on_step(functools.partial(spin, wl.host_delay_us))
     V = eng.model.config.vocab_size
     if wl.prompts == "code":
         measured = code_prompts(eng.tokenizer, wl.requests, wl.prompt_len_tokens)
@@ -126,6 +141,9 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
             timeline_tps = eng.stats()["decode_tok_per_s"]
     host = host_columns(eng, measured, wl.output_len_tokens, wl.temperature) \
         if wl.host_stages else {}
+    if wl.step_profile:
+        step_profile.record(eng, measured, wl.output_len_tokens, wl.temperature,
+                            st["meter_tok_per_s"])
     eng.check_invariants()
     if prof is not None:
         while not prof.done:

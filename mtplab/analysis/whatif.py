@@ -1,0 +1,735 @@
+"""What-if predictor: one measured run's decode step, replayed as a dependency graph under
+other settings (docs/design.md "What-if predictor"). Reads tables only.
+
+    model = load_run(RUN_DIR)                  # manifest + meter stages + host steps
+    predict(model, ["overlap=on", "host:schedule=0", "gpu:verify*0.5"])   # a DataFrame
+    cause_table(model)                         # per bubble cause: tok/s back if removed
+
+The step as the predictor sees it (one `StepModel`): the host's own work per iteration
+(`schedule`, `prepare`, `process_result`, and `loop`: everything outside the stage spans,
+the loop's Python and any on_step hook), and the step's launches in issue order. A launch
+is one host call (a graph replay, an eager stage) that issues device work on one lane:
+
+    Launch(stage="commit", host_us=6.1, lane="forward",
+           stages=(("commit", 9.0), ("publish", 1.2), ("stash", 2.0)))
+
+Replay of iteration k (h = host clock, F / C = the forward / copy lane free time,
+L = launch latency, W = wake latency: a device event to the host's return from its wait):
+
+    h += schedule
+    overlap, not device_seq_lens:  h = max(h, publish_end[k-1] + W)       (sync, in prepare)
+    h += prepare
+    async_d2h:                     F = max(F, d2h_end[k-1])   (results are graph buffers the
+                                                               next step overwrites)
+    each forward launch:           h += host_us; start = max(F, h + L); its stages run back
+                                   to back from start; F = their end
+    async_d2h:  d2h launch         h += host_us; start = max(C, F, h + L); d2h_end[k] = end
+    blocking:                      d2h_end[k] = F + d2h GPU time at the read (below)
+    the results read (`sync`):     normal loop: step k's; overlap: step k-1's (none at k = 0)
+                                   async: h = max(h, d2h_end[j] + W)
+                                   blocking: h = max(h, F_now + d2h + W): `.tolist()` waits
+                                   for every queued forward stage (under overlap: step k's)
+    h += process_result; h += loop                           -> end of iteration k
+    zb_draft_preexec: the draft launch (and an unfolded seed) is issued after commit /
+    draft_extend, before d2h: the next round's draft, so d2h waits for it too
+    CPU (host_runs_device): a launch's device work runs inside its host call (it ends
+    when the call returns), so nothing overlaps the host
+
+The step period is the mean iteration time over the last STEADY of REPLAY_STEPS identical
+iterations; a what-if's tok/s is the run's measured tok/s x base period / what-if period
+(the model's own error on the run, `self_error`, is reported beside).
+Bubble causes (analysis/causes.py names): a device-idle span of the steady window ends with
+the launch latency L (`launch`); the rest is charged to what the host did meanwhile:
+schedule / prepare / process_result -> `host_prep`, a wait -> `sync`, a launch call ->
+`host:<stage>`, `loop` -> `host:python`. Removing a cause replays with that host time (or
+latency) at zero.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import pandas as pd
+
+REPLAY_STEPS = 64                 # iterations replayed
+STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
+HOST_WORK = ("schedule", "prepare", "process_result")
+LOOP = "loop"                     # host time outside every stage span in an iteration
+HOST_NAMES = HOST_WORK + (LOOP,)
+PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
+KNOBS = ("overlap", "zero_bubble", "zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec",
+         "fold_seed")
+DRAFT_LAUNCHES = ("draft.seed", "draft")
+AFTER_COMMIT = ("commit", "draft_extend")
+
+# The files of a run folder the predictor reads (written by mtplab/sweep/step_profile.py).
+HOST_STEPS_FILE = "host_steps.parquet"
+METER_STAGES_FILE = "meter_stages.parquet"
+ANCHOR_FILE = "whatif.json"
+MANIFEST_FILE = "manifest.json"
+
+
+class WhatIfError(ValueError):
+    """A what-if this run cannot answer, or input the predictor cannot read (one sentence)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One host call issuing device work on one lane (module doc)."""
+    stage: str                                 # its host span: the segment's first stage
+    host_us: float                             # the call's host time
+    lane: str                                  # "forward" | "copy"
+    stages: tuple[tuple[str, float], ...]      # (device stage, GPU µs), in run order
+    eager: bool = False                        # several kernels launched one by one (their
+                                               # GPU work starts while the call goes on)
+
+    @property
+    def gpu_us(self) -> float:
+        return sum(d for _, d in self.stages)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The loop options in force (config.py's resolved knobs)."""
+    overlap: bool
+    async_d2h: bool = True
+    device_seq_lens: bool = False
+    draft_preexec: bool = False
+    fold_seed: bool = False
+    host_runs_device: bool = False             # CPU: device work runs inside the host call
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """A decode step as the predictor replays it (module doc)."""
+    host: dict                                 # HOST_NAMES -> host µs per iteration
+    launches: tuple[Launch, ...]               # in issue order; d2h (copy lane) last
+    loop: Loop
+    launch_latency_us: float = 0.0             # L: a launch's return to its device start
+    wake_us: float = 0.0                       # W: a device event to the host's return
+    graphs: bool = False                       # stages replay as CUDA graphs
+    draft: str = "none"                        # the draft kind (none: target-only)
+    num_steps: int = 0                         # S, draft steps per iteration
+    seed_forward: bool = False                 # the draft has a seed forward (fold_seed)
+    nested: dict = field(default_factory=dict) # "stage@parent" -> (host µs, GPU µs)
+    anchor_tok_s: float = math.nan             # the run's measured tok/s (meter_tok_per_s)
+    measured_period_us: float = math.nan       # the run's mean iteration time (host clock)
+    d2h_gpu_us: float = 0.0                    # the results' copy (blocking reads too)
+    notes: tuple[str, ...] = ()                # assumptions a transform made
+
+    def with_note(self, note: str) -> "StepModel":
+        return replace(self, notes=self.notes + (note,))
+
+
+@dataclass
+class Replay:
+    period_us: float
+    bubble_us: float                           # device idle per step (steady window)
+    causes: dict                               # cause -> bubble µs per step
+    host: list                                 # (step, name, kind, t0, t1)
+    device: list                               # (step, stage, lane, t0, t1)
+    window: tuple                              # (t0, t1) of the steady iterations
+
+
+# -- the replay -------------------------------------------------------------------------------
+def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Replay:
+    """Run `steps` identical iterations of the dependency graph (module doc)."""
+    lp, L, W = m.loop, m.launch_latency_us, m.wake_us
+    fwd = [x for x in m.launches if x.lane == "forward"]
+    d2h = [x for x in m.launches if x.lane == "copy"]
+    h = F = C = 0.0
+    pub_end: list[float] = []
+    d2h_end: list[float] = []
+    ends: list[float] = []
+    host: list = []
+    dev: list = []
+
+    def host_seg(k, name, kind, dt):
+        nonlocal h
+        if dt > 0:
+            host.append((k, name, kind, h, h + dt))
+            h += dt
+
+    def wait_until(k, t):
+        nonlocal h
+        if t > h:
+            host.append((k, "sync", "sync", h, t))
+            h = t
+
+    def run(k, x: Launch, free: float) -> float:
+        """Issue launch x (its host call, then its stages); returns its end on its lane."""
+        t0 = h
+        if lp.host_runs_device:                    # CPU: the work ends with the call
+            host_seg(k, x.stage, "launch", max(x.host_us, x.gpu_us))
+            t = max(free, h - x.gpu_us)
+        elif x.eager:                              # kernels start while the call goes on
+            host_seg(k, x.stage, "launch", x.host_us)
+            t = max(free, t0 + L, h + L - x.gpu_us)
+        else:                                      # one graph replay / one kernel
+            host_seg(k, x.stage, "launch", x.host_us)
+            t = max(free, h + L)
+        names = [s for s, _ in x.stages]
+        for s, d in x.stages:
+            dev.append((k, s, x.lane, t, t + d))
+            t += d
+            if s == "publish" or (s == "commit" and "publish" not in names):
+                pub_end.append(t)
+        return t
+
+    for k in range(steps):
+        host_seg(k, "schedule", "host", m.host.get("schedule", 0.0))
+        if lp.overlap and not lp.device_seq_lens and k > 0 and pub_end:
+            wait_until(k, pub_end[-1] + W)
+        host_seg(k, "prepare", "host", m.host.get("prepare", 0.0))
+        if lp.async_d2h and d2h_end:
+            F = max(F, d2h_end[-1])
+        for x in fwd:
+            F = run(k, x, F)
+        if lp.async_d2h and d2h:
+            end = F
+            for x in d2h:
+                C = end = run(k, x, max(C, F))
+            d2h_end.append(end)
+        else:
+            d2h_end.append(math.nan)               # read at the sync, after everything queued
+        j = k if not lp.overlap else k - 1
+        if j >= 0:
+            if lp.async_d2h and d2h:
+                ready = d2h_end[j]
+            else:                                  # blocking .tolist(): all queued work first
+                if m.d2h_gpu_us > 0:
+                    dev.append((k, "d2h", "forward", F, F + m.d2h_gpu_us))
+                F = F + m.d2h_gpu_us
+                ready = F
+            wait_until(k, ready + (0.0 if lp.host_runs_device else W))
+            host_seg(k, "process_result", "host", m.host.get("process_result", 0.0))
+        host_seg(k, LOOP, "host", m.host.get(LOOP, 0.0))
+        ends.append(h)
+    steady = max(1, min(steady, steps - 1))
+    t0, t1 = ends[-1 - steady], ends[-1]
+    period = (t1 - t0) / steady
+    bubble, causes = _bubbles(host, dev, (t0, t1), 0.0 if lp.host_runs_device else L)
+    return Replay(period, bubble / steady, {c: v / steady for c, v in causes.items()},
+                  host, dev, (t0, t1))
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _cause_of(name: str, kind: str) -> str:
+    if kind == "sync":
+        return SYNC_CAUSE
+    if kind == "launch":
+        return f"host:{name}"
+    return PYTHON_CAUSE if name == LOOP else PREP_CAUSE
+
+
+def _bubbles(host: list, dev: list, window: tuple, L: float) -> tuple[float, dict]:
+    """Device idle inside `window` and its split by cause (module doc)."""
+    t0, t1 = window
+    busy = _union([(max(a, t0), min(b, t1)) for *_, a, b in dev if b > t0 and a < t1 and b > a])
+    idle, cur = [], t0
+    for a, b in busy:
+        if a > cur:
+            idle.append((cur, a))
+        cur = max(cur, b)
+    if cur < t1:
+        idle.append((cur, t1))
+    causes: dict[str, float] = {}
+    total = 0.0
+    for a, b in idle:
+        total += b - a
+        lat = min(L, b - a) if b < t1 else 0.0       # the gap ends with a launch's latency
+        if lat > 0:
+            causes[LAUNCH_CAUSE] = causes.get(LAUNCH_CAUSE, 0.0) + lat
+        end = b - lat
+        for _, name, kind, h0, h1 in host:
+            o = min(end, h1) - max(a, h0)
+            if o > 0:
+                c = _cause_of(name, kind)
+                causes[c] = causes.get(c, 0.0) + o
+    return total, causes
+
+
+# -- what-ifs ---------------------------------------------------------------------------------
+_KNOB_RE = re.compile(r"^(?P<knob>[a-z0-9_]+)=(?P<value>on|off|true|false)$")
+_STAGE_RE = re.compile(r"^(?P<side>host|gpu):(?P<stage>[a-z0-9_.]+)(?P<op>[=*+-])(?P<x>[0-9.eE+-]+)$")
+
+
+def _on(v: str) -> bool:
+    return v in ("on", "true")
+
+
+def parse_whatif(text: str) -> list[tuple]:
+    """`overlap=on,host:schedule=0` -> [("knob", "overlap", True), ("host", "schedule", "=",
+    0.0)]: knobs (KNOBS, on/off), `host:STAGE=US | *F | +US | -US` (STAGE: a host name of
+    HOST_NAMES or a launch's stage), `gpu:STAGE=US | *F | +US | -US` (a device stage)."""
+    out = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        k = _KNOB_RE.match(part)
+        if k:
+            if k["knob"] not in KNOBS:
+                raise WhatIfError(f"what-if {part!r}: {k['knob']!r} is not a knob the predictor "
+                                  f"replays; use one of {', '.join(KNOBS)}.")
+            out.append(("knob", k["knob"], _on(k["value"])))
+            continue
+        s = _STAGE_RE.match(part)
+        if not s:
+            raise WhatIfError(f"what-if {part!r} is not understood; write KNOB=on|off "
+                              f"({', '.join(KNOBS)}), host:STAGE=US (or *F, +US, -US) or "
+                              "gpu:STAGE*F (or =US, +US, -US).")
+        try:
+            x = float(s["x"])
+        except ValueError:
+            raise WhatIfError(f"what-if {part!r}: {s['x']!r} is not a number.") from None
+        if not math.isfinite(x) or (s["op"] in "*=" and x < 0):
+            raise WhatIfError(f"what-if {part!r}: use a finite, non-negative value.")
+        out.append((s["side"], s["stage"], s["op"], x))
+    if not out:
+        raise WhatIfError("empty what-if; write e.g. overlap=on or host:schedule=0.")
+    return out
+
+
+def _scaled(v: float, op: str, x: float) -> float:
+    return max(0.0, {"=": x, "*": v * x, "+": v + x, "-": v - x}[op])
+
+
+def apply(m: StepModel, text: str) -> StepModel:
+    """The model under one what-if (`parse_whatif`'s grammar); WhatIfError when the run
+    cannot answer it."""
+    for item in parse_whatif(text):
+        if item[0] == "knob":
+            m = _knob(m, item[1], item[2])
+        elif item[0] == "host":
+            m = _host(m, *item[1:])
+        else:
+            m = _gpu(m, *item[1:])
+    return m
+
+
+def _host(m: StepModel, stage: str, op: str, x: float) -> StepModel:
+    if stage in HOST_NAMES:
+        return replace(m, host={**m.host, stage: _scaled(m.host.get(stage, 0.0), op, x)})
+    hit = [i for i, l in enumerate(m.launches) if l.stage == stage]
+    if not hit:
+        names = sorted(set(HOST_NAMES) | {l.stage for l in m.launches})
+        raise WhatIfError(f"host:{stage}: the run has no host time named {stage!r}; use one "
+                          f"of {', '.join(names)}.")
+    ls = list(m.launches)
+    for i in hit:
+        ls[i] = replace(ls[i], host_us=_scaled(ls[i].host_us, op, x / len(hit) if op in "=+-"
+                                               else x))
+    return replace(m, launches=tuple(ls))
+
+
+def _gpu(m: StepModel, stage: str, op: str, x: float) -> StepModel:
+    ls, hit = list(m.launches), 0
+    for i, l in enumerate(ls):
+        if not any(s == stage for s, _ in l.stages):
+            continue
+        hit += sum(s == stage for s, _ in l.stages)
+        new = replace(l, stages=tuple((s, _scaled(d, op, x) if s == stage else d)
+                                      for s, d in l.stages))
+        if m.loop.host_runs_device:                # CPU: the work is inside the host call
+            new = replace(new, host_us=max(0.0, l.host_us + new.gpu_us - l.gpu_us))
+        ls[i] = new
+    if not hit:
+        names = sorted({s for l in m.launches for s, _ in l.stages})
+        raise WhatIfError(f"gpu:{stage}: no device stage {stage!r} in the run's steps; use one "
+                          f"of {', '.join(names)}.")
+    if op in "=+-" and hit > 1:
+        raise WhatIfError(f"gpu:{stage}{op}{x:g}: {stage!r} runs {hit} times a step; scale it "
+                          f"with gpu:{stage}*F instead.")
+    return replace(m, launches=tuple(ls))
+
+
+def _knob(m: StepModel, knob: str, on: bool) -> StepModel:
+    lp = m.loop
+    if knob == "overlap":
+        return replace(m, loop=replace(lp, overlap=on))
+    if knob == "zero_bubble":
+        m = _knob(m, "zb_async_d2h", True)
+        m = _knob(m, "zb_device_seq_lens", on)
+        return _knob(m, "zb_draft_preexec", on and m.draft != "none")
+    if knob == "zb_device_seq_lens":
+        if not on and lp.device_seq_lens and lp.overlap:
+            m = m.with_note("zb_device_seq_lens=off: the host's read of the lengths is taken as "
+                            "its wait alone (its copy's own time is not in the run)")
+        return replace(m, loop=replace(lp, device_seq_lens=on))
+    if knob == "zb_async_d2h":
+        return _async_d2h(m, on)
+    if knob == "zb_draft_preexec":
+        return _preexec(m, on)
+    return _fold_seed(m, on)
+
+
+def _async_d2h(m: StepModel, on: bool) -> StepModel:
+    lp = m.loop
+    if on == lp.async_d2h:
+        return m
+    if not on:
+        ls = tuple(l for l in m.launches if l.lane != "copy")
+        return replace(m, launches=ls, loop=replace(lp, async_d2h=False))
+    m = m.with_note("zb_async_d2h=on: the run has no d2h launch; its host call is taken as 0 µs "
+                    "and its copy as the blocking read's")
+    d2h = Launch("d2h", 0.0, "copy", (("d2h", m.d2h_gpu_us),))
+    return replace(m, launches=m.launches + (d2h,), loop=replace(lp, async_d2h=True))
+
+
+def _preexec(m: StepModel, on: bool) -> StepModel:
+    lp = m.loop
+    if on == lp.draft_preexec:
+        return m
+    if m.draft == "none":
+        raise WhatIfError("zb_draft_preexec: the run is target-only; there is no draft to run "
+                          "ahead.")
+    drafts = [l for l in m.launches if l.stage in DRAFT_LAUNCHES and l.lane == "forward"]
+    rest = [l for l in m.launches if l not in drafts]
+    if on:       # after the last commit / draft_extend launch
+        i = max((n for n, l in enumerate(rest) if l.stage in AFTER_COMMIT), default=None)
+        if i is None:
+            raise WhatIfError("zb_draft_preexec=on: the run's step has no commit launch to "
+                              "run the draft after.")
+        ls = rest[:i + 1] + drafts + rest[i + 1:]
+    else:        # right after resolve
+        i = next((n for n, l in enumerate(rest) if l.stage == "resolve"), -1)
+        ls = rest[:i + 1] + drafts + rest[i + 1:]
+    return replace(m, launches=tuple(ls), loop=replace(lp, draft_preexec=on))
+
+
+def _fold_seed(m: StepModel, on: bool) -> StepModel:
+    lp = m.loop
+    if not m.seed_forward:
+        raise WhatIfError(f"fold_seed: the run's draft ({m.draft}) has no seed forward to fold.")
+    if on == lp.fold_seed:
+        return m
+    ls = list(m.launches)
+    seeds = [i for i, l in enumerate(ls) if l.stage == "draft.seed"]
+    drafts = [i for i, l in enumerate(ls) if l.stage == "draft"]
+    if on:
+        if not seeds or not drafts:
+            raise WhatIfError("fold_seed=on: the run's steps have no separate draft.seed launch "
+                              "to fold.")
+        seed, i = ls[seeds[0]], drafts[0]
+        d = ls[i]
+        if m.graphs:
+            dgpu = dict(d.stages).get("draft", 0.0)
+            if m.num_steps > 1 and dgpu > 0:
+                est, how = dgpu / (m.num_steps - 1), "one of the draft graph's S-1 steps"
+            else:
+                est, how = seed.gpu_us, "its eager interval"
+            m = m.with_note(f"fold_seed=on: the folded seed's GPU time is taken as {how} "
+                            f"({est:.1f} µs); its eager launch ({seed.host_us:.1f} µs host) goes")
+            stages = tuple((s, x + est if s == "draft" else x) for s, x in d.stages)
+            ls[i] = replace(d, stages=stages)
+        else:    # eager: the seed runs inside the draft's call, as it did before it
+            stages = (("draft", seed.gpu_us + dict(d.stages).get("draft", 0.0)),) + tuple(
+                (s, x) for s, x in d.stages if s != "draft")
+            ls[i] = replace(d, host_us=d.host_us + seed.host_us, stages=stages)
+        del ls[seeds[0]]
+        return replace(m, launches=tuple(ls), loop=replace(lp, fold_seed=True))
+    nested = m.nested.get("draft.seed@draft")
+    if m.graphs or nested is None or not drafts:
+        raise WhatIfError("fold_seed=off: the run folded its seed into the draft graph, so the "
+                          "eager seed's host time is not in it; measure an unfolded run and ask "
+                          "fold_seed=on of it instead.")
+    i = drafts[0]
+    d = ls[i]
+    h, g = nested
+    ls[i] = replace(d, host_us=max(0.0, d.host_us - h),
+                    stages=tuple((s, max(0.0, x - g) if s == "draft" else x) for s, x in d.stages))
+    ls.insert(i, Launch("draft.seed", h, "forward", (("draft.seed", g),)))
+    return replace(m, launches=tuple(ls), loop=replace(lp, fold_seed=False))
+
+
+# -- predictions ------------------------------------------------------------------------------
+def default_whatifs(m: StepModel) -> list[str]:
+    """Every knob flipped from the run's setting, zero_bubble and each sub-knob, then each
+    host time at zero and the largest device stages at half."""
+    lp = m.loop
+    out = [f"overlap={'off' if lp.overlap else 'on'}"]
+    zb = lp.device_seq_lens and (lp.draft_preexec or m.draft == "none") and lp.async_d2h
+    out.append(f"zero_bubble={'off' if zb else 'on'}")
+    out.append(f"zb_async_d2h={'off' if lp.async_d2h else 'on'}")
+    out.append(f"zb_device_seq_lens={'off' if lp.device_seq_lens else 'on'}")
+    if m.draft != "none":
+        out.append(f"zb_draft_preexec={'off' if lp.draft_preexec else 'on'}")
+    if m.seed_forward:
+        out.append(f"fold_seed={'off' if lp.fold_seed else 'on'}")
+    out += [f"host:{n}=0" for n in HOST_NAMES if m.host.get(n, 0.0) > 0]
+    out += [f"host:{s}=0" for s in dict.fromkeys(l.stage for l in m.launches)]
+    gpu: dict[str, float] = {}
+    for l in m.launches:
+        for s, d in l.stages:
+            gpu[s] = gpu.get(s, 0.0) + d
+    out += [f"gpu:{s}*0.5" for s in sorted(gpu, key=gpu.get, reverse=True)[:3] if gpu[s] > 0]
+    return out
+
+
+def predict(m: StepModel, whatifs: Optional[Iterable[str]] = None) -> pd.DataFrame:
+    """One row per what-if (default: `default_whatifs`), the run itself first:
+    what, step_us, tok_s, ratio (tok/s over the run's), bubble_us, bubble_frac, note
+    (why it cannot be predicted, or the assumption it took)."""
+    base = replay(m)
+    rows = [_row("(run)", m, base, base)]
+    for w in (default_whatifs(m) if whatifs is None else whatifs):
+        try:
+            mm = apply(m, w)
+        except WhatIfError as e:
+            rows.append({"what": w, "step_us": math.nan, "tok_s": math.nan, "ratio": math.nan,
+                         "bubble_us": math.nan, "bubble_frac": math.nan, "note": str(e)})
+            continue
+        rows.append(_row(w, mm, replay(mm), base, m.notes))
+    return pd.DataFrame(rows, columns=["what", "step_us", "tok_s", "ratio", "bubble_us",
+                                       "bubble_frac", "note"])
+
+
+def _row(what: str, m: StepModel, r: Replay, base: Replay, old: tuple = ()) -> dict:
+    ratio = base.period_us / r.period_us if r.period_us > 0 else math.nan
+    return {"what": what, "step_us": r.period_us, "tok_s": m.anchor_tok_s * ratio,
+            "ratio": ratio, "bubble_us": r.bubble_us,
+            "bubble_frac": r.bubble_us / r.period_us if r.period_us > 0 else math.nan,
+            "note": "; ".join(m.notes[len(old):])}
+
+
+def predicted_ratio(m: StepModel, whatif: str) -> float:
+    """tok/s under `whatif` over the run's, as the model predicts it (WhatIfError if it
+    cannot)."""
+    return replay(m).period_us / replay(apply(m, whatif)).period_us
+
+
+def self_error(m: StepModel) -> float:
+    """The model's step time for the run itself over the measured one, minus 1."""
+    return replay(m).period_us / m.measured_period_us - 1.0
+
+
+def cause_table(m: StepModel) -> pd.DataFrame:
+    """Per bubble cause of the replayed run (analysis/causes.py names): bubble µs per step,
+    and the step time, tok/s and ratio with that cause removed (module doc)."""
+    base = replay(m)
+    rows = []
+    for c, us in sorted(base.causes.items(), key=lambda kv: -kv[1]):
+        r = replay(_without(m, c))
+        ratio = base.period_us / r.period_us
+        rows.append({"cause": c, "bubble_us": us, "bubble_frac": us / base.period_us,
+                     "step_us": r.period_us, "tok_s": m.anchor_tok_s * ratio, "ratio": ratio,
+                     "removed": _removal(c)})
+    return pd.DataFrame(rows, columns=["cause", "bubble_us", "bubble_frac", "step_us", "tok_s",
+                                       "ratio", "removed"])
+
+
+def _removal(cause: str) -> str:
+    return {PREP_CAUSE: "schedule, prepare, process_result host time = 0",
+            SYNC_CAUSE: "wake latency W = 0", LAUNCH_CAUSE: "launch latency L = 0",
+            PYTHON_CAUSE: "loop host time = 0"}.get(cause, f"{cause.split(':', 1)[-1]} launch "
+                                                          "host time = 0")
+
+
+def _without(m: StepModel, cause: str) -> StepModel:
+    if cause == PREP_CAUSE:
+        return replace(m, host={**m.host, **{n: 0.0 for n in HOST_WORK}})
+    if cause == SYNC_CAUSE:
+        return replace(m, wake_us=0.0)
+    if cause == LAUNCH_CAUSE:
+        return replace(m, launch_latency_us=0.0)
+    if cause == PYTHON_CAUSE:
+        return replace(m, host={**m.host, LOOP: 0.0})
+    return _host(m, cause.split(":", 1)[1], "=", 0.0)
+
+
+# -- from a run's tables ----------------------------------------------------------------------
+def outermost(stages: pd.DataFrame) -> pd.DataFrame:
+    """The meter's stage intervals without those nested in another of the same step and lane
+    (an eager `draft.step` inside `draft`)."""
+    if stages.empty:
+        return stages
+    df = stages.sort_values(["step", "lane", "start_us", "end_us"],
+                            ascending=[True, True, True, False]).reset_index(drop=True)
+    keep = []
+    last = None
+    run_end = -math.inf
+    for st, lane, e in zip(df["step"].tolist(), df["lane"].tolist(), df["end_us"].tolist()):
+        if (st, lane) != last:
+            last, run_end = (st, lane), -math.inf
+        keep.append(e > run_end)
+        run_end = max(run_end, e)
+    return df[keep].reset_index(drop=True)
+
+
+def _nested(stages: pd.DataFrame, top: pd.DataFrame) -> pd.DataFrame:
+    """Nested intervals with their parent's stage name (`parent` column)."""
+    key = ["step", "lane", "stage", "start_us", "end_us"]
+    inner = stages.merge(top[key], on=key, how="left", indicator=True)
+    inner = inner[inner["_merge"] == "left_only"].drop(columns="_merge")
+    if inner.empty:
+        return inner.assign(parent=[])
+    parents = []
+    for r in inner.itertuples():
+        p = top[(top["step"] == r.step) & (top["lane"] == r.lane) &
+                (top["start_us"] <= r.start_us) & (top["end_us"] >= r.end_us)]
+        parents.append(p["stage"].iloc[0] if len(p) else "")
+    return inner.assign(parent=parents)
+
+
+LANE_ORDER = {"forward": 0, "copy": 1}
+
+
+def _shape(top: pd.DataFrame) -> tuple[tuple, list]:
+    """The steady step's stage sequence ((lane, stage), ... forward first, each lane in time
+    order), the commonest among the steps, and the steps that have it."""
+    top = top.assign(_lane=top["lane"].map(LANE_ORDER).fillna(2))
+    top = top.sort_values(["step", "_lane", "start_us"])
+    seqs = {st: tuple(zip(g["lane"], g["stage"])) for st, g in top.groupby("step", sort=True)}
+    counts: dict = {}
+    for q in seqs.values():
+        counts[q] = counts.get(q, 0) + 1
+    shape = max(counts, key=counts.get)
+    return shape, [st for st, q in seqs.items() if q == shape]
+
+
+def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
+                anchor_tok_s: float = math.nan, latency_us: float = 0.0,
+                seed_forward: bool = False, eager: Sequence[str] = ()) -> StepModel:
+    """The StepModel of a run. `cfg`: its resolved config (the manifest's `config`);
+    `stages`: the meter's stage intervals (meter_stages.parquet) covering the steps of
+    `host`, the host clock's table (host_steps.parquet: one row per decode step, `step` its
+    meter step, `period_us` (its first span to the next iteration's), one column per
+    outermost host span name (µs), `NAME@PARENT` for nested ones); `latency_us`: L and W
+    (GPU only); `seed_forward`: the draft has a seed forward; `eager`: the launches issued
+    kernel by kernel (not one graph replay or one kernel)."""
+    if host.empty:
+        raise WhatIfError("the host-step table has no decode step; record one with "
+                          "mtplab run --step-profile true (or a sweep cell with step_profile).")
+    st = stages[stages["step"].isin(set(host["step"].tolist()))]
+    if st.empty:
+        raise WhatIfError("the meter has no stage interval in the host table's steps; the two "
+                          "tables come from different generates (record them together).")
+    top = outermost(st)
+    shape, good = _shape(top)
+    top = top[top["step"].isin(good)]
+    top = top.assign(_lane=top["lane"].map(LANE_ORDER).fillna(2)).sort_values(
+        ["step", "_lane", "start_us"])
+    hrows = host[host["step"].isin(good)]
+    host_cols = [c for c in host.columns if c not in ("step", "period_us") and "@" not in c]
+    # a launch begins at a stage with a host span of its own, or where the lane changes
+    heads = [i == 0 or shape[i - 1][0] != lane or (s in hrows and hrows[s].mean() > 0)
+             for i, (lane, s) in enumerate(shape)]
+    # a stage's time runs to the next stage's start inside one launch (gaps in a graph)
+    start = top["start_us"].to_numpy().reshape(len(good), len(shape))
+    end = top["end_us"].to_numpy().reshape(len(good), len(shape))
+    gpu = []
+    for i in range(len(shape)):
+        inner = i + 1 < len(shape) and not heads[i + 1]
+        gpu.append(float(((start[:, i + 1] if inner else end[:, i]) - start[:, i]).mean()))
+    groups: list[list[int]] = []
+    for i, h in enumerate(heads):
+        if h:
+            groups.append([])
+        groups[-1].append(i)
+    launches = [Launch(shape[g[0]][1], _mean(hrows, shape[g[0]][1]), shape[g[0]][0],
+                       tuple((shape[i][1], gpu[i]) for i in g), shape[g[0]][1] in eager)
+                for g in groups]
+    # a name that heads several launches: its host time split by their GPU time
+    for name in {l.stage for l in launches}:
+        idx = [i for i, l in enumerate(launches) if l.stage == name]
+        if len(idx) > 1:
+            g_all = sum(launches[i].gpu_us for i in idx)
+            for i in idx:
+                w = launches[i].gpu_us / g_all if g_all > 0 else 1.0 / len(idx)
+                launches[i] = replace(launches[i], host_us=launches[i].host_us * w)
+    nested = {}
+    nested_cols = [c for c in host.columns if "@" in c]
+    if nested_cols:
+        inner = _nested(st[st["step"].isin(good)], top.drop(columns="_lane"))
+        for c in nested_cols:
+            name, parent = c.split("@", 1)
+            g = inner[(inner["stage"] == name) & (inner["parent"] == parent)]
+            per = g.groupby("step")["dur_us"].sum().reindex(good, fill_value=0.0)
+            nested[c] = (_mean(hrows, c), float(per.mean()))
+    cuda = str(cfg.get("device", "cpu")).startswith("cuda")
+    period = float(hrows["period_us"].mean())
+    loop_us = period - float(hrows[host_cols].sum(axis=1).mean())
+    hw = {"schedule": _mean(hrows, "schedule"),
+          "prepare": max(0.0, _mean(hrows, "prepare") - _mean(hrows, "sync@prepare")),
+          "process_result": _mean(hrows, "process_result"), LOOP: max(0.0, loop_us)}
+    copy = [l for l in launches if l.lane == "copy"]
+    lp = Loop(overlap=bool(cfg.get("overlap")), async_d2h=bool(cfg.get("zb_async_d2h", True)),
+              device_seq_lens=bool(cfg.get("zb_device_seq_lens")),
+              draft_preexec=bool(cfg.get("zb_draft_preexec")),
+              fold_seed=bool(cfg.get("fold_seed")), host_runs_device=not cuda)
+    draft = str(cfg.get("draft", "none"))
+    return StepModel(
+        host=hw, launches=tuple(launches), loop=lp,
+        launch_latency_us=latency_us if cuda else 0.0, wake_us=latency_us if cuda else 0.0,
+        graphs=bool(cfg.get("cuda_graphs")), draft=draft,
+        num_steps=int(cfg.get("num_steps") or 0) if draft != "none" else 0,
+        seed_forward=seed_forward, nested=nested, anchor_tok_s=anchor_tok_s,
+        measured_period_us=period, d2h_gpu_us=copy[0].gpu_us if copy else 0.0)
+
+
+def _mean(df: pd.DataFrame, col: str) -> float:
+    return float(df[col].mean()) if col in df else 0.0
+
+
+def load_run(run_dir: str | Path) -> StepModel:
+    """The StepModel of a run folder holding manifest.json, meter_stages.parquet,
+    host_steps.parquet and whatif.json (mtplab run --step-profile true, or a sweep cell with
+    the workload's step_profile)."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise WhatIfError(f"{d} is not a folder; give a run folder (mtplab run --out DIR "
+                          "--step-profile true, or a sweep cell's traces/<cell_id>).")
+    missing = [f for f in (MANIFEST_FILE, METER_STAGES_FILE, HOST_STEPS_FILE, ANCHOR_FILE)
+               if not (d / f).is_file()]
+    if missing:
+        raise WhatIfError(f"{d} lacks {', '.join(missing)}; record the run with "
+                          "--step-profile true (mtplab run) or step_profile: true (a sweep "
+                          "cell), which writes them.")
+    man = json.loads((d / MANIFEST_FILE).read_text())
+    anchor = json.loads((d / ANCHOR_FILE).read_text())
+    return from_tables(man.get("config", man), pd.read_parquet(d / METER_STAGES_FILE),
+                       pd.read_parquet(d / HOST_STEPS_FILE),
+                       anchor_tok_s=float(anchor.get("meter_tok_per_s") or math.nan),
+                       latency_us=float(anchor.get("latency_us") or 0.0),
+                       seed_forward=bool(anchor.get("seed_forward", False)),
+                       eager=tuple(anchor.get("eager_launches", ())))
+
+
+def describe(m: StepModel) -> str:
+    """The model in a few lines: the loop, host times, launches (host µs | GPU µs)."""
+    lp = m.loop
+    knobs = " ".join(f"{k}={int(getattr(lp, k))}" for k in
+                     ("overlap", "async_d2h", "device_seq_lens", "draft_preexec", "fold_seed"))
+    lines = [f"loop: {knobs}{' (CPU: device work inside host calls)' if lp.host_runs_device else ''}"
+             f"; L = W = {m.launch_latency_us:.1f} µs",
+             "host µs: " + ", ".join(f"{n} {m.host.get(n, 0.0):.1f}" for n in HOST_NAMES)]
+    for l in m.launches:
+        lines.append(f"  {l.lane:<7} {l.stage:<12} host {l.host_us:8.1f} | GPU " +
+                     " + ".join(f"{s} {d:.1f}" for s, d in l.stages))
+    return "\n".join(lines)
+
+
+def knob_whatifs(diff: dict) -> Optional[str]:
+    """The what-if that turns one resolved config into another, from the fields that differ
+    (`{field: (run's, other's)}`); None when a differing field is not one the predictor
+    replays."""
+    parts = []
+    for k, (_, b) in diff.items():
+        if k in ("overlap", "fold_seed", "zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec"):
+            parts.append(f"{k}={'on' if b else 'off'}")
+        elif k == "zero_bubble":
+            continue                        # the sub-knobs it resolves to say it
+        else:
+            return None
+    return ",".join(parts) or None

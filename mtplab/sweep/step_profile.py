@@ -1,0 +1,54 @@
+"""A run's step profile: what the what-if predictor (analysis/whatif.py) reads from a run
+folder, recorded by one more generate of the measured workload.
+
+    files = record(eng, prompts, n, temperature, tok_per_s)
+      <run_dir>/host_steps.parquet   per decode step: host µs per span (instrument/stepclock.py)
+      <run_dir>/whatif.json          meter_tok_per_s (the measured generate's decode tokens
+                                     over its meter wall: the anchor a what-if's tok/s
+                                     scales), latency_us (L = W), seed_forward,
+                                     eager_launches, first_step, steps
+      (engine.finish() then writes meter_stages.parquet, whose steps the host table names)
+
+The generate runs with the spans paused (no event pairs, no profiler ranges), the bubble
+meter stamping and a StepClock timing every span, so the two tables describe the same steps.
+`mtplab run --step-profile true` and a sweep cell with `step_profile: true` record it;
+`mtplab whatif RUN_DIR` reads it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..analysis.whatif import ANCHOR_FILE, HOST_STEPS_FILE
+from ..atomic import atomic_path, atomic_write_json
+from ..draft_kinds import DRAFT_KINDS
+from ..instrument.stepclock import StepClock, launch_latency_us
+
+
+def record(eng, prompts: list, n: int, temperature: float,
+           tok_per_s: float) -> dict[str, Path]:
+    """Run the workload once more with a StepClock; write the host table and the anchor."""
+    if eng.meter is None:
+        raise ValueError("the step profile pairs host spans with the bubble meter's stage "
+                         "intervals; build the engine with bubble_meter=True.")
+    clock = StepClock(first_step=eng.meter.step + 1)
+    with eng.spans.paused(keep_meter=True):
+        eng.spans.host_clock = clock
+        try:
+            eng.generate(prompts, max_new_tokens=n, ignore_eos=True, temperature=temperature)
+        finally:
+            eng.spans.host_clock = None
+    host = clock.frame()
+    cfg = eng.cfg
+    kind = DRAFT_KINDS.get(cfg.draft)
+    anchor: dict[str, Any] = {
+        "meter_tok_per_s": tok_per_s,
+        "latency_us": launch_latency_us(eng.device.torch_device),
+        "seed_forward": bool(cfg.speculative and kind is not None and kind.seed_forward),
+        "eager_launches": sorted(clock.eager), "first_step": clock.first_step,
+        "steps": int(len(host))}
+    out = Path(eng.run_dir)
+    with atomic_path(out / HOST_STEPS_FILE) as tmp:
+        host.to_parquet(tmp)
+    return {"host_steps": out / HOST_STEPS_FILE,
+            "whatif": atomic_write_json(out / ANCHOR_FILE, anchor)}

@@ -1,0 +1,270 @@
+"""The what-if predictor on synthetic step graphs whose answers are worked out by hand
+(mtplab/analysis/whatif.py; docs/design.md "What-if predictor")."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from mtplab.analysis.whatif import (Launch, Loop, StepModel, WhatIfError, apply, cause_table,
+                                    from_tables, parse_whatif, predict, predicted_ratio, replay)
+
+HOST = {"schedule": 10.0, "prepare": 20.0, "process_result": 30.0, "loop": 40.0}
+
+
+def simple(verify_gpu=100.0, *, overlap=False, async_d2h=True, L=0.0, cpu=False,
+           device_seq_lens=True) -> StepModel:
+    """schedule 10, prepare 20, one verify graph (5 µs host), d2h (2 µs host, 3 µs copy),
+    process_result 30, loop 40."""
+    return StepModel(
+        host=dict(HOST),
+        launches=(Launch("verify", 5.0, "forward", (("verify", verify_gpu),)),
+                  Launch("d2h", 2.0, "copy", (("d2h", 3.0),))) if async_d2h else
+                 (Launch("verify", 5.0, "forward", (("verify", verify_gpu),)),),
+        loop=Loop(overlap=overlap, async_d2h=async_d2h, device_seq_lens=device_seq_lens,
+                  host_runs_device=cpu),
+        launch_latency_us=L, wake_us=L, graphs=True, d2h_gpu_us=3.0, anchor_tok_s=1000.0)
+
+
+def spec(**loop) -> StepModel:
+    """A draft step: resolve, draft, tree, verify, accept, commit+publish graphs, d2h."""
+    g = lambda name, host, *st: Launch(name, host, "forward", st)
+    return StepModel(
+        host=dict(HOST),
+        launches=(g("resolve", 3.0, ("resolve", 2.0)), g("draft", 5.0, ("draft", 50.0)),
+                  g("tree", 3.0, ("tree", 5.0)), g("verify", 5.0, ("verify", 100.0)),
+                  g("accept", 3.0, ("accept", 5.0)),
+                  g("commit", 4.0, ("commit", 10.0), ("publish", 2.0)),
+                  Launch("d2h", 2.0, "copy", (("d2h", 3.0),))),
+        loop=Loop(**{"overlap": False, **loop}), graphs=True, draft="frozen_kv_mtp",
+        num_steps=3, seed_forward=True, anchor_tok_s=1000.0)
+
+
+def test_normal_loop_is_the_sum_of_its_chain():
+    # 10 + 20 + 5 (verify launch) + 100 (verify) + 3 (d2h) + 30 + 40
+    r = replay(simple())
+    assert r.period_us == pytest.approx(208.0)
+    assert r.bubble_us == pytest.approx(105.0)
+    # the gap from d2h's end to the next verify: process_result, loop, schedule, prepare,
+    # the verify launch
+    assert r.causes == pytest.approx({"host_prep": 60.0, "host:python": 40.0,
+                                      "host:verify": 5.0})
+
+
+def test_latencies_add_once_each_way():
+    # the verify starts L after its launch, the host wakes W after d2h: 208 + 5 + 5
+    r = replay(simple(L=5.0))
+    assert r.period_us == pytest.approx(218.0)
+    assert r.causes == pytest.approx({"host_prep": 60.0, "host:python": 40.0,
+                                      "host:verify": 5.0, "launch": 5.0, "sync": 5.0})
+
+
+def test_overlap_host_bound_runs_at_the_host_period():
+    # host per iteration: 10 + 20 + 5 + 2 + 30 + 40 = 107 > device chain 100 + 3
+    assert replay(simple(overlap=True)).period_us == pytest.approx(107.0)
+    assert predicted_ratio(simple(), "overlap=on") == pytest.approx(208.0 / 107.0)
+
+
+def test_overlap_gpu_bound_runs_at_the_device_chain():
+    # verify 200, then d2h 3 before the next verify may overwrite the results: 203
+    r = replay(simple(200.0, overlap=True))
+    assert r.period_us == pytest.approx(203.0)
+    assert r.bubble_us == pytest.approx(0.0, abs=1e-9)
+
+
+def test_blocking_reads_undo_overlap():
+    # .tolist() under overlap waits for step k's verify too: the normal loop's 208
+    assert replay(simple(overlap=True, async_d2h=False)).period_us == pytest.approx(208.0)
+    # async reads (their launch taken as 0 µs host: the run had none): 105 a step
+    assert predicted_ratio(simple(overlap=True, async_d2h=False),
+                           "zb_async_d2h=on") == pytest.approx(208.0 / 105.0)
+
+
+def test_publish_sync_costs_prepare_and_the_first_launch():
+    # GPU-bound spec-free step: verify 200, commit 10 + publish 2, d2h 3. With the host
+    # read of the lengths, iteration k waits for k-1's publish, then prepares (20) and
+    # launches verify (5) while the device idles after d2h: 212 + 20 + 5 = 237.
+    m = StepModel(host=dict(HOST),
+                  launches=(Launch("verify", 5.0, "forward", (("verify", 200.0),)),
+                            Launch("commit", 4.0, "forward", (("commit", 10.0), ("publish", 2.0))),
+                            Launch("d2h", 2.0, "copy", (("d2h", 3.0),))),
+                  loop=Loop(overlap=True, device_seq_lens=False), graphs=True)
+    assert replay(m).period_us == pytest.approx(237.0)
+    assert replay(apply(m, "zb_device_seq_lens=on")).period_us == pytest.approx(215.0)
+
+
+def test_cpu_runs_everything_in_series():
+    # the device work is inside each launch call: 10+20+max(5,100)+max(2,3)+30+40 = 203,
+    # and overlap reorders nothing away
+    m = simple(cpu=True)
+    assert replay(m).period_us == pytest.approx(203.0)
+    assert predicted_ratio(m, "overlap=on") == pytest.approx(1.0)
+    # the meter's host-clock bubble: the time outside stage intervals
+    assert replay(m).bubble_us == pytest.approx(100.0)
+    # a stage's GPU time is host time there
+    assert replay(apply(m, "gpu:verify*2")).period_us == pytest.approx(303.0)
+
+
+def test_eager_launch_overlaps_its_own_kernels():
+    one = lambda eager: StepModel(host={}, launches=(Launch("draft.seed", 200.0, "forward",
+                                                            (("draft.seed", 60.0),), eager),),
+                                  loop=Loop(overlap=False, async_d2h=False))
+    assert replay(one(True)).period_us == pytest.approx(200.0)    # ends with its last launch
+    assert replay(one(False)).period_us == pytest.approx(260.0)   # a graph starts after it
+
+
+def test_host_and_gpu_whatifs():
+    m = simple()
+    assert replay(apply(m, "gpu:verify*2")).period_us == pytest.approx(308.0)
+    assert replay(apply(m, "host:loop=0")).period_us == pytest.approx(168.0)
+    assert replay(apply(m, "host:schedule+15,host:verify=0")).period_us == pytest.approx(218.0)
+    assert replay(apply(m, "host:loop-1000")).period_us == pytest.approx(168.0)   # floor at 0
+    assert replay(apply(m, "gpu:d2h=0")).period_us == pytest.approx(205.0)
+
+
+def test_preexec_moves_the_draft_after_commit():
+    m = apply(spec(), "zb_draft_preexec=on")
+    assert [l.stage for l in m.launches] == ["resolve", "tree", "verify", "accept", "commit",
+                                             "draft", "d2h"]
+    assert m.loop.draft_preexec
+    # overlap off: resolve (launched at 33) runs 2 µs, tree's launch ends at 36, then the
+    # device chain tree 5, verify 100, accept 5, commit 12, draft 50, d2h 3, then 30 + 40
+    assert replay(m).period_us == pytest.approx(36 + 172 + 3 + 70)
+    back = apply(m, "zb_draft_preexec=off")
+    assert [l.stage for l in back.launches] == [l.stage for l in spec().launches]
+
+
+def test_preexec_gpu_bound_keeps_the_device_chain():
+    # overlap: host 10 + 20 + 23 (launches) + 2 + 30 + 40 = 125 per iteration; the device
+    # chain 174 + d2h 3 = 177 is longer, and the draft's place in it does not change it
+    base = replay(spec(overlap=True, device_seq_lens=True)).period_us
+    pre = replay(apply(spec(overlap=True, device_seq_lens=True), "zb_draft_preexec=on")).period_us
+    assert base == pytest.approx(177.0) and pre == pytest.approx(177.0)
+
+
+def test_spec_normal_loop_by_hand():
+    # host 10 + 20, resolve launched at 33 runs 2 µs, draft's launch ends at 38; then the
+    # device chain draft 50, tree 5, verify 100, accept 5, commit 12, d2h 3, then 30 + 40
+    assert replay(spec()).period_us == pytest.approx(38 + 172 + 3 + 70)
+
+
+def test_zero_bubble_sets_every_sub_knob():
+    m = apply(spec(overlap=True), "zero_bubble=on")
+    assert (m.loop.async_d2h, m.loop.device_seq_lens, m.loop.draft_preexec) == (True, True, True)
+    m = apply(m, "zero_bubble=off")
+    assert (m.loop.async_d2h, m.loop.device_seq_lens, m.loop.draft_preexec) == (True, False, False)
+    t = apply(simple(overlap=True, device_seq_lens=False), "zero_bubble=on")
+    assert (t.loop.device_seq_lens, t.loop.draft_preexec) == (True, False)   # no draft
+
+
+def test_fold_seed_with_graphs_estimates_the_seed_from_the_draft_graph():
+    base = spec()
+    seed = Launch("draft.seed", 200.0, "forward", (("draft.seed", 60.0),), True)
+    m = StepModel(**{**base.__dict__, "launches": base.launches[:1] + (seed,) + base.launches[1:]})
+    f = apply(m, "fold_seed=on")
+    assert [l.stage for l in f.launches] == [l.stage for l in base.launches]
+    # the unfolded draft graph holds S-1 = 2 steps of 25 µs: the seed adds one
+    assert dict(f.launches[1].stages)["draft"] == pytest.approx(75.0)
+    assert f.loop.fold_seed and "fold_seed=on" in f.notes[0]
+    with pytest.raises(WhatIfError, match="folded its seed"):
+        apply(f, "fold_seed=off")
+
+
+def test_cause_table_gives_each_cause_back():
+    t = cause_table(simple(L=5.0)).set_index("cause")
+    assert t.loc["host_prep", "bubble_us"] == pytest.approx(60.0)
+    assert t.loc["host_prep", "step_us"] == pytest.approx(158.0)     # 218 - 60
+    assert t.loc["host_prep", "tok_s"] == pytest.approx(1000.0 * 218.0 / 158.0)
+    assert t.loc["launch", "step_us"] == pytest.approx(213.0)
+    assert t.loc["sync", "step_us"] == pytest.approx(213.0)
+    assert t.loc["host:python", "step_us"] == pytest.approx(178.0)
+    assert t.loc["host:verify", "step_us"] == pytest.approx(213.0)
+    assert list(t.index)[0] == "host_prep"                           # largest first
+
+
+def test_predict_table_and_unanswerable_rows():
+    df = predict(simple(), ["overlap=on", "zb_draft_preexec=on", "gpu:verify*0.5"])
+    assert list(df["what"]) == ["(run)", "overlap=on", "zb_draft_preexec=on", "gpu:verify*0.5"]
+    assert df["ratio"].iloc[0] == pytest.approx(1.0)
+    assert df["ratio"].iloc[1] == pytest.approx(208.0 / 107.0)
+    assert df["tok_s"].iloc[1] == pytest.approx(1000.0 * 208.0 / 107.0)
+    assert math.isnan(df["ratio"].iloc[2]) and "target-only" in df["note"].iloc[2]
+    assert df["step_us"].iloc[3] == pytest.approx(158.0)
+    assert len(predict(simple())) > 8           # the default what-ifs
+
+
+@pytest.mark.parametrize("text, match", [
+    ("overlap=maybe", "not understood"), ("speed=on", "not a knob"),
+    ("host:nothing=0", "no host time named"), ("gpu:nothing*2", "no device stage"),
+    ("gpu:verify*-1", "non-negative"), ("", "empty what-if"),
+])
+def test_bad_whatifs_say_what_to_write(text, match):
+    with pytest.raises(WhatIfError, match=match):
+        apply(simple(), text)
+
+
+def test_parse_whatif_grammar():
+    assert parse_whatif("overlap=on, host:schedule=0,gpu:verify*0.5") == [
+        ("knob", "overlap", True), ("host", "schedule", "=", 0.0),
+        ("gpu", "verify", "*", 0.5)]
+
+
+# -- from tables --------------------------------------------------------------------------------
+def tables(n=6):
+    """Steps 10..10+n-1 of a graphed frozen step on the GPU, 300 µs apart: resolve graph
+    (2 µs), an eager seed (draft.seed, with 30 µs of nested draft.step... no: with one
+    nested interval), the draft graph (50), verify (100), commit graph [commit 10 | publish 2
+    | stash 3] with a 1 µs stamp gap inside, d2h on the copy lane (3)."""
+    rows, host = [], []
+    for i in range(n):
+        s, t = 10 + i, 300.0 * i
+        rows += [(s, "resolve", "forward", t, t + 2), (s, "draft.seed", "forward", t + 5, t + 65),
+                 (s, "draft.step", "forward", t + 10, t + 20),
+                 (s, "draft", "forward", t + 70, t + 120), (s, "verify", "forward", t + 121, t + 221),
+                 (s, "commit", "forward", t + 222, t + 232), (s, "publish", "forward", t + 233, t + 235),
+                 (s, "stash", "forward", t + 235, t + 238), (s, "d2h", "copy", t + 239, t + 242)]
+        host.append({"step": s, "period_us": 300.0, "schedule": 11.0, "prepare": 25.0,
+                     "sync@prepare": 4.0, "resolve": 3.0, "draft.seed": 150.0,
+                     "draft.step@draft.seed": 20.0, "draft": 5.0, "verify": 6.0,
+                     "commit": 7.0, "d2h": 2.0, "sync": 9.0, "process_result": 30.0})
+    st = pd.DataFrame(rows, columns=["step", "stage", "lane", "start_us", "end_us"])
+    return st.assign(dur_us=st["end_us"] - st["start_us"]), pd.DataFrame(host)
+
+
+def test_from_tables_builds_launches_and_host_work():
+    st, host = tables()
+    cfg = {"device": "cuda", "overlap": True, "zb_async_d2h": True, "zb_device_seq_lens": False,
+           "zb_draft_preexec": False, "fold_seed": False, "cuda_graphs": True,
+           "draft": "frozen_kv_mtp", "num_steps": 3}
+    m = from_tables(cfg, st, host, anchor_tok_s=500.0, latency_us=4.0, seed_forward=True,
+                    eager=("draft.seed",))
+    assert [(l.stage, l.lane) for l in m.launches] == [
+        ("resolve", "forward"), ("draft.seed", "forward"), ("draft", "forward"),
+        ("verify", "forward"), ("commit", "forward"), ("d2h", "copy")]
+    commit = m.launches[4]
+    # commit runs to publish's start (the stamp gap is commit's), publish to stash's start
+    assert commit.stages == (("commit", 11.0), ("publish", 2.0), ("stash", 3.0))
+    assert commit.host_us == 7.0 and not commit.eager and m.launches[1].eager
+    assert dict(m.launches[1].stages) == {"draft.seed": 60.0}      # nested draft.step dropped
+    assert m.host["prepare"] == pytest.approx(21.0)               # its nested sync taken out
+    # loop = period - outermost spans (11+25+3+150+5+6+7+2+9+30 = 248)
+    assert m.host["loop"] == pytest.approx(52.0)
+    assert m.measured_period_us == 300.0 and m.launch_latency_us == 4.0
+    assert m.nested["draft.step@draft.seed"] == pytest.approx((20.0, 10.0))
+    assert m.d2h_gpu_us == pytest.approx(3.0)
+    assert not math.isnan(replay(m).period_us)
+
+
+def test_from_tables_on_cpu_has_no_latency_and_runs_in_series():
+    st, host = tables()
+    m = from_tables({"device": "cpu", "overlap": False}, st, host, latency_us=4.0)
+    assert m.loop.host_runs_device and m.launch_latency_us == 0.0 and m.wake_us == 0.0
+
+
+def test_from_tables_refuses_tables_of_other_steps():
+    st, host = tables()
+    with pytest.raises(WhatIfError, match="different generates"):
+        from_tables({}, st, host.assign(step=host["step"] + 100))
+    with pytest.raises(WhatIfError, match="no decode step"):
+        from_tables({}, st, host.iloc[:0])

@@ -181,9 +181,11 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)
-        params = SpecParams(cfg.num_steps, cfg.topk, cfg.num_draft_tokens, cfg.fold_seed,
-                            cfg.zb_draft_preexec, cfg.simulate_accept_len,
-                            cfg.simulate_accept_rates)
+        params = SpecParams(num_steps=cfg.num_steps, topk=cfg.topk,
+                            num_draft_tokens=cfg.num_draft_tokens, fold_seed=cfg.fold_seed,
+                            draft_preexec=cfg.zb_draft_preexec,
+                            simulate_accept_len=cfg.simulate_accept_len,
+                            simulate_accept_rates=cfg.simulate_accept_rates)
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
                           cfg.graph_granularity)

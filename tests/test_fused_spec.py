@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtplab.kernels import fused_spec as fs
+from mtplab.kernels.fused_ops import carrying
 from mtplab.kernels.stamp import CARRY_CODES, Carried
 from mtplab.kernels.topk import argmax_triton
 from mtplab.speculative import accept, commit, tree
@@ -179,9 +180,11 @@ def test_stage_functions_stamp_around_their_torch_fallback():
     ring, count = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
     done = torch.zeros(1, dtype=torch.int32)
     steps = [StepCandidates(tokens, scores, parents)]
-    sel = tree.organize(steps, 5, Carried(ring, count, (40,), done))
-    t = tree.build_tree(sel, torch.arange(2), torch.arange(2) + 4,
-                        Carried(ring, count, (41,), done))
+    carried = {"organize": (Carried(ring, count, (40,), done), None),
+               "build_tree": (None, Carried(ring, count, (41,), done))}
+    with carrying(lambda op: carried.get(op, (None, None))):    # a capture's hand-over
+        sel = tree.organize(steps, 5)
+        t = tree.build_tree(sel, torch.arange(2), torch.arange(2) + 4)
     assert torch.equal(t.tokens, tree.build_tree(tree.organize(steps, 5), torch.arange(2),
                                                  torch.arange(2) + 4).tokens)
     assert int(count[0]) == 2 and ring[:2, 0].tolist() == [40, 41]

@@ -9,6 +9,8 @@ import torch
 
 from mtplab.graphs.runner import GraphRunner, _Marks
 from mtplab.instrument.meter import launch_codes, stamp_code
+from mtplab.speculative import tree
+from mtplab.speculative.draft_select import StepCandidates
 
 
 class _Meter:
@@ -115,3 +117,37 @@ def test_the_begin_is_carried_once_and_only_where_the_runner_says():
     forgot = _Marks(_runner("tree", carry_begin=True)[0], warm=False)
     with pytest.raises(ValueError, match="were begun"):      # nobody took the begin
         forgot.finish()
+
+
+
+def _tree_runner(fn):
+    m = _Meter()
+    m.ring, m.count = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
+    r = GraphRunner(fn, dict(rows=torch.zeros(1, dtype=torch.long)), dict(rows=0), [1],
+                    meter=m, stage="tree", carry_begin=True,
+                    carry_ops=("organize", "build_tree"))
+    return r, m
+
+
+STEPS = [StepCandidates(torch.tensor([[4, 5, 6]]), torch.tensor([[0.9, 0.5, 0.7]]),
+                        torch.tensor([[-1, -1, 0]]))]
+
+
+def test_dispatched_ops_take_the_stamps_their_segment_names():
+    """tree: [organize{b tree}, build_tree{e tree}]. The stage code passes no stamp: inside
+    the capture `dispatch` hands organize the begin and build_tree the end (carry_ops); off
+    CUDA each runs its reference between stamp records, with no stamp node."""
+    r, m = _tree_runner(lambda rows, mark: tree.build_tree(tree.organize(STEPS, 3), rows,
+                                                           rows + 2))
+    r._call(dict(rows=torch.zeros(1, dtype=torch.long)), warm=False)
+    assert m.nodes == [] and int(m.count[0]) == 2
+    assert m.ring[:2, 0].tolist() == list(r.stamps)
+
+
+def test_a_carrying_op_dispatched_twice_in_its_segment_is_refused():
+    def fn(rows, mark):
+        tree.organize(STEPS, 3)
+        tree.organize(STEPS, 3)
+    r, _ = _tree_runner(fn)
+    with pytest.raises(ValueError, match="once"):
+        r._call(dict(rows=torch.zeros(1, dtype=torch.long)), warm=False)

@@ -174,15 +174,15 @@ def test_future_map_resolve_into_gives_padding_lanes_the_pad_value():
 
 def test_future_map_write_eager_marks_each_stage_and_matches_the_fused_kernel():
     """A segment's tail: eagerly `mark` begins publish then stash and the plain ops run; in a
-    graph (`mark.fused`) one kernel does the same moves and takes the stamps still to come."""
+    graph (`mark.captured`) one kernel does the same moves and takes the stamps still to come."""
     class Eager(list):
-        fused = False
+        captured = False
 
         def __call__(self, name):
             self.append(name)
 
     class Fused(list):
-        fused = True
+        captured = True
 
         def carry(self, *names):
             self.extend(names)

@@ -22,22 +22,26 @@ handover stamp (no host between them inside a graph):
 future map's moves, kernels/future_map.py) takes the stamps still to come with
 `mark.carry(*stages)` instead: the kernel issues them itself, with no stamp node:
     draft:  [b draft, ..., move_rows{h stash, e stash}]
-A segment whose first kernel is one of ours (`carry_begin=True`, fn(..., mark)) hands it the
-begin with `mark.begin()`; a one-stage segment's last kernel takes the end with `mark.carry()`:
+A segment whose first kernel is one of ours (`carry_begin=True`) has no begin node: that
+kernel takes the begin (`mark.begin()`), and a one-stage segment's last kernel the end
+(`mark.carry()`). Where those kernels are dispatched ops (kernels/fused_ops.py), `carry_ops`
+names them, (the op carrying the begin, the op carrying the end): the capture runs fn inside
+`carrying(mark.take)`, so `dispatch` hands each its stamps and fn passes none itself. The
+future map's kernel (`move_rows`) takes `mark.carry(...)` from the mark it is given:
     resolve: [move_rows{b resolve, e resolve}]      (one kernel: mark.carry("resolve"))
-    tree:    [organize{b tree}, build_tree{e tree}]                     (no stamp node)
-    accept:  [argmax{b accept}, ..., walk{e accept}]
+    tree:    [organize{b tree}, build_tree{e tree}]       carry_ops ("organize", "build_tree")
+    accept:  [argmax{b accept}, ..., walk{e accept}]      carry_ops ("argmax", walk's op)
     commit:  [window_slots{b commit}, ..., move_rows{h publish, h stash, e stash}]
 A graph of several segments (`segments`, the whole decode step as one graph) gives fn a
 `marks(i)` that begins segment i where it is called (its begin node, if not carried) and
 returns its marks; fn calls `finish()` on each before the next segment begins. A replay logs
 each segment's stamps as its own entry: the meter reads the same stage intervals as from one
 graph per segment.
-`mark.fused` tells a fn it runs captured (an eager twin's is False); in the warm-up runs marks
-issue nothing and carried stamps go to a scratch ring (the same kernel variant is compiled before
-the capture). The stamps stay on the graph's one chain: a stamp on a side branch would cost
-less device time, but the graph would then run on two streams and its kernels would show
-on two stream lanes of a trace.
+`mark.captured` tells a fn it runs in a capture (an eager twin's is False); in the warm-up
+runs marks issue nothing and carried stamps go to a scratch ring (the same kernel variant is
+compiled before the capture). The stamps stay on the graph's one chain: a stamp on a side
+branch would cost less device time, but the graph would then run on two streams and its
+kernels would show on two stream lanes of a trace.
 `fn` must be free of host syncs and data-dependent shapes; tensors it closes over (weights,
 KV cache, req_to_token) must never be reallocated after capture.
 No garbage collection runs inside a capture (`gc_paused`): a collection there may free a dead
@@ -50,6 +54,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels.fused_ops import carrying
 from ..kernels.stamp import Carried
 from ..nogc import gc_paused
 
@@ -61,12 +66,15 @@ def default_buckets(max_bs: int) -> list[int]:
 
 class Segment:
     """The stamps of one segment of a captured graph: its stages, where its begin stamp is
-    issued, its stamp codes [begin s0, handover s1, ..., end s(n-1)] and the carrying
-    kernels' done counter (one per segment; zero between launches)."""
+    issued, the dispatched ops that carry its begin and end (`carry_ops`), its stamp codes
+    [begin s0, handover s1, ..., end s(n-1)] and the carrying kernels' done counter (one per
+    segment; zero between launches)."""
 
-    def __init__(self, stages: str | tuple[str, ...], carry_begin: bool, meter, device):
+    def __init__(self, stages: str | tuple[str, ...], carry_begin: bool, meter, device,
+                 carry_ops: tuple = (None, None)):
         self.stages = (stages,) if isinstance(stages, str) else tuple(stages)
         self.carry_begin = carry_begin
+        self.carry_ops = carry_ops
         self.meter = meter
         self.stamps = meter.launch_codes(
             (meter.stamp_code(self.stages[0], "forward", False),)
@@ -83,13 +91,15 @@ class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: dict[str, torch.Tensor],
                  pad_values: dict[str, int], buckets: list[int], meter=None,
                  stage: str | tuple[str, ...] = "", carry_begin: bool = False,
-                 segments: Optional[list[tuple]] = None):
+                 carry_ops: tuple = (None, None), segments: Optional[list[tuple]] = None):
+        """One segment (`stage`, `carry_begin`, `carry_ops`), or several: `segments`, one
+        (stages, carry_begin[, carry_ops]) each (module doc)."""
         self.fn = fn
         self.meter = meter
         dev = next(iter(static_inputs.values())).device
         self.multi = segments is not None
-        self.segments = [Segment(st, cb, meter, dev)
-                         for st, cb in (segments if self.multi else [(stage, carry_begin)])]
+        self.segments = [Segment(st, cb, meter, dev, *ops) for st, cb, *ops in
+                         (segments if self.multi else [(stage, carry_begin, carry_ops)])]
         self.static = static_inputs
         self.pad = pad_values
         self.buckets = sorted(buckets)
@@ -141,14 +151,17 @@ class GraphRunner:
             def marks(i: int) -> _Marks:      # segment i begins here (its begin node, if any)
                 begun.append(_Marks(self.segments[i], warm))
                 return begun[-1]
-            out = self.fn(**args, marks=marks)
+            # a dispatched op takes its stamps from the segment under way
+            with carrying(lambda op: begun[-1].take(op) if begun else (None, None)):
+                out = self.fn(**args, marks=marks)
             for m in begun:
                 m.finish()
             return out
         seg = self.segments[0]
         mark = _Marks(seg, warm)
         plain = len(seg.stages) == 1 and not seg.carry_begin
-        out = self.fn(**args) if plain else self.fn(**args, mark=mark)
+        with carrying(mark.take):
+            out = self.fn(**args) if plain else self.fn(**args, mark=mark)
         mark.finish()
         return out
 
@@ -208,9 +221,10 @@ class _Marks:
     (`begin()`); `mark(s)` = the handover into s as a node; `carry(*stages)` = the codes
     still to come, for the fn's last kernel to issue; `finish()` = the end as a node unless
     carried. Warm-up runs (`warm`) issue no node and carry into the segment's scratch ring.
+    `take(op)` = what dispatched op `op` carries (the segment's `carry_ops`).
     `finish` may be called more than once (a step graph's fn finishes each segment)."""
 
-    fused = True           # the future map's tail in a graph is one kernel (sched/future_map.py)
+    captured = True        # the future map's tail in a graph is one kernel (sched/future_map.py)
 
     def __init__(self, segment: Segment, warm: bool):
         self.r, self.warm, self.pos = segment, warm, 0
@@ -248,6 +262,15 @@ class _Marks:
                              f"{st[self.pos:]} of {st}; got {names}.")
         codes, self.pos = self.codes[self.pos:], len(self.codes)
         return self._carried(codes)
+
+    def take(self, op: str) -> tuple[Optional[Carried], Optional[Carried]]:
+        """(begin, end) for the kernel of dispatched op `op`: the segment's begin stamp if
+        `op` is its begin op, the end if it is its end op, else None (kernels/fused_ops.py
+        `carrying`)."""
+        begin_op, end_op = self.r.carry_ops
+        begin = self.begin() if op == begin_op else None
+        end = self.carry() if op == end_op else None
+        return begin, end
 
     def _carried(self, codes: tuple) -> Optional[Carried]:
         if not self.r.stamps:

@@ -8,6 +8,11 @@ WARNING and that op runs its reference from then on (same function, torch arithm
 `dispatch` is shared with the speculative-stage kernels (fused_spec.py); inside
 `references()` every dispatched op runs its reference (the engine's unfused mode).
 
+Inside `carrying(carrier)` (a captured graph's segment, graphs/runner.py) a dispatched op
+asks `carrier(name)` for the meter's stamps its kernel carries, (begin, end), each a
+`Carried` or None: the stage code never sees them, and its kernel launches the stamping
+variant only where the capture says so (the reference then runs between stamp launches).
+
 Rounding follows the unfused path step by step, so bf16 results differ from it only by the
 order of the RMSNorm reduction and by fused multiply-adds:
     add_rmsnorm   r = round(x + res); y = round(w * round(r * rsqrt(mean(r^2) + eps)))
@@ -27,11 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from ..lazy_triton import tl, triton
-from .stamp import Carried, stamp_around
+from .stamp import stamp_around
 
 logger = logging.getLogger("mtplab")
 _failed: set[str] = set()       # ops whose kernel failed once: they run the reference
 _references = 0                 # > 0 inside `references()`
+_carrier = None                 # inside `carrying()`: op name -> (begin, end) stamps
 
 
 def _warps(block: int) -> int:
@@ -50,12 +56,27 @@ def references(on: bool = True):
         _references -= bool(on)
 
 
-def dispatch(name: str, kernel, ref, *args, begin: Optional[Carried] = None,
-             end: Optional[Carried] = None):
-    """kernel(*args) on CUDA tensors (ref after a failure, logged once, or inside
-    `references()`), ref(*args) otherwise. `begin` / `end`: a captured stage's stamps the
-    kernel carries (kernels/stamp.py); the reference runs between stamp launches instead."""
-    if args[0].is_cuda and not _references and name not in _failed:
+@contextlib.contextmanager
+def carrying(carrier):
+    """While inside, `dispatch(name, ...)` hands its kernel the stamps `carrier(name)`
+    returns: (begin, end), each a `Carried` (kernels/stamp.py) or None."""
+    global _carrier
+    prev, _carrier = _carrier, carrier
+    try:
+        yield
+    finally:
+        _carrier = prev
+
+
+def dispatch(name: str, kernel, ref, *args):
+    """kernel(*args) on CUDA tensors (ref after a failure, logged once, inside
+    `references()`, or where `kernel` is None: no kernel for these shapes), ref(*args)
+    otherwise. Inside `carrying()` the kernel carries the stamps the carrier hands this op
+    (kernels/stamp.py); the reference runs between stamp launches instead."""
+    begin = end = None
+    if _carrier is not None:
+        begin, end = _carrier(name)
+    if kernel is not None and args[0].is_cuda and not _references and name not in _failed:
         try:
             if begin is None and end is None:        # every op's hot path: no stamps
                 return kernel(*args)

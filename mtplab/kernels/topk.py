@@ -208,7 +208,6 @@ def argmax_triton(logits: torch.Tensor, block: int | None = None, begin: Carried
     return i.view(logits.shape[:-1])
 
 
-def argmax(logits: torch.Tensor, begin: Carried | None = None) -> torch.Tensor:
-    """logits [..., V] -> [...] int64 argmax over the last dim (kernel on CUDA); `begin`: a
-    captured stage's begin stamp for the kernel to carry."""
-    return dispatch("argmax", argmax_triton, argmax_ref, logits, begin=begin)
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> [...] int64 argmax over the last dim (kernel on CUDA)."""
+    return dispatch("argmax", argmax_triton, argmax_ref, logits)

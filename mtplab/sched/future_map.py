@@ -100,12 +100,12 @@ class FutureMap:
     def write(self, rows: torch.Tensor, mark, seq_lens: torch.Tensor | None = None,
               inputs: DraftInputs | None = None, predraft: tuple | None = None) -> None:
         """A segment's tail: publish `seq_lens`, then stash `inputs` or the pre-drafted
-        candidates, `mark(stage)` beginning each; in a captured graph (`mark.fused`) one
+        candidates, `mark(stage)` beginning each; in a captured graph (`mark.captured`) one
         kernel carrying their stamps (the host half of publish, `mark_published`, follows
         the replay)."""
         pub = [RowMove(self.seq_lens, seq_lens)] if seq_lens is not None else []
         stash = self._stash_moves(inputs, predraft)
-        if mark.fused:
+        if mark.captured:
             names = ("publish",) * bool(pub) + ("stash",) * bool(stash)
             # the kernel reads a 2-D field's columns contiguously (a 1-D one by its stride)
             moves = [RowMove(m.dst, m.src.contiguous() if m.src.dim() == 2 else m.src)

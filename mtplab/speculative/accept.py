@@ -16,7 +16,8 @@ AcceptResult (S+1 = the longest possible path, root included):
 Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA the greedy walk is
 one Triton kernel and so is the simulated chain (kernels/fused_spec.py); `_walk` and
 `_accept_chain_torch` are their references and the fallbacks. In a captured graph the
-target's argmax carries the stage's begin stamp and the walk its end (no stamp node).
+target's argmax carries the stage's begin stamp and the walk its end, with no stamp node
+(the capture hands them over inside `dispatch`: speculative/worker.py's segment table).
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import torch
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import accept_chain_triton, accept_greedy_triton
 from ..kernels.sampling import inverse_cdf, last_in_support, target_probs
-from ..kernels.stamp import Carried
 from .tree import DraftTree
 
 
@@ -66,13 +66,10 @@ def _walk(tree: DraftTree, choose: Callable[[int, torch.Tensor], torch.Tensor]) 
                         tokens=torch.stack(tokens, dim=1), bonus=bonus)
 
 
-def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor,
-                  end: Optional[Carried] = None) -> AcceptResult:
-    """target_argmax [B, D]: the target's greedy token after each node. `end`: the accept
-    stage's end stamp, carried by the walk's kernel in a captured graph."""
+def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> AcceptResult:
+    """target_argmax [B, D]: the target's greedy token after each node."""
     return AcceptResult(*dispatch("accept_greedy", accept_greedy_triton, _accept_greedy_torch,
-                                  tree.tokens, tree.parents, target_argmax, tree.num_steps,
-                                  end=end))
+                                  tree.tokens, tree.parents, target_argmax, tree.num_steps))
 
 
 def _accept_greedy_torch(tokens, parents, target_argmax, num_steps):
@@ -112,8 +109,7 @@ def accept_sample(tree: DraftTree, target_logits: torch.Tensor, temperature: tor
 
 def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: torch.Tensor, *,
                     mean_accept_len: Optional[float] = None,
-                    accept_rates: Optional[Sequence[float]] = None,
-                    end: Optional[Carried] = None) -> AcceptResult:
+                    accept_rates: Optional[Sequence[float]] = None) -> AcceptResult:
     """Simulated acceptance along the tree's first chain (root, first child, first child, ...).
 
     uniforms [B, S+1] in [0, 1). Exactly one of:
@@ -122,8 +118,7 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
                           mean 1 + sum_k prod_{i<=k} r[i-1].
     accept_lens is clipped to the first chain's length (S+1 for topk 1 or D = S*K+1 trees).
     Tokens are the chain's draft tokens then target_argmax at the last accepted node (bonus).
-    For topk > 1 the first chain is only one of the tree's paths: a performance proxy.
-    `end`: the accept stage's end stamp, carried by the chain's kernel in a captured graph."""
+    For topk > 1 the first chain is only one of the tree's paths: a performance proxy."""
     S = tree.num_steps
     u = uniforms.float()
     if (mean_accept_len is None) == (accept_rates is None):
@@ -142,8 +137,7 @@ def accept_simulated(tree: DraftTree, target_argmax: torch.Tensor, uniforms: tor
         ok = torch.stack([u[:, i] < rates[i] for i in range(S)], dim=1).long()   # [B, S]
         n = 1 + torch.cumprod(ok, dim=1).sum(dim=1)
     return AcceptResult(*dispatch("accept_chain", accept_chain_triton, _accept_chain_torch,
-                                  tree.tokens, tree.retrieve_next_token, target_argmax, n, S,
-                                  end=end))
+                                  tree.tokens, tree.retrieve_next_token, target_argmax, n, S))
 
 
 def _accept_chain_torch(tree_tokens, next_token, target_argmax, n, S):

@@ -16,18 +16,16 @@ lower lane writes: apply as gather-then-scatter (`kv[:, dst] = kv[:, src]`), nev
 The window's slots are taken once, at verify time (`window_slots`), and reused here: under
 overlap a finished request's row may be reassigned before its in-flight compaction runs.
 On CUDA window_slots and accept_moves are one Triton kernel each (kernels/fused_spec.py); the
-torch bodies are their reference and fallback.
+torch bodies are their reference and fallback. In a captured graph window_slots carries the
+commit stage's begin stamp (handed over inside `dispatch`: speculative/worker.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import accept_moves_triton, window_slots_triton
-from ..kernels.stamp import Carried
 from .accept import AcceptResult
 
 
@@ -41,11 +39,10 @@ class AcceptMoves:
 
 
 def window_slots(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
-                 num_draft_tokens: int, begin: Optional[Carried] = None) -> torch.Tensor:
-    """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1].
-    `begin`: the commit stage's begin stamp, carried by the kernel in a captured graph."""
+                 num_draft_tokens: int) -> torch.Tensor:
+    """[B, D] int64: slots of the verify window, req_to_token[rows, seq_lens + 0..D-1]."""
     return dispatch("window_slots", window_slots_triton, _window_slots_torch, req_to_token,
-                    rows, seq_lens, num_draft_tokens, begin=begin)
+                    rows, seq_lens, num_draft_tokens)
 
 
 def _window_slots_torch(req_to_token, rows, seq_lens, num_draft_tokens):
@@ -84,13 +81,12 @@ def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMo
 
 def commit(kv, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
            accept_index: torch.Tensor, accept_lens: torch.Tensor, hidden: torch.Tensor,
-           num_draft_tokens: int, move_kv: bool, begin: Optional[Carried] = None):
+           num_draft_tokens: int, move_kv: bool):
     """The commit stage: with move_kv (topk > 1) the accepted path's KV moves to the front of
     the window; the path's hidden rows are gathered; lengths advance on the device.
-    -> (new_seq_lens [B], hidden_path [B, S+1, H], hidden_last [B, H] at accept_len-1).
-    `begin`: the stage's begin stamp, carried by its first kernel (window_slots)."""
+    -> (new_seq_lens [B], hidden_path [B, S+1, H], hidden_last [B, H] at accept_len-1)."""
     B = rows.shape[0]
-    window = window_slots(req_to_token, rows, seq_lens, num_draft_tokens, begin)
+    window = window_slots(req_to_token, rows, seq_lens, num_draft_tokens)
     moves = accept_moves(window, AcceptResult(accept_index, accept_lens, None, None))
     if move_kv:
         apply_kv_moves(kv.k, kv.v, moves)

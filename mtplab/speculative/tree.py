@@ -17,18 +17,18 @@ Children are ordered by node index, i.e. by selection order.
 Static shapes, no host synchronisation (CUDA-graph capturable). On CUDA, organize and
 build_tree are one Triton kernel each (kernels/fused_spec.py); the torch bodies below are
 their reference and the fallback (kernels/fused_ops.dispatch). In a captured graph the two
-kernels carry the stage's stamps: [organize{b tree}, build_tree{e tree}], no stamp node.
+kernels carry the stage's stamps, [organize{b tree}, build_tree{e tree}], with no stamp node
+(the capture hands them over inside `dispatch`: speculative/worker.py's segment table).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
 from ..kernels.fused_ops import dispatch
 from ..kernels.fused_spec import MAX_CANDIDATES, build_tree_triton, organize_triton
-from ..kernels.stamp import Carried, stamp_around
 from .draft_select import StepCandidates
 
 
@@ -40,10 +40,8 @@ class DraftSelection:
     num_steps: int         # S: the deepest node has depth <= S
 
 
-def organize(steps: Sequence[StepCandidates], num_draft_tokens: int,
-             begin: Optional[Carried] = None) -> DraftSelection:
-    """The best D-1 candidates over all steps (see the module sketch), in tree order.
-    `begin`: the tree stage's begin stamp, carried by the kernel in a captured graph."""
+def organize(steps: Sequence[StepCandidates], num_draft_tokens: int) -> DraftSelection:
+    """The best D-1 candidates over all steps (see the module sketch), in tree order."""
     n = num_draft_tokens - 1
     if len(steps) == 1:
         scores, tokens, parents = steps[0].scores, steps[0].tokens, steps[0].parents
@@ -54,11 +52,8 @@ def organize(steps: Sequence[StepCandidates], num_draft_tokens: int,
     if not 0 <= n <= scores.shape[1]:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} needs {n} draft nodes but "
                          f"{len(steps)} steps propose only {scores.shape[1]} candidates.")
-    if scores.shape[1] <= MAX_CANDIDATES:
-        tok, par = dispatch("organize", organize_triton, _organize_torch, scores, tokens,
-                            parents, n, begin=begin)
-    else:
-        tok, par = stamp_around(begin, None, _organize_torch, scores, tokens, parents, n)
+    kernel = organize_triton if scores.shape[1] <= MAX_CANDIDATES else None
+    tok, par = dispatch("organize", kernel, _organize_torch, scores, tokens, parents, n)
     return DraftSelection(tokens=tok, parents=par, num_steps=len(steps))
 
 
@@ -96,16 +91,11 @@ def _first_true(m: torch.Tensor) -> torch.Tensor:
     return torch.where(first == D, -1, first)
 
 
-def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor,
-               end: Optional[Carried] = None) -> DraftTree:
-    """The verify tree of a selection (module map); `end`: the tree stage's end stamp,
-    carried by the kernel in a captured graph."""
-    if sel.tokens.shape[1] < MAX_CANDIDATES:
-        fields = dispatch("build_tree", build_tree_triton, _build_tree_torch, sel.tokens,
-                          sel.parents, bonus, seq_lens, end=end)
-    else:
-        fields = stamp_around(None, end, _build_tree_torch, sel.tokens, sel.parents, bonus,
-                              seq_lens)
+def build_tree(sel: DraftSelection, bonus: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+    """The verify tree of a selection (module map)."""
+    kernel = build_tree_triton if sel.tokens.shape[1] < MAX_CANDIDATES else None
+    fields = dispatch("build_tree", kernel, _build_tree_torch, sel.tokens, sel.parents, bonus,
+                      seq_lens)
     return DraftTree(*fields, num_steps=sel.num_steps)
 
 

@@ -63,7 +63,7 @@ graph_granularity="step" such a step runs by stages, eagerly.
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -84,7 +84,7 @@ class _SpanChain:
     """An eager multi-stage segment: one stage span at a time; calling it with a name ends the
     current one and begins `name` (the eager twin of a graph's marks)."""
 
-    fused = False                 # the future map's tail runs as its eager ops, stage by stage
+    captured = False              # the future map's tail runs as its eager ops, stage by stage
 
     def __init__(self, spans, stages: tuple[str, ...]):
         self.spans, self.stages = spans, stages
@@ -105,14 +105,6 @@ class _SpanChain:
             self.cur = None
         return False
 
-    def begin(self) -> None:
-        """No stamp to carry: an eager stage's span stamps it (the graph twin's `begin`)."""
-        return None
-
-    def carry(self, *names: str) -> None:
-        """The eager twin of a carrying kernel's stamps: the spans already stamp."""
-        return None
-
     def finish(self) -> None:
         """The segment is done: its last span ends (a step's marks, `_EagerMarks`)."""
         self.__exit__(None, None, None)
@@ -120,7 +112,7 @@ class _SpanChain:
 
 class _NoSpan:
     """The marks of a segment that spans itself (the draft worker's seed)."""
-    fused = False
+    captured = False
 
     def finish(self) -> None:
         return None
@@ -145,17 +137,7 @@ class _EagerMarks:
             self.open.__exit__(type(exc), exc, None)
 
 
-def _begin(mark):
-    """A single-stage segment's begin stamp for its first kernel (None when eager)."""
-    return mark.begin() if mark is not None else None
-
-
-def _end(mark):
-    """A single-stage segment's end stamp for its last kernel (None when eager)."""
-    return mark.carry() if mark is not None else None
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecParams:
     num_steps: int
     topk: int
@@ -170,31 +152,72 @@ class SpecParams:
         return self.simulate_accept_len is not None or self.simulate_accept_rates is not None
 
 
+MOVE_ROWS = "move_rows"     # the future map's kernel: it takes its stamps from `mark.carry`
+
+
 @dataclass(frozen=True)
 class Call:
-    """One segment run of a step's plan (the module's segment table).
+    """One segment run of a step's plan (a row of the module's segment table).
     `key`: its graph under stage granularity (a segment run twice with the same reads shares
-    one); `graphed`: False for a segment that always runs eagerly (the unfolded seed in stage
-    graphs, sampled accept); `reads`: (parameter, value) pairs; `writes`: per output, the
-    values it becomes."""
+    one); `carry`: the kernels that carry the segment's begin and end stamps when captured,
+    (begin op, end op): dispatched ops, handed their stamps inside `dispatch` by the capture
+    (graphs/runner.py `carry_ops`), or MOVE_ROWS; None where a stamp node marks it;
+    `reads`: (parameter, value) pairs; `writes`: per output, the values it becomes (VALUES);
+    `graphed`: False for a segment that always runs eagerly (the unfolded seed in stage
+    graphs, sampled accept)."""
     key: str
     stages: tuple[str, ...]
-    carry_begin: bool
+    carry: tuple[Optional[str], Optional[str]]
     reads: tuple[tuple[str, str], ...]
     writes: tuple[tuple[str, ...], ...]
     graphed: bool = True
 
     @property
+    def carry_begin(self) -> bool:
+        """No begin node: the segment's first kernel carries its begin stamp."""
+        return self.carry[0] is not None
+
+    @property
     def plain(self) -> bool:
-        """fn takes no `mark`: one stage whose begin and end are stamp nodes."""
-        return len(self.stages) == 1 and not self.carry_begin
+        """fn takes no `mark`: one stage, and no future-map kernel to hand stamps to."""
+        return len(self.stages) == 1 and MOVE_ROWS not in self.carry
 
 
-# resolve: value -> (future-map field, pad on graph-padding lanes)
-RESOLVE_FIELDS = {"seq_lens": ("seq_lens", 1), "d_seq": ("seq_lens", 1), "bonus": ("bonus", 0),
-                  "d_hidden": ("hidden", 0), "d_topk_logp": ("topk_logp", 0),
-                  "d_topk_index": ("topk_index", 0), "scores": ("pre_scores", 0),
-                  "cand_tokens": ("pre_tokens", 0), "cand_parents": ("pre_parents", -1)}
+class Value(NamedTuple):
+    """A value of the step: its shape after the batch dim (sizes named as in `_sizes`), its
+    dtype ("hidden": the hidden states' dtype), its pad on graph-padding lanes and, for a
+    value resolve reads, its future-map field."""
+    shape: tuple[str, ...]
+    dtype: object
+    pad: int
+    field: Optional[str] = None
+
+
+_L, _F, _B = torch.long, torch.float32, torch.bool
+# Every value a step can hold: the segment table's reads and writes name these. The stage
+# graphs' persistent buffers, GraphRunner's pads, resolve's fields and pads all read here.
+# Padding lanes (bs < bucket) carry row 0 (the padding page) and these pads through every
+# segment (resolve pads from row 0: it must not read what padding lanes last wrote there).
+VALUES = {
+    "rows": Value((), _L, 0), "seeds": Value((), _L, 0),
+    "seq_lens": Value((), _L, 1, "seq_lens"), "d_seq": Value((), _L, 1, "seq_lens"),
+    "bonus": Value((), _L, 0, "bonus"), "d_hidden": Value(("H",), "hidden", 0, "hidden"),
+    "d_topk_logp": Value(("K",), _F, 0, "topk_logp"),
+    "d_topk_index": Value(("K",), _L, 0, "topk_index"),
+    "scores": Value(("C",), _F, 0, "pre_scores"), "cand_tokens": Value(("C",), _L, 0, "pre_tokens"),
+    "cand_parents": Value(("C",), _L, -1, "pre_parents"),
+    # the tree (speculative/tree.py DraftTree, in its field order)
+    "tokens": Value(("D",), _L, 0), "parents": Value(("D",), _L, -1),
+    "depth": Value(("D",), _L, 0), "positions": Value(("D",), _L, 0),
+    "mask": Value(("D", "D"), _B, 1), "next_token": Value(("D",), _L, -1),
+    "next_sibling": Value(("D",), _L, -1),
+    "logits": Value(("D", "V"), _F, 0), "hidden_all": Value(("D", "H"), "hidden", 0),
+    "finite": Value((), _B, 1),
+    "accept_index": Value(("E",), _L, 0), "accept_lens": Value((), _L, 1),
+    "acc_tokens": Value(("E",), _L, 0), "hidden_path": Value(("E", "H"), "hidden", 0),
+    "host_tokens": Value(("E",), _L, 0),
+}
+VALUES_PAD = {k: v.pad for k, v in VALUES.items()}
 TREE_OUT = ("tokens", "parents", "depth", "positions", "mask", "next_token", "next_sibling")
 
 
@@ -289,17 +312,19 @@ class SpecWorker:
         stage_graphs = self.granularity == "stage"
         draft_in = ("bonus", "d_hidden") if p.fold_seed else \
             ("d_hidden", "d_topk_logp", "d_topk_index")
+        nodes = (None, None)   # begin and end stamp nodes: no kernel carries them
 
         def draft_calls() -> list[Call]:
             out = []
             if seed_call:      # the unfolded seed: eager between stage graphs
-                out.append(Call("draft.seed", ("draft.seed",), False,
+                out.append(Call("draft.seed", ("draft.seed",), nodes,
                                 (("rows", "rows"), ("seq_lens", "d_seq"), ("bonus", "bonus"),
                                  ("hidden", "d_hidden")),
                                 (("d_hidden",), ("d_topk_logp",), ("d_topk_index",)),
                                 graphed=not stage_graphs))
             params = ("bonus", "hidden") if p.fold_seed else ("hidden", "topk_logp", "topk_index")
-            out.append(Call("draft", ("draft", "stash") if preexec else ("draft",), False,
+            out.append(Call("draft", ("draft", "stash") if preexec else ("draft",),
+                            (None, MOVE_ROWS if preexec else None),
                             (("rows", "rows"), ("seq_lens", "d_seq")) + tuple(zip(params, draft_in)),
                             (("scores",), ("cand_tokens",), ("cand_parents",))))
             return out
@@ -307,40 +332,43 @@ class SpecWorker:
         res = ("seq_lens", "bonus") + (("scores", "cand_tokens", "cand_parents") if predrafted
                                        else ("d_seq", "d_hidden") +
                                        (("d_topk_logp", "d_topk_index") if eagle else ()))
-        calls = [Call("resolve.pre" if predrafted else "resolve", ("resolve",), True,
+        calls = [Call("resolve.pre" if predrafted else "resolve", ("resolve",),
+                      (MOVE_ROWS, MOVE_ROWS),
                       (("rows", "rows"),), tuple((v,) for v in res))]
         if not predrafted:
             calls += draft_calls()
         common = (("rows", "rows"), ("seq_lens", "seq_lens"))
-        calls.append(Call("tree", ("tree",), True,
+        calls.append(Call("tree", ("tree",), ("organize", "build_tree"),
                           common + (("bonus", "bonus"), ("scores", "scores"),
                                     ("tokens", "cand_tokens"), ("parents", "cand_parents")),
                           tuple((v,) for v in TREE_OUT)))
-        calls.append(Call("verify", ("verify",), False,
+        calls.append(Call("verify", ("verify",), nodes,
                           common + (("tokens", "tokens"), ("positions", "positions"),
                                     ("mask", "mask")),
                           (("logits",), ("hidden_all",), ("finite",))))
         acc_writes = (("accept_index",), ("accept_lens",), ("acc_tokens",), ("bonus",),
                       ("host_tokens",))
         if greedy:
-            calls.append(Call("accept", ("accept",), True,
+            walk = "accept_chain" if p.simulated else "accept_greedy"
+            calls.append(Call("accept", ("accept",), ("argmax", walk),
                               common + tuple((k, k) for k in ("tokens", "parents", "next_token",
                                                               "logits", "seeds", "finite")),
                               acc_writes))
         else:
-            calls.append(Call("accept.sample", ("accept",), False,
+            calls.append(Call("accept.sample", ("accept",), nodes,
                               (("seq_lens", "seq_lens"), ("logits", "logits"), ("seeds", "seeds"),
                                ("temperature", "temperature"), ("top_p", "top_p"),
                                ("finite", "finite")) +
                               tuple((k, k) for k in TREE_OUT), acc_writes, graphed=False))
         extra = () if eagle else (("tokens", "acc_tokens"), ("bonus", "bonus"))
-        calls.append(Call("commit", ("commit", "publish") + (() if eagle else ("stash",)), True,
+        calls.append(Call("commit", ("commit", "publish") + (() if eagle else ("stash",)),
+                          ("window_slots", MOVE_ROWS),
                           common + (("accept_index", "accept_index"),
                                     ("accept_lens", "accept_lens"),
                                     ("hidden", "hidden_all")) + extra,
                           (("d_seq",), ("hidden_path",), () if eagle else ("d_hidden",))))
         if eagle:
-            calls.append(Call("draft_extend", ("draft_extend", "stash"), False,
+            calls.append(Call("draft_extend", ("draft_extend", "stash"), (None, MOVE_ROWS),
                               common + (("tokens", "acc_tokens"), ("hidden_path", "hidden_path"),
                                         ("accept_lens", "accept_lens"), ("bonus", "bonus")),
                               (("d_hidden",), ("d_topk_logp",), ("d_topk_index",))))
@@ -468,7 +496,7 @@ class SpecWorker:
         names = tuple(vals[0] for vals in c.writes)
 
         def fn(rows, mark, dst=None):
-            if not mark.fused:
+            if not mark.captured:
                 seq, inp = fm.resolve_seq_lens(rows), fm.gather(rows)
                 pre = fm.gather_predraft(rows) if "scores" in names else (None,) * 3
                 got = dict(seq_lens=seq, d_seq=seq, bonus=inp.bonus, d_hidden=inp.hidden,
@@ -478,10 +506,10 @@ class SpecWorker:
             bs = rows.shape[0]
             out = []
             for k in names:
-                f = getattr(fm, RESOLVE_FIELDS[k][0])
+                f = getattr(fm, VALUES[k].field)
                 out.append(dst[k][:bs] if dst is not None else
                            f.new_empty((bs,) + tuple(f.shape[1:])))
-            fm.resolve_into(rows, [(o, RESOLVE_FIELDS[k][0], RESOLVE_FIELDS[k][1], 0)
+            fm.resolve_into(rows, [(o, VALUES[k].field, VALUES[k].pad, 0)
                                    for o, k in zip(out, names)], mark.carry("resolve"))
             return tuple(out)
         return fn
@@ -514,14 +542,13 @@ class SpecWorker:
         return fn
 
     def _tree_fn(self, max_kv: int):
-        """organize + build_tree; captured, the two kernels carry the stage's begin and end."""
+        """organize + build_tree (captured, the two kernels carry the stage's stamps)."""
         p = self.p
 
-        def fn(rows, seq_lens, bonus, scores, tokens, parents, mark=None):
+        def fn(rows, seq_lens, bonus, scores, tokens, parents):
             steps = [StepCandidates(tokens, scores, parents)]
-            sel = replace(organize(steps, p.num_draft_tokens, _begin(mark)),
-                          num_steps=p.num_steps)
-            return astuple(build_tree(sel, bonus, seq_lens, _end(mark)))[:-1]
+            sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
+            return astuple(build_tree(sel, bonus, seq_lens))[:-1]
         return fn
 
     def _verify_fn(self, max_kv: int):
@@ -538,17 +565,17 @@ class SpecWorker:
         the argmax kernel carries the stage's begin and the walk its end."""
         p = self.p
 
-        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds, finite, mark=None):
+        def fn(rows, seq_lens, tokens, parents, next_token, logits, seeds, finite):
             tree = DraftTree(tokens, parents, None, None, None, next_token, None, p.num_steps)
             # = logits.argmax(-1); split-V kernel on CUDA
-            argmax = vocab_argmax(logits, _begin(mark))
+            argmax = vocab_argmax(logits)
             if not p.simulated:
-                acc = accept_greedy(tree, argmax, _end(mark))
+                acc = accept_greedy(tree, argmax)
             else:
                 # level k decides position seq_len + 1 + k (not keyed by the step)
                 u = position_uniform(seeds, seq_lens + 1, p.num_steps + 1, SIMULATE)
                 acc = accept_simulated(tree, argmax, u, mean_accept_len=p.simulate_accept_len,
-                                       accept_rates=p.simulate_accept_rates, end=_end(mark))
+                                       accept_rates=p.simulate_accept_rates)
             # the committed tokens for the host (a copy: the device keeps acc.tokens), each
             # request's row NONFINITE_TOKEN where its verify logits were not finite
             return astuple(acc) + (flag_nonfinite(acc.tokens, finite),)
@@ -576,7 +603,7 @@ class SpecWorker:
                bonus=None):
             new_seq, hidden_path, hidden_last = commit(
                 self.target.kv, self.table, rows, seq_lens, accept_index, accept_lens, hidden,
-                p.num_draft_tokens, move_kv=p.topk > 1, begin=mark.begin())
+                p.num_draft_tokens, move_kv=p.topk > 1)
             # no draft_extend forward: extend is a selection (no device work)
             nxt = None if dw.extend_forward else dw.extend(
                 rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens, max_kv)
@@ -597,23 +624,13 @@ class SpecWorker:
         return fn
 
     # -- CUDA graphs -------------------------------------------------------------------------
-    def _value_specs(self) -> dict[str, tuple]:
-        """value -> (shape after the batch dim, dtype): every value a step can hold."""
-        p, fm = self.p, self.future_map
-        K, D, E = p.topk, p.num_draft_tokens, p.num_steps + 1
-        H, hdt = fm.hidden.shape[1], fm.hidden.dtype
-        C = num_candidates(p.num_steps, K)
-        V = self.target.model.config.vocab_size
-        L, f32, b = torch.long, torch.float32, torch.bool
-        return {"rows": ((), L), "seeds": ((), L), "seq_lens": ((), L), "d_seq": ((), L),
-                "bonus": ((), L), "d_hidden": ((H,), hdt), "d_topk_logp": ((K,), f32),
-                "d_topk_index": ((K,), L), "scores": ((C,), f32), "cand_tokens": ((C,), L),
-                "cand_parents": ((C,), L), "tokens": ((D,), L), "parents": ((D,), L),
-                "depth": ((D,), L), "positions": ((D,), L), "mask": ((D, D), b),
-                "next_token": ((D,), L), "next_sibling": ((D,), L), "logits": ((D, V), f32),
-                "hidden_all": ((D, H), hdt), "accept_index": ((E,), L),
-                "accept_lens": ((), L), "acc_tokens": ((E,), L), "hidden_path": ((E, H), hdt),
-                "finite": ((), b), "host_tokens": ((E,), L)}
+    def _sizes(self) -> dict:
+        """The sizes VALUES' shapes name: H hidden, K topk, C draft candidates, D tree nodes,
+        E = S+1 path lanes, V vocabulary."""
+        p = self.p
+        return {"H": self.future_map.hidden.shape[1], "K": p.topk,
+                "C": num_candidates(p.num_steps, p.topk), "D": p.num_draft_tokens,
+                "E": p.num_steps + 1, "V": self.target.model.config.vocab_size}
 
     def _capture(self, max_bs: int) -> None:
         """Capture the graphs of every plan the engine can run: one step graph per greedy
@@ -639,12 +656,13 @@ class SpecWorker:
             self._plans = {k: tuple(replace(c, graphed=False) if c.key.startswith("resolve")
                                     else c for c in plan) for k, plan in self._plans.items()}
             plans = list(self._plans.values())
-        specs = self._value_specs()
-        used = {val for plan in plans for c in plan for _, val in c.reads if val in specs}
-        dev = self.device
-        self.bufs = {v: torch.full((max_bs,) + specs[v][0], VALUES_PAD[v], dtype=specs[v][1],
-                                   device=dev)
-                     for v in sorted(used | {"host_tokens", "accept_lens"})}
+        used = {val for plan in plans for c in plan for _, val in c.reads if val in VALUES}
+        size, hdt, dev = self._sizes(), self.future_map.hidden.dtype, self.device
+        self.bufs = {}
+        for v in sorted(used | {"host_tokens", "accept_lens"}):
+            shape, dtype, pad, _ = VALUES[v]
+            self.bufs[v] = torch.full((max_bs,) + tuple(size[d] for d in shape), pad,
+                                      dtype=hdt if dtype == "hidden" else dtype, device=dev)
         for plan in plans:
             for c in plan:
                 if c.graphed and c.key not in self.graphs:
@@ -662,7 +680,7 @@ class SpecWorker:
             if resolve:
                 fn(**args, mark=mark, dst=bufs)
                 return ()
-            out = fn(**args) if mark is None else fn(**args, mark=mark)
+            out = fn(**args) if c.plain else fn(**args, mark=mark)
             for vals, o in zip(c.writes, out):
                 for val in vals:
                     if val in bufs:
@@ -670,7 +688,7 @@ class SpecWorker:
             return ()
         r = GraphRunner(torch.no_grad()(seg), static, {p: VALUES_PAD[v] for p, v in c.reads},
                         self._buckets, meter=self.spans.meter, stage=c.stages,
-                        carry_begin=c.carry_begin)
+                        carry_begin=c.carry_begin, carry_ops=c.carry)
         with self.spans.paused():
             r.capture()
         return r
@@ -686,16 +704,8 @@ class SpecWorker:
             return v["host_tokens"], v["accept_lens"]
         r = GraphRunner(torch.no_grad()(step), static, {"rows": 0, "seeds": 0}, self._buckets,
                         meter=self.spans.meter,
-                        segments=[(c.stages, c.carry_begin) for c in plan])
+                        segments=[(c.stages, c.carry_begin, c.carry) for c in plan])
         with self.spans.paused():
             r.capture()
         return r
 
-
-# every value's pad on graph-padding lanes (GraphRunner pads; resolve pads from row 0)
-VALUES_PAD = {"rows": 0, "seeds": 0, "seq_lens": 1, "d_seq": 1, "bonus": 0, "d_hidden": 0,
-              "d_topk_logp": 0, "d_topk_index": 0, "scores": 0, "cand_tokens": 0,
-              "cand_parents": -1, "tokens": 0, "parents": -1, "depth": 0, "positions": 0,
-              "mask": 1, "next_token": -1, "next_sibling": -1, "logits": 0, "hidden_all": 0,
-              "accept_index": 0, "accept_lens": 1, "acc_tokens": 0, "hidden_path": 0,
-              "finite": 1, "host_tokens": 0}

@@ -21,6 +21,8 @@ from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where, pars
 from .errors import ConfigError, ModelLoadError
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
                        is_real)
+from .zero_bubble import ZB_SUBKNOBS
+from .zero_bubble import options as zb_options
 
 DRAFTS = DRAFT_CHOICES          # "none" and the rows of the draft table (draft_kinds.py)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -78,7 +80,7 @@ class RunConfig:
     cuda_graph_max_bs: int = knob(32, "largest captured batch bucket")
     graph_granularity: str = knob("stage", "decode CUDA graphs: one per segment (stage) or "
                                   "resolve..stash of a step as one graph (step)", GRANULARITIES)
-    zero_bubble: bool = knob(False, "turn on all three zb_* sub-knobs")
+    zero_bubble: bool = knob(False, f"turn on every zb_* sub-knob ({', '.join(ZB_SUBKNOBS)})")
     zb_async_d2h: Optional[bool] = knob(None, "results copied to pinned memory asynchronously "
                                         "(None: True)")
     zb_device_seq_lens: Optional[bool] = knob(None, "no host read of seq_lens on the decode path "
@@ -295,26 +297,32 @@ class RunConfig:
                               "gemma4-26b-a4b-like).")
 
     def _resolve_zero_bubble(self):
-        """zero_bubble turns every sub-knob on; None sub-knobs follow it (async D2H of the
-        results is on by default: it is what the overlap loop is built on, as in SGLang)."""
-        subs = ("zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec")
+        """zero_bubble turns every sub-knob on; a None sub-knob follows it, or takes its
+        `auto` value with zero_bubble off (zero_bubble.py). Without a draft the worker's
+        sub-knobs resolve to False."""
+        subs = ZB_SUBKNOBS.items()
         if self.zero_bubble:
-            # resolved without a draft, zb_draft_preexec is False: re-resolving keeps it valid
-            off = [n for n in subs if getattr(self, n) is False
-                   and (n != "zb_draft_preexec" or self.speculative)]
+            # resolved without a draft, a worker sub-knob is False: re-resolving keeps it valid
+            off = [n for n, k in subs if getattr(self, n) is False
+                   and (k.owner != "worker" or self.speculative)]
             if off:
-                raise ConfigError(f"zero_bubble=True turns on {', '.join(subs)}; {off} set to "
-                                  "False contradicts it (use zero_bubble=False and pick sub-knobs).")
-        if self.zb_draft_preexec and not self.speculative and not self.zero_bubble:
-            raise ConfigError("zb_draft_preexec pre-executes the draft; it needs a draft "
-                              f"(draft one of {list(DRAFT_KINDS)}).")
-        if self.zb_async_d2h is None:
-            self.zb_async_d2h = True
-        for n in subs[1:]:
+                raise ConfigError(f"zero_bubble=True turns on {', '.join(ZB_SUBKNOBS)}; {off} "
+                                  "set to False contradicts it (use zero_bubble=False and pick "
+                                  "sub-knobs).")
+        for n, k in subs:
+            if k.owner == "worker" and getattr(self, n) and not self.speculative \
+                    and not self.zero_bubble:
+                raise ConfigError(f"{n} acts in the speculative worker; it needs a draft "
+                                  f"(draft one of {list(DRAFT_KINDS)}).")
             if getattr(self, n) is None:
-                setattr(self, n, self.zero_bubble)
-        if not self.speculative:
-            self.zb_draft_preexec = False
+                setattr(self, n, self.zero_bubble or k.auto)
+            if k.owner == "worker" and not self.speculative:
+                setattr(self, n, False)
+
+    def zb_options(self, owner: str) -> dict:
+        """The resolved zero-bubble sub-knobs `owner` ("loop" or "worker") acts on, as its
+        field names (LoopOptions, SpecParams)."""
+        return zb_options({n: getattr(self, n) for n in ZB_SUBKNOBS}, owner)
 
     # -- derived sizes (docs/design.md "KV memory") -------------------------------------------
     @property

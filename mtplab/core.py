@@ -87,7 +87,6 @@ class Req:
     prefill_len: int = 0          # tokens fed by the last (re-)prefill: the host's length bound
     prefilled: int = 0            # of those, tokens whose prefill forward is launched: below
                                   # prefill_len while a chunked prefill is under way
-    predrafted: bool = False      # the next round's draft already ran (zb_draft_preexec)
     arrivals: list = field(default_factory=list)   # (perf_counter s, tokens) per processed step
 
     @property
@@ -142,6 +141,7 @@ class PrefillInputs:
     max_kv: int = 0             # bound on kv_lens (0: = max_q)
     next_ids: Optional[torch.Tensor] = None  # [B] the fill token after a non-final chunk, -1
                                              # after the final one (None: every chunk final)
+    host_rows: Optional[np.ndarray] = None   # [B] int64: `rows` on the host
 
 
 @dataclass
@@ -152,7 +152,8 @@ class DecodeInputs:
     sampling: SamplingTensors   # counters None: derived from the resolved seq_lens
     max_kv: int                 # host bound on seq_len + tokens this step (eager attention)
     all_greedy: bool            # host flag: every lane has temperature 0
-    predrafted: bool = False    # host flag: every row's draft was pre-executed last round
+    host_rows: np.ndarray       # [B] int64: `rows` on the host (the worker's own per-row
+                                #   state, e.g. which rows it pre-drafted)
 
 
 @dataclass
@@ -160,6 +161,7 @@ class DecodeOut:
     """What result processing reads back: up to n new tokens per request."""
     tokens: torch.Tensor        # [B, n] int64 (n = 1 target-only, S+1 speculative)
     accept_lens: torch.Tensor   # [B] int64, tokens committed this step (bonus included)
+    predrafted: bool = False    # the step's draft ran a round early (zb_draft_preexec)
 
 
 @dataclass

@@ -47,7 +47,6 @@ from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
-from .speculative.draft_select import num_candidates
 from .speculative.worker import SpecParams, SpecWorker
 from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
@@ -106,10 +105,7 @@ class Engine:
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
             cfg.torch_dtype, self.device,
             with_topk=cfg.speculative and DRAFT_KINDS[cfg.draft].extend_forward,
-            num_candidates=num_candidates(cfg.num_steps, cfg.topk) if cfg.zb_draft_preexec else 0,
             poison=cfg.debug_future_map)
-        # publish_ready is waited on only by the host's read of the lengths (scheduler.py)
-        self.future_map.host_reads = cfg.overlap and not cfg.zb_device_seq_lens
         with self.numerics():                 # graphs capture the kernels in force
             self.target_worker = TargetWorker(
                 self.model, self.kv_cache, self.pool.table, attn,
@@ -183,9 +179,9 @@ class Engine:
         self.draft_model = draft.model.set_fused(cfg.fused)
         params = SpecParams(num_steps=cfg.num_steps, topk=cfg.topk,
                             num_draft_tokens=cfg.num_draft_tokens, fold_seed=cfg.fold_seed,
-                            draft_preexec=cfg.zb_draft_preexec,
                             simulate_accept_len=cfg.simulate_accept_len,
-                            simulate_accept_rates=cfg.simulate_accept_rates)
+                            simulate_accept_rates=cfg.simulate_accept_rates,
+                            **cfg.zb_options("worker"))
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
                           cfg.graph_granularity)
@@ -288,10 +284,8 @@ class Engine:
                          tokens_per_decode=self.cfg.tokens_per_decode, on_iteration=hook,
                          chunked_prefill_size=self.cfg.chunked_prefill_size,
                          loop=LoopOptions(overlap=self.cfg.overlap,
-                                          async_d2h=self.cfg.zb_async_d2h,
-                                          device_seq_lens=self.cfg.zb_device_seq_lens,
-                                          draft_preexec=self.cfg.zb_draft_preexec,
-                                          debug_syncs=self.cfg.debug_syncs))
+                                          debug_syncs=self.cfg.debug_syncs,
+                                          **self.cfg.zb_options("loop")))
 
     # -- requests: the step-level API -----------------------------------------------------
     def add_request(self, prompt: Prompt, max_new_tokens: int = 32, *, temperature: float = 0.0,

@@ -3,6 +3,7 @@ mtplab module, at module level or inside a function, must follow the allowed edg
 a new sideways or upward edge fails this test with the file and the line.
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
+              zero_bubble
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
@@ -10,7 +11,8 @@ a new sideways or upward edge fails this test with the file and the line.
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
-              config (+ validate)  <- engine, stats  <- cli, bench, sweep, sglang
+              config (+ validate, draft_kinds, zero_bubble)  <- engine, stats  <- cli, bench,
+              sweep, sglang
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt"}
+          "draft_kinds", "fmt", "zero_bubble"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -30,12 +32,14 @@ ALLOWED = {
     "lazy_triton": set(),          # triton imported at a kernel's first use
     "draft_kinds": set(),          # the table of draft kinds (torch-free)
     "fmt": set(),                  # numbers as people read them (tables, headers)
+    "zero_bubble": set(),          # the zero-bubble sub-knobs and their owners
     "core": {"errors"},
     "validate": {"errors"},
     "flags": {"validate"},
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
-    "analysis": {"stages", "atomic", "nogc", "validate", "flags"},   # the CLI's flag checks
+    "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
+                 "zero_bubble"},                                     # the what-if's knobs
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},
@@ -48,7 +52,7 @@ ALLOWED = {
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
               "lazy_triton"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
-               "draft_kinds"},
+               "draft_kinds", "zero_bubble"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 
@@ -126,7 +130,7 @@ def test_sglang_adapter_never_imports_the_engine():
     """mtplab.sglang drives an external server: config, core, errors, atomic and the analyser,
     plus the model presets' shapes (`mtplab sglang models`; RunConfig already resolves them)."""
     allowed = {"config", "core", "errors", "atomic", "analysis", "sglang", "models", "validate",
-               "draft_kinds", "flags"}
+               "draft_kinds", "flags", "zero_bubble"}
     bad = [f"{p.relative_to(PKG.parent)}:{line} -> {mod[1]}"
            for p in sorted((PKG / "sglang").rglob("*.py"))
            for line, mod in mtplab_imports(p) if len(mod) > 1 and mod[1] not in allowed]

@@ -73,6 +73,51 @@ def test_zero_bubble_predrafts_the_next_round():
     assert st.predrafted_steps > 0 and st_on.predrafted_steps == 0
 
 
+def test_a_decode_is_predrafted_when_every_row_was_decoded_since_its_prefill():
+    """The worker owns pre-drafting: a decode starts at `tree` only on rows whose draft it
+    ran in their last decode (a subset of the last batch too), never on a freshly prefilled
+    row."""
+    eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", zero_bubble=True))
+    st = eng.scheduler.stats
+
+    def decode_predrafted() -> bool:
+        d0, p0 = st.decode_steps, st.predrafted_steps
+        eng.step()
+        assert st.decode_steps == d0 + 1
+        return st.predrafted_steps == p0 + 1
+    a = eng.add_request([5, 6, 7], 40, ignore_eos=True)
+    eng.add_request([8, 9], 40, ignore_eos=True)
+    eng.step()                                           # both prefills
+    assert [decode_predrafted() for _ in range(3)] == [False, True, True]
+    eng.abort(a)                                         # a subset of the last batch
+    assert decode_predrafted()
+    eng.add_request([4], 40, ignore_eos=True)
+    eng.step()                                           # its prefill
+    assert [decode_predrafted() for _ in range(2)] == [False, True]
+    eng.check_invariants()
+
+
+@pytest.mark.parametrize("draft", ["none", "frozen_kv_mtp", "eagle"])
+@pytest.mark.parametrize("device_seq_lens", [False, True])
+def test_publish_ready_follows_every_publish_the_host_reads(draft, device_seq_lens):
+    """Overlap with zb_device_seq_lens off: the host reads the lengths behind
+    `publish_ready`, so every step that publishes records it after its publish (prefills
+    and every decode, speculative ones included); with the lengths on the device, never."""
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, overlap=True,
+                           zb_device_seq_lens=device_seq_lens))
+
+    class Recorded:
+        n = 0
+
+        def record(self, stream=None):
+            Recorded.n += 1
+    eng.future_map.publish_ready = Recorded()
+    eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True)
+    st = eng.scheduler.stats
+    assert Recorded.n == (0 if device_seq_lens else st.prefill_steps + st.decode_steps)
+    eng.check_invariants()
+
+
 @pytest.mark.parametrize("draft", ["none", "eagle"])
 def test_length_finish_is_not_scheduled_again(draft):
     """max_new_tokens known to be reached by the step in flight: no overshoot step."""

@@ -55,14 +55,15 @@ from typing import Iterable, Optional, Sequence
 
 import pandas as pd
 
+from ..zero_bubble import ZB_SUBKNOBS
+
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
 HOST_WORK = ("schedule", "prepare", "process_result")
 LOOP = "loop"                     # host time outside every stage span in an iteration
 HOST_NAMES = HOST_WORK + (LOOP,)
 PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
-KNOBS = ("overlap", "zero_bubble", "zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec",
-         "fold_seed")
+KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
 DRAFT_LAUNCHES = ("draft.seed", "draft")
 AFTER_COMMIT = ("commit", "draft_extend")
 
@@ -358,10 +359,10 @@ def _knob(m: StepModel, knob: str, on: bool) -> StepModel:
     lp = m.loop
     if knob == "overlap":
         return replace(m, loop=replace(lp, overlap=on))
-    if knob == "zero_bubble":
-        m = _knob(m, "zb_async_d2h", True)
-        m = _knob(m, "zb_device_seq_lens", on)
-        return _knob(m, "zb_draft_preexec", on and m.draft != "none")
+    if knob == "zero_bubble":          # every sub-knob on, or its auto value (zero_bubble.py)
+        for name, k in ZB_SUBKNOBS.items():
+            m = _knob(m, name, (on or k.auto) and (k.owner != "worker" or m.draft != "none"))
+        return m
     if knob == "zb_device_seq_lens":
         if not on and lp.device_seq_lens and lp.overlap:
             m = m.with_note("zb_device_seq_lens=off: the host's read of the lengths is taken as "
@@ -371,7 +372,10 @@ def _knob(m: StepModel, knob: str, on: bool) -> StepModel:
         return _async_d2h(m, on)
     if knob == "zb_draft_preexec":
         return _preexec(m, on)
-    return _fold_seed(m, on)
+    if knob == "fold_seed":
+        return _fold_seed(m, on)
+    raise WhatIfError(f"{knob}: the predictor has no model of this knob (analysis/whatif.py "
+                      "`_knob`).")
 
 
 def _async_d2h(m: StepModel, on: bool) -> StepModel:

@@ -48,7 +48,7 @@ class KVAdmission:
             kv = self.kv.admit(n + self.reserve, rid=req.rid)
             if kv is None:
                 break
-            req.kv, req.prefill_len, req.prefilled, req.predrafted = kv, n, 0, False
+            req.kv, req.prefill_len, req.prefilled = kv, n, 0
             new.append(waiting.popleft())
             tokens += n
         self.host.take(new)
@@ -86,7 +86,7 @@ class KVAdmission:
         victim = running.pop()                 # most recently admitted
         self.release([victim])
         victim.num_retractions += 1
-        victim.prefill_len, victim.prefilled, victim.predrafted = 0, 0, False
+        victim.prefill_len, victim.prefilled = 0, 0
         waiting.appendleft(victim)
         return victim
 

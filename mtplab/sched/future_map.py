@@ -5,15 +5,20 @@ the host never waits for iteration k before launching k+1 (SGLang's FutureMap, k
     bonus      [R+1]     next input token (the verify bonus / sampled token)   (stash)
     hidden     [R+1, H]  frozen: seed hidden; eagle: draft hidden            (stash)
     topk_logp/topk_index [R+1, K]   eagle step-0 candidates                  (stash)
-    pre_*      [R+1, C]  draft candidates pre-executed for the next round (zb_draft_preexec)
+    pre_*      [R+1, C]  draft candidates pre-executed for the next round (zb_draft_preexec;
+                         C = 0 until the spec worker holds them: `hold_predrafts`)
 Row 0 mirrors the padding row of graph-padded lanes.
 
-    publish(rows, new_seq_lens)  forward stream, between verify/commit and seed/draft extend;
-                                 records `publish_ready` (inside a captured graph: the graph
-                                 runs `publish_rows`, the host `mark_published` after it)
-    resolve_seq_lens(rows)       the current stream waits on `publish_ready` (an event wait,
-                                 no host block), then gathers
+    publish(rows, new_seq_lens)  forward stream, between verify/commit and seed/draft extend
+    resolve_seq_lens(rows)       gathers the lengths: on the forward stream, where stream
+                                 order suffices
     stash(rows, x) / gather(rows)  next draft inputs (stream order suffices)
+    publish_ready                an event the worker records right after each publish
+                                 (`mark_published`; after the replay of the graph that
+                                 published), only while the host reads lengths (`host_reads`:
+                                 overlap with zb_device_seq_lens off, set by the scheduler):
+                                 `host_seq_lens` waits on it on the schedule stream, then
+                                 reads (SGLang's resolve_seq_lens_cpu)
 Inside a captured segment each of these is one self-stamping kernel (kernels/future_map.py):
     resolve_into(rows, fields, stamp)  every gather of the step, into the graphs' inputs
     write(rows, mark, ...)             a segment's tail: publish and/or stash (eager: `mark`
@@ -50,14 +55,19 @@ class FutureMap:
         self.hidden = torch.zeros(R, hidden_size, dtype=dtype, device=dev)
         self.topk_logp = torch.zeros(R, topk, device=dev) if with_topk else None
         self.topk_index = torch.zeros(R, topk, dtype=torch.long, device=dev) if with_topk else None
-        C = num_candidates
-        self.pre_scores = torch.zeros(R, C, device=dev)
-        self.pre_tokens = torch.zeros(R, C, dtype=torch.long, device=dev)
-        self.pre_parents = torch.zeros(R, C, dtype=torch.long, device=dev)
+        self.hold_predrafts(num_candidates)
         self.publish_ready = device.new_event()
         self.host_reads = True      # the host reads published lengths (zb_device_seq_lens off)
         # the cached current stream (Event.record() without one builds a Stream per call)
         self._current_stream = current_cuda_stream if device.is_cuda else lambda: None
+
+    def hold_predrafts(self, num_candidates: int) -> None:
+        """Room for `num_candidates` pre-drafted candidates per row (before any capture
+        reads the fields)."""
+        R, C, dev = self.seq_lens.shape[0], num_candidates, self.seq_lens.device
+        self.pre_scores = torch.zeros(R, C, device=dev)
+        self.pre_tokens = torch.zeros(R, C, dtype=torch.long, device=dev)
+        self.pre_parents = torch.zeros(R, C, dtype=torch.long, device=dev)
 
     # -- lengths ---------------------------------------------------------------------------
     def publish(self, rows: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
@@ -69,14 +79,13 @@ class FutureMap:
         self.seq_lens[rows] = new_seq_lens.long()
 
     def mark_published(self) -> None:
-        """The host half: `publish_ready` after the work queued so far (never captured);
-        recorded only where a host read waits on it (`host_reads`)."""
+        """The host half of a publish: `publish_ready` after the work queued so far (never
+        captured: after the replay of a graph that published); recorded only where a host
+        read waits on it (`host_reads`)."""
         if self.host_reads:
             self.publish_ready.record(self._current_stream())
 
-    def resolve_seq_lens(self, rows: torch.Tensor, stream=None) -> torch.Tensor:
-        if stream is not None:
-            stream.wait_event(self.publish_ready)
+    def resolve_seq_lens(self, rows: torch.Tensor) -> torch.Tensor:
         s = self.seq_lens[rows]
         if self.poison:
             self._consume(self.seq_lens, rows, s, "seq_lens")
@@ -84,7 +93,7 @@ class FutureMap:
 
     def host_seq_lens(self, rows: torch.Tensor, stream=None) -> list[int]:
         """The lengths on the host (zb_device_seq_lens off): `stream` (the current one)
-        waits on `publish_ready`, then a sync on the read."""
+        waits on `publish_ready` (the last publish's), then a sync on the read."""
         if stream is not None:
             stream.wait_event(self.publish_ready)
         return self.seq_lens[rows].tolist()
@@ -101,8 +110,8 @@ class FutureMap:
               inputs: DraftInputs | None = None, predraft: tuple | None = None) -> None:
         """A segment's tail: publish `seq_lens`, then stash `inputs` or the pre-drafted
         candidates, `mark(stage)` beginning each; in a captured graph (`mark.captured`) one
-        kernel carrying their stamps (the host half of publish, `mark_published`, follows
-        the replay)."""
+        kernel carrying their stamps. The host half of a publish, `mark_published`, is the
+        caller's: after the segment, or after the replay of its graph."""
         pub = [RowMove(self.seq_lens, seq_lens)] if seq_lens is not None else []
         stash = self._stash_moves(inputs, predraft)
         if mark.captured:
@@ -145,9 +154,6 @@ class FutureMap:
         if self.topk_logp is None:
             return DraftInputs(bonus, self.hidden[rows])
         return DraftInputs(bonus, self.hidden[rows], self.topk_logp[rows], self.topk_index[rows])
-
-    def stash_predraft(self, rows, scores, tokens, parents) -> None:
-        _scatter(rows, self._stash_moves(None, (scores, tokens, parents)))
 
     def gather_predraft(self, rows):
         return self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows]

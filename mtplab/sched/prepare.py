@@ -40,12 +40,13 @@ def prepare_prefill(dev: Device, plan: list[tuple[Req, int, int]]) -> PrefillInp
         cu.append(cu[-1] + n)
     ids = [t for f, (_, start, n) in zip(fills, plan) for t in f[start:start + n]]
     nxt = [f[e] if e < len(f) else -1 for f, e in zip(fills, ends)]
-    return PrefillInputs(h2d(ids, torch.long), h2d([r.kv.row for r in reqs], torch.long),
+    rows = np.array([r.kv.row for r in reqs], dtype=np.int64)
+    return PrefillInputs(h2d(ids, torch.long), h2d(rows, torch.long),
                          h2d(lens, torch.long), h2d(cu, torch.long),
                          h2d([start + i for _, start, n in plan for i in range(n)], torch.long),
                          max(lens), sampling_tensors(dev, reqs, ends),
                          kv_lens=h2d(ends, torch.long), max_kv=max(ends),
-                         next_ids=h2d(nxt, torch.long))
+                         next_ids=h2d(nxt, torch.long), host_rows=rows)
 
 
 class DecodePrepare:
@@ -82,9 +83,9 @@ class DecodePrepare:
             self._tensors = (ints[0], SamplingTensors(floats[0], floats[1], ints[1]))
         return self._tensors
 
-    def __call__(self, batch, host_seq_bound: int, predrafted: bool) -> DecodeInputs:
+    def __call__(self, batch, host_seq_bound: int) -> DecodeInputs:
         self.fresh = False
         rows, sampling = self.tensors(batch)
         return DecodeInputs(rows=rows, sampling=sampling,
                             max_kv=min(self.width, host_seq_bound + self.tokens_per_decode),
-                            all_greedy=batch.all_greedy, predrafted=predrafted)
+                            all_greedy=batch.all_greedy, host_rows=batch.rows)

@@ -67,10 +67,11 @@ class SchedulerStallError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoopOptions:
+    """The loop's knobs; async_d2h and device_seq_lens are the zero-bubble sub-knobs the loop
+    owns (zero_bubble.py: the engine builds them from that table)."""
     overlap: bool = False
     async_d2h: bool = True         # results -> pinned buffers on the copy stream (else .tolist())
     device_seq_lens: bool = True   # False: the host reads resolved seq_lens each decode (a sync)
-    draft_preexec: bool = False    # the worker drafts round k+1 right after commit k
     debug_syncs: bool = False      # list host syncs per decode step (CUDA sync debug mode)
 
 
@@ -86,6 +87,7 @@ class StepStats:
     accept_lens: list = field(default_factory=list)   # per request per decode step
     overshoot_rows: int = 0                           # results dropped: request already done
     predrafted_steps: int = 0                         # decodes whose draft ran a round early
+                                                      #   (the worker says: DecodeOut)
     host_syncs: dict = field(default_factory=dict)    # "file:line" -> count (debug_syncs)
 
 
@@ -101,6 +103,8 @@ class Scheduler:
         # reference counting): on_step is the engine's StepHooks (sched/hooks.py),
         # on_iteration gets this scheduler as its argument (the invariant checker).
         self.worker, self.kv, self.future_map, self.dev = worker, kv, future_map, device
+        # the future map's `publish_ready` is waited on only by the host's read of the lengths
+        future_map.host_reads = loop.overlap and not loop.device_seq_lens
         self.sp, self.opt = spans, loop
         self.on_step = on_step              # after every iteration that launched work
         self.on_iteration = on_iteration    # after every iteration (debug_invariants)
@@ -121,7 +125,6 @@ class Scheduler:
         # the last decode Batch: `running` is only ever replaced, never changed in place, so
         # the list object names the running set
         self._batch_cache: Optional[tuple] = None
-        self._predrafted: Optional[Batch] = None    # the last Batch decoded with preexec
         self._chunking = False          # a chunked prefill may be under way (`schedule`)
         self.finished: list[Req] = []       # finished by the current step only (returned)
         self.in_flight: Optional[Pending] = None
@@ -213,14 +216,9 @@ class Scheduler:
                 results, reqs = [self.worker.prefill(x)], [r for r, _, _ in batch]
             else:
                 self._copied_out()
-                self.stats.predrafted_steps += x.predrafted
                 out = self.worker.decode(x)
+                self.stats.predrafted_steps += out.predrafted
                 results, reqs = [out.tokens, out.accept_lens], batch.reqs
-                if self.opt.draft_preexec:
-                    self._predrafted = batch          # every request of it: drafted ahead
-                    if not x.predrafted:
-                        for r in reqs:
-                            r.predrafted = True
         if kind == "prefill":
             return self.d2h(kind, reqs, results, self.opt.async_d2h,
                             final=[start + n == r.prefill_len for r, start, n in batch])
@@ -298,9 +296,7 @@ class Scheduler:
                     self.prepare_decode.tensors(batch)[0], self.schedule_stream))
         else:
             bound = int(self.admission.host_seq_rows(batch.rows).max()) + self.lag
-        pre = self.opt.draft_preexec and (batch is self._predrafted
-                                          or all(r.predrafted for r in batch.reqs))
-        return self.prepare_decode(batch, bound, pre)
+        return self.prepare_decode(batch, bound)
 
     def _step_span(self, kind: str, batch):
         """The step span (and, with debug_syncs, the sync listing) of one iteration."""
@@ -385,7 +381,7 @@ class Scheduler:
         self.in_flight = None
         self.keep_alive.clear()
         self.prepare_decode.reset()
-        self._batch_cache = self._predrafted = None
+        self._batch_cache = None
         self._chunking = False
         self._stalled = 0
         return held

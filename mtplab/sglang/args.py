@@ -42,9 +42,12 @@ from typing import Optional
 from ..config import RunConfig
 from ..draft_kinds import DRAFT_KINDS, kinds_where, parse_draft_vocab
 from ..errors import ConfigError
+from ..zero_bubble import ZB_SUBKNOBS
 
 ALGORITHMS = {name: kind.sglang_algorithm for name, kind in DRAFT_KINDS.items()}
 FROZEN = "FROZEN_KV_MTP"           # SGLang's Frozen-KV worker (frozen_kv_mtp_worker_v2.py)
+# the zero-bubble sub-knobs SGLang always runs (what it does); it has none of the others
+SGLANG_ZB = {"zb_async_d2h": "copies results back asynchronously"}
 # SGLang's allow-list for topk > 1 with page > 1 (_handle_eagle_family), which it skips for
 # FROZEN_KV_MTP; and the Frozen-KV draft backends for topk > 1 (_init_draft_attn_backend).
 PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
@@ -120,12 +123,15 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
     if _frozen(cfg) and not cfg.fold_seed:
         raise ConfigError("SGLang's Frozen-KV worker always runs the seed step inside its draft "
                           "graph; set fold_seed=True to compare like with like.")
-    for name in ("zero_bubble", "zb_device_seq_lens", "zb_draft_preexec"):
-        if getattr(cfg, name):
+    if cfg.zero_bubble:
+        raise ConfigError("SGLang has no zero_bubble mode; set zero_bubble=False for an SGLang "
+                          "run.")
+    for name in ZB_SUBKNOBS:           # SGLang runs each at what SGLANG_ZB says, or off
+        if getattr(cfg, name, None) is False and SGLANG_ZB.get(name):
+            raise ConfigError(f"SGLang always {SGLANG_ZB[name]}; leave {name} at its default "
+                              "for an SGLang run.")
+        if getattr(cfg, name, None) and name not in SGLANG_ZB:
             raise ConfigError(f"SGLang has no {name} mode; set {name}=False for an SGLang run.")
-    if getattr(cfg, "zb_async_d2h", True) is False:
-        raise ConfigError("SGLang always copies results back asynchronously; leave zb_async_d2h "
-                          "at its default for an SGLang run.")
     if cfg.simulate_accept_rates is not None:
         raise ConfigError("SGLang simulates only a mean accept length (SGLANG_SIMULATE_ACC_LEN);"
                           " use simulate_accept_len instead of simulate_accept_rates.")

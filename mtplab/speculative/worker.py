@@ -65,6 +65,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, replace
 from typing import Callable, NamedTuple, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
@@ -241,6 +242,12 @@ class SpecWorker:
         self._plans: dict[tuple, tuple[Call, ...]] = {}
         self._staged: dict[str, tuple] = {}                # host value -> (tensor, bs) staged
         self._views: dict[tuple, torch.Tensor] = {}        # (value, bs) -> bufs[value][:bs]
+        # zb_draft_preexec, owned here: rows whose next draft already ran (in their last
+        # decode, with no prefill since), and the last decode's host rows
+        if params.draft_preexec:
+            future_map.hold_predrafts(num_candidates(params.num_steps, params.topk))
+        self._drafted = np.zeros(future_map.seq_lens.shape[0], dtype=bool)
+        self._last_rows: Optional[np.ndarray] = None
         self.max_bs = 0
         if cuda_graphs:
             self._capture(graph_max_bs)
@@ -268,6 +275,8 @@ class SpecWorker:
     # -- prefill / decode ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, x: PrefillInputs) -> torch.Tensor:
+        self._drafted[x.host_rows if x.host_rows is not None else slice(None)] = False
+        self._last_rows = None
         bonus, hidden, report = self.target.prefill_with_hidden(x)
         with self.spans.stage("publish"):
             self.future_map.publish(x.rows, prefill_kv_lens(x))
@@ -285,17 +294,34 @@ class SpecWorker:
         replays need no autograd mode; eager segments run under no_grad."""
         bs = x.rows.shape[0]
         greedy = x.all_greedy or self.p.simulated
+        pre = self._predrafted(x.host_rows)
+        out = None
         if bs <= self.max_bs:
-            g = self.step_graphs.get((x.predrafted, greedy))
+            g = self.step_graphs.get((pre, greedy))
             if g is not None:
                 self._stage_host(g.static, x, bs)
                 with self.spans.stage("resolve", graphed=True):
-                    return DecodeOut(*g.replay(bs))
-            if self.graphs:
-                return self._run_stages(self.plan(x.predrafted, greedy), x, bs)
-        with torch.no_grad():
-            v = self._run_eager(self.plan(x.predrafted, greedy), x)
-        return DecodeOut(v["host_tokens"], v["accept_lens"])
+                    out = g.replay(bs)
+                self.future_map.mark_published()     # after the replay that published
+            elif self.graphs:
+                out = self._run_stages(self.plan(pre, greedy), x, bs)
+        if out is None:
+            with torch.no_grad():
+                v = self._run_eager(self.plan(pre, greedy), x)
+            out = v["host_tokens"], v["accept_lens"]
+        return DecodeOut(*out, predrafted=pre)
+
+    def _predrafted(self, rows: np.ndarray) -> bool:
+        """This decode starts at `tree` on candidates the last round pre-drafted: every row
+        was decoded with zb_draft_preexec and not prefilled since. Then the rows hold
+        pre-drafted candidates once this decode has run (its plan ends with the next draft)."""
+        if not self.p.draft_preexec:
+            return False
+        pre = rows is self._last_rows or bool(self._drafted[rows].all())
+        if rows is not self._last_rows:
+            self._drafted[rows] = True
+            self._last_rows = rows
+        return pre
 
     # -- the plan: the segment table, in step order -----------------------------------------------
     def plan(self, predrafted: bool, greedy: bool) -> tuple[Call, ...]:
@@ -412,6 +438,8 @@ class SpecWorker:
                 args = {p: v[val] for p, val in c.reads}
                 out = fn(**args) if c.plain else fn(**args, mark=m)
                 m.finish()
+                if not m.captured and "publish" in c.stages:
+                    self.future_map.mark_published()
                 self._bind(v, c, out)
             return v
         return step
@@ -432,23 +460,26 @@ class SpecWorker:
             for val in vals:
                 v[val] = o
 
-    def _run_stages(self, plan: tuple[Call, ...], x: DecodeInputs, bs: int) -> DecodeOut:
+    def _run_stages(self, plan: tuple[Call, ...], x: DecodeInputs, bs: int) -> tuple:
         """Stage graphs: each graphed segment one replay on the buffers (no input copy); an
-        eager segment reads the buffers and writes its outputs into them."""
+        eager segment reads the buffers and writes its outputs into them.
+        -> (host_tokens, accept_lens) views of the buffers."""
         self._stage_host(self.bufs, x, bs)
         for c in plan:
             if c.graphed:
                 with self.spans.stage(c.stages[0], graphed=True):
                     self.graphs[c.key].replay(bs)
-                continue
-            args = {p: self._view(val, bs) if val in self.bufs else self._host_value(val, x)
-                    for p, val in c.reads}
-            with torch.no_grad():
-                out = self._call_eager(c, self._fn(c, self.table.shape[1]), args)
-            for vals, o in zip(c.writes, out):
-                for val in vals:
-                    self._fill(val, o, bs)
-        return DecodeOut(self._view("host_tokens", bs), self._view("accept_lens", bs))
+            else:
+                args = {p: self._view(val, bs) if val in self.bufs else
+                        self._host_value(val, x) for p, val in c.reads}
+                with torch.no_grad():
+                    out = self._call_eager(c, self._fn(c, self.table.shape[1]), args)
+                for vals, o in zip(c.writes, out):
+                    for val in vals:
+                        self._fill(val, o, bs)
+            if "publish" in c.stages:
+                self.future_map.mark_published()
+        return self._view("host_tokens", bs), self._view("accept_lens", bs)
 
     @staticmethod
     def _host_value(val: str, x: DecodeInputs) -> torch.Tensor:

@@ -66,7 +66,8 @@ from .analysis.causes import CAUSES
 from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
-GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host")
+GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host",
+          "moe")
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,

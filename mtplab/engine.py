@@ -96,8 +96,9 @@ class Engine:
         self.allocator = PagedAllocator(num_slots, P)
         self.pool = ReqToTokenPool(cfg.max_running_requests, cfg.row_width, dev,
                                     self.device.h2d)
-        self.kv_cache = KVCache.allocate(mc.num_hidden_layers, num_slots, mc.num_key_value_heads,
-                                         mc.head_dim, cfg.torch_dtype, dev)
+        self.kv_cache = KVCache.allocate_layers(
+            [mc.attn_shape(i) for i in range(mc.num_hidden_layers)], num_slots,
+            cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
         attn = attention_fn(cfg.attention_backend, cfg.deterministic)
         self._start_profiling()              # before graph capture (CUPTI must see it)

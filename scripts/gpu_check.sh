@@ -197,6 +197,15 @@ phase_kernels() {
     --out "$OUT_DIR/bench_kernels.md"
 }
 
+#: moe    MoE target and reduced draft heads: GPU tests (compiled fused-MoE kernels, head_dim-512
+#:        attention in graphs, deterministic bf16 spec == target-only), then bench_moe (experts
+#:        per step, floor of the experts touched, spec speedup MoE vs dense, draft_vocab tok/s;
+#:        needs about 110 GiB: an H200 at full depth) -> bench_moe.md
+phase_moe() {
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py || return 1
+  timeout 560 python3 -m benchmarks.bench_moe --budget-s 480 --out "$OUT_DIR/bench_moe.md"
+}
+
 #: front  `mtplab demo` on the GPU, then `mtplab analyze` and `mtplab plot` of its run folder
 #:        (one warm-up rule: the two must agree on steps and wall) -> demo.txt, analyze.txt,
 #:        plot_run.png, demo_timeline.png

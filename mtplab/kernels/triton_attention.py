@@ -105,7 +105,8 @@ def num_sms(device: torch.device) -> int:
 
 # Launch shape of the split kernel by head_dim: (BLOCK_N, num_warps, num_stages), from
 # benchmarks/bench_attention.py --sweep on the H100 (docs/benchmarks.md "Split-KV attention").
-SPLIT_LAUNCH = {64: (64, 4, 3), 128: (32, 4, 3), 256: (32, 4, 3)}
+SPLIT_LAUNCH = {64: (64, 4, 3), 128: (32, 4, 3), 256: (32, 4, 3),
+                512: (16, 4, 2)}     # Gemma-4's global layers: half the keys per tile, 2 stages
 
 
 def split_launch(head_dim: int, block_m: int) -> tuple[int, int, int]:
@@ -421,8 +422,8 @@ def _det_kernel(Q, K, V, O, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     d = q.shape[-1]
-    if d < 16 or d > 256 or d & (d - 1):
-        raise ValueError(f"paged_attention_triton: head_dim must be a power of two in [16, 256], "
+    if d < 16 or d > 512 or d & (d - 1):
+        raise ValueError(f"paged_attention_triton: head_dim must be a power of two in [16, 512], "
                          f"got {d}")
     if q.shape[1] % k_cache.shape[1]:
         raise ValueError(f"Hq={q.shape[1]} is not a multiple of Hkv={k_cache.shape[1]}")
@@ -461,7 +462,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
                v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
                meta.table.stride(0))
-    block_n = 64 if d <= 64 else 32           # extend and deterministic kernels
+    block_n = 64 if d <= 64 else 32 if d <= 256 else 16   # extend and deterministic kernels
     block_g = max(16, triton.next_power_of_2(group))
 
     if deterministic:
@@ -490,8 +491,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         tree = meta.positions                  # never read when HAS_TREE is False
         tree_strides = (0, 0)
-    # BLOCK_M rows = TILE_Q queries x GROUP heads (+ padding to a power of two >= 16).
-    block_m = min(max(64, triton.next_power_of_2(group)),
+    # BLOCK_M rows = TILE_Q queries x GROUP heads (+ padding to a power of two >= 16); a
+    # head_dim-512 tile holds half the rows (its fp32 accumulator is twice as wide).
+    block_m = min(max(64 if d <= 256 else 32, triton.next_power_of_2(group)),
                   max(16, triton.next_power_of_2(group * meta.max_q)))
     tile_q = block_m // group
     grid = (math.ceil(meta.max_q / tile_q), Hkv, B)

@@ -42,11 +42,12 @@ class AssistantConfig:
 
 
 class FrozenAttention(nn.Module):
-    """Attention with a q projection only: K/V come from the target's cache, read-only."""
+    """Attention with a q projection only: K/V come from the target's cache, read-only, at
+    the head_dim of the target layer it reads (`kv_layer`)."""
 
-    def __init__(self, Ha: int, tcfg: LlamaConfig):
+    def __init__(self, Ha: int, tcfg: LlamaConfig, kv_layer: int = 0):
         super().__init__()
-        self.nq, self.d = tcfg.num_attention_heads, tcfg.head_dim
+        self.nq, self.d = tcfg.num_attention_heads, tcfg.attn_shape(kv_layer)[1]
         self.q_proj = nn.Linear(Ha, self.nq * self.d, bias=False)
         self.o_proj = nn.Linear(self.nq * self.d, Ha, bias=False)
         self.scale = self.d ** -0.5
@@ -69,9 +70,9 @@ class FrozenAttention(nn.Module):
 
 
 class FrozenLayer(Block):
-    def __init__(self, Ha: int, I: int, tcfg: LlamaConfig):
+    def __init__(self, Ha: int, I: int, tcfg: LlamaConfig, kv_layer: int = 0):
         super().__init__()
-        self.self_attn = FrozenAttention(Ha, tcfg)
+        self.self_attn = FrozenAttention(Ha, tcfg, kv_layer)
         self.mlp = MLP(Ha, I)
         self.input_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(Ha, tcfg.rms_norm_eps)
@@ -114,8 +115,8 @@ class FrozenKVAssistant(DraftHead):
         H, Ha = tcfg.hidden_size, acfg.hidden_size
         self.acfg, self.tcfg = acfg, tcfg
         self.pre_projection = nn.Linear(2 * H, Ha, bias=False)
-        self.layers = nn.ModuleList(FrozenLayer(Ha, acfg.intermediate_size, tcfg)
-                                    for _ in range(acfg.num_layers))
+        self.layers = nn.ModuleList(FrozenLayer(Ha, acfg.intermediate_size, tcfg, li)
+                                    for li in acfg.kv_layers)
         self.post_projection = nn.Linear(Ha, H, bias=False)
         self.norm = RMSNorm(H, tcfg.rms_norm_eps)
         # Shared with the target (not registered as this module's parameters).
@@ -136,12 +137,12 @@ class FrozenKVAssistant(DraftHead):
         if self.fused:
             delta = None
             for layer, li in zip(self.layers, self.acfg.kv_layers):
-                x, delta = layer.forward_fused(x, delta, positions, t.rope,
+                x, delta = layer.forward_fused(x, delta, positions, t.rope_of(li),
                                                KVView(kv_k[li], kv_v[li], None), meta,
                                                self.tcfg.window_of(li), attn_fn)
             return self.output_fused(x, delta)
         for layer, li in zip(self.layers, self.acfg.kv_layers):
-            x = layer(x, positions, t.rope, KVView(kv_k[li], kv_v[li], None), meta,
+            x = layer(x, positions, t.rope_of(li), KVView(kv_k[li], kv_v[li], None), meta,
                       self.tcfg.window_of(li), attn_fn)
         return self.output(x)
 
@@ -164,7 +165,7 @@ class EagleDraft(DraftHead):
         tcfg = target.config
         H = tcfg.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layer = DecoderLayer(tcfg, dense=True)
+        self.layer = DecoderLayer(tcfg, dense=True, layer=tcfg.num_hidden_layers - 1)
         self.norm = RMSNorm(H, tcfg.rms_norm_eps)
         self.window = tcfg.window_of(tcfg.num_hidden_layers - 1)
         self._target = [target]
@@ -173,6 +174,11 @@ class EagleDraft(DraftHead):
     def target(self) -> LlamaForCausalLM:
         return self._target[0]
 
+    @property
+    def rope(self) -> Rope:
+        """The RoPE table of the target's last layer, whose shapes the draft layer has."""
+        return self.target.rope_of(self.target.config.num_hidden_layers - 1)
+
     def forward(self, tokens, hidden, positions, kv_k, kv_v, out_loc, meta, attn_fn,
                 logits_idx=None):
         """Like a one-layer target forward; kv_k/kv_v are the draft pool [1, N, Hkv, d]."""
@@ -180,11 +186,11 @@ class EagleDraft(DraftHead):
         x = self.fc(torch.cat([t.model.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], -1))
         kv = KVView(kv_k[0], kv_v[0], out_loc)
         if self.fused:
-            res, delta = self.layer.forward_fused(x, None, positions, t.rope, kv, meta,
+            res, delta = self.layer.forward_fused(x, None, positions, self.rope, kv, meta,
                                                   self.window, attn_fn)
             normed, x = add_rmsnorm(res, delta, self.norm.weight, self.norm.eps)
             h = normed if logits_idx is None else normed[logits_idx]
             return x, self.logits_of(h)
-        x = self.layer(x, positions, t.rope, kv, meta, self.window, attn_fn)
+        x = self.layer(x, positions, self.rope, kv, meta, self.window, attn_fn)
         h = x if logits_idx is None else x[logits_idx]
         return x, self.logits_of(self.norm(h))

@@ -63,11 +63,13 @@ def expected_experts(c: LlamaConfig, tokens: float) -> float:
     return E * (1.0 - (1.0 - k / E) ** tokens)
 
 
-def layer_weight_params(c: LlamaConfig, experts: Optional[float] = None) -> float:
-    """Parameters one decoder layer reads: q/k/v/o, two norms and the FFN (gate/up/down); an
-    MoE layer's router, shared expert and gate, and `experts` of its routed experts (all of
-    them when None)."""
-    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+def layer_weight_params(c: LlamaConfig, experts: Optional[float] = None,
+                        layer: int = 0) -> float:
+    """Parameters decoder layer `layer` reads: q/k/v/o (at its head_dim and KV heads), two
+    norms and the FFN (gate/up/down); an MoE layer's router, shared expert and gate, and
+    `experts` of its routed experts (all of them when None)."""
+    nkv, d = c.attn_shape(layer)
+    H, q, kv = c.hidden_size, c.num_attention_heads * d, nkv * d
     attn = H * q * 2 + H * kv * 2 + 2 * H
     if not c.is_moe:
         return attn + 3 * H * c.intermediate_size
@@ -78,9 +80,10 @@ def layer_weight_params(c: LlamaConfig, experts: Optional[float] = None) -> floa
     return attn + router + shared + used * 3 * H * c.moe_intermediate_size
 
 
-def kv_entry_bytes(c: LlamaConfig, dtype_bytes: int) -> int:
-    """Bytes of one KV entry of one layer (K and V, every KV head)."""
-    return c.num_key_value_heads * c.head_dim * 2 * dtype_bytes
+def kv_entry_bytes(c: LlamaConfig, dtype_bytes: int, layer: int = 0) -> int:
+    """Bytes of one KV entry of layer `layer` (K and V, every KV head, at its head_dim)."""
+    nkv, d = c.attn_shape(layer)
+    return nkv * d * 2 * dtype_bytes
 
 
 def visible_entries(c: LlamaConfig, layer: int, context: float) -> float:
@@ -111,11 +114,11 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
     lm_head = V * row
     if c.is_moe and experts_touched is None:
         experts_touched = expected_experts(c, bs * D)
-    weights = (c.num_hidden_layers * layer_weight_params(c, experts_touched) + H) \
-        * dtype_bytes + lm_head
+    weights = (sum(layer_weight_params(c, experts_touched, li)
+                   for li in range(c.num_hidden_layers)) + H) * dtype_bytes + lm_head
     weights += bs * D * row                                  # input-embedding rows
-    entry = kv_entry_bytes(c, dtype_bytes)
-    kv = sum(bs * (visible_entries(c, li, context) + D) * entry
+    entry = [kv_entry_bytes(c, dtype_bytes, li) for li in range(c.num_hidden_layers)]
+    kv = sum(bs * (visible_entries(c, li, context) + D) * entry[li]
              for li in range(c.num_hidden_layers))
     if not spec:
         return StepBytes(int(weights), int(kv))
@@ -123,9 +126,10 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
     head = lm_head if draft_head_bytes is None else draft_head_bytes
     d_weights = S * (draft_param_bytes + head + bs * topk * row)
     if draft_kind(draft).owns_kv:       # its own one-layer pool, the target's last layer's shape
-        d_kv = S * bs * visible_entries(c, c.num_hidden_layers - 1, context) * entry
+        d_kv = S * bs * visible_entries(c, c.num_hidden_layers - 1, context) * entry[-1]
     else:                               # the target layers it reads
-        d_kv = S * sum(bs * visible_entries(c, li, context) * entry for li in draft_kv_layers)
+        d_kv = S * sum(bs * visible_entries(c, li, context) * entry[li]
+                       for li in draft_kv_layers)
     return StepBytes(int(weights), int(kv), int(d_weights), int(d_kv))
 
 

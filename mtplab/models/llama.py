@@ -127,10 +127,13 @@ class KVView:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer: int = 0):
+        """The shapes of target layer `layer` (a Gemma-4 global layer has its own KV heads
+        and head_dim: LlamaConfig.attn_shape)."""
         super().__init__()
-        H, d = cfg.hidden_size, cfg.head_dim
-        self.nq, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        H = cfg.hidden_size
+        nkv, d = cfg.attn_shape(layer)
+        self.nq, self.nkv, self.d = cfg.num_attention_heads, nkv, d
         self.q_proj = nn.Linear(H, self.nq * d, bias=False)
         self.k_proj = nn.Linear(H, self.nkv * d, bias=False)
         self.v_proj = nn.Linear(H, self.nkv * d, bias=False)
@@ -202,11 +205,12 @@ class Block(nn.Module):
 
 
 class DecoderLayer(Block):
-    def __init__(self, cfg: LlamaConfig, dense: bool = False):
-        """The FFN is a mixture of experts when the config has experts (models/moe.py),
-        unless `dense` (an EAGLE draft's layer): then SwiGLU of intermediate_size."""
+    def __init__(self, cfg: LlamaConfig, dense: bool = False, layer: int = 0):
+        """Target layer `layer`'s attention shapes; the FFN is a mixture of experts when the
+        config has experts (models/moe.py), unless `dense` (an EAGLE draft's layer): then
+        SwiGLU of intermediate_size."""
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         if cfg.is_moe and not dense:
             from .moe import MoEFFN          # moe.py builds on this module's MLP
             self.mlp = MoEFFN(cfg)
@@ -243,7 +247,8 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, layer=i)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -255,8 +260,22 @@ class LlamaForCausalLM(FusableModel):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
-                         cfg.rope_scaling)
+        self.make_ropes()
+
+    def make_ropes(self, device=None) -> None:
+        """The RoPE tables: `rope` at head_dim, and `rope_global` when global layers have their
+        own head_dim (buffers, computed as on the CPU, then moved to `device`)."""
+        cfg = self.config
+        dims = {cfg.attn_shape(i)[1] for i in range(cfg.num_hidden_layers)} - {cfg.head_dim}
+        make = lambda d: Rope(d, cfg.rope_theta, cfg.max_position_embeddings,   # noqa: E731
+                              cfg.rope_scaling).to(device)
+        self.rope = make(cfg.head_dim)
+        self.rope_global = make(dims.pop()) if dims else None
+
+    def rope_of(self, layer: int) -> Rope:
+        """The RoPE table of a layer's head_dim."""
+        d = self.config.attn_shape(layer)[1]
+        return self.rope if d == self.config.head_dim else self.rope_global
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_k: torch.Tensor,
                 kv_v: torch.Tensor, out_loc: torch.Tensor, meta: AttnMeta, attn_fn: AttnFn,
@@ -268,7 +287,7 @@ class LlamaForCausalLM(FusableModel):
                                        logits_idx)
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rope, KVView(kv_k[i], kv_v[i], out_loc), meta,
+            x = layer(x, positions, self.rope_of(i), KVView(kv_k[i], kv_v[i], out_loc), meta,
                       self.config.window_of(i), attn_fn)
         h = x if logits_idx is None else x[logits_idx]
         return x, self.logits(h)
@@ -277,7 +296,7 @@ class LlamaForCausalLM(FusableModel):
                        logits_idx):
         res, delta = self.model.embed_tokens(input_ids), None
         for i, layer in enumerate(self.model.layers):
-            res, delta = layer.forward_fused(res, delta, positions, self.rope,
+            res, delta = layer.forward_fused(res, delta, positions, self.rope_of(i),
                                              KVView(kv_k[i], kv_v[i], out_loc), meta,
                                              self.config.window_of(i), attn_fn)
         normed, hidden = add_rmsnorm(res, delta, self.model.norm.weight, self.model.norm.eps)

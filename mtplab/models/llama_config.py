@@ -40,6 +40,10 @@ class LlamaConfig:
     bos_token_id: Optional[int] = 1
     eos_token_id: Optional[int] = 2
     pad_token_id: Optional[int] = 0
+    # Gemma-4's global (full-attention) layers: their own head_dim and KV-head count, when a
+    # config has sliding layers too (None: the same as every layer); see `attn_shape`.
+    global_head_dim: Optional[int] = None
+    num_global_key_value_heads: Optional[int] = None
     # Mixture-of-experts FFN in every layer (Qwen2-MoE's names and formula, models/moe.py);
     # num_experts 0 = the dense SwiGLU FFN of intermediate_size.
     num_experts: int = 0
@@ -65,11 +69,27 @@ class LlamaConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads (GQA).")
         self.rope_scaling = normalized_rope_scaling(self.rope_scaling)
+        if self.num_attention_heads % (self.num_global_key_value_heads or 1):
+            raise ValueError("num_attention_heads must be a multiple of "
+                             "num_global_key_value_heads (GQA).")
         if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
                                      and self.moe_intermediate_size >= 1):
             raise ValueError(f"a mixture of {self.num_experts} experts needs 1 <= "
                              f"num_experts_per_tok <= {self.num_experts} and a positive "
                              "moe_intermediate_size.")
+
+    def attn_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of a layer: a global layer's own when the config sets them
+        and has sliding layers (Gemma-4: head_dim 512, fewer KV heads), else the config's."""
+        if self.layer_types[layer] == FULL and self.has_sliding:
+            return (self.num_global_key_value_heads or self.num_key_value_heads,
+                    self.global_head_dim or self.head_dim)
+        return self.num_key_value_heads, self.head_dim
+
+    @property
+    def uniform_attn(self) -> bool:
+        """Every layer has the same (KV heads, head_dim): one stacked KV tensor."""
+        return len({self.attn_shape(i) for i in range(self.num_hidden_layers)}) == 1
 
     @property
     def is_moe(self) -> bool:
@@ -87,11 +107,12 @@ class LlamaConfig:
         """Every tensor of a Hugging Face Llama checkpoint of this config, by its HF name, with
         the shape the config implies (lm_head.weight included; a tied checkpoint may omit it).
         Independent of how the live modules store them (fused QKV etc.)."""
-        V, H, I = self.vocab_size, self.hidden_size, self.intermediate_size
-        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        V, H = self.vocab_size, self.hidden_size
         shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,),
                   "lm_head.weight": (V, H)}
         for i in range(self.num_hidden_layers):
+            nkv, d = self.attn_shape(i)
+            q, kv = self.num_attention_heads * d, nkv * d
             p = f"model.layers.{i}."
             shapes.update({
                 p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
@@ -127,6 +148,9 @@ class LlamaConfig:
                  initializer_range=0.02)
         if not self.is_moe:
             for k in MOE_KEYS:
+                d.pop(k)
+        for k in ("global_head_dim", "num_global_key_value_heads"):
+            if d[k] is None:
                 d.pop(k)
         else:
             d.update(decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=False,

@@ -2,7 +2,7 @@
 
     weights   target (+ the chosen draft, + a hot draft vocabulary's row copy) parameters x
               bytes of the run dtype
-    kv        target pool L x slots x Hkv x d x 2 (K and V) x dtype bytes, slots =
+    kv        target pool: per layer slots x Hkv_l x d_l x 2 (K and V) x dtype bytes, slots =
               (max_total_tokens // P + 1) * P as the engine allocates (+ one layer for a draft
               that owns KV). Sliding-window layers store their KV in full, like the others
               (one pool, one req_to_token row per request): they *read* only their window (the
@@ -92,17 +92,18 @@ def estimate_memory(cfg) -> MemoryEstimate:
     P = cfg.page_size
     slots = (cfg.max_total_tokens // P + 1) * P
     own_kv = cfg.draft in DRAFT_KINDS and DRAFT_KINDS[cfg.draft].owns_kv
-    layers = mc.num_hidden_layers + (1 if own_kv else 0)
-    entry = mc.num_key_value_heads * mc.head_dim * 2 * nbytes      # one slot of one layer
-    kv = layers * slots * entry
-    sliding = [mc.window_of(i) for i in range(mc.num_hidden_layers) if mc.window_of(i)]
-    if own_kv and mc.window_of(mc.num_hidden_layers - 1):
-        sliding.append(mc.window_of(mc.num_hidden_layers - 1))   # the draft's layer
-    window_only = sum(min(slots, cfg.max_running_requests * (w + P)) for w in sliding) * entry
+    L = mc.num_hidden_layers
+    layers = list(range(L)) + ([L - 1] if own_kv else [])    # a draft's pool: the last layer's
+    # one slot of one layer, K and V: a Gemma-4 global layer's own heads and head_dim
+    entry = {li: mc.attn_shape(li)[0] * mc.attn_shape(li)[1] * 2 * nbytes for li in layers}
+    kv = slots * sum(entry[li] for li in layers)
+    sliding = [li for li in layers if mc.window_of(li)]
+    window_only = sum(min(slots, cfg.max_running_requests * (mc.window_of(li) + P)) * entry[li]
+                      for li in sliding)
     weights = params * nbytes
     return MemoryEstimate(cfg.model, cfg.device, weights, kv,
                           slots, max(WORKSPACE_MIN, (weights + kv) // 10), params * 4,
-                          len(sliding) * slots * entry, window_only)
+                          slots * sum(entry[li] for li in sliding), window_only)
 
 
 def host_available_bytes() -> int:

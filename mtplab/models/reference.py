@@ -31,8 +31,9 @@ def dense_logits(model: LlamaForCausalLM, ids: list[int],
     for li, layer in enumerate(model.model.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        q = model.rope(a.q_proj(h).view(L, a.nq, a.d), pos).transpose(0, 1).float()
-        k = model.rope(a.k_proj(h).view(L, a.nkv, a.d), pos).transpose(0, 1).float()
+        rope = model.rope_of(li)
+        q = rope(a.q_proj(h).view(L, a.nq, a.d), pos).transpose(0, 1).float()
+        k = rope(a.k_proj(h).view(L, a.nkv, a.d), pos).transpose(0, 1).float()
         v = a.v_proj(h).view(L, a.nkv, a.d).transpose(0, 1).float()
         g = a.nq // a.nkv
         k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)

@@ -111,8 +111,8 @@ def target_forward(t: LlamaForCausalLM, ids: torch.Tensor, kv_layers=()):
     for i, layer in enumerate(t.model.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        q = t.rope(a.q_proj(h).view(B, T, a.nq, a.d), pos)
-        k = t.rope(a.k_proj(h).view(B, T, a.nkv, a.d), pos)
+        q = t.rope_of(i)(a.q_proj(h).view(B, T, a.nq, a.d), pos)
+        k = t.rope_of(i)(a.k_proj(h).view(B, T, a.nkv, a.d), pos)
         v = a.v_proj(h).view(B, T, a.nkv, a.d)
         if i in kv_layers:
             kvs[i] = (k, v)
@@ -130,7 +130,7 @@ def assistant_step(asst: FrozenKVAssistant, tokens, hidden, kvs):
     x = asst.pre_projection(torch.cat([e, hidden.to(e.dtype)], -1))
     for layer, li in zip(asst.layers, asst.acfg.kv_layers):
         a = layer.self_attn
-        q = t.rope(a.q_proj(layer.input_layernorm(x)).view(B, T, a.nq, a.d), pos)
+        q = t.rope_of(li)(a.q_proj(layer.input_layernorm(x)).view(B, T, a.nq, a.d), pos)
         x = x + a.o_proj(_attend(q, *kvs[li], causal=True))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return asst.output(x)
@@ -149,6 +149,7 @@ def eagle_unrolled(eagle: EagleDraft, tokens, hidden, steps: int):
     """Logits [steps, B, T, V]; row i of step k predicts x_{i+2} (valid for i >= k)."""
     t = eagle.target
     layer, a = eagle.layer, eagle.layer.self_attn
+    rope = t.rope_of(t.config.num_hidden_layers - 1)
     B, T = tokens.shape
     pos = torch.arange(T, device=tokens.device)
     e = t.model.embed_tokens(tokens)
@@ -157,8 +158,8 @@ def eagle_unrolled(eagle: EagleDraft, tokens, hidden, steps: int):
     for k in range(steps):
         x = eagle.fc(torch.cat([e, h_in.to(e.dtype)], -1))
         hn = layer.input_layernorm(x)
-        q = t.rope(a.q_proj(hn).view(B, T, a.nq, a.d), pos)
-        keys.append(t.rope(a.k_proj(hn).view(B, T, a.nkv, a.d), pos))
+        q = rope(a.q_proj(hn).view(B, T, a.nq, a.d), pos)
+        keys.append(rope(a.k_proj(hn).view(B, T, a.nkv, a.d), pos))
         vals.append(a.v_proj(hn).view(B, T, a.nkv, a.d))
         if k == 0:
             o = _attend(q, keys[0], vals[0], causal=True)

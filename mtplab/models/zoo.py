@@ -5,6 +5,9 @@ init) or loaded from a local Hugging Face Llama-format directory.
     random-tiny-swa  same width, layers sliding/sliding/full/sliding with window 16
     random-tiny-moe  random-tiny's attention with an MoE FFN: 16 experts (64 wide), top-4, a
                      shared expert (128 wide); saves as Qwen2-MoE (loads in transformers)
+    random-tiny-gemma4  random-tiny-moe with Gemma-4's attention layout: sliding layers 0-2
+                     (window 16, head_dim 32), global layer 3 at head_dim 64 (2 KV heads
+                     each: mixed KV shapes per layer; an mtplab-only checkpoint)
     random-medium    8-layer, hidden 1024, GQA 16:4, vocab 32000 (timing at a larger width)
 
 Random presets initialise on the CPU (fp32, a CPU generator: the same weights on every machine
@@ -13,19 +16,19 @@ storage on the device in the run's dtype and initialised there with a generator 
 (seeded, the same parameter order; values differ from a CPU build of the same preset).
 
 Shape presets (seeded random init, for timing with simulated acceptance; depth selectable as
-`<preset>@<layers>`, see `with_layers`; every layer uses one head_dim and one KV-head count):
+`<preset>@<layers>`, see `with_layers`):
     gemma4-26b-a4b-like  hidden 2816, 16 q / 8 kv heads, head_dim 256, window 1024, 5:1
-                         sliding:full, MoE FFN: 128 experts of width 704, top-8, and a shared
-                         expert of width 2112 (models/moe.py), vocab 262144 tied; default 6 of
-                         30 layers (25.2B parameters at 30)
+                         sliding:full, global layers at head_dim 512 with 2 KV heads, MoE
+                         FFN: 128 experts of width 704, top-8, and a shared expert of width
+                         2112 (models/moe.py), vocab 262144 tied; default 6 of 30 layers
     gemma4-31b-like      hidden 5376, 32 q / 16 kv heads, head_dim 256, window 1024, 5:1
                          sliding:full, FFN 21504, vocab 262144 tied; default 6 of 60 layers
     llama3-8b-like       hidden 4096, 32 q / 8 kv heads, head_dim 128, FFN 14336, full vocab
                          128256, rope theta 5e5, 8192 positions; default 4 of 32 layers
     llama3.1-8b-like     the same shapes at 131072 positions with Llama 3.1's RoPE scaling
                          (llama3: factor 8, low/high frequency factors 1 / 4, original 8192)
-    (Gemma's full-attention layers really use head_dim 512 and fewer KV heads, GeGLU, QK-norm
-    and extra norms; these stacks keep only the shapes that drive time and memory.)
+    (gemma4-31b-like keeps head_dim 256 in its full-attention layers; Gemma's GeGLU, QK-norm
+    and extra norms are left out: these stacks keep the shapes that drive time and memory.)
 
 Trained preset (weights shipped in the package, mtplab/zoo/<name>/):
     tiny-code            byte-level 6-layer hidden-256 Llama trained on the CPython stdlib, with
@@ -44,7 +47,7 @@ from safetensors.torch import load_file
 
 from ..nogc import import_on_bare_thread
 from .drafts import AssistantConfig, last_layer_of_type
-from .llama import LlamaForCausalLM, Rope
+from .llama import LlamaForCausalLM
 from .llama_config import FULL, SLIDING, LlamaConfig, routing_skew
 from .tokenizer import ByteTokenizer
 
@@ -98,9 +101,11 @@ SHAPES: dict[str, ShapePreset] = {s.name: s for s in (
                      num_attention_heads=16, num_key_value_heads=8, head_dim=256,
                      max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
                      num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704,
-                     shared_expert_intermediate_size=2112),
+                     shared_expert_intermediate_size=2112, global_head_dim=512,
+                     num_global_key_value_heads=2),
                 6, 30, True, "Gemma-4 26B-A4B shapes: 128 experts of width 704, top-8, and a "
-                             "shared expert of width 2112 per layer"),
+                             "shared expert of width 2112 per layer; global layers at head_dim "
+                             "512 with 2 KV heads"),
     ShapePreset("gemma4-31b-like",
                 dict(vocab_size=262144, hidden_size=5376, intermediate_size=21504,
                      num_attention_heads=32, num_key_value_heads=16, head_dim=256,
@@ -165,6 +170,14 @@ PRESETS: dict[str, Preset] = {
         lambda: _tiny(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
                       shared_expert_intermediate_size=128),
         "4 layers, hidden 128, 16 experts of width 64, top-4, a shared expert of width 128"),
+    "random-tiny-gemma4": Preset(
+        "random-tiny-gemma4",
+        lambda: _tiny(layer_types=[SLIDING, SLIDING, SLIDING, FULL], sliding_window=16,
+                      global_head_dim=64, num_global_key_value_heads=2, num_experts=16,
+                      num_experts_per_tok=4, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=128),
+        "random-tiny-moe's FFN under Gemma-4's attention: layers 0-2 sliding (window 16), "
+        "layer 3 global at head_dim 64"),
     "random-medium": Preset(
         "random-medium",
         lambda: _tiny(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
@@ -257,8 +270,7 @@ def build_target(name: str, seed: int = 0, device: torch.device | str | None = N
         if cfg.tie_word_embeddings:     # to_empty gives each module its own new parameter
             model.lm_head.weight = model.model.embed_tokens.weight
         # The RoPE tables are buffers, not parameters: compute them as a CPU build does.
-        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
-                          cfg.rope_scaling).to(dev)
+        model.make_ropes(dev)
         init_random(model, seed)
         model.init_device = dev
     elif name in PRESETS or _shape_of(name) is not None:

@@ -71,12 +71,18 @@ def _accept_moves_torch(window, accept_index):
     return src, dst, valid, row_index
 
 
-def apply_kv_moves(k_cache: torch.Tensor, v_cache: torch.Tensor, moves: AcceptMoves) -> None:
-    """k/v [num_layers, num_slots, ...] in place, every layer at once (gather, then scatter)."""
+def apply_kv_moves(k_cache, v_cache, moves: AcceptMoves) -> None:
+    """k/v [num_layers, num_slots, ...] in place, every layer at once (gather, then scatter);
+    a cache of per-layer tensors (layers of different shapes, mem/kv_cache.py) layer by
+    layer."""
     src = moves.src_slots.reshape(-1)
     dst = moves.dst_slots.reshape(-1)
     for cache in (k_cache, v_cache):
-        cache[:, dst] = cache[:, src]
+        if isinstance(cache, torch.Tensor):
+            cache[:, dst] = cache[:, src]
+        else:
+            for layer in cache:
+                layer[dst] = layer[src]
 
 
 def commit(kv, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,

@@ -48,7 +48,7 @@ class EagleDraftWorker:
                dtype, device, spans: Spans = NO_SPANS) -> "EagleDraftWorker":
         """The eagle draft on the device and its own one-layer KV pool over the same slot ids
         as the target's."""
-        kv = KVCache.allocate(1, num_slots, target_kv.k.shape[2], target_kv.k.shape[3], dtype,
+        kv = KVCache.allocate(1, num_slots, *target_kv.layer_shape(-1), dtype,
                               device)
         return cls(model.to(device, dtype), kv, table, attn_fn, num_steps, topk, page_size,
                    spans)
@@ -150,5 +150,6 @@ def param_count(tcfg) -> int:
     """fc 2H x H, one dense decoder layer of the target's shapes, the final norm (the
     embedding and LM head are the target's)."""
     H, I = tcfg.hidden_size, tcfg.intermediate_size
-    q, kv = tcfg.num_attention_heads * tcfg.head_dim, tcfg.num_key_value_heads * tcfg.head_dim
+    nkv, d = tcfg.attn_shape(tcfg.num_hidden_layers - 1)     # the last layer's shapes
+    q, kv = tcfg.num_attention_heads * d, nkv * d
     return 2 * H * H + 2 * H * q + 2 * H * kv + 3 * H * I + 3 * H

@@ -112,6 +112,7 @@ def param_count(tcfg) -> int:
     """pre_projection 2H x Ha, per layer q and o (Ha x heads*d each), SwiGLU, two norms;
     post_projection Ha x H and the final norm (the LM head is the target's)."""
     a = assistant_config(tcfg)
-    H, Ha, q = tcfg.hidden_size, a.hidden_size, tcfg.num_attention_heads * tcfg.head_dim
-    layer = 2 * Ha * q + 3 * Ha * a.intermediate_size + 2 * Ha
-    return 2 * H * Ha + a.num_layers * layer + Ha * H + H
+    H, Ha = tcfg.hidden_size, a.hidden_size
+    layers = sum(2 * Ha * tcfg.num_attention_heads * tcfg.attn_shape(li)[1]
+                 + 3 * Ha * a.intermediate_size + 2 * Ha for li in a.kv_layers)
+    return 2 * H * Ha + layers + Ha * H + H

@@ -90,8 +90,10 @@ def build(target, seed: int = 0) -> Gemma4Assistant:
 
 def param_count(tcfg: LlamaConfig) -> int:
     """pre_projection 2H x Ha, four Q-only layers (q and o: Ha x heads*d each, SwiGLU, two
-    norms), the norm, post_projection Ha x H, the tied embedding / head V x Ha."""
+    norms; q at the head_dim of the layer each reads), the norm, post_projection Ha x H, the
+    tied embedding / head V x Ha."""
     a = gemma4_config(tcfg)
-    H, Ha, q = tcfg.hidden_size, a.hidden_size, tcfg.num_attention_heads * tcfg.head_dim
-    layer = 2 * Ha * q + 3 * Ha * a.intermediate_size + 2 * Ha
-    return 2 * H * Ha + a.num_layers * layer + Ha + Ha * H + tcfg.vocab_size * Ha
+    H, Ha = tcfg.hidden_size, a.hidden_size
+    layers = sum(2 * Ha * tcfg.num_attention_heads * tcfg.attn_shape(li)[1]
+                 + 3 * Ha * a.intermediate_size + 2 * Ha for li in a.kv_layers)
+    return 2 * H * Ha + layers + Ha + Ha * H + tcfg.vocab_size * Ha

@@ -19,14 +19,23 @@ configured from one place:
                                                      weights)) + SGLANG_ARGS, parsed by SGLang's
                                                      own prepare_server_args in the worker
 
-Model directories (config only; both engines draw random weights of the same config):
+Model directories (config only; both engines draw random weights of the same config), by
+the shape's attention layers:
 
-    <models>/<shape>/llama/target, draft    a Llama target of mtplab preset <shape> and an EAGLE
-                                            draft at its width (target-only and EAGLE cells)
-    <models>/<shape>/gemma4/target,         a Gemma-4 text target of the preset's sizes and its
-                            assistant       Frozen-KV assistant as wide as mtplab's (Frozen-KV
-                                            cells: SGLang 0.5.17 runs FROZEN_KV_MTP only with
-                                            Gemma-4 assistants; models.write_gemma4_frozen_dirs)
+    <models>/<shape>/llama/target, draft    full attention in every layer: a Llama target of
+                                            the preset and an EAGLE draft at its width
+                                            (target-only and EAGLE cells)
+    <models>/<shape>/gemma4/target,         Gemma's sliding/full pattern: a Gemma-4 text
+                            assistant       target mirroring the preset (layer types, window,
+                                            heads, sizes) and a Frozen-KV assistant mirroring
+                                            mtplab's (target-only and Frozen-KV cells;
+                                            models.write_gemma4_frozen_dirs)
+
+A (shape, draft) pair SGLang 0.5.17 cannot run like for like is left out of the grid, with
+its reason (`pair_problem`): SGLang runs FROZEN_KV_MTP only with a Gemma-4 assistant over a
+Gemma-4 target, whose KV it sizes as hybrid sliding-window (at least one sliding layer), so
+Frozen-KV cells need a shape with Gemma's pattern; its EAGLE runs over the Llama target,
+which has no sliding layers, so EAGLE cells need a full-attention shape.
 """
 from __future__ import annotations
 
@@ -41,8 +50,10 @@ import numpy as np
 from mtplab.config import RunConfig
 from mtplab.draft_kinds import DRAFT_KINDS
 from mtplab.sglang.args import FROZEN, ServerLaunch, ServerSpec, server_launch
+from mtplab.sglang.models import sglang_gemma4_problem
 
-SHAPES = ("random-medium", "llama3-8b-like@8", "llama3-8b-like@32")
+# the Frozen-KV cells run on the Gemma-pattern shape, the EAGLE cells on the others
+SHAPES = ("random-medium", "llama3-8b-like@8", "llama3-8b-like@32", "gemma4-31b-like@6")
 BATCH_SIZES = (1, 8, 32)
 # draft arm -> its RunConfig knobs (topk 4 arms: 8 draft tokens, page 16)
 DRAFTS: dict[str, dict] = {
@@ -118,11 +129,16 @@ class Group:
         return [Cell(self.shape, self.draft, self.overlap, b) for b in self.bs]
 
 
-def plan(shapes, drafts, overlaps, batch_sizes) -> list[Group]:
-    """Groups in the order given (shape, then draft, then overlap); ValueError naming the
-    choices for an unknown entry (a shape is any mtplab preset, `<preset>@<layers>` too)."""
-    from mtplab.models.zoo import model_config
+def model_config(shape: str):
+    """mtplab's LlamaConfig of a shape (the model zoo, imported on call: it imports torch)."""
+    from mtplab.models.zoo import model_config as config_of
+    return config_of(shape)
 
+
+def plan(shapes, drafts, overlaps, batch_sizes) -> list[Group]:
+    """Groups in the order given (shape, then draft, then overlap), the pairs `left_out` names
+    left out; ValueError naming the choices for an unknown entry (a shape is any mtplab
+    preset, `<preset>@<layers>` too), or the reasons when no pair is left."""
     for what, got, choices in (("draft", drafts, DRAFTS), ("overlap", overlaps, OVERLAP)):
         bad = [x for x in got if x not in choices]
         if bad:
@@ -132,8 +148,32 @@ def plan(shapes, drafts, overlaps, batch_sizes) -> list[Group]:
     if any(b < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}.")
     bs = tuple(dict.fromkeys(batch_sizes))
-    return [Group(s, d, o, bs) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)
-            for o in dict.fromkeys(overlaps)]
+    pairs = [(s, d) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)]
+    keep = [(s, d) for s, d in pairs if pair_problem(s, d) is None]
+    if not keep:
+        raise ValueError("no cell of this grid runs like for like in SGLang 0.5.17: "
+                         + "; ".join(f"{s}|{d}: {why}" for s, d, why in left_out(shapes, drafts)))
+    return [Group(s, d, o, bs) for s, d in keep for o in dict.fromkeys(overlaps)]
+
+
+def pair_problem(shape: str, draft: str) -> Optional[str]:
+    """Why SGLang 0.5.17 cannot run `draft` on `shape` like for like (module docstring), or
+    None: a Frozen-KV draft, or target-only on a sliding-window shape, runs the Gemma-4
+    directories (models.sglang_gemma4_problem says what they cannot mirror); EAGLE the Llama
+    ones, which have no sliding-window layers."""
+    c = model_config(shape)
+    if frozen(draft) or (c.has_sliding and not speculative(draft)):
+        return sglang_gemma4_problem(c)
+    if c.has_sliding:
+        return ("the shape has sliding-window layers and SGLang's EAGLE runs over a Llama "
+                "target, which has none; use a full-attention shape (e.g. llama3-8b-like@8)")
+    return None
+
+
+def left_out(shapes, drafts) -> list[tuple[str, str, str]]:
+    """(shape, draft, reason) of every pair `plan` leaves out, in the grid's order."""
+    pairs = [(s, d) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)]
+    return [(s, d, why) for s, d in pairs if (why := pair_problem(s, d)) is not None]
 
 
 def speculative(draft: str) -> bool:
@@ -162,12 +202,16 @@ def mtplab_knobs(g: Group, wl: Workload) -> dict:
             "attention_backend": "triton", "dtype": "bfloat16"}
 
 
+def gemma4_shape(shape: str) -> bool:
+    """A shape whose SGLang side runs the Gemma-4 directories (it has sliding layers)."""
+    return model_config(shape).has_sliding
+
+
 def model_dirs(models: Path, shape: str, draft: str) -> tuple[Path, Optional[Path]]:
     """(target, draft or None) of a cell's SGLang side (module docstring)."""
     root = Path(models) / shape.replace("@", "-")
-    if frozen(draft):
-        return root / "gemma4" / "target", root / "gemma4" / "assistant"
-    return root / "llama" / "target", (root / "llama" / "draft" if speculative(draft) else None)
+    kind, sub = ("gemma4", "assistant") if gemma4_shape(shape) else ("llama", "draft")
+    return root / kind / "target", (root / kind / sub if speculative(draft) else None)
 
 
 def sglang_launch(g: Group, wl: Workload, models: Path, mem_fraction: float) -> ServerLaunch:
@@ -191,8 +235,8 @@ def write_model_dirs(models: Path, groups: list[Group]) -> None:
         if target in done:
             continue
         done.add(target)
-        if frozen(g.draft):
-            write_gemma4_frozen_dirs(target.parent, model=g.shape, assistant_layers=1)
+        if gemma4_shape(g.shape):
+            write_gemma4_frozen_dirs(target.parent, model=g.shape)
         else:
             write_llama_eagle_dirs(target.parent, g.shape)
 

@@ -17,13 +17,19 @@ from benchmarks.peer_plan import Cell, Workload, plan
 from tests.sglang_fixtures import sglang_module
 
 WL = Workload(prompt_len=16, new_tokens=9, repeats=3, warmup_tokens=4, profile_steps=0)
+GEMMA = "gemma4-31b-like@6"            # the Frozen-KV cells' shape (Gemma's 5:1 pattern)
+
+
+def shape_of(draft: str) -> str:
+    """A shape each draft runs on like for like (peer_plan.pair_problem)."""
+    return GEMMA if peer_plan.frozen(draft) else "random-medium"
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
     pytest.importorskip("transformers", reason="the Gemma-4 directories need transformers")
     root = tmp_path_factory.mktemp("models")
-    peer_plan.write_model_dirs(root, plan(["random-medium"], list(peer_plan.DRAFTS),
+    peer_plan.write_model_dirs(root, plan(["random-medium", GEMMA], list(peer_plan.DRAFTS),
                                           ["on"], [1]))
     return root
 
@@ -35,7 +41,7 @@ def test_both_engines_get_the_same_knobs_by_sglangs_parser(models, draft, overla
     """The SGLang arguments of a group, parsed by SGLang's own prepare_server_args (device cpu:
     0.5.17's checks for cuda ask the GPU for its memory), say what mtplab's RunConfig says."""
     sa = sglang_module("sglang.srt.server_args")
-    g = plan(["random-medium"], [draft], [overlap], [1, 8, 32])[0]
+    g = plan([shape_of(draft)], [draft], [overlap], [1, 8, 32])[0]
     launch = peer_plan.sglang_launch(g, WL, models, 0.3)
     knobs = peer_plan.mtplab_knobs(g, WL)
     argv = list(launch.argv)
@@ -65,20 +71,53 @@ def test_both_engines_get_the_same_knobs_by_sglangs_parser(models, draft, overla
     assert (a.sampling_backend, a.grammar_backend) == ("pytorch", "none")
 
 
-@pytest.mark.parametrize("draft", ["eagle", "frozen"])
-def test_sglang_loads_the_shape_mtplab_builds(models, draft):
-    """SGLang's ModelConfig of the target and the draft directories against mtplab's preset:
-    the same sizes (a Gemma-4 target for Frozen-KV, whose assistant is as wide as mtplab's)."""
+def sglang_configs(g, models):
+    """SGLang's ServerArgs and the ModelConfigs of the target and the draft of group `g`, by
+    SGLang's own parser (device cpu: 0.5.17's checks for cuda ask the GPU for its memory)."""
     sa = sglang_module("sglang.srt.server_args")
     mc = sglang_module("sglang.srt.configs.model_config")
-    from mtplab.models.zoo import assistant_config, model_config
-    g = plan(["random-medium"], [draft], ["off"], [1])[0]
     argv = list(peer_plan.sglang_launch(g, WL, models, 0.3).argv)
     argv[argv.index("--device") + 1] = "cpu"
     a = sa.prepare_server_args(argv)
     t = mc.ModelConfig.from_server_args(a)
-    d = mc.ModelConfig.from_server_args(a, model_path=a.speculative_draft_model_path,
-                                        is_draft_model=True)
+    d = None if a.speculative_draft_model_path is None else mc.ModelConfig.from_server_args(
+        a, model_path=a.speculative_draft_model_path, is_draft_model=True)
+    return a, t, d
+
+
+def sglang_target_pool(a, t, window):
+    """SGLang's own memory-pool configurator for the target (what the scheduler runs at start,
+    after loading the weights) sizing a pool in 8 GiB: SimpleNamespace stands in for the
+    parallel state, the model for nothing (the configurator reads only the configs)."""
+    import types
+
+    import torch
+    kvm = sglang_module("sglang.srt.mem_cache.kv_cache_configurator")
+    pc = sglang_module("sglang.srt.model_executor.pool_configurator")
+    rc = sglang_module("sglang.srt.runtime_context")
+    si = sglang_module("sglang.srt.speculative.spec_info")
+    aux = sglang_module("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state")
+    kvc = kvm.KVCacheConfigurator(
+        device="cpu", gpu_id=0, ps=types.SimpleNamespace(attn_dp_size=1, pp_size=1),
+        pp_group=None, model=None, model_config=t, server_args=a, kv_cache_dtype=torch.bfloat16,
+        kv_cache_dtype_str="auto", model_dtype=t.dtype, page_size=a.page_size,
+        sliding_window_size=window,
+        spec_algorithm=si.SpeculativeAlgorithm.from_string(a.speculative_algorithm),
+        is_draft_worker=False, post_capture_kv_active=False,
+        spec_aux_config=aux.SpecAuxHiddenStateConfig(), is_hybrid_swa=t.is_hybrid_swa,
+        is_hybrid_swa_compress=t.is_hybrid_swa_compress, use_mla_backend=False, layer_info=None,
+        forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+        memory_pool_config=None)
+    with rc.get_parallel().override(attn_tp_size=1):
+        return pc.create_memory_pool_configurator(kvc).calculate_pool_sizes(8 << 30, a.page_size)
+
+
+@pytest.mark.parametrize("draft", ["eagle", "target"])
+def test_sglang_loads_the_llama_shape_mtplab_builds(models, draft):
+    """SGLang's ModelConfig of the Llama target (and EAGLE draft) against mtplab's preset."""
+    from mtplab.models.zoo import model_config
+    g = plan(["random-medium"], [draft], ["off"], [1])[0]
+    a, t, d = sglang_configs(g, models)
     c = model_config("random-medium")
     assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.get_total_num_kv_heads(),
             t.head_dim, t.vocab_size) == (c.hidden_size, c.num_hidden_layers,
@@ -86,16 +125,78 @@ def test_sglang_loads_the_shape_mtplab_builds(models, draft):
                                           c.head_dim, c.vocab_size)
     assert t.hf_text_config.intermediate_size == c.intermediate_size
     assert str(t.dtype) == f"torch.{peer_plan.mtplab_knobs(g, WL)['dtype']}"
-    assert d.hidden_size == c.hidden_size and d.num_hidden_layers == 1
-    if draft == "frozen":
-        ac = assistant_config(c)
-        assert t.hf_config.architectures == ["Gemma4ForCausalLM"]
-        assert d.hf_config.architectures == ["Gemma4AssistantForCausalLM"]
-        assert set(t.hf_text_config.layer_types) == {"full_attention"}
-        assert d.hf_text_config.intermediate_size == ac.intermediate_size
-        assert (d.hidden_size, d.num_hidden_layers) == (ac.hidden_size, ac.num_layers)
-    else:
+    assert not t.is_hybrid_swa
+    if draft == "eagle":
         assert d.hf_config.architectures == ["LlamaForCausalLMEagle"]
+        assert d.hidden_size == c.hidden_size and d.num_hidden_layers == 1
+    else:
+        assert d is None
+
+
+@pytest.mark.parametrize("draft", ["frozen", "target", "frozen-k4p16"])
+def test_sglang_loads_and_sizes_the_gemma_shape_mtplab_builds(models, draft):
+    """The Gemma-4 directories through SGLang's own parser, ModelConfig, Frozen-KV layer map
+    and KV-pool configurator: the layer types, window, heads and sizes of mtplab's preset, the
+    assistant's layers reading the target layers mtplab's read, and a pool SGLang can size
+    (its hybrid sliding-window pool asserts at least one sliding layer)."""
+    import types
+
+    from mtplab.models.zoo import assistant_config, model_config
+    g4 = sglang_module("sglang.srt.models.gemma4_causal")
+    mtp = sglang_module("sglang.srt.models.gemma4_mtp")
+    g = plan([GEMMA], [draft], ["on"], [8])[0]
+    a, t, d = sglang_configs(g, models)
+    c = model_config(GEMMA)
+    assert t.hf_config.architectures == ["Gemma4ForCausalLM"]
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.vocab_size) == (
+        c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size)
+    assert t.hf_text_config.intermediate_size == c.intermediate_size
+    assert list(t.hf_text_config.layer_types) == list(c.layer_types)
+    full = [i for i, x in enumerate(c.layer_types) if x == "full_attention"]
+    assert (t.swa_attention_layer_ids, t.full_attention_layer_ids) == (
+        [i for i in range(c.num_hidden_layers) if i not in full], full)
+    # both layer types: mtplab's one head_dim and KV-head count (SGLang: base = full, swa_*)
+    assert (t.head_dim, t.swa_head_dim, t.get_num_kv_heads(1), t.get_swa_num_kv_heads(1)) == (
+        c.head_dim, c.head_dim, c.num_key_value_heads, c.num_key_value_heads)
+    window = g4.Gemma4ForCausalLM.get_attention_sliding_window_size(
+        types.SimpleNamespace(config=t.hf_text_config))
+    assert window + 1 == c.sliding_window       # SGLang's exclusive bound, mtplab's window
+    pool = sglang_target_pool(a, t, window)
+    assert pool.full_max_total_num_tokens > 8 * WL.context_len
+    assert pool.swa_max_total_num_tokens > 8 * (c.sliding_window + 1)
+    if draft == "target":
+        assert d is None
+        return
+    ac = assistant_config(c)
+    assert d.hf_config.architectures == ["Gemma4AssistantForCausalLM"]
+    assert (d.hidden_size, d.hf_text_config.intermediate_size) == (ac.hidden_size,
+                                                                   ac.intermediate_size)
+    layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(is_kv_shared_layer=False))
+              for _ in range(c.num_hidden_layers)]
+    ctx = mtp.Gemma4AssistantForCausalLM.build_frozen_kv_mtp_context(
+        types.SimpleNamespace(config=d.hf_config),
+        types.SimpleNamespace(config=t.hf_config, model=types.SimpleNamespace(layers=layers)),
+        None)
+    assert [ctx.physical_layer_ids[i] for i in range(ac.num_layers)] == ac.kv_layers
+
+
+def test_sglang_refuses_a_gemma4_target_without_sliding_layers(models, tmp_path):
+    """The check above has teeth: the same target with every layer full attention (what the
+    directories held before: the first H100 run's 'Hybrid SWA model must have at least one
+    SWA layer') fails SGLang's pool configurator; the grid leaves such a pair out."""
+    import shutil
+    g = plan([GEMMA], ["frozen"], ["on"], [8])[0]
+    shutil.copytree(models, tmp_path / "m")
+    target, _ = peer_plan.model_dirs(tmp_path / "m", GEMMA, "frozen")
+    doc = json.loads((target / "config.json").read_text())
+    doc["layer_types"] = ["full_attention"] * doc["num_hidden_layers"]
+    (target / "config.json").write_text(json.dumps(doc))
+    a, t, _ = sglang_configs(g, tmp_path / "m")
+    with pytest.raises(AssertionError, match="at least one SWA layer"):
+        sglang_target_pool(a, t, doc["sliding_window"] - 1)
+    why = peer_plan.pair_problem("llama3-8b-like@8", "frozen")
+    assert "Hybrid SWA model must have at least one SWA layer" in why
+    assert "gemma4-31b-like@6" in why
 
 
 def test_both_engines_get_the_same_prompts():
@@ -112,12 +213,38 @@ def test_a_group_serves_every_bs_at_its_largest():
     gs = plan(["random-medium", "llama3-8b-like@8"], ["target", "eagle"], ["on", "off"],
               [8, 1, 32, 8])
     assert len(gs) == 8 and gs[0].bs == (8, 1, 32) and gs[0].max_bs == 32
+    assert [(g.shape, g.draft, g.overlap) for g in gs[:3]] == [
+        ("random-medium", "target", "on"), ("random-medium", "target", "off"),
+        ("random-medium", "eagle", "on")]
     assert [c.bs for c in gs[0].cells()] == [8, 1, 32]
     assert all(peer_plan.group_knobs(g, WL)["max_running_requests"] == 32 for g in gs)
     with pytest.raises(ValueError, match="unknown draft 'medusa'"):
         plan(["random-medium"], ["medusa"], ["on"], [1])
     with pytest.raises(ValueError, match="unknown overlap"):
         plan(["random-medium"], ["eagle"], ["yes"], [1])
+
+
+def test_the_grid_leaves_out_the_pairs_sglang_cannot_run_like_for_like():
+    """Frozen-KV cells run on the Gemma-pattern shape (a Gemma-4 target SGLang sizes as hybrid
+    sliding-window), EAGLE cells on full-attention shapes (SGLang's Llama target), target-only
+    on both; the rest is named with its reason, and a grid of nothing but such pairs is one
+    error."""
+    gs = plan(["llama3-8b-like@8", GEMMA], ["eagle", "frozen", "target"], ["on"], [8])
+    assert [(g.shape, g.draft) for g in gs] == [
+        ("llama3-8b-like@8", "eagle"), ("llama3-8b-like@8", "target"), (GEMMA, "frozen"),
+        (GEMMA, "target")]
+    out = peer_plan.left_out(["llama3-8b-like@8", GEMMA], ["eagle", "frozen", "target"])
+    assert [(s, d) for s, d, _ in out] == [("llama3-8b-like@8", "frozen"), (GEMMA, "eagle")]
+    assert "EAGLE runs over a Llama target" in out[1][2]
+    assert peer_plan.model_dirs(Path("m"), GEMMA, "target") == (
+        Path("m/gemma4-31b-like-6/gemma4/target"), None)
+    assert peer_plan.pair_problem("gemma4-31b-like@7", "frozen").startswith(
+        "its last two layers are ['full_attention', 'full_attention']")
+    with pytest.raises(ValueError, match=r"no cell of this grid .*random-medium\|frozen: it has "
+                                         "no sliding-window layer"):
+        plan(["random-medium"], ["frozen"], ["on"], [1])
+    assert set(peer_plan.SHAPES) >= {"random-medium", "llama3-8b-like@8", "llama3-8b-like@32"}
+    assert any(peer_plan.pair_problem(s, "frozen") is None for s in peer_plan.SHAPES)
 
 
 # ------------------------------------------------------------------ stand-in engines
@@ -433,11 +560,14 @@ def test_an_unknown_draft_is_refused_by_the_parser(capsys):
 def test_dry_run_prints_both_configurations(tmp_path, capsys):
     pytest.importorskip("transformers", reason="the Gemma-4 directories need transformers")
     assert peer.main(["--out", str(tmp_path / "o"), "--dry-run", "--shapes", "random-medium",
-                      "--drafts", "eagle", "frozen", "--overlap", "off", "--bs", "1", "8"]) == 0
+                      GEMMA, "--drafts", "eagle", "frozen", "--overlap", "off", "--bs", "1",
+                      "8"]) == 0
     out = capsys.readouterr().out
     assert out.count("\nmtplab: ") == 2 and out.count("\nsglang: ") == 2
     assert "SGLANG_SIMULATE_ACC_LEN=2.5" in out and "'--disable-overlap-schedule'" in out
-    assert (tmp_path / "o" / "models" / "random-medium" / "gemma4" / "assistant" /
+    assert "# left out: random-medium|frozen: it has no sliding-window layer" in out
+    assert "# left out: gemma4-31b-like@6|eagle: " in out
+    assert (tmp_path / "o" / "models" / "gemma4-31b-like-6" / "gemma4" / "assistant" /
             "config.json").is_file()
 
 

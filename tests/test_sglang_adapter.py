@@ -582,19 +582,31 @@ def test_errors_name_the_flag(message, flags):
 
 
 def test_models_writes_a_frozen_assistant_that_launch_takes(tmp_path, capsys):
-    """`sglang models --draft frozen_kv_mtp`: a Gemma-4 target and its Frozen-KV assistant in a
-    preset's shape, which `launch --draft frozen_kv_mtp` accepts (and `--draft eagle` not)."""
+    """`sglang models --draft frozen_kv_mtp`: a Gemma-4 target mirroring a Gemma-pattern
+    preset (its default) and the Frozen-KV assistant mirroring mtplab's, which `launch --draft
+    frozen_kv_mtp` accepts (and `--draft eagle` not); a preset SGLang cannot run that way, or
+    a depth for the assistant, is one error."""
     pytest.importorskip("transformers", reason="transformers is not installed")
-    assert main_sglang(["models", "--out", str(tmp_path), "--draft", "frozen_kv_mtp",
-                        "--model", "random-tiny", "--draft-layers", "1"]) == 0
+    from mtplab.models.zoo import assistant_config, model_config
+    assert main_sglang(["models", "--out", str(tmp_path), "--draft", "frozen_kv_mtp"]) == 0
     assert "assistant" in capsys.readouterr().out
     t = json.loads((tmp_path / "target" / "config.json").read_text())
     a = json.loads((tmp_path / "assistant" / "config.json").read_text())
-    assert t["architectures"] == ["Gemma4ForCausalLM"] and t["hidden_size"] == 128
+    c = model_config("gemma4-31b-like@6")
+    assert t["architectures"] == ["Gemma4ForCausalLM"] and t["hidden_size"] == c.hidden_size
+    assert t["layer_types"] == c.layer_types and t["sliding_window"] == c.sliding_window
     assert a["architectures"] == ["Gemma4AssistantForCausalLM"]
-    assert a["backbone_hidden_size"] == 128 and a["text_config"]["num_hidden_layers"] == 1
+    assert a["backbone_hidden_size"] == c.hidden_size
+    assert a["text_config"]["layer_types"] == [c.layer_types[i]
+                                               for i in assistant_config(c).kv_layers]
     ok = ["launch", "--dry-run", "--model", str(tmp_path / "target"), "--draft-model",
           str(tmp_path / "assistant")]
     assert main_sglang([*ok, "--draft", "frozen_kv_mtp"]) == 0
     assert "--speculative-algorithm FROZEN_KV_MTP" in capsys.readouterr().out
     assert main_sglang([*ok, "--draft", "eagle"]) == 2
+    capsys.readouterr()
+    for extra, message in ((["--model", "random-tiny"], "it has no sliding-window layer"),
+                           (["--draft-layers", "2"], "leave --draft-layers out")):
+        assert main_sglang(["models", "--out", str(tmp_path / "x"), "--draft", "frozen_kv_mtp",
+                            *extra]) == 2
+        assert message in capsys.readouterr().err

@@ -45,6 +45,9 @@ from . import client
 from .args import FROZEN, ATTENTION_BACKENDS, DEVICES, ServerSpec, check_model_dirs, server_launch
 
 VOCAB_FLOOR = 10          # prompt token ids are drawn from [VOCAB_FLOOR, --vocab)
+# `sglang models` without --model: a full-attention preset for EAGLE's Llama target, a
+# Gemma-pattern one for the Gemma-4 target of FROZEN_KV_MTP (models.sglang_gemma4_problem)
+MODELS_DEFAULT = {"eagle": "random-medium", "frozen": "gemma4-31b-like@6"}
 # RunConfig field -> ServerSpec field: knobs of the server itself, resolved on its host.
 SERVER_KNOBS = {"model": "model_path", "device": "device", "attention_backend": "attention_backend",
                 "cuda_graphs": "cuda_graphs", "deterministic": "deterministic", "dtype": "dtype",
@@ -141,10 +144,14 @@ def build_parser() -> FlagParser:
                    help="the draft kind: for SGLang's EAGLE a Llama target in a preset's shape "
                         "and an EAGLE draft; for FROZEN_KV_MTP a Gemma-4 target and its "
                         "Frozen-KV assistant (needs transformers) (default: eagle)")
-    m.add_argument("--model", default="random-medium",
-                   help="mtplab preset whose shape the target takes (default: random-medium)")
-    m.add_argument("--draft-layers", type=positive_int, default=1, metavar="N",
-                   help="layers of the draft / assistant (default: 1)")
+    m.add_argument("--model", default=None,
+                   help="mtplab preset the target mirrors: for EAGLE one of full-attention "
+                        "layers, for FROZEN_KV_MTP one with Gemma's sliding/full pattern "
+                        f"(default: {MODELS_DEFAULT['eagle']}, for frozen_kv_mtp "
+                        f"{MODELS_DEFAULT['frozen']})")
+    m.add_argument("--draft-layers", type=positive_int, default=None, metavar="N",
+                   help="layers of the EAGLE draft (default: 1); a Frozen-KV assistant mirrors "
+                        "mtplab's, one layer per attention type of the target")
     return p
 
 
@@ -246,13 +253,17 @@ def write_models(args) -> int:
     """`mtplab sglang models`: a target and its EAGLE draft or Frozen-KV assistant (by the
     kind's SGLang algorithm), config only."""
     from .models import write_gemma4_frozen_dirs, write_llama_eagle_dirs
+    frozen = args.draft in kinds_where(sglang_algorithm=FROZEN)
+    model = args.model or MODELS_DEFAULT["frozen" if frozen else "eagle"]
     try:
-        frozen = args.draft in kinds_where(sglang_algorithm=FROZEN)
         if not frozen:
-            t, d = write_llama_eagle_dirs(args.out, args.model, draft_layers=args.draft_layers)
+            t, d = write_llama_eagle_dirs(args.out, model, draft_layers=args.draft_layers or 1)
+        elif args.draft_layers is not None:
+            raise ConfigError(f"--draft-layers sets the EAGLE draft's depth; the Frozen-KV "
+                              f"assistant of --draft {args.draft} mirrors mtplab's (one layer "
+                              "per attention type of the target): leave --draft-layers out.")
         else:
-            t, d = write_gemma4_frozen_dirs(args.out, model=args.model,
-                                            assistant_layers=args.draft_layers)
+            t, d = write_gemma4_frozen_dirs(args.out, model=model)
     except (KeyError, ValueError) as e:
         raise ConfigError(str(e).strip("'\"")) from None
     except ImportError as e:

@@ -5,10 +5,10 @@
   LlamaConfig (no transformers needed). With real weights, `Engine.save_target` writes an
   HF-style target directory instead.
 - a Gemma-4 target and its Frozen-KV MTP assistant (SGLang promotes an EAGLE/NEXTN draft whose
-  architecture is `Gemma4AssistantForCausalLM` to FROZEN_KV_MTP), in the sizes of an mtplab
-  preset and its assistant or in sizes given. The configs come from transformers' own Gemma-4
-  classes (transformers is needed here, imported on call), so every key SGLang reads has the
-  library's default.
+  architecture is `Gemma4AssistantForCausalLM` to FROZEN_KV_MTP), mirroring an mtplab preset
+  with Gemma's sliding/full pattern and mtplab's assistant for it, or in sizes given. The
+  configs come from transformers' own Gemma-4 classes (transformers is needed here, imported
+  on call), so every key SGLang reads has the library's default.
 """
 from __future__ import annotations
 
@@ -43,21 +43,25 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
     target and its Frozen-KV assistant, built by transformers' own config classes (whose
     version is the one SGLang reads them with).
 
-    With `model` (an mtplab preset of full-attention layers), what SGLang's Frozen-KV worker
-    runs nearest to that preset and mtplab's assistant for it (models/zoo.assistant_config):
-        target     the preset's hidden size, depth, q/KV heads, head_dim, FFN width,
-                   vocabulary, tying and rope theta; every layer full attention with that
-                   head_dim and KV head count (Gemma-4's `global_*` sizes), full rotary, no
-                   per-layer inputs
-        assistant  `assistant_layers` full-attention layers as wide as the target (FFN twice
-                   that), reading the target's last layer; its LM head as wide as mtplab's
+    With `model` (an mtplab preset with Gemma's sliding/full pattern), what SGLang's Frozen-KV
+    worker runs nearest to that preset and mtplab's assistant for it (models/zoo.py
+    assistant_config); SGLang's parser and KV pool read what mtplab's engine builds:
+        target     the preset's hidden size, depth, layer types, sliding window, q/KV heads,
+                   head_dim, FFN width, vocabulary, tying and rope theta; the full-attention
+                   layers with the sliding layers' head_dim and KV heads (Gemma-4's `global_*`
+                   sizes set equal: mtplab's stack has one of each), plain RoPE on both
+                   types, no per-layer inputs
+        assistant  one layer per attention type, in mtplab's order (sliding, then full), as
+                   wide as the target (FFN twice that), each reading the target's last layer
+                   of its type; its LM head as wide as mtplab's
     Gemma-4 still adds q/k/v norms, two more norms per layer and a layer scalar to Llama's work.
+    A preset SGLang 0.5.17 cannot run this way is one ValueError (sglang_gemma4_problem).
     Without `model`: a target of the given sizes (Gemma's sliding/full pattern, the last layer
     full) and an assistant `assistant_hidden_size` wide."""
     from transformers import Gemma4AssistantConfig, Gemma4TextConfig
 
     if model is not None:
-        target, a_text, backbone = _gemma4_like(model, assistant_layers, Gemma4TextConfig)
+        target, a_text, backbone = _gemma4_like(model, Gemma4TextConfig)
     else:
         # the last layer attends fully (transformers forces it, with a warning, when the
         # default sliding/full pattern ends on a sliding layer)
@@ -78,31 +82,67 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
     return _config_dirs(root, {"target": target, "assistant": assistant}, default=str)
 
 
-def _gemma4_like(model: str, assistant_layers: int, text_config) -> tuple[dict, dict, int]:
+def sglang_gemma4_problem(cfg) -> str | None:
+    """Why SGLang 0.5.17 cannot run mtplab target `cfg` (a LlamaConfig) as a Gemma-4 target
+    with a Frozen-KV assistant mirroring mtplab's, or None:
+        no sliding layer   SGLang sizes every Gemma-4 target's KV as hybrid sliding-window
+                           and asserts at least one sliding layer (pool_configurator.py)
+        last layer sliding Gemma-4's last layer attends fully (transformers forces it)
+        assistant's layers SGLang maps each assistant layer to the target's layer of the same
+                           type among the last two (gemma4_mtp.py); mtplab's reads the last
+                           layer of each type: the two agree when the last two layers are
+                           one sliding, one full
+        MoE, RoPE scaling  not mirrored: mtplab's MoE FFN is not Gemma-4's MoE block, and
+                           SGLang's Gemma-4 takes plain RoPE here"""
+    from ..models.llama_config import FULL, SLIDING
+
+    L = cfg.num_hidden_layers
+    if not cfg.has_sliding:
+        return ("it has no sliding-window layer, and SGLang 0.5.17 sizes a Gemma-4 target's KV "
+                "as hybrid sliding-window ('Hybrid SWA model must have at least one SWA "
+                "layer'); use a preset with Gemma's sliding/full pattern, e.g. gemma4-31b-like@6")
+    if cfg.layer_types[-1] != FULL:
+        return ("its last layer is a sliding-window layer; Gemma-4's last layer attends fully "
+                "(use a preset with Gemma's pattern, e.g. gemma4-31b-like@6)")
+    if sorted(cfg.layer_types[L - 2:]) != [FULL, SLIDING]:
+        return (f"its last two layers are {cfg.layer_types[L - 2:]}: SGLang's Frozen-KV "
+                "assistant reads the target's last two layers, one of each type, where mtplab's "
+                "reads the last layer of each type; pick a depth whose last two layers are one "
+                "sliding and one full (gemma4-31b-like@6, @12, ...)")
+    if getattr(cfg, "num_experts", 0):
+        return "its FFN is a mixture of experts; the Gemma-4 directories mirror dense presets"
+    if cfg.rope_scaling is not None:
+        return "it scales RoPE; the Gemma-4 directories mirror presets of plain RoPE"
+    return None
+
+
+def _gemma4_like(model: str, text_config) -> tuple[dict, dict, int]:
     """(target config, assistant text config, backbone width) mirroring mtplab preset `model`
     (write_gemma4_frozen_dirs)."""
-    from ..models.zoo import model_config
+    from ..models.zoo import assistant_config, model_config
 
     c = model_config(model)
-    if c.has_sliding:
-        raise ValueError(f"model {model!r} has sliding-window layers; the Gemma-4 directories "
-                         "mirror presets of full-attention layers only (e.g. random-medium, "
-                         "llama3-8b-like).")
-    rope = {"full_attention": {"rope_type": "default", "rope_theta": float(c.rope_theta)}}
+    problem = sglang_gemma4_problem(c)
+    if problem:
+        raise ValueError(f"model {model!r}: {problem}.")
+    ac = assistant_config(c)
+    rope = {t: {"rope_type": "default", "rope_theta": float(c.rope_theta)}
+            for t in sorted(set(c.layer_types))}
 
-    def text(layers: int, ffn: int, tied: bool) -> dict:
+    def text(hidden: int, types: list, ffn: int, tied: bool) -> dict:
         return text_config(
-            hidden_size=c.hidden_size, num_hidden_layers=layers, intermediate_size=ffn,
+            hidden_size=hidden, num_hidden_layers=len(types), intermediate_size=ffn,
             num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
             head_dim=c.head_dim, global_head_dim=c.head_dim,
             num_global_key_value_heads=c.num_key_value_heads, vocab_size=c.vocab_size,
-            layer_types=["full_attention"] * layers, rope_parameters=rope,
-            sliding_window=c.max_position_embeddings, hidden_size_per_layer_input=0,
-            vocab_size_per_layer_input=0, max_position_embeddings=c.max_position_embeddings,
-            rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=tied).to_dict()
+            layer_types=list(types), rope_parameters=rope, sliding_window=c.sliding_window,
+            hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+            max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+            tie_word_embeddings=tied).to_dict()
 
-    return (text(c.num_hidden_layers, c.intermediate_size, c.tie_word_embeddings),
-            text(assistant_layers, 2 * c.hidden_size, True), c.hidden_size)
+    return (text(c.hidden_size, c.layer_types, c.intermediate_size, c.tie_word_embeddings),
+            text(ac.hidden_size, [c.layer_types[i] for i in ac.kv_layers],
+                 ac.intermediate_size, True), c.hidden_size)
 
 
 def _config_dirs(root: PathLike, configs: dict, **json_options) -> tuple[Path, Path]:

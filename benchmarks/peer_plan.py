@@ -50,7 +50,7 @@ import numpy as np
 from mtplab.config import RunConfig
 from mtplab.draft_kinds import DRAFT_KINDS
 from mtplab.sglang.args import FROZEN, ServerLaunch, ServerSpec, server_launch
-from mtplab.sglang.models import sglang_gemma4_problem
+from mtplab.sglang.models import frozen_assistant, sglang_gemma4_problem
 
 # the Frozen-KV cells run on the Gemma-pattern shape, the EAGLE cells on the others
 SHAPES = ("random-medium", "llama3-8b-like@8", "llama3-8b-like@32", "gemma4-31b-like@6")
@@ -162,7 +162,9 @@ def pair_problem(shape: str, draft: str) -> Optional[str]:
     directories (models.sglang_gemma4_problem says what they cannot mirror); EAGLE the Llama
     ones, which have no sliding-window layers."""
     c = model_config(shape)
-    if frozen(draft) or (c.has_sliding and not speculative(draft)):
+    if frozen(draft):
+        return sglang_gemma4_problem(c, frozen_assistant(c, DRAFTS[draft]["draft"]).kv_layers)
+    if c.has_sliding and not speculative(draft):
         return sglang_gemma4_problem(c)
     if c.has_sliding:
         return ("the shape has sliding-window layers and SGLang's EAGLE runs over a Llama "

@@ -17,7 +17,9 @@ floor, the CLI and the SGLang adapter read (`RunConfig.draft` is a key of it, or
     module             the kind's module, imported when a draft     engine, memory, zoo
                        is built or counted: `Worker` (a DraftWorker,
                        speculative/draft_worker.py), `build(target, seed) -> draft model`
-                       (only the chosen kind is built), `param_count(target_config) -> int`
+                       (only the chosen kind is built), `param_count(target_config) -> int`,
+                       for a kind without KV of its own `assistant_config(target_config)`
+                       (its AssistantConfig: width, layers, the target layers they read)
 
 This module is a leaf and imports no torch: the CLI, the SGLang adapter and config validation
 read the table without building anything. A kind's module lives in mtplab/speculative/ and
@@ -57,6 +59,10 @@ class DraftSpec:
     def param_count(self, target_config) -> int:
         """Parameters the draft owns (not the target's embedding or LM head it reads)."""
         return self._module().param_count(target_config)
+
+    def assistant_config(self, target_config):
+        """The AssistantConfig a Frozen-KV kind builds for a target config (random init)."""
+        return self._module().assistant_config(target_config)
 
 
 DRAFT_KINDS: dict[str, DraftSpec] = {s.name: s for s in (

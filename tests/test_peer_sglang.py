@@ -180,6 +180,37 @@ def test_sglang_loads_and_sizes_the_gemma_shape_mtplab_builds(models, draft):
     assert [ctx.physical_layer_ids[i] for i in range(ac.num_layers)] == ac.kv_layers
 
 
+def test_sglang_maps_the_gemma4_assistant_kind_as_mtplab_builds_it(tmp_path):
+    """`draft=gemma4_assistant` directories: SGLang's layer map sends its three sliding layers
+    to the target's last sliding layer and its full one to the last full layer, as mtplab's
+    Gemma-4 assistant reads them, at its width and FFN."""
+    import types
+
+    from mtplab.draft_kinds import DRAFT_KINDS
+    from mtplab.models.zoo import model_config
+    from mtplab.sglang.models import write_gemma4_frozen_dirs
+    pytest.importorskip("transformers", reason="the Gemma-4 directories need transformers")
+    mtp = sglang_module("sglang.srt.models.gemma4_mtp")
+    g = plan([GEMMA], ["frozen"], ["on"], [8])[0]
+    target, _ = peer_plan.model_dirs(tmp_path, GEMMA, "frozen")
+    write_gemma4_frozen_dirs(target.parent, model=GEMMA, draft="gemma4_assistant")
+    _, t, d = sglang_configs(g, tmp_path)
+    c = model_config(GEMMA)
+    ac = DRAFT_KINDS["gemma4_assistant"].assistant_config(c)
+    assert ac.kv_layers == [4, 4, 4, 5]
+    assert (d.hidden_size, d.num_hidden_layers, d.hf_text_config.intermediate_size) == (
+        ac.hidden_size, ac.num_layers, ac.intermediate_size)
+    layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(is_kv_shared_layer=False))
+              for _ in range(c.num_hidden_layers)]
+    ctx = mtp.Gemma4AssistantForCausalLM.build_frozen_kv_mtp_context(
+        types.SimpleNamespace(config=d.hf_config),
+        types.SimpleNamespace(config=t.hf_config, model=types.SimpleNamespace(layers=layers)),
+        None)
+    assert [ctx.physical_layer_ids[i] for i in range(ac.num_layers)] == ac.kv_layers
+    with pytest.raises(ValueError, match="'eagle' is not a Frozen-KV draft"):
+        write_gemma4_frozen_dirs(tmp_path / "x", model=GEMMA, draft="eagle")
+
+
 def test_sglang_refuses_a_gemma4_target_without_sliding_layers(models, tmp_path):
     """The check above has teeth: the same target with every layer full attention (what the
     directories held before: the first H100 run's 'Hybrid SWA model must have at least one

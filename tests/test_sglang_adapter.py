@@ -605,6 +605,12 @@ def test_models_writes_a_frozen_assistant_that_launch_takes(tmp_path, capsys):
     assert "--speculative-algorithm FROZEN_KV_MTP" in capsys.readouterr().out
     assert main_sglang([*ok, "--draft", "eagle"]) == 2
     capsys.readouterr()
+    assert main_sglang(["models", "--out", str(tmp_path / "g"), "--draft",
+                        "gemma4_assistant"]) == 0           # mtplab's Gemma-4 assistant
+    g = json.loads((tmp_path / "g" / "assistant" / "config.json").read_text())["text_config"]
+    assert g["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert g["hidden_size"] == c.hidden_size // 2
+    capsys.readouterr()
     for extra, message in ((["--model", "random-tiny"], "it has no sliding-window layer"),
                            (["--draft-layers", "2"], "leave --draft-layers out")):
         assert main_sglang(["models", "--out", str(tmp_path / "x"), "--draft", "frozen_kv_mtp",

@@ -147,11 +147,11 @@ def build_parser() -> FlagParser:
     m.add_argument("--model", default=None,
                    help="mtplab preset the target mirrors: for EAGLE one of full-attention "
                         "layers, for FROZEN_KV_MTP one with Gemma's sliding/full pattern "
-                        f"(default: {MODELS_DEFAULT['eagle']}, for frozen_kv_mtp "
+                        f"(default: {MODELS_DEFAULT['eagle']}, for the Frozen-KV kinds "
                         f"{MODELS_DEFAULT['frozen']})")
     m.add_argument("--draft-layers", type=positive_int, default=None, metavar="N",
                    help="layers of the EAGLE draft (default: 1); a Frozen-KV assistant mirrors "
-                        "mtplab's, one layer per attention type of the target")
+                        "mtplab's assistant of that kind")
     return p
 
 
@@ -260,10 +260,10 @@ def write_models(args) -> int:
             t, d = write_llama_eagle_dirs(args.out, model, draft_layers=args.draft_layers or 1)
         elif args.draft_layers is not None:
             raise ConfigError(f"--draft-layers sets the EAGLE draft's depth; the Frozen-KV "
-                              f"assistant of --draft {args.draft} mirrors mtplab's (one layer "
-                              "per attention type of the target): leave --draft-layers out.")
+                              f"assistant of --draft {args.draft} mirrors mtplab's assistant of "
+                              "that kind: leave --draft-layers out.")
         else:
-            t, d = write_gemma4_frozen_dirs(args.out, model=model)
+            t, d = write_gemma4_frozen_dirs(args.out, model=model, draft=args.draft)
     except (KeyError, ValueError) as e:
         raise ConfigError(str(e).strip("'\"")) from None
     except ImportError as e:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Union
 
 from ..atomic import atomic_write_text
+from ..draft_kinds import DRAFT_KINDS, kinds_where
+from .args import FROZEN
 
 PathLike = Union[str, Path]
 
@@ -35,7 +37,7 @@ def write_llama_eagle_dirs(root: PathLike, model: str = "random-medium", *,
 
 
 def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
-                             hidden_size: int = 256, layers: int = 4, heads: int = 4,
+                             draft: str = "frozen_kv_mtp", hidden_size: int = 256, layers: int = 4, heads: int = 4,
                              kv_heads: int = 1, head_dim: int = 64, vocab_size: int = 1024,
                              assistant_hidden_size: int = 128, assistant_layers: int = 2,
                              dtype: str = "bfloat16") -> tuple[Path, Path]:
@@ -44,16 +46,20 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
     version is the one SGLang reads them with).
 
     With `model` (an mtplab preset with Gemma's sliding/full pattern), what SGLang's Frozen-KV
-    worker runs nearest to that preset and mtplab's assistant for it (models/zoo.py
-    assistant_config); SGLang's parser and KV pool read what mtplab's engine builds:
+    worker runs nearest to that preset and mtplab's assistant of Frozen-KV kind `draft` for it
+    (the kind's assistant_config); SGLang's parser and KV pool read what mtplab's engine
+    builds:
         target     the preset's hidden size, depth, layer types, sliding window, q/KV heads,
                    head_dim, FFN width, vocabulary, tying and rope theta; the full-attention
                    layers with the sliding layers' head_dim and KV heads (Gemma-4's `global_*`
                    sizes set equal: mtplab's stack has one of each), plain RoPE on both
                    types, no per-layer inputs
-        assistant  one layer per attention type, in mtplab's order (sliding, then full), as
-                   wide as the target (FFN twice that), each reading the target's last layer
-                   of its type; its LM head as wide as mtplab's
+        assistant  the kind's layers, width and FFN, each layer of the attention type of the
+                   target layer it reads, a head of its own tied to its embedding at its width
+                   (frozen_kv_mtp: one layer per type, sliding then full, as wide as the
+                   target, FFN twice that, an LM head as wide as the target's it reads;
+                   gemma4_assistant: three sliding layers and a full one at half the width,
+                   FFN four times that, its own head)
     Gemma-4 still adds q/k/v norms, two more norms per layer and a layer scalar to Llama's work.
     A preset SGLang 0.5.17 cannot run this way is one ValueError (sglang_gemma4_problem).
     Without `model`: a target of the given sizes (Gemma's sliding/full pattern, the last layer
@@ -61,7 +67,7 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
     from transformers import Gemma4AssistantConfig, Gemma4TextConfig
 
     if model is not None:
-        target, a_text, backbone = _gemma4_like(model, Gemma4TextConfig)
+        target, a_text, backbone = _gemma4_like(model, draft, Gemma4TextConfig)
     else:
         # the last layer attends fully (transformers forces it, with a warning, when the
         # default sliding/full pattern ends on a sliding layer)
@@ -82,16 +88,17 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
     return _config_dirs(root, {"target": target, "assistant": assistant}, default=str)
 
 
-def sglang_gemma4_problem(cfg) -> str | None:
-    """Why SGLang 0.5.17 cannot run mtplab target `cfg` (a LlamaConfig) as a Gemma-4 target
-    with a Frozen-KV assistant mirroring mtplab's, or None:
+def sglang_gemma4_problem(cfg, kv_layers: list | None = None) -> str | None:
+    """Why SGLang 0.5.17 cannot run mtplab target `cfg` (a LlamaConfig) as a Gemma-4 target,
+    with a Frozen-KV assistant whose layers read target layers `kv_layers` (None: no
+    assistant), or None:
         no sliding layer   SGLang sizes every Gemma-4 target's KV as hybrid sliding-window
                            and asserts at least one sliding layer (pool_configurator.py)
         last layer sliding Gemma-4's last layer attends fully (transformers forces it)
         assistant's layers SGLang maps each assistant layer to the target's layer of the same
-                           type among the last two (gemma4_mtp.py); mtplab's reads the last
-                           layer of each type: the two agree when the last two layers are
-                           one sliding, one full
+                           type among the last two (gemma4_mtp.py); mtplab's read
+                           `kv_layers`: the two agree when the last two layers are one
+                           sliding, one full, and the assistant reads only those
         MoE, RoPE scaling  not mirrored: mtplab's MoE FFN is not Gemma-4's MoE block, and
                            SGLang's Gemma-4 takes plain RoPE here"""
     from ..models.llama_config import FULL, SLIDING
@@ -104,10 +111,11 @@ def sglang_gemma4_problem(cfg) -> str | None:
     if cfg.layer_types[-1] != FULL:
         return ("its last layer is a sliding-window layer; Gemma-4's last layer attends fully "
                 "(use a preset with Gemma's pattern, e.g. gemma4-31b-like@6)")
-    if sorted(cfg.layer_types[L - 2:]) != [FULL, SLIDING]:
+    last_two = {cfg.layer_types[i]: i for i in range(max(0, L - 2), L)}
+    if kv_layers is not None and any(last_two.get(cfg.layer_types[k]) != k for k in kv_layers):
         return (f"its last two layers are {cfg.layer_types[L - 2:]}: SGLang's Frozen-KV "
                 "assistant reads the target's last two layers, one of each type, where mtplab's "
-                "reads the last layer of each type; pick a depth whose last two layers are one "
+                f"reads layers {list(kv_layers)}; pick a depth whose last two layers are one "
                 "sliding and one full (gemma4-31b-like@6, @12, ...)")
     if getattr(cfg, "num_experts", 0):
         return "its FFN is a mixture of experts; the Gemma-4 directories mirror dense presets"
@@ -116,16 +124,25 @@ def sglang_gemma4_problem(cfg) -> str | None:
     return None
 
 
-def _gemma4_like(model: str, text_config) -> tuple[dict, dict, int]:
+def frozen_assistant(cfg, draft: str):
+    """mtplab's AssistantConfig of Frozen-KV kind `draft` for target config `cfg` (ValueError
+    naming the kinds for any other draft)."""
+    if DRAFT_KINDS.get(draft) is None or DRAFT_KINDS[draft].sglang_algorithm != FROZEN:
+        raise ValueError(f"{draft!r} is not a Frozen-KV draft: use one of "
+                         f"{kinds_where(sglang_algorithm=FROZEN)}.")
+    return DRAFT_KINDS[draft].assistant_config(cfg)
+
+
+def _gemma4_like(model: str, draft: str, text_config) -> tuple[dict, dict, int]:
     """(target config, assistant text config, backbone width) mirroring mtplab preset `model`
-    (write_gemma4_frozen_dirs)."""
-    from ..models.zoo import assistant_config, model_config
+    and its assistant of kind `draft` (write_gemma4_frozen_dirs)."""
+    from ..models.zoo import model_config
 
     c = model_config(model)
-    problem = sglang_gemma4_problem(c)
+    ac = frozen_assistant(c, draft)
+    problem = sglang_gemma4_problem(c, ac.kv_layers)
     if problem:
         raise ValueError(f"model {model!r}: {problem}.")
-    ac = assistant_config(c)
     rope = {t: {"rope_type": "default", "rope_theta": float(c.rope_theta)}
             for t in sorted(set(c.layer_types))}
 

@@ -46,6 +46,9 @@ def gemma4_config(tcfg: LlamaConfig) -> AssistantConfig:
                            kv_layers=[n - 2] * (LAYERS - 1) + [n - 1])
 
 
+assistant_config = gemma4_config       # the kind's AssistantConfig (draft_kinds.py)
+
+
 class Gemma4Assistant(FrozenKVAssistant):
     """The generic assistant's pre-projection and Q-only layers, with Gemma-4's output: the
     final norm at width Ha before the post-projection, and its own tied embedding / head."""

@@ -5,6 +5,8 @@
     mtplab bench --groups my_grid.yaml             # any grid file with arms and a repeat axis
     mtplab bench --smoke                           # every group for a few steps (CPU is fine)
     mtplab bench --dir traces/bench/x              # resume into / re-render an existing run
+    mtplab bench --groups regime --quick --budget-s 500    # the reduced ladder, in a budget
+    mtplab bench --groups regime --only layers=16 batch_size=8   # a subset of its rungs
 
 A group is a grid file of mtplab/bench_grids/ (GROUPS): `arms` are the settings compared side
 by side, the other axes (batch size, model, draft ...) are the rows' grid points, and the
@@ -43,6 +45,13 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     floor/step       floor ms / step ms (1.0 = the step runs at the HBM floor)
     step vs base     step ms / the first arm's step ms at the same grid point (a spec step
                      over the target step when the first arm is target-only)
+A group file may carry two keys of its own: `quick`, a reduced variant (`grid`, `exclude`,
+`arms`, `base` replacing the group's) that `--quick` runs, and `report: regime`, which prints
+the regime report (`regime_report`: the regime table of mtplab/sweep/regime.py, each effect's
+crossover, and the what-if predictor against the measured ratios, sweep/whatif_check.py)
+instead of the ratio table. `--only AXIS=V,...` keeps those values of an axis (a subset of
+rungs), `--budget-s S` starts no cell that could not end within S seconds of the start
+(sweep/executors.py LocalExecutor); the cells left are named and the same `--dir` resumes.
 A group whose cells measure host stages (`host_stages: true`, the `host` group) prints the
 host-stage table instead (`host_table`), one row per grid point and arm, medians over the
 repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule, prepare, each segment's launch,
@@ -67,7 +76,8 @@ from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host",
-          "moe")
+          "moe", "regime")
+BENCH_KEYS = ("quick", "report")    # a group file's own keys, not the sweep's (module doc)
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
@@ -80,6 +90,12 @@ SMOKE_NOTE = ("--smoke: every arm ran a few tokens once, to check the path; its 
 
 
 # -- grids -------------------------------------------------------------------------------------
+def _axes(doc: dict, quick: bool) -> set:
+    """The axes a group file runs (its `quick` variant's with --quick)."""
+    g = ((doc.get("quick") or {}).get("grid") if quick else None) or doc.get("grid") or {}
+    return set(g) | {REPEAT}
+
+
 def grid_doc(group: str) -> dict:
     """The grid file of a group name (mtplab/bench_grids/<group>.yaml) or a path."""
     from .errors import ConfigError
@@ -94,9 +110,19 @@ def grid_doc(group: str) -> dict:
 
 
 def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optional[list],
-                  device: str) -> dict:
-    """The grid doc with the command line applied (repeats, batch sizes, device, --smoke)."""
+                  device: str, quick: bool = False, only: Optional[dict] = None) -> dict:
+    """The grid doc with the command line applied (--quick, repeats, batch sizes, device,
+    --only, --smoke); the group file's own keys (BENCH_KEYS) are taken out."""
+    from .errors import ConfigError
     doc = json.loads(json.dumps(doc))                   # a deep copy
+    own_keys = {k: doc.pop(k, None) for k in BENCH_KEYS}
+    variant = own_keys["quick"]
+    if quick:
+        if variant is None:
+            raise ConfigError("--quick: this group has no `quick` variant; run it without "
+                              "--quick (or with --only AXIS=VALUES for a subset).")
+        doc.update({k: v for k, v in variant.items() if k in ("grid", "exclude", "arms",
+                                                                "base")})
     base, axes = doc.setdefault("base", {}), doc.setdefault("grid", {})
     own = axes.pop(REPEAT, [0])
     n = repeats or (1 if smoke else len(own))
@@ -105,6 +131,16 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
         base["device"] = device
     if bs:
         doc["grid"]["batch_size"] = list(bs)
+    for k, vals in (only or {}).items():
+        axis = doc["grid"].get(k)
+        if axis is None:
+            raise ConfigError(f"--only {k}=...: {k!r} is not an axis of this group; use one of "
+                              f"{list(doc['grid'])}.")
+        keep = [v for v in axis if v in vals]
+        if not keep:
+            raise ConfigError(f"--only {k}={','.join(map(str, vals))}: none of these is on the "
+                              f"axis {axis}.")
+        doc["grid"][k] = keep
     if smoke:
         base.update(SMOKE_BASE)
         if "batch_size" in doc["grid"] and not bs:
@@ -114,11 +150,25 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
             base.pop("layers", None)
         if "model" in doc["grid"]:
             doc["grid"]["model"] = [SMOKE_MODEL]
+            doc["grid"].pop("layers", None)
         for k in ("prompt_len_tokens", "context_len"):   # the context group's long prompts
             doc["grid"].pop(k, None)
             doc["base"].pop(k, None)
         base["prompt_len_tokens"] = SMOKE_BASE["prompt_len_tokens"]
     return doc
+
+
+def parse_only(items: list[str]) -> dict:
+    """`--only layers=4,16 batch_size=8` -> {"layers": [4, 16], "batch_size": [8]} (values
+    read as YAML scalars: null, numbers, booleans, strings)."""
+    from .errors import ConfigError
+    out: dict = {}
+    for it in items:
+        k, eq, v = it.partition("=")
+        if not eq or not k or not v:
+            raise ConfigError(f"--only {it!r}: write AXIS=VALUE[,VALUE...], e.g. layers=4,16.")
+        out[k] = [yaml.safe_load(x) for x in v.split(",")]
+    return out
 
 
 def group_cells(name: str, doc: dict) -> list:
@@ -134,16 +184,21 @@ def group_cells(name: str, doc: dict) -> list:
 
 
 def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
-              progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) one group's cells; return its results table."""
+              progress: bool = True, deadline: Optional[float] = None) -> pd.DataFrame:
+    """Run (or resume) one group's cells, none started past `deadline` (time.monotonic());
+    return its results table (`not_started`: cells the budget left out)."""
     from .atomic import atomic_write_text
     from .sweep import grid_from_dict, run_sweep
+    from .sweep.executors import LocalExecutor
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(doc, sort_keys=False))
+    ex = LocalExecutor(deadline)
     df = run_sweep(cells, out, timeout_s=timeout_s or grid_from_dict(doc).timeout_s,
-                   progress=progress)
-    return df[df["cell_id"].isin({c.cell_id for c in cells})]   # not older runs' cells
+                   progress=progress, executor=ex)
+    df = df[df["cell_id"].isin({c.cell_id for c in cells})]    # not older runs' cells
+    df.attrs["not_started"] = ex.not_started
+    return df
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -217,12 +272,44 @@ def host_table(df: pd.DataFrame, doc: dict) -> str:
     return "\n".join(out)
 
 
-def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool = False) -> str:
+def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> str:
+    """The regime group's report: the regime table (x = GPU / host time per step, each
+    effect's ratio; sweep/regime.py), each effect's crossover, and the what-if predictor
+    against the measured ratios (sweep/whatif_check.py); with `out` (the group's sweep
+    folder) also regime.png, regime_table.csv and whatif_validation.csv there."""
+    from .sweep import regime, whatif_check
+    from .sweep.metrics import meter_name
+    t = regime.regime_table(df)
+    v = whatif_check.validate(df, regime.validation_pairs(), label=regime.arm_label,
+                              sweep_dir=out)
+    meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
+    if out is not None and len(t):
+        from .atomic import atomic_path
+        regime.plot_regime(t, path=out / "regime.png", meter=meter)
+        for name, frame in (("regime_table.csv", t), ("whatif_validation.csv", v)):
+            with atomic_path(out / name) as tmp:
+                frame.to_csv(tmp, index=False)
+    lines = [regime.table_md(t, meter), "", "crossovers:"]
+    lines += [f"- {s}" for s in regime.crossovers(t)["sentence"]]
+    lines += ["", "what-if predictor vs measured (meter_tok_per_s ratios; error = predicted / "
+              "measured - 1, judged where the effect exceeds the noise):",
+              whatif_check.table_md(v), "", whatif_check.summary(v)]
+    walls = pd.to_numeric(df.loc[df["status"] == "ok", "cell_wall_s"], errors="coerce")
+    if len(walls.dropna()):
+        lines.append(f"cells: {len(walls)} ok, median {walls.median():.0f} s, total "
+                     f"{walls.sum():.0f} s")
+    return "\n".join(lines)
+
+
+def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool = False,
+          report: Optional[str] = None, out: Optional[Path] = None) -> str:
     """The markdown ratio table of one group from its results frame (see the module doc).
     Rows follow the grid's order; a grid point's baseline is its first arm. With `smoke` the
     ratio column says what it is: a check of the path, not a result."""
     if (doc.get("base") or {}).get("host_stages"):
         return host_table(df, doc)
+    if report == "regime":
+        return regime_report(df, doc, out)
     from .sweep.metrics import meter_name
 
     _, arms, point_axes, cells, points = _cells(df, doc)
@@ -334,29 +421,52 @@ def main_bench(argv=None) -> int:
                          "an existing one resumes: done cells are not run again")
     ap.add_argument("--out", default=None, type=out_file,
                     help="also write the markdown tables here")
+    ap.add_argument("--quick", action="store_true",
+                    help="each group's reduced variant (its grid file's `quick`: the regime "
+                         "group's three rungs, host-bound to GPU-bound)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="AXIS=V,...",
+                    help="keep only these values of grid axes, e.g. --only layers=16 "
+                         "batch_size=8 (a subset of rungs)")
+    ap.add_argument("--budget-s", type=positive_number, default=None, metavar="S",
+                    help="start no cell after S seconds (one that would not finish in time "
+                         "neither); finished cells are kept and the same --dir resumes")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     a = ap.parse(argv)
     if isinstance(a, int):
         return a
     root = Path(a.dir or Path("traces") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    deadline = time.monotonic() + a.budget_s if a.budget_s else None
     try:
-        docs = {Path(g).stem: effective_doc(grid_doc(g), smoke=a.smoke, repeats=a.repeats,
-                                            bs=a.bs, device=a.device) for g in a.groups}
+        raw = {Path(g).stem: grid_doc(g) for g in a.groups}
+        only = parse_only(a.only)
+        docs = {g: effective_doc(d, smoke=a.smoke, repeats=a.repeats, bs=a.bs, device=a.device,
+                                 quick=a.quick, only={k: v for k, v in only.items()
+                                                      if k in _axes(d, a.quick)})
+                for g, d in raw.items()}
+        unused = [k for k in only if not any(k in _axes(d, a.quick) for d in raw.values())]
+        if unused:
+            raise ConfigError(f"--only {unused[0]}=...: no group runs an axis {unused[0]!r}.")
         cells = {g: group_cells(g, doc) for g, doc in docs.items()}
     except ConfigError as e:
         print(f"mtplab bench: error: {e}", file=sys.stderr)
         return 2
     try:
-        frames = {g: run_group(doc, cells[g], root / g, a.timeout, a.progress)
+        frames = {g: run_group(doc, cells[g], root / g, a.timeout, a.progress, deadline)
                   for g, doc in docs.items()}
     except KeyboardInterrupt:             # the running cell is already killed (sweep/process.py)
         print(f"mtplab bench: interrupted; finished cells are kept under {root}, and "
               f"`--dir {root}` resumes.", file=sys.stderr)
         return 130
     bw = hbm_bandwidth() if a.device != "cpu" else None
-    text = "\n\n".join([header(frames, a.smoke, bw)] +
-                       [f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n"
-                        f"{table(frames[g], docs[g], bw, smoke=a.smoke)}" for g in docs])
+    parts = [header(frames, a.smoke, bw)]
+    for g in docs:
+        body = table(frames[g], docs[g], bw, smoke=a.smoke, report=raw[g].get("report"),
+                     out=root / g)
+        left = frames[g].attrs.get("not_started")
+        if left:
+            body += f"\n\nbudget: {left} cell(s) not started; `--dir {root}` resumes them"
+        parts.append(f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n{body}")
+    text = "\n\n".join(parts)
     text += f"\n\nresults: {root}/<group>/results.parquet"
     print(text)
     if a.out:

@@ -57,13 +57,18 @@ phase_peer() {
 
 #: notebooks  [NN,...] notebooks/NN_*.ipynb under papermill with GPU parameters (default
 #:            01,04,02: overlap, zero bubble, seed folding; any other if named, 01-04 with the
-#:            sizes below, others with their defaults), one after another within NB_BUDGET_S
-#:            -> notebooks/NN_name.ipynb (executed), notebooks/notebooks.tgz (each one's
-#:            answer.json, PNG figures and sweep results.parquet); answers in notebooks.log
-# Environment (defaults: the H100 run): NB_DEVICE=cuda NB_MODEL=tiny-code NB_PROMPTS=code
+#:            sizes below, others with their defaults; 01, 02 and 04 once per shape of
+#:            NB_SHAPES), one after another within NB_BUDGET_S -> notebooks/NN_name[-shape].ipynb
+#:            (executed), notebooks/notebooks.tgz (each one's answer.json, PNG figures and
+#:            sweep results.parquet); answers in notebooks.log
+# Environment (defaults: the H100 run): NB_DEVICE=cuda NB_PROMPTS=code
+# NB_SHAPES="tiny-code llama3-8b-like@16" (01, 02, 04 run at each: a host-bound and a GPU-bound
+# shape; a shape preset MODEL@LAYERS runs random prompts at NB_SIM_ACCEPT=3.0 simulated
+# acceptance, tiny-code its held-out code prompts at real acceptance)
 # NB_PROMPT_LEN=128 NB_OUTPUT_LEN=128 NB_REPEATS=2 (interleaved rounds per cell, round 0
 # profiled) NB_BS="[1, 8, 32]" (01: 18 cells) NB_BS02="[1, 32]" NB_GRAPHS02="[true]" (02: 8)
 # NB_BS04=8 NB_REPEATS04=3 (04: 15 cells, round 0 under the sync debug mode is not timed)
+# 08: its quick ladder, NB_REPEATS08=2 rounds, within what is left of the budget
 # NB_BUDGET_S=520 (no notebook starts after it, a running one is stopped at it)
 # NB_WORK=/tmp/mtplab_nb (the notebooks' out_dirs: sweeps, traces).
 # A machine without papermill/ipykernel and no network (the lent H100): download their cp312
@@ -90,13 +95,12 @@ phase_notebooks() {
     "$kernels" || return 1
   export JUPYTER_PATH="$kernels${JUPYTER_PATH:+:$JUPYTER_PATH}"
   local common=(-k mtplab-python --no-progress-bar --log-level WARNING
-    -p device "${NB_DEVICE:-cuda}" -p model "${NB_MODEL:-tiny-code}"
-    -y "simulate_accept_len: null" -p prompts "${NB_PROMPTS:-code}"
+    -p device "${NB_DEVICE:-cuda}"
     -p prompt_len_tokens "${NB_PROMPT_LEN:-128}" -p output_len_tokens "${NB_OUTPUT_LEN:-128}")
   local reps=(-p repeats "${NB_REPEATS:-2}")
   deadline=$((SECONDS + ${NB_BUDGET_S:-520}))
   for n in ${@:-01 04 02}; do
-    local found=(notebooks/"$n"_*.ipynb) args=()
+    local found=(notebooks/"$n"_*.ipynb) args=() shapes=("")
     if [[ ! -f ${found[0]} ]]; then
       echo "notebooks: no notebook $n (have: $(cd notebooks && ls [0-9]*.ipynb | tr '\n' ' '))"
       rc=1; continue
@@ -108,28 +112,55 @@ phase_notebooks() {
             -y "cuda_graphs: ${NB_GRAPHS02:-[true]}") ;;
       03) args=(-p batch_size 8 -y "page_sizes: [1, 16, 64]" -y "topks: [1, 4]") ;;
       04) args=(-p repeats "${NB_REPEATS04:-3}" -p batch_size "${NB_BS04:-8}") ;;
+      08) args=(-p repeats "${NB_REPEATS08:-2}" -p ladder quick) ;;
     esac
-    left=$((deadline - SECONDS))
-    if ((left < 30)); then
-      echo "== notebook $name: skipped, ${NB_BUDGET_S:-520} s budget spent"; rc=1; continue
-    fi
-    local t0=$SECONDS
-    rm -rf "${work:?}/$name"
-    echo "== notebook $name (at most $left s)"
-    timeout -k 10 "$left" python3 -m papermill "notebooks/$name.ipynb" "$nb/$name.ipynb" \
-      "${common[@]}" "${args[@]}" -p out_dir "$work/$name" || { echo "$name failed"; rc=1; }
-    echo "== notebook $name: $((SECONDS - t0)) s"
-    if [[ -f $work/$name/answer.json ]]; then
-      cat "$work/$name/answer.json"; echo
-      python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('summary', ''))" \
-        "$work/$name/answer.json"
-    fi
+    case $n in 01|02|04) read -ra shapes <<< "${NB_SHAPES:-tiny-code llama3-8b-like@16}" ;; esac
+    for shape in "${shapes[@]}"; do
+      local run=$name sargs=()
+      if [[ -n $shape ]]; then
+        run=$name-${shape//@/-}
+        if [[ $shape == *@* ]]; then      # a shape preset: random weights, simulated acceptance
+          sargs=(-p model "${shape%@*}" -p layers "${shape#*@}"
+                 -p simulate_accept_len "${NB_SIM_ACCEPT:-3.0}" -p prompts random)
+        else
+          sargs=(-p model "$shape" -y "simulate_accept_len: null" -p prompts "${NB_PROMPTS:-code}")
+        fi
+      fi
+      left=$((deadline - SECONDS))
+      if ((left < 30)); then
+        echo "== notebook $run: skipped, ${NB_BUDGET_S:-520} s budget spent"; rc=1; continue
+      fi
+      [[ $n == 08 ]] && sargs+=(-p budget_s "$((left - 40))")
+      local t0=$SECONDS
+      rm -rf "${work:?}/$run"
+      echo "== notebook $run (at most $left s)"
+      timeout -k 10 "$left" python3 -m papermill "notebooks/$name.ipynb" "$nb/$run.ipynb" \
+        "${common[@]}" "${args[@]}" "${sargs[@]}" -p out_dir "$work/$run" \
+        || { echo "$run failed"; rc=1; }
+      echo "== notebook $run: $((SECONDS - t0)) s"
+      if [[ -f $work/$run/answer.json ]]; then
+        cat "$work/$run/answer.json"; echo
+        python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('summary', ''))" \
+          "$work/$run/answer.json"
+      fi
+    done
     # the small products of every notebook so far, in one file (bulky traces stay in $work)
     (cd "$work" && find . -maxdepth 3 \( -name answer.json -o -name '*.png' \
       -o -path '*/sweep/results.parquet' \) -print0 | tar czf "$nb/notebooks.tgz" --null -T -)
   done
   rm -rf "$kernels"
   return $rc
+}
+
+#: regime  the regime map's quick ladder (tiny-code bs 1, llama3-8b-like@4 bs 1, @16 bs 8; 8
+#:         arms, 2 rounds; mtplab bench --groups regime --quick) within REGIME_BUDGET_S=470,
+#:         then the map and the what-if validation -> regime.md, regime/regime.png,
+#:         regime/results.parquet, regime/traces/<cell>/ (each cell's step profile); the same
+#:         -o folder with its regime/results.jsonl carried back resumes the cells left
+phase_regime() {
+  python3 -m mtplab.cli bench --no-progress --groups regime --quick \
+    --budget-s "${REGIME_BUDGET_S:-470}" ${REGIME_ONLY:+--only $REGIME_ONLY} \
+    --dir "$OUT_DIR" --out "$OUT_DIR/regime.md"
 }
 
 #: determ  deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and the attention

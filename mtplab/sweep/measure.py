@@ -141,9 +141,13 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
             timeline_tps = eng.stats()["decode_tok_per_s"]
     host = host_columns(eng, measured, wl.output_len_tokens, wl.temperature) \
         if wl.host_stages else {}
+    profile = {}
     if wl.step_profile:
-        step_profile.record(eng, measured, wl.output_len_tokens, wl.temperature,
-                            st["meter_tok_per_s"])
+        written = step_profile.record(eng, measured, wl.output_len_tokens, wl.temperature,
+                                      st["meter_tok_per_s"])
+        anchor = json.loads(written["whatif"].read_text())
+        profile = {k: anchor[k] for k in ("host_period_us", "host_busy_us_per_step",
+                                          "latency_us")}
     eng.check_invariants()
     if prof is not None:
         while not prof.done:
@@ -172,6 +176,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row.update(device_name=man["device_name"], git_commit=man["git_commit"],
                mtplab_version=man["versions"]["mtplab"], torch_version=man["versions"]["torch"])
     row.update(host)
+    row.update(profile)
     if wl.check_lossless:
         row.update(lossless_columns(cfg, measured, wl.output_len_tokens, outputs))
     row["run_dir"] = str(eng.run_dir)

@@ -16,8 +16,11 @@ meter stamping and a StepClock timing every span, so the two tables describe the
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from ..analysis.whatif import ANCHOR_FILE, HOST_STEPS_FILE
 from ..atomic import atomic_path, atomic_write_json
@@ -27,7 +30,8 @@ from ..instrument.stepclock import StepClock, launch_latency_us
 
 def record(eng, prompts: list, n: int, temperature: float,
            tok_per_s: float) -> dict[str, Path]:
-    """Run the workload once more with a StepClock; write the host table and the anchor."""
+    """Run the workload once more with a StepClock; write the host table and the anchor
+    (`host_figures` of the host table are in the anchor too)."""
     if eng.meter is None:
         raise ValueError("the step profile pairs host spans with the bubble meter's stage "
                          "intervals; build the engine with bubble_meter=True.")
@@ -46,9 +50,20 @@ def record(eng, prompts: list, n: int, temperature: float,
         "latency_us": launch_latency_us(eng.device.torch_device),
         "seed_forward": bool(cfg.speculative and kind is not None and kind.seed_forward),
         "eager_launches": sorted(clock.eager), "first_step": clock.first_step,
-        "steps": int(len(host))}
+        "steps": int(len(host)), **host_figures(host)}
     out = Path(eng.run_dir)
     with atomic_path(out / HOST_STEPS_FILE) as tmp:
         host.to_parquet(tmp)
     return {"host_steps": out / HOST_STEPS_FILE,
             "whatif": atomic_write_json(out / ANCHOR_FILE, anchor)}
+
+
+def host_figures(host: pd.DataFrame) -> dict[str, float]:
+    """host_period_us: the mean iteration; host_busy_us_per_step: the same less the host's
+    waits (`sync` spans, nested ones too): the host's own time per decode step, the regime
+    map's denominator (sweep/regime.py)."""
+    if host.empty:
+        return {"host_period_us": math.nan, "host_busy_us_per_step": math.nan}
+    waits = sum(host[c] for c in host.columns if c == "sync" or c.startswith("sync@"))
+    return {"host_period_us": float(host["period_us"].mean()),
+            "host_busy_us_per_step": float((host["period_us"] - waits).mean())}

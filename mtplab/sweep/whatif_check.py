@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -77,14 +77,21 @@ def whatif_between(base: dict, arm: dict) -> Optional[str]:
 
 
 def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None,
-             goal: float = GOAL) -> pd.DataFrame:
-    """The validation table (module doc) of a results table; `pairs`: (arm, baseline)
-    knob labels to compare (default: every ordered pair of one grid point whose difference
-    the predictor replays)."""
+             goal: float = GOAL, label: Callable[[dict], str] = knob_label,
+             sweep_dir: Optional[str | Path] = None) -> pd.DataFrame:
+    """The validation table (module doc) of a results table; `label` names a row's arm
+    (default `knob_label`), `pairs`: (arm, baseline) labels to compare (default: every
+    ordered pair of one grid point whose difference the predictor replays); `sweep_dir`: where
+    the sweep's folder is now, when it was moved since (a cell's run folder is then
+    sweep_dir/traces/<cell_id>)."""
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         return pd.DataFrame(columns=_COLUMNS)
-    ok["arm_key"] = [knob_label(r) for r in ok.to_dict("records")]
+    if sweep_dir is not None:
+        moved = [str(Path(sweep_dir) / "traces" / c) for c in ok["cell_id"]]
+        ok["run_dir"] = [d if isinstance(d, str) and Path(d).is_dir() else m
+                         for d, m in zip(ok["run_dir"], moved)]
+    ok["arm_key"] = [label(r) for r in ok.to_dict("records")]
     ok["point"] = [point_key(s) for s in ok["settings_json"]]
     models: dict[str, Any] = {}
     rows = []
@@ -161,3 +168,17 @@ def summary(v: pd.DataFrame, goal: float = GOAL) -> str:
             f"where the effect exceeds the noise (largest error {worst['error']:+.1%}: "
             f"{worst['whatif']} at {worst['where']}); {len(v) - len(judged)} pairs within the "
             "noise or unjudged.")
+
+
+def table_md(v: pd.DataFrame) -> str:
+    """The validation table as markdown."""
+    head = ["where", "arm", "baseline", "what-if", "predicted", "measured", "noise", "error",
+            "self error", "judged"]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    f = lambda x, spec: "-" if x != x else format(x, spec)
+    for r in v.to_dict("records"):
+        out.append("| " + " | ".join([
+            r["where"], r["arm"], r["baseline"], r["whatif"], f(r["predicted"], ".3f"),
+            f(r["ratio"], ".3f"), f"±{r['noise']:.1%}", f(r["error"], "+.1%"),
+            f(r["self_error"], "+.1%"), r["judged"]]) + " |")
+    return "\n".join(out)

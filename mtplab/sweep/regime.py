@@ -1,0 +1,288 @@
+"""The regime map: what each scheduling idea buys at each rung of a ladder of GPU time per
+step (`mtplab bench --groups regime`, notebook 08_regime_map).
+
+    t = regime_table(results)          # one row per rung and effect
+    crossovers(t)                      # per effect: where it stops (or starts) paying
+    plot_regime(t, path="regime.png")  # x = GPU / host time per step, y = the tok/s ratios
+
+A rung is one (model, layers, batch size, prompt length) grid point. Per rung, each effect
+compares two arms (`EFFECTS`: an arm against its baseline, both named by `arm_label`) with
+sweep/effects.py's rule: the median `meter_tok_per_s` ratio (decode tokens over the meter's
+decode-step wall, so host time between iterations counts) against the repeats' spread. The
+rung's position for that effect is its baseline arm's
+
+    x = GPU time per step / host time per step
+      = the meter's device busy per decode step (wall - bubble)
+        / the host's own time per decode step (the iteration less its waits: the step
+          profile's host_busy_us_per_step, sweep/step_profile.py)
+
+so x < 1: the host is the longer of the two (host-bound), x > 1: the GPU is. A crossover is
+where, between two neighbouring rungs in x, an effect's ratio crosses 1 (interpolated in
+log x): where speculation stops paying, or where a planted host delay stops costing.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..draft_kinds import DRAFT_KINDS
+from .effects import NO_VERDICT, arm_effects
+
+VALUE = "meter_tok_per_s"
+RUNG = ("cfg.model", "cfg.layers", "batch_size", "prompt_len_tokens")
+TARGET = "target"
+# (effect, arm, baseline): arm labels of `arm_label`
+EFFECTS = (
+    ("overlap (target)", "target on", "target off"),
+    ("zero_bubble (target)", "target zb", "target on"),
+    ("overlap + zero_bubble (target)", "target zb", "target off"),
+    ("1 ms host delay (target, overlap + zb)", "target zb +1ms", "target zb"),
+    ("overlap (frozen)", "frozen_kv_mtp on", "frozen_kv_mtp off"),
+    ("zero_bubble (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp on"),
+    ("overlap + zero_bubble (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp off"),
+    ("zb_async_d2h (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_async_d2h"),
+    ("zb_device_seq_lens (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_device_seq_lens"),
+    ("zb_draft_preexec (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_draft_preexec"),
+    ("fold_seed (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb unfolded"),
+    ("speculation: frozen_kv_mtp", "frozen_kv_mtp zb", "target zb"),
+    ("speculation: eagle", "eagle zb", "target zb"),
+)
+SUBS = ("zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec")
+COLUMNS = ["rung", "effect", "arm", "baseline", "x", "gpu_us", "host_us", "bubble", "ratio",
+           "noise", "verdict", "n", "n_base", "tok_s", "tok_s_base"]
+
+
+def _on(v: Any) -> bool:
+    return bool(v) and not (isinstance(v, float) and math.isnan(v))
+
+
+def arm_label(r: dict) -> str:
+    """A results row's arm: '<draft> <loop>[ unfolded][ +Nms]', the draft `target` for none;
+    loop `off` (overlap off), `on` (overlap, the sub-knobs at their defaults), `zb` (all
+    three on), `zb-<sub-knob>` (all but that one), else the sub-knobs spelled out."""
+    draft = r.get("cfg.draft") or "none"
+    on = {k: _on(r.get(f"cfg.{k}")) for k in SUBS}
+    if draft == "none":
+        on["zb_draft_preexec"] = True            # nothing to pre-execute: not a choice
+    off = [k for k in SUBS if not on[k]]
+    default = [k for k in SUBS if k != "zb_async_d2h" and (draft != "none" or
+                                                            k != "zb_draft_preexec")]
+    if not _on(r.get("cfg.overlap")):
+        loop = "off"
+    elif not off:
+        loop = "zb"
+    elif off == default:
+        loop = "on"
+    elif len(off) == 1:
+        loop = f"zb-{off[0]}"
+    else:
+        loop = "on " + " ".join(f"{k}={int(on[k])}" for k in SUBS)
+    label = f"{TARGET if draft == 'none' else draft} {loop}"
+    kind = DRAFT_KINDS.get(draft)
+    if kind is not None and kind.seed_forward and not _on(r.get("cfg.fold_seed")):
+        label += " unfolded"
+    d = r.get("host_delay_us") or 0
+    if d and d == d:
+        label += f" +{d / 1000:g}ms"
+    return label
+
+
+def validation_pairs(effects=EFFECTS) -> list[tuple[str, str]]:
+    """The (arm, baseline) pairs of the effects, each both ways: what the what-if predictor
+    is checked on (sweep/whatif_check.py validate, with `arm_label`)."""
+    out = []
+    for _, a, b in effects:
+        out += [(a, b), (b, a)]
+    return list(dict.fromkeys(out))
+
+
+def rung_label(r: dict) -> str:
+    model = str(r.get("cfg.model"))
+    layers = r.get("cfg.layers")
+    if layers is not None and layers == layers:
+        model += f"@{int(layers)}"
+    return f"{model} bs{int(r['batch_size'])} p{int(r['prompt_len_tokens'])}"
+
+
+def regime_table(df: pd.DataFrame, effects=EFFECTS) -> pd.DataFrame:
+    """One row per rung and effect present (module doc)."""
+    ok = df[df["status"] == "ok"].copy() if "status" in df else df.copy()
+    if ok.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    recs = ok.to_dict("records")
+    ok["arm"] = [arm_label(r) for r in recs]
+    ok["rung"] = [rung_label(r) for r in recs]
+    pairs = [(a, b) for _, a, b in effects]
+    eff = arm_effects(ok, "arm", pairs, by=["rung"], value=VALUE)
+    name = {(a, b): e for e, a, b in effects}
+    rows = []
+    for r in eff.to_dict("records"):
+        base = ok[(ok["rung"] == r["rung"]) & (ok["arm"] == r["baseline"])]
+        gpu = _med(base["meter_wall_us_per_step"] - base["bubble_us_per_step"])
+        host = _med(base["host_busy_us_per_step"]) if "host_busy_us_per_step" in base \
+            else math.nan
+        rows.append({"rung": r["rung"], "effect": name[(r["arm"], r["baseline"])],
+                     "arm": r["arm"], "baseline": r["baseline"],
+                     "x": gpu / host if host and host == host else math.nan,
+                     "gpu_us": gpu, "host_us": host, "bubble": r["bubble_base"],
+                     "ratio": r["ratio"], "noise": r["noise"], "verdict": r["verdict"],
+                     "n": r["n"], "n_base": r["n_base"], "tok_s": r["tok_s"],
+                     "tok_s_base": r["tok_s_base"]})
+    t = pd.DataFrame(rows, columns=COLUMNS)
+    order = {e: i for i, (e, _, _) in enumerate(effects)}
+    return t.sort_values(["effect", "x"], key=lambda c: c.map(order) if c.name == "effect"
+                         else c).reset_index(drop=True)
+
+
+def _med(xs) -> float:
+    xs = pd.to_numeric(pd.Series(xs), errors="coerce").dropna()
+    return float(xs.median()) if len(xs) else math.nan
+
+
+def crossovers(t: pd.DataFrame) -> pd.DataFrame:
+    """Per effect: where its ratio crosses 1 between rungs neighbouring in x (interpolated in
+    log x), the rungs on either side, and in words: where it pays."""
+    rows = []
+    for effect, g in t.groupby("effect", sort=False):
+        g = g.dropna(subset=["x", "ratio"]).sort_values("x")
+        if g.empty:
+            continue
+        xs, rs = g["x"].to_numpy(), g["ratio"].to_numpy()
+        cross, lo, hi = math.nan, None, None
+        for i in range(len(g) - 1):
+            a, b = rs[i] - 1.0, rs[i + 1] - 1.0
+            if a == 0 or a * b < 0:
+                f = a / (a - b) if a != b else 0.0
+                cross = float(np.exp(np.log(xs[i]) + f * (np.log(xs[i + 1]) - np.log(xs[i]))))
+                lo, hi = g["rung"].iloc[i], g["rung"].iloc[i + 1]
+                break
+        pays = g[(g["verdict"] == "faster")]["rung"].tolist()
+        costs = g[(g["verdict"] == "slower")]["rung"].tolist()
+        if cross == cross:
+            side = "below" if rs[0] > 1 else "above"
+            words = (f"{effect}: ratio crosses 1 at x = {cross:.2f} (between {lo} and {hi}); "
+                     f"it {'pays' if side == 'below' else 'costs'} below and "
+                     f"{'costs' if side == 'below' else 'pays'} above")
+        else:
+            words = (f"{effect}: no crossover over x = {xs.min():.2f} .. {xs.max():.2f} "
+                     f"(ratio {rs.min():.2f} .. {rs.max():.2f})")
+        words += (f"; beyond the noise it pays at {', '.join(pays) or 'no rung'}"
+                  + (f" and costs at {', '.join(costs)}" if costs else ""))
+        if (g["verdict"] == NO_VERDICT).any():
+            words += f" ({(g['verdict'] == NO_VERDICT).sum()} rung(s) with one repeat: no verdict)"
+        rows.append({"effect": effect, "x_cross": cross, "below": lo, "above": hi,
+                     "sentence": words})
+    return pd.DataFrame(rows, columns=["effect", "x_cross", "below", "above", "sentence"])
+
+
+def plot_regime(t: pd.DataFrame, *, path: Optional[str | Path] = None, title: str = "",
+                meter: str = "meter"):
+    """x = GPU time / host time per step (log), y = the tok/s ratio of each effect, error
+    bars the repeats' spread, the balance x = 1 and each crossover marked; `meter` as
+    sweep/metrics.py meter_name names it (on CPU cells the busy time is stage time)."""
+    busy = "GPU" if meter == "meter" else "stage"
+    import matplotlib.pyplot as plt
+
+    from ..analysis.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(9.5, 5.2), layout="constrained")
+    cmap = plt.get_cmap("tab20")
+    for i, (effect, g) in enumerate(t.groupby("effect", sort=False)):
+        g = g.dropna(subset=["x", "ratio"]).sort_values("x")
+        if g.empty:
+            continue
+        style = "-" if "speculation" in effect else "--" if "frozen" in effect else ":"
+        ax.errorbar(g["x"], g["ratio"], yerr=(g["noise"] * g["ratio"]).where(
+            g["verdict"] != NO_VERDICT), fmt="o" + style, ms=4, capsize=2, lw=1.2,
+            color=cmap(i % 20), label=effect)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axvline(1.0, color="0.4", lw=1.0, ls="--")
+    ax.text(1.0, ax.get_ylim()[1], f" {busy} time = host time", va="top", fontsize=8,
+            color="0.3")
+    for r in crossovers(t).to_dict("records"):
+        if r["x_cross"] == r["x_cross"]:
+            ax.plot([r["x_cross"]], [1.0], marker="X", ms=9, color="red", zorder=5)
+            ax.annotate(f"{r['effect'].split(':')[-1].strip()} x={r['x_cross']:.2f}",
+                        (r["x_cross"], 1.0), textcoords="offset points", xytext=(4, 6),
+                        fontsize=7, color="red")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{busy} time per step ({meter}) / host time per step (baseline arm; "
+                  "< 1 host-bound)")
+    ax.set_ylabel(f"tok/s ratio vs baseline ({VALUE})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title(title or "regime map: what each idea buys, host-bound to GPU-bound "
+                 "(X: ratio crosses 1)", fontsize=10)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def table_md(t: pd.DataFrame, meter: str = "meter") -> str:
+    """The regime table as markdown, rungs in x order within each effect; `meter` names the
+    meter (`meter, host clock` on CPU cells: sweep/metrics.py meter_name)."""
+    busy = "GPU" if meter == "meter" else "stage"
+    head = ["effect", "rung", f"x = {busy}/host", f"{busy} µs/step ({meter})", "host µs/step",
+            "bubble", "ratio", "noise", "verdict", "n"]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    f = lambda v, s: "-" if v != v else format(v, s)
+    for r in t.to_dict("records"):
+        out.append("| " + " | ".join([
+            r["effect"], r["rung"], f(r["x"], ".2f"), f(r["gpu_us"], ".0f"),
+            f(r["host_us"], ".0f"), f(r["bubble"], ".1%"), f(r["ratio"], ".3f"),
+            f"±{r['noise']:.1%}", str(r["verdict"]), f"{r['n']}/{r['n_base']}"]) + " |")
+    return "\n".join(out)
+
+
+# CPU stand-in for the ladder (notebook 08 on a machine without a GPU): the path, not the map
+CPU_ARMS = (
+    {"draft": "none", "overlap": False},
+    {"draft": "none", "overlap": True, "zero_bubble": True},
+    {"draft": "none", "overlap": True, "zero_bubble": True, "host_delay_us": 1000},
+    {"draft": "frozen_kv_mtp", "simulate_accept_len": 3.0, "fold_seed": True,
+     "overlap": False},
+    {"draft": "frozen_kv_mtp", "simulate_accept_len": 3.0, "fold_seed": True,
+     "overlap": True, "zero_bubble": True},
+)
+
+
+def regime_doc(*, on_gpu: bool, device: str, ladder: str = "quick", repeats: int = 3,
+               only: Optional[dict] = None, cpu_rungs: tuple = (("random-tiny", 1),),
+               cpu_output_len_tokens: int = 24) -> dict:
+    """The grid of notebook 08: the regime bench group (its `quick` variant or the whole
+    ladder, `only` some axis values) on a GPU; on a CPU, `cpu_rungs` ((model, batch size),
+    ...) with CPU_ARMS at short outputs."""
+    from ..bench import effective_doc, grid_doc
+    from ..errors import ConfigError
+
+    if ladder not in ("quick", "full"):
+        raise ConfigError(f"ladder={ladder!r}: use 'quick' (three rungs) or 'full'.")
+    doc = effective_doc(grid_doc("regime"), smoke=False, repeats=repeats, bs=None,
+                        device=device, quick=on_gpu and ladder == "quick",
+                        only=only if on_gpu else None)
+    if on_gpu:
+        return doc
+    base = {**doc["base"], "output_len_tokens": cpu_output_len_tokens,
+            "warmup_output_len_tokens": 2, "prompt_len_tokens": 32}
+    return {"base": base, "arms": [dict(a) for a in CPU_ARMS],
+            "grid": {"repeat": list(range(repeats)),
+                     "model": list(dict.fromkeys(m for m, _ in cpu_rungs)),
+                     "batch_size": list(dict.fromkeys(b for _, b in cpu_rungs))},
+            "exclude": [{"model": m, "batch_size": b} for m in {m for m, _ in cpu_rungs}
+                        for b in {b for _, b in cpu_rungs} if (m, b) not in set(cpu_rungs)]}
+
+
+def answer(t: pd.DataFrame, cross: pd.DataFrame) -> dict[str, Any]:
+    """answer.json scalars of notebook 08: the crossover of each effect (x and the rungs on
+    either side), the x range the map spans, and the sentences."""
+    ans: dict[str, Any] = {"x_min": float(t["x"].min()) if len(t) else None,
+                           "x_max": float(t["x"].max()) if len(t) else None}
+    for r in cross.to_dict("records"):
+        key = "".join(ch if ch.isalnum() else "_" for ch in r["effect"]).strip("_")
+        ans[f"{key}.x_cross"] = r["x_cross"]
+        ans[f"{key}.between"] = None if r["below"] is None else f"{r['below']} / {r['above']}"
+    ans["crossovers"] = "\n".join(cross["sentence"])
+    return ans

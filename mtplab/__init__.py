@@ -2,7 +2,7 @@
 
     from mtplab import Engine, RunConfig, ConfigError, ModelLoadError
 """
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Engine", "RunConfig", "ConfigError", "ModelLoadError", "__version__"]
 

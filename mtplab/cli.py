@@ -14,11 +14,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Optional
 
-from . import __version__
 from .draft_kinds import DRAFT_CHOICES
 from .flags import (FlagParser, add_knob_flags, add_request_flags, as_flags, device_name, given,
                     knob_flags, nonneg_number, out_dir, parse_bool, positive_int)
 from .fmt import readable
+from .version import __version__
 
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)

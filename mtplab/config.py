@@ -368,8 +368,8 @@ class RunConfig:
         """The resolved settings in force plus versions, device and git commit."""
         import torch
 
-        from . import __version__
         from .device import resolve_device
+        from .version import __version__
 
         versions = {"mtplab": __version__, "torch": torch.__version__,
                     "python": platform.python_version()}

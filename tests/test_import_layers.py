@@ -1,9 +1,12 @@
 """Imports run one way (docs/design.md "Layout"). Every `import` / `from ... import` of an
 mtplab module, at module level or inside a function, must follow the allowed edges below;
-a new sideways or upward edge fails this test with the file and the line.
+a new sideways or upward edge fails this test with the file and the line. No module below
+the top imports the package root (`mtplab/__init__.py`, which names the top's Engine and
+RunConfig); and no chain of imports, module- or function-level, leads from a module back to
+itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topological order).
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
-              zero_bubble
+              zero_bubble  version
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
@@ -11,12 +14,13 @@ a new sideways or upward edge fails this test with the file and the line.
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
-              config (+ validate, draft_kinds, zero_bubble)  <- engine, stats  <- cli, bench,
-              sweep, sglang
+              config (+ validate, draft_kinds, zero_bubble, version; models and mem inside
+              its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
 """
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt", "zero_bubble"}
+          "draft_kinds", "fmt", "zero_bubble", "version"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -33,6 +37,7 @@ ALLOWED = {
     "draft_kinds": set(),          # the table of draft kinds (torch-free)
     "fmt": set(),                  # numbers as people read them (tables, headers)
     "zero_bubble": set(),          # the zero-bubble sub-knobs and their owners
+    "version": set(),              # __version__ (the package root re-exports it)
     "core": {"errors"},
     "validate": {"errors"},
     "flags": {"validate"},
@@ -52,7 +57,7 @@ ALLOWED = {
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
               "lazy_triton"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
-               "draft_kinds", "zero_bubble"},
+               "draft_kinds", "zero_bubble", "version"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 
@@ -62,22 +67,26 @@ def component(path: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
-def mtplab_imports(path: Path):
-    """(line, imported component) for every import of an mtplab module in `path`."""
+def mtplab_imports(path: Path, pkg: Path = PKG, names: bool = False):
+    """(line, imported module as parts) for every import of an mtplab module in `path`, a
+    file of the package at `pkg`. `from a import x` gives a, or with `names` a.x for each
+    name x (a module or not: the caller resolves); `from . import x` and `from mtplab import
+    x` always give the names."""
     tree = ast.parse(path.read_text(), str(path))
-    pkg_parts = list(path.relative_to(PKG.parent).with_suffix("").parts[:-1])
+    pkg_parts = list(path.relative_to(pkg.parent).with_suffix("").parts[:-1])
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg_parts[:len(pkg_parts) - (node.level - 1)]
                 mod = base + (node.module.split(".") if node.module else [])
-                if not node.module:       # from . import x
-                    for a in node.names:
-                        yield node.lineno, (mod + [a.name])
-                    continue
             else:
                 mod = (node.module or "").split(".")
-            if mod and mod[0] == "mtplab":
+            if not mod or mod[0] != "mtplab":
+                continue
+            if names or not node.module or mod == ["mtplab"]:   # from . import x: x itself
+                for a in node.names:
+                    yield node.lineno, (mod + [a.name])
+            else:
                 yield node.lineno, mod
         elif isinstance(node, ast.Import):
             for a in node.names:
@@ -94,7 +103,7 @@ def test_imports_follow_the_layer_edges():
             if len(mod) < 2:
                 continue
             other = mod[1]
-            if other == me or me in TOP or other == "__version__":
+            if other == me or me in TOP:
                 continue
             if other in TOP or other not in ALLOWED.get(me, set()):
                 bad.append(f"{path.relative_to(PKG.parent)}:{line} ({me} -> {other})")
@@ -135,3 +144,73 @@ def test_sglang_adapter_never_imports_the_engine():
            for p in sorted((PKG / "sglang").rglob("*.py"))
            for line, mod in mtplab_imports(p) if len(mod) > 1 and mod[1] not in allowed]
     assert not bad, bad
+
+
+def module_graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    """module -> the mtplab modules it imports (module- and function-level), by dotted name.
+    `from a import b` is an edge to a.b where that is a module, else to a; an import of a
+    name of the package root is an edge to the root. (Importing a submodule also runs its
+    packages' `__init__`: those import nothing but the root's lazily named Engine and
+    RunConfig, so these implicit edges are left out.)"""
+    files = {}
+    for p in sorted(pkg.rglob("*.py")):
+        parts = list(p.relative_to(pkg.parent).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for name, p in files.items():
+        deps = set()
+        for _, mod in mtplab_imports(p, pkg, names=True):
+            # longest prefix that is a module (from a import b: a.b when b is a module)
+            target = next((t for t in (".".join(mod[:i]) for i in range(len(mod), 0, -1))
+                           if t in files), None)
+            if target and target != name:
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph (a list of modules, the first repeated last), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return None
+
+
+def test_no_import_cycle():
+    """Each module can be read knowing only what it imports: a cycle (even through a
+    function-level import) means two modules share a fact that belongs in a third."""
+    cycle = import_cycle(module_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_planted_cycle(tmp_path):
+    """A function-level import back from a module's import closes a cycle; it is caught."""
+    pkg = tmp_path / "mtplab"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "a.py").write_text("from .b import f\n")
+    (pkg / "models" / "b.py").write_text("def f():\n    from . import a\n    return a\n")
+    (pkg / "models" / "c.py").write_text("from mtplab.models import a\n")
+    graph = module_graph(pkg)
+    assert graph["mtplab.models.c"] == {"mtplab.models.a"}
+    cycle = import_cycle(graph)
+    assert cycle is not None and set(cycle) == {"mtplab.models.a", "mtplab.models.b"}
+    (pkg / "models" / "b.py").write_text("def f():\n    return 1\n")
+    assert import_cycle(module_graph(pkg)) is None
+
+
+def test_the_package_root_is_imported_from_the_top_only():
+    """`from . import __version__` (or any name of mtplab/__init__.py) below the top is an
+    upward edge: the root names Engine and RunConfig. The version lives in the leaf
+    version.py."""
+    f = PKG / "mem" / "_probe_root.py"
+    f.write_text("from .. import __version__\nfrom mtplab import Engine\n")
+    try:
+        mods = [m for _, m in mtplab_imports(f)]
+        assert mods == [["mtplab", "__version__"], ["mtplab", "Engine"]]
+        assert not {"__version__", "Engine"} & ALLOWED["mem"]
+    finally:
+        f.unlink()

@@ -28,9 +28,10 @@ from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
 from ..kernels.fused_ops import add_rmsnorm, rope_qkv_cache
-from .llama import (MLP, AttnFn, Block, DecoderLayer, FusableModel, KVView, LlamaForCausalLM,
-                    RMSNorm, Rope)
+from .llama import (AttnFn, Block, DecoderLayer, FusableModel, KVView, LlamaForCausalLM, RMSNorm,
+                    Rope)
 from .llama_config import LlamaConfig
+from .mlp import MLP
 
 
 @dataclass

@@ -23,8 +23,9 @@ Two paths compute that same function (`set_fused`):
         hidden, h = add_rmsnorm(res, delta, final norm)  ; logits = lm_head(h[logits_idx])
 
 Concatenated weights keep the Hugging Face names: each of q/k/v_proj.weight (gate/up_proj)
-is a row-slice view of the one fused tensor (`fuse_linears`), so named_parameters, state_dict,
-load_state_dict (in-place copies) and save_target are unchanged, and no weight is stored twice.
+is a row-slice view of the one fused tensor (`fuse_linears`, models/mlp.py), so
+named_parameters, state_dict, load_state_dict (in-place copies) and save_target are unchanged,
+and no weight is stored twice.
 Moving or casting the model (`.to`) re-makes the views (`_apply`).
 """
 from __future__ import annotations
@@ -38,8 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
-from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache, silu_mul
+from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache
 from .llama_config import LlamaConfig
+from .mlp import MLP, fuse_linears
+from .moe import MoEFFN
 
 AttnFn = Callable[..., torch.Tensor]   # (q, k_cache, v_cache, meta, sm_scale, window) -> out
 
@@ -99,24 +102,6 @@ class Rope(nn.Module):
         return apply_rope(x, self.cos, self.sin, positions)
 
 
-def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Tensor:
-    """One [sum(out), in] tensor holding the linears' weights stacked by rows; each linear's
-    weight becomes a row-slice view of it (same values, same parameter object and name).
-    `fused` is returned as is when the weights already are its views: re-fusing never moves
-    weights that a captured CUDA graph reads."""
-    if fused is not None and all(
-            lin.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
-            for lin in linears):
-        return fused
-    fused = torch.cat([lin.weight.detach() for lin in linears], 0)
-    start = 0
-    for lin in linears:
-        n = lin.weight.shape[0]
-        lin.weight.data = fused[start:start + n]
-        start += n
-    return fused
-
-
 @dataclass
 class KVView:
     """Where a layer reads and writes KV: caches [N, Hkv, d] and the slots to write (None =
@@ -165,24 +150,6 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(T, self.nq * self.d))
 
 
-class MLP(nn.Module):
-    def __init__(self, H: int, I: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    def fuse(self) -> None:
-        self.gate_up_weight = fuse_linears(getattr(self, "gate_up_weight", None),
-                                           self.gate_proj, self.up_proj)
-
-    def forward_fused(self, h):
-        return self.down_proj(silu_mul(F.linear(h, self.gate_up_weight)))
-
-
 class Block(nn.Module):
     """Pre-norm residual block: `self_attn`, `mlp` and two RMSNorms (set by subclasses)."""
 
@@ -212,7 +179,6 @@ class DecoderLayer(Block):
         super().__init__()
         self.self_attn = Attention(cfg, layer)
         if cfg.is_moe and not dense:
-            from .moe import MoEFFN          # moe.py builds on this module's MLP
             self.mlp = MoEFFN(cfg)
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)

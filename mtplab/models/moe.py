@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..kernels.fused_moe import experts_touched, fused_moe, route
-from .llama import MLP
+from .mlp import MLP
 from .llama_config import LlamaConfig
 
 

@@ -237,44 +237,6 @@ def table_md(t: pd.DataFrame, meter: str = "meter") -> str:
     return "\n".join(out)
 
 
-# CPU stand-in for the ladder (notebook 08 on a machine without a GPU): the path, not the map
-CPU_ARMS = (
-    {"draft": "none", "overlap": False},
-    {"draft": "none", "overlap": True, "zero_bubble": True},
-    {"draft": "none", "overlap": True, "zero_bubble": True, "host_delay_us": 1000},
-    {"draft": "frozen_kv_mtp", "simulate_accept_len": 3.0, "fold_seed": True,
-     "overlap": False},
-    {"draft": "frozen_kv_mtp", "simulate_accept_len": 3.0, "fold_seed": True,
-     "overlap": True, "zero_bubble": True},
-)
-
-
-def regime_doc(*, on_gpu: bool, device: str, ladder: str = "quick", repeats: int = 3,
-               only: Optional[dict] = None, cpu_rungs: tuple = (("random-tiny", 1),),
-               cpu_output_len_tokens: int = 24) -> dict:
-    """The grid of notebook 08: the regime bench group (its `quick` variant or the whole
-    ladder, `only` some axis values) on a GPU; on a CPU, `cpu_rungs` ((model, batch size),
-    ...) with CPU_ARMS at short outputs."""
-    from ..bench import effective_doc, grid_doc
-    from ..errors import ConfigError
-
-    if ladder not in ("quick", "full"):
-        raise ConfigError(f"ladder={ladder!r}: use 'quick' (three rungs) or 'full'.")
-    doc = effective_doc(grid_doc("regime"), smoke=False, repeats=repeats, bs=None,
-                        device=device, quick=on_gpu and ladder == "quick",
-                        only=only if on_gpu else None)
-    if on_gpu:
-        return doc
-    base = {**doc["base"], "output_len_tokens": cpu_output_len_tokens,
-            "warmup_output_len_tokens": 2, "prompt_len_tokens": 32}
-    return {"base": base, "arms": [dict(a) for a in CPU_ARMS],
-            "grid": {"repeat": list(range(repeats)),
-                     "model": list(dict.fromkeys(m for m, _ in cpu_rungs)),
-                     "batch_size": list(dict.fromkeys(b for _, b in cpu_rungs))},
-            "exclude": [{"model": m, "batch_size": b} for m in {m for m, _ in cpu_rungs}
-                        for b in {b for _, b in cpu_rungs} if (m, b) not in set(cpu_rungs)]}
-
-
 def answer(t: pd.DataFrame, cross: pd.DataFrame) -> dict[str, Any]:
     """answer.json scalars of notebook 08: the crossover of each effect (x and the rungs on
     either side), the x range the map spans, and the sentences."""

@@ -19,10 +19,7 @@ The host state of the running requests is arrays by req_to_token row (rows.py): 
 batch (Batch) is built once per running set; finishing-in-flight, the KV reserve, the length
 bound and result processing are array operations over its lanes.
 
-    stage            file                   stage            file
-    schedule         admission.py (KV)      d2h              d2h.py
-    prepare          prepare.py             sync, process_result   process_result.py
-    resolve..stash   speculative/worker.py (spec) or speculative/target_worker.py
+The file of each stage: docs/design.md "Stage → file map".
 
 The host never waits for iteration k before launching k+1: lengths and next inputs travel on
 the device through the future map. Host `kv_committed_len` therefore lags one step, and the

@@ -2,7 +2,7 @@
 
     step 0    the K candidates stashed by the last draft extend (no forward)
     step s    B*K lanes at position seq_len+s-1; lane (b,t) writes draft KV at its branch's
-    (1..S-1)  entry s-1 (mem/holey.py layout) and attends to a virtual row: prefix + its
+    (1..S-1)  entry s-1 (draft_kv.py layout) and attends to a virtual row: prefix + its
               branch's drafts (holes filled by the prefix-tail copy when P > 1 and K > 1)
     extend    after verify, a fixed-width forward over the S+1 window rows
               (token = committed token at pos+1, hidden = target hidden at pos), rewriting the

@@ -1,20 +1,21 @@
 """The speculative (spec v2) worker: a target worker plus a draft worker (draft_worker.py).
 
-One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has no KV yet):
+One decode iteration over B requests (seq_lens = kv_committed_len, the bonus has no KV yet;
+the file of each stage: docs/design.md "Stage → file map"):
 
-    stage         file                       what
-    resolve       sched/future_map.py        seq_lens [B], bonus [B], hidden [B,H] (+ top-k)
-    draft         draft_frozen.py / draft_eagle.py   seed (draft.seed) + S-1 forwards
-                  draft_select.py            per-step top-k, cumulative scores (draft.step)
-    tree          tree.py                    best D-1 candidates + root -> tokens/positions/mask
-    verify        verify.py                  target forward over B*D nodes, KV at seq_len+node
-    accept        accept.py                  greedy / target-only sampling / simulated
-    commit        commit.py                  topk>1: accepted path's KV to the window front;
-                                             new lengths, path hidden rows
-    publish       sched/future_map.py        seq_lens[rows] <- seq_lens + accept_lens
-    draft_extend  draft_eagle.py             eagle: forward over the S+1 window -> next top-k
-                                             (frozen: the next seed is selected, no forward)
-    stash         sched/future_map.py        future map[rows] <- next inputs
+    stage         what
+    resolve       seq_lens [B], bonus [B], hidden [B,H] (+ top-k) from the future map
+    draft         seed (draft.seed) + S-1 forwards, each with its top-k and cumulative
+                  scores (draft.step)
+    tree          best D-1 candidates + root -> tokens/positions/mask
+    verify        target forward over B*D nodes, KV at seq_len+node
+    accept        greedy / target-only sampling / simulated
+    commit        topk>1: accepted path's KV to the window front; new lengths, path hidden
+                  rows
+    publish       seq_lens[rows] <- seq_lens + accept_lens
+    draft_extend  eagle: forward over the S+1 window -> next top-k
+                  (frozen: the next seed is selected, no forward)
+    stash         future map[rows] <- next inputs
     (draft)   zb_draft_preexec: the next round's draft runs now and its candidates are
               stashed; the next iteration starts at `tree`
 The host then reads tokens[:, :accept_len] and advances kv_committed_len by accept_len.

@@ -5,7 +5,8 @@ of its own (benchmarks/peer_worker.py), side by side on one GPU.
 
     python -m benchmarks.bench_peer_sglang --out DIR [--shapes ...] [--bs 1 8 32]
         [--drafts target eagle frozen eagle-k4p16 frozen-k4p16] [--overlap on off]
-        [--repeats 3] [--deadline-s S] [--profile-steps 20] [--dry-run]
+        [--pairs SHAPE:DRAFT ...] [--repeats 3] [--deadline-s S] [--profile-steps 20]
+        [--dry-run]
 
 Like for like (benchmarks/peer_plan.py holds the knobs): the same prompts (token ids, sent to
 both), the same output length with ignore_eos, the same batch (all bs requests submitted at
@@ -486,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bs", nargs="+", type=int, default=list(BATCH_SIZES))
     ap.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=list(DRAFTS))
     ap.add_argument("--overlap", nargs="+", default=list(OVERLAP), choices=list(OVERLAP))
+    ap.add_argument("--pairs", nargs="+", metavar="SHAPE:DRAFT",
+                    help="these (shape, draft) pairs in this order instead of --shapes x "
+                         "--drafts, each with every --overlap and --bs")
     ap.add_argument("--repeats", type=int, default=Workload.repeats)
     ap.add_argument("--prompt-len", type=int, default=Workload.prompt_len)
     ap.add_argument("--new-tokens", type=int, default=Workload.new_tokens)
@@ -521,14 +525,18 @@ def check_args(a) -> Optional[str]:
         return f"--mem-fraction must lie in (0, 1), got {a.mem_fraction}."
     if a.deadline_s <= 0:
         return f"--deadline-s must be > 0, got {a.deadline_s}."
+    bad = [p for p in a.pairs or () if not all(p.rpartition(":")[::2])]
+    if bad:
+        return f"--pairs takes SHAPE:DRAFT (e.g. llama3-8b-like@8:eagle), got {bad[0]!r}."
     return None
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     err = check_args(a)
+    pairs = None if a.pairs is None else [p.rpartition(":")[::2] for p in a.pairs]
     try:
-        groups = plan_mod.plan(a.shapes, a.drafts, a.overlap, a.bs) if err is None else []
+        groups = [] if err else plan_mod.plan(a.shapes, a.drafts, a.overlap, a.bs, pairs)
     except ValueError as e:
         err = str(e)
     if err:
@@ -544,7 +552,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"bench_peer_sglang: error: {e}", file=sys.stderr)
         return 2
-    skipped = plan_mod.left_out(a.shapes, a.drafts)
+    skipped = plan_mod.left_out(a.shapes, a.drafts, pairs)
     if a.dry_run:
         for s, d, why in skipped:
             print(f"# left out: {s}|{d}: {why}")

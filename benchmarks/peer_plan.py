@@ -16,7 +16,8 @@ configured from one place:
                                                      triton attention, bf16)
                                                 ->  SGLang: args.server_launch(RunConfig(knobs),
                                                      ServerSpec(CUDA graphs, triton, dummy
-                                                     weights)) + SGLANG_ARGS, parsed by SGLang's
+                                                     weights)) + SGLANG_ARGS + the graph
+                                                     sizes (sglang_graph_args), parsed by SGLang's
                                                      own prepare_server_args in the worker
 
 Model directories (config only; both engines draw random weights of the same config), by
@@ -135,25 +136,35 @@ def model_config(shape: str):
     return config_of(shape)
 
 
-def plan(shapes, drafts, overlaps, batch_sizes) -> list[Group]:
-    """Groups in the order given (shape, then draft, then overlap), the pairs `left_out` names
-    left out; ValueError naming the choices for an unknown entry (a shape is any mtplab
-    preset, `<preset>@<layers>` too), or the reasons when no pair is left."""
-    for what, got, choices in (("draft", drafts, DRAFTS), ("overlap", overlaps, OVERLAP)):
+def plan(shapes, drafts, overlaps, batch_sizes, pairs=None) -> list[Group]:
+    """Groups in the order given: the (shape, draft) pairs of shapes x drafts (shape, then
+    draft), or `pairs` in their own order when given, each with every overlap; the pairs
+    `left_out` names left out. ValueError naming the choices for an unknown entry (a shape
+    is any mtplab preset, `<preset>@<layers>` too), or the reasons when no pair is left."""
+    pairs = grid_pairs(shapes, drafts, pairs)
+    for what, got, choices in (("draft", [d for _, d in pairs], DRAFTS),
+                               ("overlap", overlaps, OVERLAP)):
         bad = [x for x in got if x not in choices]
         if bad:
             raise ValueError(f"unknown {what} {bad[0]!r}: use one of {list(choices)}.")
-    for s in shapes:
+    for s in dict.fromkeys(s for s, _ in pairs):
         model_config(s)             # ValueError naming the presets
     if any(b < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}.")
     bs = tuple(dict.fromkeys(batch_sizes))
-    pairs = [(s, d) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)]
     keep = [(s, d) for s, d in pairs if pair_problem(s, d) is None]
     if not keep:
         raise ValueError("no cell of this grid runs like for like in SGLang 0.5.17: "
-                         + "; ".join(f"{s}|{d}: {why}" for s, d, why in left_out(shapes, drafts)))
+                         + "; ".join(f"{s}|{d}: {why}" for s, d, why in left_out(pairs=pairs)))
     return [Group(s, d, o, bs) for s, d in keep for o in dict.fromkeys(overlaps)]
+
+
+def grid_pairs(shapes=(), drafts=(), pairs=None) -> list[tuple[str, str]]:
+    """The (shape, draft) pairs of a grid: `pairs` as given (repeats dropped), else every
+    shape with every draft."""
+    if pairs is not None:
+        return list(dict.fromkeys(tuple(p) for p in pairs))
+    return [(s, d) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)]
 
 
 def pair_problem(shape: str, draft: str) -> Optional[str]:
@@ -172,10 +183,10 @@ def pair_problem(shape: str, draft: str) -> Optional[str]:
     return None
 
 
-def left_out(shapes, drafts) -> list[tuple[str, str, str]]:
+def left_out(shapes=(), drafts=(), pairs=None) -> list[tuple[str, str, str]]:
     """(shape, draft, reason) of every pair `plan` leaves out, in the grid's order."""
-    pairs = [(s, d) for s in dict.fromkeys(shapes) for d in dict.fromkeys(drafts)]
-    return [(s, d, why) for s, d in pairs if (why := pair_problem(s, d)) is not None]
+    return [(s, d, why) for s, d in grid_pairs(shapes, drafts, pairs)
+            if (why := pair_problem(s, d)) is not None]
 
 
 def speculative(draft: str) -> bool:
@@ -216,6 +227,17 @@ def model_dirs(models: Path, shape: str, draft: str) -> tuple[Path, Optional[Pat
     return root / kind / "target", (root / kind / sub if speculative(draft) else None)
 
 
+def sglang_graph_args(g: Group, wl: Workload) -> tuple:
+    """SGLang's CUDA-graph sizes: exactly those the group's workload runs, its decode graphs
+    (verify, draft, draft extend) at the group's bs and its prefill graphs (target and draft)
+    at bs * prompt_len tokens. Each step replays the graph of the size it would under SGLang's
+    default lists (every bs up to the largest; 58 token counts up to 8192 on the H100, among
+    them 256, 2048 and 8192), whose prefill captures alone take about 15 s per model."""
+    bs = sorted(g.bs)
+    return ("--cuda-graph-bs-decode", *map(str, bs),
+            "--cuda-graph-bs-prefill", *(str(b * wl.prompt_len) for b in bs))
+
+
 def sglang_launch(g: Group, wl: Workload, models: Path, mem_fraction: float) -> ServerLaunch:
     """SGLang's arguments and environment for a group, from the same knobs as mtplab's
     (ConfigError for knobs SGLang lacks: args.refuse_unsupported)."""
@@ -223,7 +245,8 @@ def sglang_launch(g: Group, wl: Workload, models: Path, mem_fraction: float) -> 
     cfg = RunConfig(**group_knobs(g, wl), device="cpu")     # mapping only: resolved on no GPU
     spec = ServerSpec(model_path=str(target), draft_model_path=None if draft is None else str(draft),
                       device="cuda", attention_backend="triton", dummy_weights=True,
-                      cuda_graphs=True, mem_fraction_static=mem_fraction, extra_args=SGLANG_ARGS)
+                      cuda_graphs=True, mem_fraction_static=mem_fraction,
+                      extra_args=SGLANG_ARGS + sglang_graph_args(g, wl))
     return server_launch(cfg, spec)
 
 

@@ -35,7 +35,9 @@
 # arm_<warm|on|off>.log (client + server output), from `pair` summary.json and results.tgz
 # (each arm's metrics.json, analysis/ and trace), from `peer` peer_results.json (the harness's
 # resumable results), peer_table.md, peer_logs.tgz (each worker's output) and peer_traces.tgz
-# (the profiled traces and their analysis; without the raw traces if over 15 MiB). Every wait
+# (the profiled traces and their analysis; over OUT_BYTES, 15 MiB, in up to three parts
+# peer_traces.tgz.part-0 .. -2 to be joined with cat; over three parts, without the raw
+# traces). Every wait
 # has a timeout; `warm`, `pair` and `peer` end within $MTP_SGL_DEADLINE seconds (default 480)
 # of their start; a TERM or INT (the call's own timeout) stops the running arm's whole session
 # before exiting. The probe runs once per installed payload (a marker in the site).
@@ -100,6 +102,7 @@ WORK=${MTP_SGL_WORK:-$ROOT/.sgl_build}         # here: wheels/, site/, the paylo
 CARRY_ROOT=${MTP_SGL_CARRY_ROOT:-$ROOT}        # here: where .sgl_c1 .. go (the checkout that travels)
 PART_BYTES=${MTP_SGL_PART_BYTES:-48234496}     # 46 MiB per carry folder (the tree rides along)
 PAYLOAD=sglang-site.tar.xz
+OUT_BYTES=${MTP_SGL_OUT_BYTES:-15728640}        # one file back from $OUT: at most 15 MiB
 PY=${PYTHON:-python3}
 PIP=${PIP:-$PY -m pip}
 PIP_PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
@@ -230,6 +233,9 @@ device_env() {
   # are trimmed: keep SGLang from choosing it anywhere it is optional.
   export SGLANG_IS_FLASHINFER_AVAILABLE=false
   export SGLANG_ENABLE_JIT_DEEPGEMM=0 SGLANG_DEEPGEMM_PDL=0   # DeepGEMM is not carried (a stub)
+  # every SGLang engine start imports the package in three processes: keep the bytecode the
+  # first one compiles (an image may turn writing it off)
+  unset PYTHONDONTWRITEBYTECODE
   # sgl_kernel's common_ops needs libnvrtc.so.13 / libcublas.so.13: torch's nvidia wheels.
   local libs
   libs=$($PY - <<'EOF' 2>/dev/null
@@ -441,17 +447,22 @@ peer() {         # the peer harness (benchmarks/bench_peer_sglang.py); "$@" are 
   return "$rc"
 }
 
-peer_pack() {    # the harness's folder -> at most 4 files under $OUT (its limits: see the top)
-  local work=$1 f
+peer_pack() {    # the harness's folder -> at most 7 files under $OUT (its limits: see the top)
+  local work=$1 f t=$OUTDIR/peer_traces.tgz size
+  rm -f "$t" "$t".part-*          # what an earlier `peer` of this call packed
   for f in results.json table.md; do
     [ -f "$work/$f" ] && cp "$work/$f" "$OUTDIR/peer_$f"
   done
   [ -d "$work/logs" ] && tar -C "$work" -czf "$OUTDIR/peer_logs.tgz" logs
   if [ -d "$work/traces" ]; then
-    tar -C "$work" -czf "$OUTDIR/peer_traces.tgz" traces
-    if [ "$(stat -c %s "$OUTDIR/peer_traces.tgz")" -gt 15728640 ]; then
-      echo "peer_traces.tgz > 15 MiB: leaving the raw traces out"
-      tar -C "$work" -czf "$OUTDIR/peer_traces.tgz" --exclude='*.trace.json*' traces
+    tar -C "$work" -czf "$t" traces
+    size=$(stat -c %s "$t")
+    if [ "$size" -gt $((3 * OUT_BYTES)) ]; then
+      echo "peer_traces.tgz > 3 x $OUT_BYTES bytes: leaving the raw traces out"
+      tar -C "$work" -czf "$t" --exclude='*.trace.json*' traces
+    elif [ "$size" -gt "$OUT_BYTES" ]; then
+      split -b "$OUT_BYTES" -d -a 1 "$t" "$t.part-" && rm -f "$t"
+      echo "peer_traces.tgz in $(ls "$t".part-* | wc -l) parts: cat peer_traces.tgz.part-* > peer_traces.tgz"
     fi
   fi
   ls -l "$OUTDIR"

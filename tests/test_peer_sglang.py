@@ -61,6 +61,9 @@ def test_both_engines_get_the_same_knobs_by_sglangs_parser(models, draft, overla
     assert a.page_size == knobs["page_size"] and a.random_seed == knobs["seed"]
     assert a.max_running_requests == knobs["max_running_requests"] == 32
     assert a.cuda_graph_max_bs_decode == knobs["cuda_graph_max_bs"] == 32
+    # the graphs captured: exactly the sizes the cells run (decode bs, prefill bs * prompt)
+    assert a.cuda_graph_config.decode.bs == [1, 8, 32]
+    assert a.cuda_graph_config.prefill.bs == [WL.prompt_len * b for b in (1, 8, 32)]
     assert ("--disable-overlap-schedule" in argv) == (not knobs["overlap"])
     if not knobs["overlap"]:       # (on CPU SGLang itself turns overlap off for spec decoding)
         assert a.disable_overlap_schedule
@@ -253,6 +256,22 @@ def test_a_group_serves_every_bs_at_its_largest():
         plan(["random-medium"], ["medusa"], ["on"], [1])
     with pytest.raises(ValueError, match="unknown overlap"):
         plan(["random-medium"], ["eagle"], ["yes"], [1])
+
+
+def test_pairs_run_in_the_order_given():
+    """--pairs: (shape, draft) pairs in their own order (not shape-major), each with every
+    overlap; a pair SGLang cannot run like for like is left out with its reason."""
+    pairs = [("llama3-8b-like@32", "eagle"), (GEMMA, "frozen"), ("random-medium", "eagle"),
+             ("llama3-8b-like@32", "frozen"), (GEMMA, "frozen")]
+    gs = plan([], [], ["on", "off"], [8, 32], pairs)
+    assert [(g.shape, g.draft, g.overlap) for g in gs] == [
+        ("llama3-8b-like@32", "eagle", "on"), ("llama3-8b-like@32", "eagle", "off"),
+        (GEMMA, "frozen", "on"), (GEMMA, "frozen", "off"),
+        ("random-medium", "eagle", "on"), ("random-medium", "eagle", "off")]
+    assert [(s, d) for s, d, _ in peer_plan.left_out(pairs=pairs)] == [
+        ("llama3-8b-like@32", "frozen")]
+    with pytest.raises(ValueError, match="unknown draft 'medusa'"):
+        plan([], [], ["on"], [1], [("random-medium", "medusa")])
 
 
 def test_the_grid_leaves_out_the_pairs_sglang_cannot_run_like_for_like():
@@ -574,6 +593,8 @@ def test_a_hanging_worker_is_killed_at_the_deadline(tmp_path):
     (["--new-tokens", "1"], "--new-tokens must be >= 2"),
     (["--mem-fraction", "1.5"], "--mem-fraction must lie in (0, 1)"),
     (["--deadline-s", "0"], "--deadline-s must be > 0"),
+    (["--pairs", "random-medium"], "--pairs takes SHAPE:DRAFT"),
+    (["--pairs", "random-medium:medusa"], "unknown draft 'medusa'"),
 ])
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
     assert peer.main(["--out", str(tmp_path / "o"), *argv]) == 2
@@ -600,6 +621,11 @@ def test_dry_run_prints_both_configurations(tmp_path, capsys):
     assert "# left out: gemma4-31b-like@6|eagle: " in out
     assert (tmp_path / "o" / "models" / "gemma4-31b-like-6" / "gemma4" / "assistant" /
             "config.json").is_file()
+    assert peer.main(["--out", str(tmp_path / "p"), "--dry-run", "--pairs", f"{GEMMA}:eagle",
+                      "random-medium:target", "--overlap", "on", "--bs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nmtplab: ") == 1 and "# random-medium_target_overlap-on" in out
+    assert "# left out: gemma4-31b-like@6|eagle: " in out
 
 
 def test_the_harness_runs_as_a_module(tmp_path):

@@ -322,3 +322,32 @@ def test_peer_resumes_a_carried_result_and_packs_what_comes_back(tmp_path):
     r = sh("peer", "--dry-run", "--shapes", "random-medium", "--drafts", "eagle", "--bs", "1",
            env=env, check=False)
     assert r.returncode == 0 and "the probe passed on this site already" in r.stdout
+
+
+@pytest.mark.slow
+def test_peer_packs_large_traces_in_parts_that_join(tmp_path):
+    """Traces over one file's limit come back as parts that `cat` joins into the archive; an
+    earlier `peer` of the same call leaves no stale part behind."""
+    pytest.importorskip("transformers", reason="the harness writes Gemma-4 directories")
+    env = {**device_env(tmp_path, sys.executable, 1), "MTP_SGL_OUT_BYTES": "4000"}
+    traces = tmp_path / "dev" / "peer" / "traces" / "cell" / "sglang"
+    traces.mkdir(parents=True)
+    blob = os.urandom(9000)                     # incompressible: 3 parts of 4000 bytes
+    (traces / "x.trace.json.gz").write_bytes(blob)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "peer_traces.tgz.part-3").write_text("stale")
+    flags = ("peer", "--dry-run", "--shapes", "random-medium", "--drafts", "eagle", "--bs", "1")
+    r = sh(*flags, env=env, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    parts = sorted(out.glob("peer_traces.tgz.part-*"))
+    assert [p.name for p in parts] == [f"peer_traces.tgz.part-{i}" for i in range(3)]
+    assert all(p.stat().st_size <= 4000 for p in parts) and not (out / "peer_traces.tgz").exists()
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as t:
+        assert t.extractfile("traces/cell/sglang/x.trace.json.gz").read() == blob
+    (traces / "y.trace.json.gz").write_bytes(os.urandom(9000))     # over 3 parts: no raw traces
+    r = sh(*flags, env=env, check=False)
+    assert r.returncode == 0 and "leaving the raw traces out" in r.stdout
+    assert not list(out.glob("peer_traces.tgz.part-*"))
+    with tarfile.open(out / "peer_traces.tgz") as t:
+        assert not [n for n in t.getnames() if n.endswith(".trace.json.gz")]

@@ -10,9 +10,12 @@ or wait from the decode path, and the part of the engine that acts on it.
 
 `zero_bubble=True` turns every one on; a sub-knob left None takes `auto` with zero_bubble
 off (RunConfig resolves it). A worker sub-knob needs a draft. RunConfig, the engine (which
-builds LoopOptions and SpecParams from `options`), the what-if predictor, notebook 04 and
-the README read this table. A new sub-knob is its row here, its RunConfig field (config.py),
-its field and mechanism in its owner, and its README knob row.
+builds LoopOptions and SpecParams from `options`), the what-if predictor and its check
+against sweeps (sweep/whatif_check.py), the regime map's effects (sweep/regime.py), the
+SGLang adapter, notebook 04 and the README read this table. A new sub-knob is its row here,
+its RunConfig field (config.py), its field and mechanism in its owner, and its README knob
+row; the what-if predictor refuses it by name until `_knob` (analysis/whatif.py) models it,
+and the regime group measures it once its arms (bench_grids/regime.yaml) set it.
 
 A leaf: imports nothing (the analysis package reads it without torch).
 """
@@ -24,12 +27,14 @@ from typing import NamedTuple
 class SubKnob(NamedTuple):
     owner: str          # "loop" (LoopOptions) or "worker" (SpecParams): the field without zb_
     auto: bool          # its value when left None and zero_bubble is off
+    short: str          # its name in a row's knob label (sweep/whatif_check.py)
 
 
 ZB_SUBKNOBS: dict[str, SubKnob] = {
-    "zb_async_d2h": SubKnob("loop", True),      # what the overlap loop is built on, as in SGLang
-    "zb_device_seq_lens": SubKnob("loop", False),
-    "zb_draft_preexec": SubKnob("worker", False),
+    # async d2h is what the overlap loop is built on, as in SGLang: on unless turned off
+    "zb_async_d2h": SubKnob("loop", True, "async"),
+    "zb_device_seq_lens": SubKnob("loop", False, "dsl"),
+    "zb_draft_preexec": SubKnob("worker", False, "pre"),
 }
 
 

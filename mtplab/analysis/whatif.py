@@ -730,7 +730,7 @@ def knob_whatifs(diff: dict) -> Optional[str]:
     replays."""
     parts = []
     for k, (_, b) in diff.items():
-        if k in ("overlap", "fold_seed", "zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec"):
+        if k in ("overlap", "fold_seed", *ZB_SUBKNOBS):
             parts.append(f"{k}={'on' if b else 'off'}")
         elif k == "zero_bubble":
             continue                        # the sub-knobs it resolves to say it

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..draft_kinds import DRAFT_KINDS
+from ..zero_bubble import ZB_SUBKNOBS
 from .effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"
@@ -44,14 +45,12 @@ EFFECTS = (
     ("overlap (frozen)", "frozen_kv_mtp on", "frozen_kv_mtp off"),
     ("zero_bubble (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp on"),
     ("overlap + zero_bubble (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp off"),
-    ("zb_async_d2h (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_async_d2h"),
-    ("zb_device_seq_lens (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_device_seq_lens"),
-    ("zb_draft_preexec (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb-zb_draft_preexec"),
+    *((f"{k} (frozen)", "frozen_kv_mtp zb", f"frozen_kv_mtp zb-{k}") for k in ZB_SUBKNOBS),
     ("fold_seed (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb unfolded"),
     ("speculation: frozen_kv_mtp", "frozen_kv_mtp zb", "target zb"),
     ("speculation: eagle", "eagle zb", "target zb"),
 )
-SUBS = ("zb_async_d2h", "zb_device_seq_lens", "zb_draft_preexec")
+SUBS = tuple(ZB_SUBKNOBS)
 COLUMNS = ["rung", "effect", "arm", "baseline", "x", "gpu_us", "host_us", "bubble", "ratio",
            "noise", "verdict", "n", "n_base", "tok_s", "tok_s_base"]
 
@@ -66,11 +65,11 @@ def arm_label(r: dict) -> str:
     three on), `zb-<sub-knob>` (all but that one), else the sub-knobs spelled out."""
     draft = r.get("cfg.draft") or "none"
     on = {k: _on(r.get(f"cfg.{k}")) for k in SUBS}
-    if draft == "none":
-        on["zb_draft_preexec"] = True            # nothing to pre-execute: not a choice
+    if draft == "none":                          # a worker sub-knob has nothing to act on:
+        on.update({k: True for k, s in ZB_SUBKNOBS.items() if s.owner == "worker"})  # no choice
     off = [k for k in SUBS if not on[k]]
-    default = [k for k in SUBS if k != "zb_async_d2h" and (draft != "none" or
-                                                            k != "zb_draft_preexec")]
+    default = [k for k, s in ZB_SUBKNOBS.items()          # off under plain overlap
+               if not s.auto and (draft != "none" or s.owner != "worker")]
     if not _on(r.get("cfg.overlap")):
         loop = "off"
     elif not off:

@@ -32,17 +32,17 @@ import pandas as pd
 
 from ..analysis.whatif import (WhatIfError, knob_whatifs, load_run, predicted_ratio,
                                self_error)
+from ..zero_bubble import ZB_SUBKNOBS
 from .effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"          # throughput with every host delay counted (the predictor's)
 GOAL = 0.10                        # |error| within 10% where the effect exceeds the noise
-KNOB_COLUMNS = ("cfg.overlap", "cfg.zb_async_d2h", "cfg.zb_device_seq_lens",
-                "cfg.zb_draft_preexec", "cfg.fold_seed", "host_delay_us")
+KNOB_COLUMNS = ("cfg.overlap", *(f"cfg.{k}" for k in ZB_SUBKNOBS), "cfg.fold_seed",
+                "host_delay_us")
 # settings that pick an arm, not a grid point (zero_bubble resolves to the sub-knobs)
-ARM_SETTINGS = ("overlap", "zero_bubble", "zb_async_d2h", "zb_device_seq_lens",
-                "zb_draft_preexec", "fold_seed", "host_delay_us", "repeat")
-SHORT = {"cfg.overlap": "ov", "cfg.zb_async_d2h": "async", "cfg.zb_device_seq_lens": "dsl",
-         "cfg.zb_draft_preexec": "pre", "cfg.fold_seed": "fold", "host_delay_us": "delay"}
+ARM_SETTINGS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed", "host_delay_us", "repeat")
+SHORT = {"cfg.overlap": "ov", **{f"cfg.{k}": s.short for k, s in ZB_SUBKNOBS.items()},
+         "cfg.fold_seed": "fold", "host_delay_us": "delay"}
 
 
 def knob_label(row: dict) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from mtplab.analysis.causes import CAUSES
 from mtplab.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
                           grid_doc, table)
 from mtplab.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid_from_dict
@@ -226,7 +227,7 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
     steps = pd.DataFrame({"dur_us": [1000.0, 3000.0], "busy_us": [600.0, 1800.0],
                           "bubble_us": [400.0, 1200.0],
                           **{f"bubble_{c}_us": [100.0, 300.0]
-                             for c in ("sync", "host_prep", "launch", "host", "other")}})
+                             for c in CAUSES}})
     b = bubble_columns(steps, has_device=True)
     assert b["bubble_frac_profiled"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
     assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0

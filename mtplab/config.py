@@ -15,8 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
+from . import spec_schedule
 from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where, parse_draft_vocab
 from .errors import ConfigError, ModelLoadError
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
@@ -61,6 +62,11 @@ class RunConfig:
     topk: int = knob(1, "K: branches per draft step")
     num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
                                            "(None: S+1 for K=1, else S*K+1)")
+    spec_schedule: Optional[Union[dict, str]] = knob(
+        None, "draft setting per decode batch size: {bs_upper: (num_steps, topk) | off, ...}, "
+        "'4:3x1,16:2x1,32:off' or a YAML file (mtplab bench --groups schedule writes one); "
+        "num_steps/topk bound every bucket, the last bucket is max_running_requests; "
+        "spec_schedule.py (None: num_steps/topk at every batch size)")
     # memory and scheduling
     page_size: int = knob(1, "P: KV page size, a power of two")
     max_running_requests: int = knob(32, "decode batch limit (= req_to_token rows)")
@@ -166,6 +172,7 @@ class RunConfig:
             need = " or ".join(f"draft={k!r}" for k in kinds_where(seed_forward=True))
             raise ConfigError("fold_seed folds the draft's seed forward into the draft graph; "
                               f"it needs {need}.")
+        self._check_spec_schedule()
         sim = self.simulate_accept_len is not None or self.simulate_accept_rates is not None
         if sim and not self.speculative:
             raise ConfigError(f"simulated acceptance needs a draft; set draft to one of "
@@ -186,6 +193,22 @@ class RunConfig:
                     not all(0 <= r <= 1 for r in self.simulate_accept_rates):
                 raise ConfigError(f"simulate_accept_rates needs num_steps={self.num_steps} "
                                   "probabilities in [0, 1].")
+
+    def _check_spec_schedule(self) -> None:
+        if self.spec_schedule is None:
+            return
+        if not self.speculative:
+            raise ConfigError("spec_schedule picks a draft setting per batch size; it needs a "
+                              f"draft (draft one of {list(DRAFT_KINDS)}).")
+        self.spec_schedule = spec_schedule.parse(self.spec_schedule)
+        spec_schedule.check(self.spec_schedule, num_steps=self.num_steps, topk=self.topk,
+                            max_running_requests=self.max_running_requests)
+        D, full = self.num_draft_tokens, (self.num_steps + 1 if self.topk == 1
+                                          else self.num_steps * self.topk + 1)
+        if D is not None and D != full:
+            raise ConfigError(f"with spec_schedule each bucket verifies every node its draft "
+                              f"proposes (S+1 for topk 1, S*K+1 else); num_draft_tokens={D} "
+                              f"cannot apply to every bucket: leave it unset.")
 
     def _resolve(self):
         from . import lazy_triton

@@ -48,6 +48,10 @@ from .sched.hooks import HookHandle, StepHooks
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
 from .speculative.worker import SpecParams, SpecWorker
+from .speculative.schedule import ScheduleWorker
+from .speculative.schedule import build as build_schedule
+from .speculative.schedule import step_counts as schedule_step_counts
+from . import spec_schedule
 from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
 
@@ -178,14 +182,32 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)
+        graph_max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
+        if cfg.spec_schedule is not None:
+            return self._schedule_worker(draft, graph_max_bs)
         params = SpecParams(num_steps=cfg.num_steps, topk=cfg.topk,
                             num_draft_tokens=cfg.num_draft_tokens, fold_seed=cfg.fold_seed,
                             simulate_accept_len=cfg.simulate_accept_len,
                             simulate_accept_rates=cfg.simulate_accept_rates,
                             **cfg.zb_options("worker"))
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
-                          min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
-                          cfg.graph_granularity)
+                          graph_max_bs, cfg.graph_granularity)
+
+    def _schedule_worker(self, draft, graph_max_bs: int) -> ScheduleWorker:
+        """One arm per setting of cfg.spec_schedule, all captured now (speculative/
+        schedule.py). A simulated mean accept length becomes one per-position rate at the
+        run's num_steps (spec_schedule.geometric_rate): a bucket of fewer steps accepts less."""
+        cfg = self.cfg
+        rates = cfg.simulate_accept_rates
+        if cfg.simulate_accept_len is not None:
+            rates = (spec_schedule.geometric_rate(cfg.simulate_accept_len, cfg.num_steps),) \
+                * cfg.num_steps
+        base = SpecParams(num_steps=cfg.num_steps, topk=cfg.topk,
+                          num_draft_tokens=cfg.num_draft_tokens, fold_seed=cfg.fold_seed,
+                          **cfg.zb_options("worker"))
+        return build_schedule(self.target_worker, draft, self.future_map,
+                              spec_schedule.ranges(cfg.spec_schedule), base, rates,
+                              cfg.cuda_graphs, graph_max_bs, cfg.graph_granularity)
 
     @contextlib.contextmanager
     def numerics(self):
@@ -402,6 +424,7 @@ class Engine:
             sched.add(r)
         bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
+        arm_steps = dict(getattr(self.worker, "steps", {}))      # a spec_schedule's arms
         t0 = time.perf_counter()
         try:
             with self.numerics():
@@ -417,6 +440,8 @@ class Engine:
         cfg = self.cfg
         self._last_stats = collect_stats(reqs, sched.stats, wall, num_steps=cfg.num_steps,
                                          speculative=cfg.speculative, simulated=cfg.simulated)
+        if cfg.spec_schedule is not None and self._last_stats.get("verify_steps"):
+            self._last_stats.update(schedule_step_counts(arm_steps, self.worker.steps))
         if self.meter is not None:
             self.meter.collect()
             m = self.meter.summary(first_meter_step)

@@ -10,12 +10,13 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
+              spec_schedule (only errors: the schedule knob's forms and checks)
               flags (validate: the command line's argparse types)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
-              config (+ validate, draft_kinds, zero_bubble, version; models and mem inside
-              its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
+              config (+ validate, draft_kinds, zero_bubble, version, spec_schedule; models and
+              mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ ALLOWED = {
     "version": set(),              # __version__ (the package root re-exports it)
     "core": {"errors"},
     "validate": {"errors"},
+    "spec_schedule": {"errors"},   # the batch-aware schedule knob (torch-free)
     "flags": {"validate"},
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
@@ -57,7 +59,7 @@ ALLOWED = {
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
               "lazy_triton"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
-               "draft_kinds", "zero_bubble", "version"},
+               "draft_kinds", "zero_bubble", "version", "spec_schedule"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 

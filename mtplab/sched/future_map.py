@@ -6,7 +6,9 @@ the host never waits for iteration k before launching k+1 (SGLang's FutureMap, k
     hidden     [R+1, H]  frozen: seed hidden; eagle: draft hidden            (stash)
     topk_logp/topk_index [R+1, K]   eagle step-0 candidates                  (stash)
     pre_*      [R+1, C]  draft candidates pre-executed for the next round (zb_draft_preexec;
-                         C = 0 until the spec worker holds them: `hold_predrafts`)
+                         C = 0 until the spec worker holds them: `hold_predrafts`; a
+                         worker of fewer candidates, a schedule bucket's, writes and reads
+                         the first columns)
 Row 0 mirrors the padding row of graph-padded lanes.
 
     publish(rows, new_seq_lens)  forward stream, between verify/commit and seed/draft extend
@@ -103,7 +105,7 @@ class FutureMap:
         `pad` on graph-padding lanes (row 0: they must read what GraphRunner pads them with,
         not what padding lanes last wrote into row 0); one kernel carrying resolve's stamps
         (`stamp`: its graph's `mark.carry("resolve")`)."""
-        move_rows_triton(rows, [RowMove(d, getattr(self, f), pad, add)
+        move_rows_triton(rows, [RowMove(d, _cols(getattr(self, f), d), pad, add)
                                 for d, f, pad, add in fields], True, 0, stamp)
 
     def write(self, rows: torch.Tensor, mark, seq_lens: torch.Tensor | None = None,
@@ -131,8 +133,8 @@ class FutureMap:
         """The fields stash writes, as row moves: the next draft inputs `x` (bonus, hidden
         when both have one, the top-k when both have it), or the pre-drafted candidates."""
         if predraft is not None:
-            return [RowMove(b, v) for b, v in zip((self.pre_scores, self.pre_tokens,
-                                                   self.pre_parents), predraft)]
+            return [RowMove(_cols(b, v), v) for b, v in zip((self.pre_scores, self.pre_tokens,
+                                                             self.pre_parents), predraft)]
         if x is None:
             return []
         moves = [RowMove(self.bonus, x.bonus)]
@@ -155,8 +157,10 @@ class FutureMap:
             return DraftInputs(bonus, self.hidden[rows])
         return DraftInputs(bonus, self.hidden[rows], self.topk_logp[rows], self.topk_index[rows])
 
-    def gather_predraft(self, rows):
-        return self.pre_scores[rows], self.pre_tokens[rows], self.pre_parents[rows]
+    def gather_predraft(self, rows, num_candidates: int):
+        C = num_candidates
+        return (self.pre_scores[rows, :C], self.pre_tokens[rows, :C],
+                self.pre_parents[rows, :C])
 
     def _consume(self, buf: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor,
                  name: str) -> None:
@@ -167,6 +171,13 @@ class FutureMap:
             raise FutureMapError(f"resolve of {name} for rows {stale} without a fresh publish "
                                  "(consume-once violated).")
         buf[rows[real]] = -1
+
+
+def _cols(field: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A 2-D field's first columns as wide as `like` (a view: rows keep their stride)."""
+    if field.dim() == 2 and like.dim() == 2 and field.shape[1] != like.shape[1]:
+        return field[:, :like.shape[1]]
+    return field
 
 
 def _scatter(rows: torch.Tensor, moves: list[RowMove]) -> None:

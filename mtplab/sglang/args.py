@@ -24,7 +24,7 @@
                                    ids, models.write_token_map), where the kind's SGLang worker
                                    takes one (draft_kinds.py sglang_token_map: EAGLE in 0.5.17)
 
-Knobs SGLang has no equivalent for are refused (ConfigError, one sentence), and so are the
+Knobs SGLang has no equivalent for (spec_schedule, zero_bubble, ...) are refused (ConfigError, one sentence), and so are the
 FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
 `check_model_dirs` checks the model directories before anything starts: a target and a draft
 holding config.json, the draft of a FROZEN_KV_MTP kind a Frozen-KV assistant (the
@@ -126,6 +126,9 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
     if cfg.zero_bubble:
         raise ConfigError("SGLang has no zero_bubble mode; set zero_bubble=False for an SGLang "
                           "run.")
+    if cfg.spec_schedule is not None:
+        raise ConfigError("SGLang 0.5.17 takes no per-batch-size speculation schedule; leave "
+                          "spec_schedule unset for an SGLang run.")
     for name in ZB_SUBKNOBS:           # SGLang runs each at what SGLANG_ZB says, or off
         if getattr(cfg, name, None) is False and SGLANG_ZB.get(name):
             raise ConfigError(f"SGLang always {SGLANG_ZB[name]}; leave {name} at its default "

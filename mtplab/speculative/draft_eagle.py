@@ -7,10 +7,15 @@
     extend    after verify, a fixed-width forward over the S+1 window rows
               (token = committed token at pos+1, hidden = target hidden at pos), rewriting the
               draft KV of the window; the row at accept_len-1 gives the next step-0 top-k.
+The stashed top-k is `Ks` wide (the run's topk); a worker of fewer branches (`with_setting`,
+a batch bucket's setting of a speculation schedule) reads its first K columns, the top-K of
+the sorted top-Ks, so any setting can follow any other on the same draft KV.
 Lanes attend to the drafts of their own lane index, as SGLang does; a branch's ancestors may
 sit in another lane. That affects draft quality only, never the verified output.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -41,6 +46,7 @@ class EagleDraftWorker:
         self.table = table
         self.attn_fn = attn_fn
         self.S, self.K, self.P = num_steps, topk, page_size
+        self.Ks = topk               # width of the top-k extend stashes (module doc)
 
     @classmethod
     def create(cls, model: EagleDraft, target_kv: KVCache, table: torch.Tensor,
@@ -53,6 +59,12 @@ class EagleDraftWorker:
         return cls(model.to(device, dtype), kv, table, attn_fn, num_steps, topk, page_size,
                    spans)
 
+    def with_setting(self, num_steps: int, topk: int) -> "EagleDraftWorker":
+        """This worker (model, draft KV, stash width) drafting num_steps x topk."""
+        w = copy.copy(self)
+        w.S, w.K = num_steps, topk
+        return w
+
     def _run_extend(self, tokens, hidden, positions, rows, q_lens, cu_q, max_q, max_kv,
                     select_idx) -> DraftInputs:
         row_of_tok = torch.repeat_interleave(rows, q_lens, output_size=tokens.shape[0])
@@ -61,7 +73,7 @@ class EagleDraftWorker:
         meta = AttnMeta(self.table, rows, kv_lens, q_lens, cu_q, positions, max_q, max_kv)
         h, logits = self.model(tokens, hidden, positions, self.kv.k, self.kv.v, out_loc, meta,
                                self.attn_fn, logits_idx=select_idx)
-        logp, idx = branch_topk(logits, self.K, self.model.vocab_ids)
+        logp, idx = branch_topk(logits, self.Ks, self.model.vocab_ids)
         return DraftInputs(None, h[select_idx], logp, idx)
 
     def after_prefill(self, bonus, hidden_last, *, fed_ids, hidden_all, rows, q_lens, cu_q,
@@ -92,7 +104,7 @@ class EagleDraftWorker:
         """Step 0 from the stashed top-k, then S-1 draft forwards writing draft KV."""
         B, K, S, P = rows.shape[0], self.K, self.S, self.P
         hidden = inp.hidden
-        branches, cand = select_root(inp.topk_logp, inp.topk_index)
+        branches, cand = select_root(inp.topk_logp[:, :K], inp.topk_index[:, :K])
         out = [cand]
         if S == 1:
             return out

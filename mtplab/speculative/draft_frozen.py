@@ -11,6 +11,7 @@ last accepted node), selected from the verify outputs by the spec worker.
 """
 from __future__ import annotations
 
+import copy
 import json
 
 import torch
@@ -48,6 +49,12 @@ class FrozenDraftWorker:
                dtype, device, spans: Spans = NO_SPANS) -> "FrozenDraftWorker":
         """The assistant on the device, reading the target's KV."""
         return cls(model.to(device, dtype), target_kv, table, attn_fn, num_steps, topk, spans)
+
+    def with_setting(self, num_steps: int, topk: int) -> "FrozenDraftWorker":
+        """This worker (model, the target's KV) drafting num_steps x topk."""
+        w = copy.copy(self)
+        w.S, w.K = num_steps, topk
+        return w
 
     def _forward(self, tokens, hidden, rows, seq_lens, max_kv, per_lane: int = 1):
         """`per_lane` queries per request (tokens/hidden request-major [B*per_lane]), all at

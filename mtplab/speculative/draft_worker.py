@@ -6,6 +6,8 @@
     seed(inp, rows, seq, max_kv)  -> DraftInputs   step-0 inputs: (hidden, topk_logp, topk_index)
     steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
     extend(...)                   -> DraftInputs   next iteration's inputs, after commit
+    with_setting(S, K)            -> the same worker (model, KV) drafting S steps x K branches
+                                     (a speculation schedule's bucket, speculative/schedule.py)
     owns_kv        the draft writes KV of its own (pool sharing the target's slot ids)
     seed_forward   seed() runs a forward (frozen); otherwise it passes the stashed inputs on
     extend_forward extend() runs a forward (its own `draft_extend` stage and graph); otherwise
@@ -51,6 +53,8 @@ class DraftWorker(Protocol):
                       max_q: int, max_kv: int, next_ids: Optional[torch.Tensor]) -> DraftInputs:
         """After a prefill forward (one chunk per request over its earlier chunks' KV):
         next_ids [B] is the fill token after each non-final chunk, -1 after a final one."""
+
+    def with_setting(self, num_steps: int, topk: int) -> "DraftWorker": ...
 
     def seed(self, inp: DraftInputs, rows: torch.Tensor, seq_lens: torch.Tensor,
              max_kv: int) -> DraftInputs: ...

@@ -52,6 +52,11 @@ its outputs becomes. One executor runs a plan three ways:
                                                   d_hidden (frozen: the next seed)
     draft_extend  draft_extend, stash (eagle)     ... -> d_hidden, d_topk_*
     draft         (preexec: the next round's draft on the values commit/extend wrote)
+An off step (num_steps 0: a speculation schedule's bucket without speculation,
+speculative/schedule.py) runs resolve (seq_lens, bonus), `tree.root` (the tree is the root),
+verify over that one node, accept (the target's token), commit and the draft's extend with
+accept_len 1: the next draft inputs are stashed as after any verify (Frozen-KV: the token and
+its target hidden, a selection; EAGLE: one draft_extend forward, its KV kept current).
 `bonus`, `d_seq` and `d_hidden` are overwritten in the step (after their last reader of the
 old value): what the pre-executed draft reads is what the next round's draft would.
 Graph padding lanes (bs < bucket) carry row 0 (the padding page) and the pads of `VALUES`
@@ -204,8 +209,8 @@ VALUES = {
     "rows": Value((), _L, 0), "seeds": Value((), _L, 0),
     "seq_lens": Value((), _L, 1, "seq_lens"), "d_seq": Value((), _L, 1, "seq_lens"),
     "bonus": Value((), _L, 0, "bonus"), "d_hidden": Value(("H",), "hidden", 0, "hidden"),
-    "d_topk_logp": Value(("K",), _F, 0, "topk_logp"),
-    "d_topk_index": Value(("K",), _L, 0, "topk_index"),
+    "d_topk_logp": Value(("Ks",), _F, 0, "topk_logp"),
+    "d_topk_index": Value(("Ks",), _L, 0, "topk_index"),
     "scores": Value(("C",), _F, 0, "pre_scores"), "cand_tokens": Value(("C",), _L, 0, "pre_tokens"),
     "cand_parents": Value(("C",), _L, -1, "pre_parents"),
     # the tree (speculative/tree.py DraftTree, in its field order)
@@ -229,7 +234,7 @@ class SpecWorker:
 
     def __init__(self, target: TargetWorker, draft: DraftWorker, future_map, params: SpecParams,
                  cuda_graphs: bool = False, graph_max_bs: int = 32,
-                 granularity: str = "stage"):
+                 granularity: str = "stage", graph_buckets: Optional[list[int]] = None):
         self.spans = target.spans
         self.target = target
         self.draft_worker = draft
@@ -245,13 +250,15 @@ class SpecWorker:
         self._views: dict[tuple, torch.Tensor] = {}        # (value, bs) -> bufs[value][:bs]
         # zb_draft_preexec, owned here: rows whose next draft already ran (in their last
         # decode, with no prefill since), and the last decode's host rows
-        if params.draft_preexec:
-            future_map.hold_predrafts(num_candidates(params.num_steps, params.topk))
+        C = num_candidates(params.num_steps, params.topk)
+        if params.draft_preexec and future_map.pre_scores.shape[1] < C:
+            future_map.hold_predrafts(C)
         self._drafted = np.zeros(future_map.seq_lens.shape[0], dtype=bool)
         self._last_rows: Optional[np.ndarray] = None
         self.max_bs = 0
-        if cuda_graphs:
-            self._capture(graph_max_bs)
+        buckets = default_buckets(graph_max_bs) if graph_buckets is None else graph_buckets
+        if cuda_graphs and buckets:
+            self._capture(buckets)
 
     @property
     def device(self):
@@ -312,6 +319,12 @@ class SpecWorker:
             out = v["host_tokens"], v["accept_lens"]
         return DecodeOut(*out, predrafted=pre)
 
+    def forget_predrafts(self, rows=None) -> None:
+        """Rows (all when None) hold no candidates this worker pre-drafted: prefilled, or
+        decoded by another setting's worker since (speculative/schedule.py)."""
+        self._drafted[slice(None) if rows is None else rows] = False
+        self._last_rows = None
+
     def _predrafted(self, rows: np.ndarray) -> bool:
         """This decode starts at `tree` on candidates the last round pre-drafted: every row
         was decoded with zb_draft_preexec and not prefilled since. Then the rows hold
@@ -335,6 +348,8 @@ class SpecWorker:
     def _make_plan(self, predrafted: bool, greedy: bool) -> tuple[Call, ...]:
         p, dw = self.p, self.draft_worker
         eagle, preexec = dw.extend_forward, p.draft_preexec
+        off = p.num_steps == 0          # target-only steps that keep the draft's inputs
+        assert not (off and (preexec or predrafted)), "an off step drafts nothing ahead"
         seed_call = dw.seed_forward and not p.fold_seed
         stage_graphs = self.granularity == "stage"
         draft_in = ("bonus", "d_hidden") if p.fold_seed else \
@@ -356,19 +371,25 @@ class SpecWorker:
                             (("scores",), ("cand_tokens",), ("cand_parents",))))
             return out
 
-        res = ("seq_lens", "bonus") + (("scores", "cand_tokens", "cand_parents") if predrafted
+        res = ("seq_lens", "bonus") + (() if off else
+                                       ("scores", "cand_tokens", "cand_parents") if predrafted
                                        else ("d_seq", "d_hidden") +
                                        (("d_topk_logp", "d_topk_index") if eagle else ()))
         calls = [Call("resolve.pre" if predrafted else "resolve", ("resolve",),
                       (MOVE_ROWS, MOVE_ROWS),
                       (("rows", "rows"),), tuple((v,) for v in res))]
-        if not predrafted:
+        if not (predrafted or off):
             calls += draft_calls()
         common = (("rows", "rows"), ("seq_lens", "seq_lens"))
-        calls.append(Call("tree", ("tree",), ("organize", "build_tree"),
-                          common + (("bonus", "bonus"), ("scores", "scores"),
-                                    ("tokens", "cand_tokens"), ("parents", "cand_parents")),
-                          tuple((v,) for v in TREE_OUT)))
+        if off:                # the tree is its root: no kernel of ours, stamp nodes
+            calls.append(Call("tree.root", ("tree",), nodes, common + (("bonus", "bonus"),),
+                              tuple((v,) for v in TREE_OUT)))
+        else:
+            calls.append(Call("tree", ("tree",), ("organize", "build_tree"),
+                              common + (("bonus", "bonus"), ("scores", "scores"),
+                                        ("tokens", "cand_tokens"),
+                                        ("parents", "cand_parents")),
+                              tuple((v,) for v in TREE_OUT)))
         calls.append(Call("verify", ("verify",), nodes,
                           common + (("tokens", "tokens"), ("positions", "positions"),
                                     ("mask", "mask")),
@@ -411,6 +432,7 @@ class SpecWorker:
         if c.key == "accept.sample":
             return self._accept_sample_fn()
         make = {"draft.seed": self._seed_fn, "draft": self._draft_fn, "tree": self._tree_fn,
+                "tree.root": self._root_tree_fn,
                 "verify": self._verify_fn, "accept": self._accept_fn,
                 "commit": self._commit_fn, "draft_extend": self._extend_fn}[c.key]
         return make(max_kv)
@@ -530,7 +552,8 @@ class SpecWorker:
         def fn(rows, mark, dst=None):
             if not mark.captured:
                 seq, inp = fm.resolve_seq_lens(rows), fm.gather(rows)
-                pre = fm.gather_predraft(rows) if "scores" in names else (None,) * 3
+                pre = fm.gather_predraft(rows, self._sizes()["C"]) if "scores" in names \
+                    else (None,) * 3
                 got = dict(seq_lens=seq, d_seq=seq, bonus=inp.bonus, d_hidden=inp.hidden,
                            d_topk_logp=inp.topk_logp, d_topk_index=inp.topk_index,
                            scores=pre[0], cand_tokens=pre[1], cand_parents=pre[2])
@@ -581,6 +604,16 @@ class SpecWorker:
             steps = [StepCandidates(tokens, scores, parents)]
             sel = replace(organize(steps, p.num_draft_tokens), num_steps=p.num_steps)
             return astuple(build_tree(sel, bonus, seq_lens))[:-1]
+        return fn
+
+    def _root_tree_fn(self, max_kv: int):
+        """The tree of an off step: the root alone (the bonus at seq_len)."""
+        def fn(rows, seq_lens, bonus):
+            B, dev = bonus.shape[0], bonus.device
+            none = torch.full((B, 1), -1, dtype=torch.long, device=dev)
+            return (bonus.long()[:, None], none, torch.zeros_like(none),
+                    seq_lens.long()[:, None], torch.ones(B, 1, 1, dtype=torch.bool, device=dev),
+                    none, none.clone())
         return fn
 
     def _verify_fn(self, max_kv: int):
@@ -657,21 +690,24 @@ class SpecWorker:
 
     # -- CUDA graphs -------------------------------------------------------------------------
     def _sizes(self) -> dict:
-        """The sizes VALUES' shapes name: H hidden, K topk, C draft candidates, D tree nodes,
+        """The sizes VALUES' shapes name: H hidden, Ks the stashed top-k's width (EAGLE: the
+        run's topk, this worker reads its first topk), C draft candidates, D tree nodes,
         E = S+1 path lanes, V vocabulary."""
-        p = self.p
-        return {"H": self.future_map.hidden.shape[1], "K": p.topk,
-                "C": num_candidates(p.num_steps, p.topk), "D": p.num_draft_tokens,
+        p, fm = self.p, self.future_map
+        return {"H": fm.hidden.shape[1],
+                "Ks": p.topk if fm.topk_logp is None else fm.topk_logp.shape[1],
+                "C": num_candidates(p.num_steps, p.topk) if p.num_steps else 0,
+                "D": p.num_draft_tokens,
                 "E": p.num_steps + 1, "V": self.target.model.config.vocab_size}
 
-    def _capture(self, max_bs: int) -> None:
+    def _capture(self, buckets: list[int]) -> None:
         """Capture the graphs of every plan the engine can run: one step graph per greedy
         (or simulated) plan, or the stage graphs of every plan's graphed segments over
         persistent value buffers (sampled steps accept eagerly between them). The consume-
         once check (debug_future_map) syncs: resolve then runs eagerly, between stage
         graphs (the config refuses it with graph_granularity "step")."""
-        self._buckets = default_buckets(max_bs)
-        self.max_bs = max_bs
+        self._buckets = sorted(buckets)
+        self.max_bs = max_bs = self._buckets[-1]
         W = self.table.shape[1]
         pres = (False, True) if self.p.draft_preexec else (False,)
         if self.granularity == "step":

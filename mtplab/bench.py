@@ -52,6 +52,11 @@ crossover, and the what-if predictor against the measured ratios, sweep/whatif_c
 instead of the ratio table. `--only AXIS=V,...` keeps those values of an axis (a subset of
 rungs), `--budget-s S` starts no cell that could not end within S seconds of the start
 (sweep/executors.py LocalExecutor); the cells left are named and the same `--dir` resumes.
+A group file with `runner: schedule` (the `schedule` group) is run in one process by
+mtplab/sweep/schedule_bench.py, not by the sweep: the break-even surface of speculation over
+(batch size, num_steps, topk) with off included, the best spec_schedule for the model and GPU
+written as YAML the knob loads, and its gain over the best static setting on a workload whose
+batch varies (--quick, --repeats, --bs, --budget-s and --dir apply; --only does not).
 A group whose cells measure host stages (`host_stages: true`, the `host` group) prints the
 host-stage table instead (`host_table`), one row per grid point and arm, medians over the
 repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule, prepare, each segment's launch,
@@ -76,7 +81,7 @@ from .fmt import readable
 
 GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host",
-          "moe", "regime")
+          "moe", "regime", "schedule")
 BENCH_KEYS = ("quick", "report")    # a group file's own keys, not the sweep's (module doc)
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
@@ -479,7 +484,7 @@ def main_bench(argv=None) -> int:
         docs = {g: effective_doc(d, smoke=a.smoke, repeats=a.repeats, bs=a.bs, device=a.device,
                                  quick=a.quick, only={k: v for k, v in only.items()
                                                       if k in _axes(d, a.quick)})
-                for g, d in raw.items()}
+                for g, d in raw.items() if not d.get("runner")}
         unused = [k for k in only if not any(k in _axes(d, a.quick) for d in raw.values())]
         if unused:
             raise ConfigError(f"--only {unused[0]}=...: no group runs an axis {unused[0]!r}.")
@@ -487,6 +492,7 @@ def main_bench(argv=None) -> int:
     except ConfigError as e:
         print(f"mtplab bench: error: {e}", file=sys.stderr)
         return 2
+    own: dict[str, str] = {}
     try:
         frames = {g: run_group(doc, cells[g], root / g, a.timeout, a.progress, deadline)
                   for g, doc in docs.items()}
@@ -494,8 +500,14 @@ def main_bench(argv=None) -> int:
         print(f"mtplab bench: interrupted; finished cells are kept under {root}, and "
               f"`--dir {root}` resumes.", file=sys.stderr)
         return 130
+    for g, d in raw.items():        # groups with a runner of their own (module doc)
+        if d.get("runner") == "schedule":
+            from .sweep.schedule_bench import run_group as run_schedule
+            body = run_schedule(d, root / g, device=a.device, smoke=a.smoke, quick=a.quick,
+                                repeats=a.repeats, bs=a.bs, deadline=deadline)
+            own[g] = f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, surface.png"
     bw = hbm_bandwidth() if a.device != "cpu" else None
-    parts = [header(frames, a.smoke, bw)]
+    parts = [header(frames, a.smoke, bw)] + list(own.values())
     for g in docs:
         body = table(frames[g], docs[g], bw, smoke=a.smoke, report=raw[g].get("report"),
                      out=root / g)

@@ -163,6 +163,23 @@ phase_regime() {
     --dir "$OUT_DIR" --out "$OUT_DIR/regime.md"
 }
 
+#: schedule  the speculation schedule: its GPU tests (no capture after start, fp32 lossless
+#:           across bucket switches), then `mtplab bench --groups schedule` (the break-even
+#:           surface, the best schedule as YAML, its gain over the best static setting;
+#:           tiny-code then llama3-8b-like@32) in what is left of SCHEDULE_BUDGET_S=520
+#:           -> schedule.md, schedule/{results.json,surface.png,*.schedule.yaml}; the same -o
+#:           folder with schedule/results.json carried back resumes; SCHEDULE_TESTS=0 skips
+#:           the tests, SCHEDULE_QUICK=1 runs the group's quick variant
+phase_schedule() {
+  local t0=$SECONDS budget=${SCHEDULE_BUDGET_S:-520}
+  if [[ ${SCHEDULE_TESTS:-1} != 0 ]]; then
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_schedule_gpu.py || return 1
+  fi
+  python3 -m mtplab.cli bench --no-progress --groups schedule \
+    ${SCHEDULE_QUICK:+--quick} --budget-s $(( budget - (SECONDS - t0) )) \
+    --dir "$OUT_DIR" --out "$OUT_DIR/schedule.md"
+}
+
 #: determ  deterministic mode: the bf16 spec == target-only grid (bs 1/8/32) and the attention
 #:         kernels (GPU tests), then its cost and the default mode's divergence
 #:         -> bench_deterministic.md

@@ -188,3 +188,31 @@ def test_refusals_name_the_problem_and_the_fix(kw, match):
     with pytest.raises(ConfigError, match=match) as e:
         RunConfig(**args)
     assert "\n" not in str(e.value)
+
+
+def test_bench_group_smoke_emits_a_schedule_the_knob_loads(tmp_path):
+    """mtplab bench --groups schedule --smoke on CPU: the surface, the schedule file (loaded by
+    the knob), the gain line; a second run with the same folder resumes (measures nothing)."""
+    from mtplab.bench import grid_doc
+    from mtplab.sweep.schedule_bench import run_group
+    text = run_group(grid_doc("schedule"), tmp_path, device="cpu", smoke=True)
+    assert "| bs | off tok/s (vs off) | 1x1 tok/s (vs off) | best |" in text
+    assert "gain on the varying workload" in text and "one round" in text
+    (f,) = tmp_path.glob("*.schedule.yaml")
+    cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", max_running_requests=2,
+                    spec_schedule=str(f))
+    assert set(cfg.spec_schedule) == {2} or set(cfg.spec_schedule) == {1, 2}
+    saved = (tmp_path / "results.json").read_text()
+    assert run_group(grid_doc("schedule"), tmp_path, device="cpu", smoke=True) == text
+    assert (tmp_path / "results.json").read_text() == saved
+
+
+def test_best_schedule_merges_equal_neighbours(tmp_path):
+    from mtplab.sweep.schedule_bench import _Group
+    doc = dict(models=[{"model": "random-tiny"}], arms=["off", [1, 1], [3, 1]],
+               batch_sizes=[1, 2, 4, 8], surface={}, workload={})
+    g = _Group(doc, tmp_path, device="cpu", smoke=False, quick=False, repeats=1, bs=None,
+               deadline=None)
+    tps = {"off": [1, 2, 5, 9], "1x1": [2, 3, 4, 6], "3x1": [3, 2.5, 1, 1]}
+    r = {"surface": {n: {str(b): [v] for b, v in zip(g.bs, vs)} for n, vs in tps.items()}}
+    assert g.best_schedule(r) == {1: (3, 1), 2: (1, 1), 8: "off"}

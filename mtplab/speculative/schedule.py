@@ -59,7 +59,6 @@ class ScheduleWorker:
         self.arms = arms
         self.ranges = ranges
         self._first = next(iter(arms.values()))
-        self.target = self._first.target
         self._last: Optional[SpecWorker] = None
         self.steps = {s: 0 for s in arms}         # decode steps each arm ran
 

@@ -558,12 +558,12 @@ class SpecWorker:
                            d_topk_logp=inp.topk_logp, d_topk_index=inp.topk_index,
                            scores=pre[0], cand_tokens=pre[1], cand_parents=pre[2])
                 return tuple(got[k] for k in names)
-            bs = rows.shape[0]
+            bs, size = rows.shape[0], self._sizes()
             out = []
-            for k in names:
+            for k in names:      # this worker's widths (a schedule arm may read fewer columns)
                 f = getattr(fm, VALUES[k].field)
                 out.append(dst[k][:bs] if dst is not None else
-                           f.new_empty((bs,) + tuple(f.shape[1:])))
+                           f.new_empty((bs,) + tuple(size[d] for d in VALUES[k].shape)))
             fm.resolve_into(rows, [(o, VALUES[k].field, VALUES[k].pad, 0)
                                    for o, k in zip(out, names)], mark.carry("resolve"))
             return tuple(out)

@@ -101,8 +101,8 @@ def main(argv=None) -> int:
         print(f"pinned to CPUs {cpus}", file=sys.stderr)
     import torch
     if not torch.cuda.is_available():
-        print("bench_meter needs a CUDA device (the CPU path is tested in tests/test_meter.py).",
-              file=sys.stderr)
+        print("bench_meter needs a CUDA device (the CPU path is tested in "
+              "tests/instrument/test_meter.py).", file=sys.stderr)
         return 2
     want = set(a.only or parts)
     rows = ["### Bubble meter (benchmarks/bench_meter.py)"]

@@ -230,7 +230,7 @@ PY
 #:        (transformers generate) with their cause split -> plain_*.pt.trace.json.gz
 phase_meter() {
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_meter_gpu.py tests/gpu/test_graphs_gpu.py \
-    tests/test_meter.py \
+    tests/instrument/test_meter.py \
     || return 1
   python3 -m benchmarks.bench_meter --out "$OUT_DIR/bench_meter.md" || return 1
   python3 -m benchmarks.record_plain_trace --out-dir "$OUT_DIR"

@@ -1,15 +1,16 @@
 """RunConfig.deterministic on CPU: the knob's validation, the engine's scope (batch-invariant
 aten kernels inside generate only), greedy spec == target-only and a request alone == the
 same request in a batch, every kernel under the Triton interpreter (TRITON_INTERPRET=1, see
-conftest.py). Bit-level batch invariance of each kernel: tests/test_deterministic_kernels.py;
-the bf16 grid on the GPU: tests/gpu/test_deterministic_gpu.py.
+conftest.py). Bit-level batch invariance of each kernel:
+tests/kernels/test_deterministic_kernels.py; the bf16 grid on the GPU:
+tests/gpu/test_deterministic_gpu.py.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mtplab import Engine, RunConfig
+from mtplab import Engine, RunConfig, lazy_triton
 from mtplab.config import ConfigError
 from mtplab.kernels import batch_invariant as bi
 from mtplab.lossless import divergence, first_divergence
@@ -24,6 +25,8 @@ def test_knob_validation(monkeypatch):
         RunConfig(device="cpu", deterministic=True, attention_backend="torch")
     assert RunConfig(device="cpu", deterministic=True).attention_backend == "triton"
     assert RunConfig(device="cpu").attention_backend == "torch"
+    # as in a fresh process: no kernel bound to a mode yet (the tests run before may have)
+    monkeypatch.setattr(lazy_triton, "_bound", None)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
         RunConfig(device="cpu", deterministic=True)

@@ -75,7 +75,7 @@ def test_spec_request_alone_equals_in_batch_of_32(prompts, target):
 def test_bf16_kernels_are_batch_invariant_on_cuda():
     """The compiled kernels at tiny-code's widths: M = 1 / 8 / 33 rows, bit for bit; decode ==
     prefill == tree verify attention for the same positions."""
-    from test_deterministic_kernels import _attn_case, rows_invariant  # tests/ on sys.path
+    from tests.kernels.test_deterministic_kernels import _attn_case, rows_invariant
 
     from mtplab.kernels import batch_invariant as bi
 

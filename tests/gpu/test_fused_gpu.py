@@ -11,7 +11,7 @@ from mtplab.kernels import fused_spec as fs
 from mtplab.models.llama import Rope
 from mtplab.speculative import accept, commit, tree
 from tests.helpers import random_prompts
-from tests.test_fused_spec import CASES, candidates
+from tests.kernels.test_fused_spec import CASES, candidates
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

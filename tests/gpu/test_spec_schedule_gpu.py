@@ -8,7 +8,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.graphs.runner import GraphRunner
 from tests.helpers import make_agreeable
-from tests.test_spec_schedule import MAX_NEW, PROMPTS, WAVE
+from tests.speculative.test_spec_schedule import MAX_NEW, PROMPTS, WAVE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -18,7 +18,8 @@ BASE = dict(model="random-tiny", device="cuda", dtype="float32", max_running_req
 
 
 def drive(eng):
-    """Two waves (tests/test_spec_schedule.py): the batch shrinks 4 -> 1, grows, shrinks."""
+    """Two waves (tests/speculative/test_spec_schedule.py): the batch shrinks 4 -> 1, grows,
+    shrinks."""
     reqs = [eng.add_request(p, m, ignore_eos=True)
             for p, m in zip(PROMPTS[:WAVE], MAX_NEW[:WAVE])]
     while not eng.idle or len(reqs) < len(PROMPTS):

@@ -11,7 +11,7 @@ import torch
 from mtplab.nogc import gc_paused
 from mtplab.kernels.triton_attention import paged_attention_triton
 # tests/ is on sys.path (rootdir conftest, pytest's default prepend import mode)
-from test_triton_attention import check, make_case
+from tests.kernels.test_triton_attention import check, make_case
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -17,7 +17,7 @@ from mtplab.models import zoo
 from mtplab.models.floor import kv_entry_bytes, step_bytes
 from mtplab.models.memory import estimate_memory, target_params
 from tests.helpers import make_agreeable, random_prompts, reference_outputs
-from tests.test_triton_attention import check, make_case
+from tests.kernels.test_triton_attention import check, make_case
 
 PRESET = "random-tiny-gemma4"
 

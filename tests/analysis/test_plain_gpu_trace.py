@@ -5,7 +5,7 @@ from pathlib import Path
 
 from mtplab.analysis.bubbles import analyze
 
-TRACE = Path(__file__).parent / "data" / "plain_transformers_h100.pt.trace.json.gz"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "plain_transformers_h100.pt.trace.json.gz"
 
 
 def test_a_plain_pytorch_bubble_is_explained():

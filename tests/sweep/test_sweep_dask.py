@@ -200,7 +200,7 @@ def test_kill_9_of_a_dask_driver_stops_its_cells_on_a_cluster_that_stays(tmp_pat
     grid.write_text(json.dumps({"base": {**TINY, "sleep_s": 120}, "timeout_s": 300,
                                 "grid": {"page_size": [1, 2]}}))
     out = tmp_path / "out"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
         driver = subprocess.Popen([sys.executable, "-m", "mtplab.cli", "sweep", str(grid),

@@ -25,7 +25,7 @@ from mtplab.analysis.causes import CAUSES
 from mtplab.config import ConfigError, RunConfig
 from mtplab.sweep.kernel import local_kernel
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9]*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9]*.ipynb"))
 # knobs a notebook needs, tried at their non-default value before running it
 NEEDS = {"01_overlap": {"overlap": True}, "04_zero_bubble": {"overlap": True, "zero_bubble": True}}
 
@@ -59,7 +59,7 @@ def test_notebooks_found():
     assert len(NOTEBOOKS) >= 7
     numbers = [p.stem[:2] for p in NOTEBOOKS]
     assert len(set(numbers)) == len(numbers)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert [p.stem for p in NOTEBOOKS if f"| `{p.stem}` |" not in readme] == []
     assert not list(NOTEBOOKS[0].parent.glob("*.py"))      # no code kept in strings elsewhere
 

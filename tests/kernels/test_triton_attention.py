@@ -1,6 +1,6 @@
 """Triton paged attention (default and deterministic kernels) vs the torch reference on CPU
 (TRITON_INTERPRET=1, see conftest.py). Batch invariance of the deterministic kernel: tests/
-test_deterministic_kernels.py.
+kernels/test_deterministic_kernels.py.
 
 Shapes are tiny: the interpreter runs every program in Python. On a CUDA machine the same cases
 run compiled on the GPU (the interpreter is off there, and Triton cannot read CPU tensors).

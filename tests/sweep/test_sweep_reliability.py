@@ -18,7 +18,7 @@ import yaml
 from mtplab.sweep import RESULTS_JSONL, grid_from_dict, main_sweep, run_sweep
 from mtplab.sweep.results import set_aside_torn_tail
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = {"model": "random-tiny", "device": "cpu", "context_len": 64, "batch_size": 1,
         "prompt_len_tokens": 4, "output_len_tokens": 4, "warmup_output_len_tokens": 0}
 

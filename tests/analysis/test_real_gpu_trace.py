@@ -10,7 +10,7 @@ import numpy as np
 from mtplab.analysis.bubbles import analyze, cause_group
 from mtplab.analysis.trace_io import load_trace
 
-TRACE = Path(__file__).parent / "data" / "gpu_frozen_overlap.pt.trace.json.gz"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "gpu_frozen_overlap.pt.trace.json.gz"
 
 
 def test_every_stage_is_on_a_gpu_stream_lane():

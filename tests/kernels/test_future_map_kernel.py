@@ -2,7 +2,8 @@
 reference: resolve's gathers with padding lanes, publish + stash scatters with a dtype cast,
 columns across several blocks, and the stamps the kernel carries (first program, split,
 last program out) with its done counter back at zero. Runs under TRITON_INTERPRET=1 here
-(the clock from a tensor, as in test_meter.py); the GPU engine tests run it captured."""
+(the clock from a tensor, as in tests/instrument/test_meter.py); the GPU engine tests run it
+captured."""
 from __future__ import annotations
 
 import pytest

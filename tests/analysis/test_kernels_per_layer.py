@@ -14,7 +14,7 @@ from mtplab.analysis.trace_io import load_trace
 from mtplab.sweep.metrics import trace_metrics
 from tests.helpers import Synth
 
-REAL = Path(__file__).parent / "data" / "gpu_frozen_overlap.pt.trace.json.gz"
+REAL = Path(__file__).resolve().parents[1] / "data" / "gpu_frozen_overlap.pt.trace.json.gz"
 PRO, EPI = [100, 101, 102], [103, 104, 105, 106]     # names no layer launches
 
 

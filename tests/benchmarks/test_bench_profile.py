@@ -9,7 +9,7 @@ import pytest
 from benchmarks.bench_profile import RESOLUTION_US, fit_stages, stage_agreement
 from mtplab.instrument.timeline import COLUMNS
 from mtplab.analysis.trace_io import load_trace
-from tests.test_bubbles import Synth
+from tests.analysis.test_bubbles import Synth
 
 
 def _timeline(rows):

@@ -11,7 +11,7 @@ from mtplab.analysis.bubbles import analyze_run
 from mtplab.analysis.plots import timeline_choices
 from mtplab.analysis.trace_io import load_trace
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TRACES = {name: DATA / f"{name}_h100.pt.trace.json.gz"
           for name in ("hf_assisted", "hf_greedy", "torch_train")}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from mtplab.analysis import bubbles, plots
 from mtplab.analysis.causes import CAUSE_COLORS, CAUSE_TABLE, CAUSES, cause_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # a written-out list of the causes: sync, host_prep, launch, [host,] other in one line
 LISTED = re.compile(r"sync\w*\W+\w*host_prep\w*\W+\w*launch\w*\W+(\w*host\w*\W+)?\w*other")
 

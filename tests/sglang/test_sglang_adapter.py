@@ -24,7 +24,7 @@ from mtplab.sglang import client
 from mtplab.sglang.args import ServerSpec, server_launch
 from mtplab.sglang.cli import main_sglang
 from tests.sglang_fixtures import sglang_module
-from tests.test_bubbles import Synth
+from tests.analysis.test_bubbles import Synth
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,

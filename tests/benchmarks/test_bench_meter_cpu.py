@@ -70,7 +70,7 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
         main(["--pool", str(tmp_path / "absent.npz")])
 
 
-DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
+DATA = Path(__file__).resolve().parents[2] / "docs" / "data"
 
 
 @pytest.mark.parametrize("bench, bs, overhead, from_step, over_engines", [

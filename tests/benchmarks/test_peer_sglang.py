@@ -523,7 +523,7 @@ def test_tables_show_both_engines_and_the_overlap_direction(tmp_path):
 
 def test_profiled_traces_are_analysed(tmp_path, groups):
     """Each engine's profiled trace goes through mtplab's analyser (bubble, top causes)."""
-    from tests.test_sglang_adapter import sglang_steps_trace
+    from tests.sglang.test_sglang_adapter import sglang_steps_trace
 
     class Traced(FakeArm):
         def request(self, msg, timeout):
@@ -546,7 +546,7 @@ def test_profiled_traces_are_analysed(tmp_path, groups):
 
 # ------------------------------------------------------------------ real worker processes
 def worker(tmp_path, **config) -> peer.WorkerArm:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     return peer.WorkerArm("sglang", config, env, tmp_path / "logs" / "w.log",
                           worker="tests.peer_fakes:FakeSide")
@@ -633,7 +633,7 @@ def test_the_harness_runs_as_a_module(tmp_path):
     import subprocess
     r = subprocess.run([sys.executable, "-m", "benchmarks.bench_peer_sglang", "--help"],
                        capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).parent.parent)
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0 and "--deadline-s" in r.stdout
 
 
@@ -644,7 +644,7 @@ def test_a_cell_with_mtplab_engines_in_real_workers(tmp_path):
     knobs = dict(model="random-tiny", draft="eagle", num_steps=3, topk=1, num_draft_tokens=4,
                  simulate_accept_len=2.5, max_running_requests=2, context_len=64,
                  device="cpu", cuda_graphs=False, attention_backend="torch", dtype="float32")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     arms = {side: peer.WorkerArm(side, {"knobs": knobs}, env, tmp_path / f"{side}.log",
                                  worker="mtplab") for side in peer.SIDES}

@@ -75,6 +75,10 @@ class MtplabSide:
 
     def profile(self, prompts: list, new_tokens: int, warmup_tokens: int, dir: str,
                 steps: int) -> dict:
+        import gc
+
+        import torch
+
         from mtplab import Engine, RunConfig
         from mtplab.instrument.meter import meter_figures
 
@@ -91,6 +95,11 @@ class MtplabSide:
                 eng.generate(prompts, max_new_tokens=new_tokens, ignore_eos=True)
             eng.check_invariants()
             files = eng.finish()
+        # the profiled engine's memory back to the driver: the next cell's profiled engine
+        # checks the free memory beside the timed engine and SGLang (torch keeps freed blocks)
+        del eng, prof
+        gc.collect()
+        torch.cuda.empty_cache()
         trace = files.get("trace0")
         return {"trace": str(trace) if trace else None, "meter": meter}
 

@@ -683,3 +683,38 @@ def test_a_harness_error_fails_its_cell_not_the_run(tmp_path, groups):
     assert (bad["status"], bad["failed_side"]) == ("failed", "harness")
     assert bad["message"] == "KeyError: 'wall_s'" and good["status"] == "ok"
     assert "the harness cannot run this cell: KeyError" in peer.cell_table([bad])
+
+
+def test_the_profiled_engine_is_freed_to_the_driver(monkeypatch, tmp_path):
+    """After a cell's profiled run the second engine is gone and torch's cached blocks go back
+    to the driver: the next cell's profiled engine checks the device's free memory beside the
+    timed engine (an H100 cell at bs 32 failed that check with the previous engine's memory
+    still cached)."""
+    import weakref
+
+    import torch
+
+    import mtplab
+    from benchmarks.peer_worker import MtplabSide
+
+    built, at_release = [], []
+
+    class Recorded(mtplab.Engine):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(mtplab, "Engine", Recorded)
+    monkeypatch.setattr(torch.cuda, "empty_cache",
+                        lambda: at_release.append([r() is None for r in built]))
+    side = MtplabSide({"knobs": dict(model="random-tiny", draft="eagle", num_steps=3, topk=1,
+                                     num_draft_tokens=4, simulate_accept_len=2.5,
+                                     max_running_requests=2, context_len=64, device="cpu",
+                                     cuda_graphs=False, attention_backend="torch",
+                                     dtype="float32")})
+    side.start()
+    try:
+        side.profile([[5, 6, 7, 8]] * 2, 4, 2, str(tmp_path / "t"), 2)
+    finally:
+        side.close()
+    assert at_release == [[False, True]]     # the timed engine alive, the profiled one gone

@@ -9,9 +9,13 @@ setting serves every batch size, so the sweep's process per cell is not needed):
                   each batch size: a warm-up generate, `repeats` timed generates
                   -> decode tok/s [bs x s]; the same engine then runs the varying workload
                   `repeats` times -> the static setting's workload tok/s
-    2. schedule   per batch size of the grid the setting of highest median tok/s; the bucket
-                  of grid point b holds the batch sizes above the previous point up to b;
-                  equal neighbours merge -> <dir>/<model>.schedule.yaml (the knob loads it)
+    2. schedule   per batch size of the grid the setting of highest median tok/s, unless it
+                  beats the best static setting (of 1's workload) there by no more than
+                  `min_gain` (then the static one: a switch costs a step without its
+                  pre-drafted candidates, and a small surface margin does not pay for it);
+                  the bucket of grid point b holds the batch sizes above the previous point
+                  up to b; equal neighbours merge -> <dir>/<model>.schedule.yaml (the knob
+                  loads it)
     3. gain       the schedule's engine and the best static setting's (highest median
                   workload tok/s in 1) side by side: the workload alternately on each,
                   `repeats` rounds -> per round schedule / static, the median ratio, and the
@@ -69,6 +73,7 @@ class _Group:
         self.bs = list(bs or d["batch_sizes"])
         self.repeats = repeats or (1 if smoke else d.get("repeats", 3))
         self.rate = float(d.get("accept_rate", 0.8))
+        self.min_gain = float(d.get("min_gain", 0.0))
         self.maxrun = max(self.bs)          # the engines' max_running_requests
         self.base = dict(d.get("base") or {})
         if device != "auto":
@@ -173,12 +178,19 @@ class _Group:
         self._timed(lambda: self._gain(m, r, sched))
 
     def best_schedule(self, r: dict) -> dict:
-        """Per grid batch size the setting of highest median tok/s, neighbours merged; the
+        """Per grid batch size the setting of highest median tok/s, or the best static
+        setting where that one is within min_gain of it (module doc); neighbours merged; the
         last bucket is max_running_requests."""
+        def med(s, b):
+            return statistics.median(r["surface"][_name(s)][str(b)])
+        wl = r.get("workload") or {}
+        static = next((a for a in self.arms if wl and _name(a) == max(
+            wl, key=lambda n: statistics.median(wl[n]))), None)
         best = {}
         for b in self.bs:
-            best[b] = max(self.arms, key=lambda s: statistics.median(
-                r["surface"][_name(s)][str(b)]))
+            top = max(self.arms, key=lambda s: med(s, b))
+            keep = static is not None and med(top, b) <= med(static, b) * (1 + self.min_gain)
+            best[b] = static if keep else top
         out: dict = {}
         for b in sorted(best):
             if out and out[max(out)] == best[b]:
@@ -212,7 +224,7 @@ class _Group:
         finally:
             for e in engs.values():
                 e.close()
-        r["gain"] = {"static_setting": static, **runs,
+        r["gain"] = {"static_setting": static, "schedule_text": ss.text(sched), **runs,
                      "ratios": [a / b for a, b in zip(runs["schedule"], runs["static"])]}
         self._save()
 
@@ -220,6 +232,7 @@ class _Group:
     def report(self) -> str:
         from ..config import git_commit
         parts = [f"commit {git_commit()}; simulated per-position acceptance {self.rate}; "
+                 f"min_gain {self.min_gain:.0%}; "
                  f"{self.repeats} repeat(s); decode tok/s medians (vs off: / the off arm)"]
         for m in self.models:
             label = _label(m)
@@ -262,8 +275,8 @@ class _Group:
         verdict = ("one round: no noise estimate" if len(ratios) < 2 else
                    "a gain above the noise" if med - 1 > noise else
                    "a loss beyond the noise" if 1 - med > noise else "within the noise")
-        return (f"gain on the varying workload, schedule `{r['schedule']}` vs the best static "
-                f"setting `{g['static_setting']}` (alternating rounds): schedule "
+        return (f"gain on the varying workload, schedule `{g['schedule_text']}` vs the best "
+                f"static setting `{g['static_setting']}` (alternating rounds): schedule "
                 f"{statistics.median(sc):,.0f} tok/s ({min(sc):,.0f}-{max(sc):,.0f}), static "
                 f"{statistics.median(st):,.0f} ({min(st):,.0f}-{max(st):,.0f}); per-round "
                 f"ratio {', '.join(f'{x:.3f}' for x in ratios)}, median {med:.3f}x; noise "

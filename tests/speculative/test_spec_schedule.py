@@ -216,3 +216,18 @@ def test_best_schedule_merges_equal_neighbours(tmp_path):
     tps = {"off": [1, 2, 5, 9], "1x1": [2, 3, 4, 6], "3x1": [3, 2.5, 1, 1]}
     r = {"surface": {n: {str(b): [v] for b, v in zip(g.bs, vs)} for n, vs in tps.items()}}
     assert g.best_schedule(r) == {1: (3, 1), 2: (1, 1), 8: "off"}
+
+
+def test_best_schedule_keeps_the_static_setting_within_min_gain(tmp_path):
+    """The best static setting (of the workload) stays where another beats it by <= 5%."""
+    from mtplab.sweep.schedule_bench import _Group
+    doc = dict(models=[{"model": "random-tiny"}], arms=["off", [3, 1], [5, 1]],
+               batch_sizes=[1, 4, 32], surface={}, workload={}, min_gain=0.05)
+    g = _Group(doc, tmp_path, device="cpu", smoke=False, quick=False, repeats=1, bs=None,
+               deadline=None)
+    tps = {"off": [1, 1, 200], "3x1": [100, 100, 100], "5x1": [104, 120, 90]}
+    r = {"surface": {n: {str(b): [v] for b, v in zip(g.bs, vs)} for n, vs in tps.items()},
+         "workload": {"off": [5], "3x1": [10], "5x1": [9]}}
+    assert g.best_schedule(r) == {1: (3, 1), 4: (5, 1), 32: "off"}
+    g.min_gain = 0.25
+    assert g.best_schedule(r) == {4: (3, 1), 32: "off"}

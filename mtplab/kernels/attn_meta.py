@@ -17,7 +17,10 @@ Visibility of entry j to query i (0-based within its lane), prefix = kv_len - q_
     window W > 0 : additionally positions[t] - j < W for linear entries (the prefix part only
                    under a tree mask; tree nodes see their ancestors regardless)
 `max_q` / `max_kv` are static Python ints (upper bounds) so a CUDA graph can capture the
-forward; every lane must satisfy q_len <= max_q and kv_len <= max_kv.
+forward; every lane must satisfy q_len <= max_q and kv_len <= max_kv. `split_kv` (static, 0 =
+max_kv) is the row bound the split-KV plan is made for: the req_to_token width W, set by every
+decode-side caller whether it runs eagerly (max_kv = the host's tighter bound) or captured
+(max_kv = W), so an eager step splits its rows as its graph does and both round alike.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class AttnMeta:
     max_kv: int
     tree_mask: Optional[torch.Tensor] = None   # [B, Q, Q] bool
     kv_shared: bool = False                    # queries share [0, kv_len), own no entry
+    split_kv: int = 0                          # split plan's row bound (0: max_kv)
 
     @property
     def batch_size(self) -> int:

@@ -21,10 +21,11 @@ into parts so that bs 1 with 8 KV heads still fills the GPU:
     part p -> Part[t, h, p, :] (unnormalised fp32), ML[t, h, p] = (running max, sum)
     reduce, grid (B, max_q, Hq): out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the
     parts in index order (no atomics: the same bits on every run)
-ns = split_count(B x Hkv, max_kv, SMs): about PROGRAMS_PER_SM programs per SM, never chunks under
+ns = split_count(B x Hkv, split_kv, SMs): about PROGRAMS_PER_SM programs per SM, never chunks under
 MIN_CHUNK entries of the longest row; ns == 1 (large batches) writes the output directly, with
-no partials and no reduce launch. ns depends only on static ints (B, Hkv, meta.max_kv), so a
-CUDA graph captures one plan; the chunk size is computed on the device from kv_len.
+no partials and no reduce launch. ns depends only on static ints (B, Hkv, meta.split_kv: the
+row width W in eager and captured steps alike), so a CUDA graph captures one plan and an eager
+step of the same lanes makes the same one; the chunk size is computed on the device from kv_len.
 
 Extend/prefill, grid (cdiv(max_q, TILE_Q), Hkv, B): one program per (query tile, kv-head,
 lane). A tile's BLOCK_M rows are TILE_Q queries x GROUP heads (row r -> query r // GROUP,
@@ -517,7 +518,7 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         tree_strides = (tree.stride(0), tree.stride(1))
     else:
         tree, tree_strides = meta.positions, (0, 0)   # never read without a tree
-    ns = num_splits or split_count(B * Hkv, meta.max_kv, num_sms(q.device))
+    ns = num_splits or split_count(B * Hkv, meta.split_kv or meta.max_kv, num_sms(q.device))
     direct = ns == 1
     parts = ns + (0 if mode == 0 or direct else 1)     # MODE 1/2: the tail is one more part
     if direct:

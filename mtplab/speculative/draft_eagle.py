@@ -70,7 +70,8 @@ class EagleDraftWorker:
         row_of_tok = torch.repeat_interleave(rows, q_lens, output_size=tokens.shape[0])
         out_loc = self.table[row_of_tok, positions].long()
         kv_lens = positions[cu_q[1:] - 1] + 1
-        meta = AttnMeta(self.table, rows, kv_lens, q_lens, cu_q, positions, max_q, max_kv)
+        meta = AttnMeta(self.table, rows, kv_lens, q_lens, cu_q, positions, max_q, max_kv,
+                        split_kv=self.table.shape[1])
         h, logits = self.model(tokens, hidden, positions, self.kv.k, self.kv.v, out_loc, meta,
                                self.attn_fn, logits_idx=select_idx)
         logp, idx = branch_topk(logits, self.Ks, self.model.vocab_ids)
@@ -121,7 +122,8 @@ class EagleDraftWorker:
             with self.spans.stage("draft.step"):
                 hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
                 pos = seq_k + s - 1
-                meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv)
+                meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv,
+                                split_kv=self.table.shape[1])
                 hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
                                         pos, self.kv.k, self.kv.v,
                                         slots[:, :, s - 1].reshape(-1), meta, self.attn_fn)

@@ -114,7 +114,8 @@ class TargetWorker:
             out_loc = self.table[rows, positions].long()
             ones = torch.ones_like(kv_lens)
             cu_q = torch.arange(B + 1, device=rows.device)
-            meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv)
+            meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv,
+                            split_kv=self.width)
             hidden, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc,
                                         meta, self.attn_fn)
             tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,

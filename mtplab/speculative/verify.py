@@ -23,7 +23,7 @@ def verify(target, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Te
     q_lens = torch.full_like(seq_lens, D)
     cu_q = torch.arange(B + 1, device=rows.device) * D
     meta = AttnMeta(table, rows, seq_lens + D, q_lens, cu_q, positions.reshape(-1),
-                    max_q=D, max_kv=max_kv, tree_mask=tree_mask)
+                    max_q=D, max_kv=max_kv, tree_mask=tree_mask, split_kv=table.shape[1])
     hidden, logits = target.model(tokens.reshape(-1), positions.reshape(-1), target.kv.k,
                                   target.kv.v, out_loc, meta, target.attn_fn)
     return logits.view(B, D, -1), hidden.view(B, D, -1)

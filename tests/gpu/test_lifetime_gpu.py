@@ -74,7 +74,7 @@ def test_six_llama3_8b_sized_engines_build_one_after_another():
             t0 = time.perf_counter()
             eng = Engine(RunConfig(model="llama3-8b-like@32", device="cuda", dtype="bfloat16",
                                    cuda_graph_max_bs=1, max_running_requests=2,
-                                   max_total_tokens=4096))
+                                   context_len=2048, max_total_tokens=4096))
             build_s = time.perf_counter() - t0
             eng.generate([[1, 2, 3, 4]], max_new_tokens=4, ignore_eos=True)
             eng.check_invariants()

@@ -44,21 +44,22 @@ def test_graph_runner_staged_inputs_and_views():
     r.capture()
     a = r.stage("a", torch.arange(3, device="cuda"))
     assert a.data_ptr() == st["a"].data_ptr() and st["a"][3:4].tolist() == [0]
-    out = r.run(dict(a=a, b=torch.ones(3, dtype=torch.long, device="cuda")), clone=False)
+    out = r.run(dict(a=a, b=torch.ones(3, dtype=torch.long, device="cuda")))
     assert out.tolist() == [1, 11, 21]
     kept = out.clone()
     r.run(dict(a=torch.full((3,), 5, device="cuda"), b=torch.tensor([5, 1, 2], device="cuda")))
     assert out.tolist() == [55, 51, 52] and kept.tolist() == [1, 11, 21]   # a view: replaced
 
 
-def test_graph_runner_sticky_inputs_copied_once_per_tensor_object():
+def test_graph_runner_copies_every_input_but_its_own_staged_view():
     st = dict(a=torch.zeros(4, device="cuda", dtype=torch.long),
               b=torch.zeros(4, device="cuda", dtype=torch.long))
-    r = GraphRunner(lambda a, b: a * 10 + b, st, dict(a=0, b=0), [4], sticky=("a",))
+    r = GraphRunner(lambda a, b: a * 10 + b, st, dict(a=0, b=0), [4])
     r.capture()
-    a = torch.tensor([1, 2], device="cuda")
+    a = r.stage("a", torch.tensor([1, 2], device="cuda"))       # static["a"][:2]
     assert r.run(dict(a=a, b=torch.tensor([3, 4], device="cuda"))).tolist() == [13, 24]
-    st["a"][:2] = 7                                     # only the runner writes its buffers...
+    st["a"][:2] = 7                                     # the staged view is read in place...
     assert r.run(dict(a=a, b=torch.tensor([0, 0], device="cuda"))).tolist() == [70, 70]
-    a2 = torch.tensor([5, 6], device="cuda")            # ...so a new object is copied again
+    a2 = torch.tensor([5, 6], device="cuda")            # ...any other tensor is copied in
     assert r.run(dict(a=a2, b=torch.tensor([0, 0], device="cuda"))).tolist() == [50, 60]
+    assert st["a"][:2].tolist() == [5, 6]

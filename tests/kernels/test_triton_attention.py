@@ -130,6 +130,25 @@ def test_decode_split(kv_lens, Hq, Hkv, d, window, splits):
           splits=splits)
 
 
+def test_an_eager_step_splits_its_rows_as_its_graph_does():
+    """An eager step bounds its rows by the host's max_kv, its graph by the row width W; both
+    carry split_kv = W, so they make one split plan and give the same bits."""
+    from dataclasses import replace
+
+    from mtplab.kernels.triton_attention import MIN_CHUNK
+    W = 3 * MIN_CHUNK
+    q, k, v, graph = make_case([1, 1], [40, 70], Hq=4, Hkv=2, page=16, max_kv=W)
+    graph = replace(graph, split_kv=W)
+    eager = replace(graph, max_kv=70)
+    scale = q.shape[-1] ** -0.5
+    want = paged_attention_triton(q, k, v, graph, scale)
+    assert torch.equal(paged_attention_triton(q, k, v, eager, scale), want)
+    # without split_kv the eager bound makes one split (no reduce pass): other rounding
+    unplanned = paged_attention_triton(q, k, v, replace(eager, split_kv=0), scale)
+    assert not torch.equal(unplanned, want)
+    torch.testing.assert_close(unplanned, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("Q,kv_lens,window,splits", [
     (4, [200, 9], 0, (1, 3)),
     (8, [150, 40, 8], 30, (2, 6)),             # the window hides prefix entries, not nodes

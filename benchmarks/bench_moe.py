@@ -12,7 +12,8 @@ Figures, in this order (the costliest last), each under a shared time budget (a 
             (models/floor.py step_bytes with the measured count)
   floor     target-only decode of the same preset, CUDA graphs, fused, overlap + zero_bubble,
             bs 1 and 8: floor = the step's bytes (the experts it touched, measured at D = 1) /
-            copy bandwidth; ratio = floor / step (target >= 0.70)
+            copy bandwidth; ratio = floor / step (target >= 0.70); then where the time goes:
+            the kernels of one eager bs-1 decode forward by total time
   vocab     tiny-code frozen_kv_mtp and eagle, full vs hot:N heads (N from the training
             split's counts): decode tok/s at bs 1 and 8 on held-out code (CUDA graphs), the
             LM head's share of one draft forward (CUDA events around the head GEMM vs the whole
@@ -33,7 +34,8 @@ import time
 
 import torch
 
-from benchmarks.bench_kernels import Report, copy_bandwidth, prompts
+from benchmarks.bench_kernels import (Report, copy_bandwidth, decode_forward, gpu_activities,
+                                      prompts)
 from benchmarks.common import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
@@ -121,7 +123,21 @@ def fig_floor(rep: Report, bw: float, layers: int, experts: dict) -> None:
                 f"{floor / step:.3f} (floor {floor:.3f} ms at "
                 f"{'measured' if touched else 'uniform'} experts, step {step:.3f} ms)",
                 ">= 0.70", floor / step >= 0.70)
+    kernel_table(rep, eng)
     free(eng)
+
+
+def kernel_table(rep: Report, eng: Engine, top: int = 6) -> None:
+    """Where a bs-1 decode step's GPU time goes: the kernels of one eager decode forward
+    (the kernels a graph replays), by total time, with their share of the forward's."""
+    with torch.no_grad():
+        _, names, _ = gpu_activities(decode_forward(eng))
+    total = sum(us for _, us in names.values())
+    rep.add("MoE bs 1 forward, GPU time", f"{total / 1e3:.3f} ms in "
+            f"{sum(c for c, _ in names.values())} kernels")
+    for name, (count, us) in sorted(names.items(), key=lambda kv: -kv[1][1])[:top]:
+        rep.add(f"  kernel {name[:60]}",
+                f"{us / 1e3:.3f} ms ({us / max(total, 1e-9):.0%}), {count} launches")
 
 
 def fig_speedup(rep: Report, layers_of: dict) -> None:

@@ -1,10 +1,12 @@
 """Spec v2 on CUDA: spec == target-only at the same precision, graph replay == eager for
 both seed-fold modes, every stage visible in the event timeline.
 
-bf16 caveat: by default the target's decode GEMMs (M = batch) and tree-verify GEMMs (M = batch
-x D) round differently, so bf16 equality holds for this small workload (random-tiny made
-agreeable, 24 tokens) but is not guaranteed at batch > 1 (tiny-code, 192 tokens, bs 8: 3-5 of
-8 requests diverge). The bf16 guarantee is deterministic mode: test_deterministic_gpu.py."""
+bf16: the lossless test runs bf16 in deterministic mode, the mode that guarantees it. By default
+the target's decode (GEMMs of M = batch, a row's KV split as one linear run) and the tree
+verify (M = batch x D, the prefix split apart from the tree's tail) round differently, so a
+near-tie can flip (this workload's 40-token prompt does, since the split-KV kernel); that
+divergence is measured by `python -m benchmarks.bench_deterministic`, and the full bf16 grid
+is test_deterministic_gpu.py."""
 import pytest
 import torch
 
@@ -30,8 +32,10 @@ def gen(agreeable=True, **kw):
                                              ("frozen_kv_mtp", 4, 8, 16),
                                              ("eagle", 1, None, 16), ("eagle", 4, 8, 16)])
 def test_lossless_on_cuda_with_graphs(dtype, draft, topk, D, P):
-    _, want = gen(dtype=dtype, page_size=P)
-    eng, got = gen(dtype=dtype, page_size=P, draft=draft, topk=topk, num_draft_tokens=D)
+    det = dtype == "bfloat16"
+    _, want = gen(dtype=dtype, page_size=P, deterministic=det)
+    eng, got = gen(dtype=dtype, page_size=P, deterministic=det, draft=draft, topk=topk,
+                   num_draft_tokens=D)
     assert got == want
     assert eng.stats()["accept_len"] >= 2.0
 

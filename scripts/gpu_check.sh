@@ -152,11 +152,12 @@ phase_notebooks() {
   return $rc
 }
 
-#: regime  the regime map's quick ladder (tiny-code bs 1, llama3-8b-like@4 bs 1, @16 bs 8; 8
-#:         arms, 2 rounds; mtplab bench --groups regime --quick) within REGIME_BUDGET_S=470,
-#:         then the map and the what-if validation -> regime.md, regime/regime.png,
-#:         regime/results.parquet, regime/traces/<cell>/ (each cell's step profile); the same
-#:         -o folder with its regime/results.jsonl carried back resumes the cells left
+#: regime  the regime map's quick ladder (tiny-code bs 1, llama3-8b-like@4 bs 1, @16 bs 8; every
+#:         arm, 2 rounds: 72 cells, about 12 s each on an H100; mtplab bench --groups regime
+#:         --quick) within REGIME_BUDGET_S=470, then the map and the what-if validation
+#:         -> regime.md, regime/regime.png, regime/results.parquet, regime/traces/<cell>/ (each
+#:         cell's step profile); the same -o folder with its regime/results.jsonl and
+#:         regime/traces carried back resumes the cells left (two runs cover the ladder)
 phase_regime() {
   python3 -m mtplab.cli bench --no-progress --groups regime --quick \
     --budget-s "${REGIME_BUDGET_S:-470}" ${REGIME_ONLY:+--only $REGIME_ONLY} \

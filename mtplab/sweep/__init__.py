@@ -52,7 +52,8 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
   what-if     run_dir holds host_steps.parquet and whatif.json (workload step_profile=True;
               sweep/step_profile.py), read by `mtplab whatif` and sweep/whatif_check.py;
               host_period_us, host_busy_us_per_step (the host's own time per decode step:
-              the iteration less its waits), latency_us (the predictor's L and W)
+              the iteration less its waits; host_busy_p50_us_per_step: the median step's),
+              latency_us (the predictor's L and W)
   stages      stage_<stage>_ms (median per decode step), stage_sum_gpu_ms, sync_spans_per_step,
               listed_syncs_per_step / listed_syncs_json (sync sites CUDA's sync debug mode
               flagged in decode steps, with debug_syncs=True; NaN / null otherwise)

@@ -147,7 +147,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
                                       st["meter_tok_per_s"])
         anchor = json.loads(written["whatif"].read_text())
         profile = {k: anchor[k] for k in ("host_period_us", "host_busy_us_per_step",
-                                          "latency_us")}
+                                          "host_busy_p50_us_per_step", "latency_us")}
     eng.check_invariants()
     if prof is not None:
         while not prof.done:

@@ -9,12 +9,14 @@ A rung is one (model, layers, batch size, prompt length) grid point. Per rung, e
 compares two arms (`EFFECTS`: an arm against its baseline, both named by `arm_label`) with
 sweep/effects.py's rule: the median `meter_tok_per_s` ratio (decode tokens over the meter's
 decode-step wall, so host time between iterations counts) against the repeats' spread. The
-rung's position for that effect is its baseline arm's
+rung's position, one for all its effects, is its reference arm's (`REFERENCE`: target-only
+under overlap + zero_bubble, the loop whose host never waits on the device; an effect's own
+baseline where the rung has no such arm)
 
     x = GPU time per step / host time per step
       = the meter's device busy per decode step (wall - bubble)
-        / the host's own time per decode step (the iteration less its waits: the step
-          profile's host_busy_us_per_step, sweep/step_profile.py)
+        / the host's own time per decode step (the median step's iteration less its waits:
+          the step profile's host_busy_p50_us_per_step, sweep/step_profile.py)
 
 so x < 1: the host is the longer of the two (host-bound), x > 1: the GPU is. A crossover is
 where, between two neighbouring rungs in x, an effect's ratio crosses 1 (interpolated in
@@ -36,6 +38,8 @@ from .effects import NO_VERDICT, arm_effects
 VALUE = "meter_tok_per_s"
 RUNG = ("cfg.model", "cfg.layers", "batch_size", "prompt_len_tokens")
 TARGET = "target"
+REFERENCE = "target zb"            # the arm that places a rung on the x axis (module doc)
+HOST_P50 = "host_busy_p50_us_per_step"
 # (effect, arm, baseline): arm labels of `arm_label`
 EFFECTS = (
     ("overlap (target)", "target on", "target off"),
@@ -102,9 +106,20 @@ def validation_pairs(effects=EFFECTS) -> list[tuple[str, str]]:
 def rung_label(r: dict) -> str:
     model = str(r.get("cfg.model"))
     layers = r.get("cfg.layers")
-    if layers is not None and layers == layers:
-        model += f"@{int(layers)}"
+    if layers is not None and layers == layers and not model.endswith(f"@{int(layers)}"):
+        model += f"@{int(layers)}"            # a preset's resolved name carries its depth
     return f"{model} bs{int(r['batch_size'])} p{int(r['prompt_len_tokens'])}"
+
+
+def host_p50(ok: pd.DataFrame) -> pd.Series:
+    """Each row's host_busy_p50_us_per_step, read from its run folder's host table where the
+    results row has none (rows recorded before the column existed)."""
+    from .step_profile import run_host_figures
+    have = ok[HOST_P50] if HOST_P50 in ok else pd.Series(math.nan, index=ok.index)
+    dirs = ok["run_dir"] if "run_dir" in ok else pd.Series(None, index=ok.index)
+    return pd.Series([v if v == v else run_host_figures(d).get(HOST_P50, math.nan)
+                      if isinstance(d, str) else math.nan
+                      for v, d in zip(have, dirs)], index=ok.index, dtype=float)
 
 
 def regime_table(df: pd.DataFrame, effects=EFFECTS) -> pd.DataFrame:
@@ -115,15 +130,17 @@ def regime_table(df: pd.DataFrame, effects=EFFECTS) -> pd.DataFrame:
     recs = ok.to_dict("records")
     ok["arm"] = [arm_label(r) for r in recs]
     ok["rung"] = [rung_label(r) for r in recs]
+    ok["gpu_us"] = ok["meter_wall_us_per_step"] - ok["bubble_us_per_step"]
+    ok["host_us"] = host_p50(ok)
     pairs = [(a, b) for _, a, b in effects]
     eff = arm_effects(ok, "arm", pairs, by=["rung"], value=VALUE)
     name = {(a, b): e for e, a, b in effects}
     rows = []
     for r in eff.to_dict("records"):
-        base = ok[(ok["rung"] == r["rung"]) & (ok["arm"] == r["baseline"])]
-        gpu = _med(base["meter_wall_us_per_step"] - base["bubble_us_per_step"])
-        host = _med(base["host_busy_us_per_step"]) if "host_busy_us_per_step" in base \
-            else math.nan
+        ref = ok[(ok["rung"] == r["rung"]) & (ok["arm"] == REFERENCE)]
+        if ref.empty:
+            ref = ok[(ok["rung"] == r["rung"]) & (ok["arm"] == r["baseline"])]
+        gpu, host = _med(ref["gpu_us"]), _med(ref["host_us"])
         rows.append({"rung": r["rung"], "effect": name[(r["arm"], r["baseline"])],
                      "arm": r["arm"], "baseline": r["baseline"],
                      "x": gpu / host if host and host == host else math.nan,
@@ -209,8 +226,8 @@ def plot_regime(t: pd.DataFrame, *, path: Optional[str | Path] = None, title: st
                         (r["x_cross"], 1.0), textcoords="offset points", xytext=(4, 6),
                         fontsize=7, color="red")
     ax.set_xscale("log")
-    ax.set_xlabel(f"{busy} time per step ({meter}) / host time per step (baseline arm; "
-                  "< 1 host-bound)")
+    ax.set_xlabel(f"{busy} time per step ({meter}) / host time per step (the rung's "
+                  f"{REFERENCE} arm; < 1 host-bound)")
     ax.set_ylabel(f"tok/s ratio vs baseline ({VALUE})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title or "regime map: what each idea buys, host-bound to GPU-bound "
@@ -221,11 +238,12 @@ def plot_regime(t: pd.DataFrame, *, path: Optional[str | Path] = None, title: st
 
 
 def table_md(t: pd.DataFrame, meter: str = "meter") -> str:
-    """The regime table as markdown, rungs in x order within each effect; `meter` names the
-    meter (`meter, host clock` on CPU cells: sweep/metrics.py meter_name)."""
+    """The regime table as markdown, rungs in x order within each effect (x, GPU and host
+    time: the rung's reference arm; bubble: the effect's baseline); `meter` names the meter
+    (`meter, host clock` on CPU cells: sweep/metrics.py meter_name)."""
     busy = "GPU" if meter == "meter" else "stage"
-    head = ["effect", "rung", f"x = {busy}/host", f"{busy} µs/step ({meter})", "host µs/step",
-            "bubble", "ratio", "noise", "verdict", "n"]
+    head = ["effect", "rung", f"x = {busy}/host", f"{busy} µs/step ({meter})",
+            "host µs/step (p50)", "bubble (baseline)", "ratio", "noise", "verdict", "n"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     f = lambda v, s: "-" if v != v else format(v, s)
     for r in t.to_dict("records"):

@@ -60,10 +60,21 @@ def record(eng, prompts: list, n: int, temperature: float,
 
 def host_figures(host: pd.DataFrame) -> dict[str, float]:
     """host_period_us: the mean iteration; host_busy_us_per_step: the same less the host's
-    waits (`sync` spans, nested ones too): the host's own time per decode step, the regime
-    map's denominator (sweep/regime.py)."""
+    waits (`sync` spans, nested ones too): the host's own time per decode step;
+    host_busy_p50_us_per_step: the median step's (the regime map's denominator,
+    sweep/regime.py: a few steps' page allocation, or a launch call blocked on a full device
+    queue when the GPU is the longer, do not move it)."""
     if host.empty:
-        return {"host_period_us": math.nan, "host_busy_us_per_step": math.nan}
+        return {"host_period_us": math.nan, "host_busy_us_per_step": math.nan,
+                "host_busy_p50_us_per_step": math.nan}
     waits = sum(host[c] for c in host.columns if c == "sync" or c.startswith("sync@"))
+    busy = host["period_us"] - waits
     return {"host_period_us": float(host["period_us"].mean()),
-            "host_busy_us_per_step": float((host["period_us"] - waits).mean())}
+            "host_busy_us_per_step": float(busy.mean()),
+            "host_busy_p50_us_per_step": float(busy.median())}
+
+
+def run_host_figures(run_dir: str | Path) -> dict[str, float]:
+    """`host_figures` of a run folder's host table (empty when it has none)."""
+    path = Path(run_dir) / HOST_STEPS_FILE
+    return host_figures(pd.read_parquet(path)) if path.is_file() else {}

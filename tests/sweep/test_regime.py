@@ -47,7 +47,7 @@ def frame():
                     "batch_size": 8, "prompt_len_tokens": 512, "repeat": rep,
                     "cfg.device": "cuda", "meter_wall_us_per_step": gpu + 50.0,
                     "bubble_us_per_step": 50.0, "bubble_frac": 0.1,
-                    "host_busy_us_per_step": host}
+                    "host_busy_p50_us_per_step": host}
             recs.append({**row(overlap=True, zb=True), **base, "meter_tok_per_s": 1000.0 * wob})
             recs.append({**row("frozen_kv_mtp", True, True), **base,
                          "meter_tok_per_s": 1000.0 * spec * wob})
@@ -63,6 +63,38 @@ def test_regime_table_places_each_rung_by_its_baseline():
     assert (small["verdict"], large["verdict"]) == ("faster", "slower")
     md = table_md(t)
     assert "| speculation: frozen_kv_mtp | llama3-8b-like@4 bs8 p512 | 0.25 |" in md
+
+
+def test_a_rung_has_one_x_from_its_reference_arm_and_a_resolved_name_once(tmp_path):
+    """Every effect of a rung sits at the x of its target zb arm (not of the effect's
+    baseline); a preset's resolved name (llama3-8b-like@16) is not given its depth twice; a
+    row recorded without host_busy_p50_us_per_step takes it from its run folder's host
+    table."""
+    from mtplab.analysis.whatif import HOST_STEPS_FILE
+    recs = []
+    for rep in (0, 1):
+        base = {"status": "ok", "cfg.model": "llama3-8b-like@16", "cfg.layers": 16,
+                "batch_size": 8, "prompt_len_tokens": 512, "repeat": rep, "cfg.device": "cuda",
+                "bubble_us_per_step": 50.0, "bubble_frac": 0.1}
+        recs.append({**row(overlap=True, zb=True), **base, "meter_tok_per_s": 1000.0,
+                     "meter_wall_us_per_step": 2050.0, "host_busy_p50_us_per_step": 400.0})
+        recs.append({**row(), **base, "meter_tok_per_s": 900.0,       # target off: its own
+                     "meter_wall_us_per_step": 2450.0,                # GPU and host differ
+                     "host_busy_p50_us_per_step": 900.0})
+        d = tmp_path / f"frozen{rep}"
+        d.mkdir()
+        # host table: busy = period - sync per step, median 500 (one slow step of 5000)
+        pd.DataFrame({"period_us": [2500.0, 2500.0, 7000.0], "sync": [2000.0] * 3,
+                      "schedule": [10.0] * 3}).to_parquet(d / HOST_STEPS_FILE)
+        recs.append({**row("frozen_kv_mtp", True, True), **base, "meter_tok_per_s": 1500.0,
+                     "meter_wall_us_per_step": 4050.0, "run_dir": str(d)})
+    t = regime_table(pd.DataFrame(recs))
+    assert set(t["effect"]) == {"overlap + zero_bubble (target)", "speculation: frozen_kv_mtp"}
+    assert list(t["x"]) == pytest.approx([2000.0 / 400.0] * 2)
+    assert set(t["rung"]) == {"llama3-8b-like@16 bs8 p512"}
+    from mtplab.sweep.regime import host_p50
+    ok = pd.DataFrame(recs)
+    assert list(host_p50(ok)) == [400.0, 900.0, 500.0] * 2
 
 
 def test_crossover_interpolates_in_log_x():

@@ -321,7 +321,7 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     folder) also regime.png, regime_table.csv and whatif_validation.csv there."""
     from .sweep import regime, whatif_check
     from .sweep.metrics import meter_name
-    t = regime.regime_table(df)
+    t = regime.regime_table(df, sweep_dir=out)
     v = whatif_check.validate(df, regime.validation_pairs(), label=regime.arm_label,
                               sweep_dir=out)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"

@@ -19,8 +19,9 @@ baseline where the rung has no such arm)
           the step profile's host_busy_p50_us_per_step, sweep/step_profile.py)
 
 so x < 1: the host is the longer of the two (host-bound), x > 1: the GPU is. A crossover is
-where, between two neighbouring rungs in x, an effect's ratio crosses 1 (interpolated in
-log x): where speculation stops paying, or where a planted host delay stops costing.
+where, between two neighbouring rungs in x, an effect changes side (interpolated in log x,
+`crossovers`): its ratio crosses 1 from beyond the noise to beyond it, or fades into the
+noise: where speculation stops paying, or where a planted host delay stops costing.
 """
 from __future__ import annotations
 
@@ -111,19 +112,25 @@ def rung_label(r: dict) -> str:
     return f"{model} bs{int(r['batch_size'])} p{int(r['prompt_len_tokens'])}"
 
 
-def host_p50(ok: pd.DataFrame) -> pd.Series:
+def host_p50(ok: pd.DataFrame, sweep_dir: Optional[str | Path] = None) -> pd.Series:
     """Each row's host_busy_p50_us_per_step, read from its run folder's host table where the
-    results row has none (rows recorded before the column existed)."""
+    results row has none (rows recorded before the column existed); `sweep_dir`: where the
+    sweep's folder is now, when it was moved since (whatif_check.validate's rule)."""
     from .step_profile import run_host_figures
     have = ok[HOST_P50] if HOST_P50 in ok else pd.Series(math.nan, index=ok.index)
     dirs = ok["run_dir"] if "run_dir" in ok else pd.Series(None, index=ok.index)
+    if sweep_dir is not None:
+        dirs = pd.Series([d if isinstance(d, str) and Path(d).is_dir() else
+                          str(Path(sweep_dir) / "traces" / c)
+                          for d, c in zip(dirs, ok["cell_id"])], index=ok.index)
     return pd.Series([v if v == v else run_host_figures(d).get(HOST_P50, math.nan)
                       if isinstance(d, str) else math.nan
                       for v, d in zip(have, dirs)], index=ok.index, dtype=float)
 
 
-def regime_table(df: pd.DataFrame, effects=EFFECTS) -> pd.DataFrame:
-    """One row per rung and effect present (module doc)."""
+def regime_table(df: pd.DataFrame, effects=EFFECTS,
+                 sweep_dir: Optional[str | Path] = None) -> pd.DataFrame:
+    """One row per rung and effect present (module doc); `sweep_dir` as in `host_p50`."""
     ok = df[df["status"] == "ok"].copy() if "status" in df else df.copy()
     if ok.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -131,7 +138,7 @@ def regime_table(df: pd.DataFrame, effects=EFFECTS) -> pd.DataFrame:
     ok["arm"] = [arm_label(r) for r in recs]
     ok["rung"] = [rung_label(r) for r in recs]
     ok["gpu_us"] = ok["meter_wall_us_per_step"] - ok["bubble_us_per_step"]
-    ok["host_us"] = host_p50(ok)
+    ok["host_us"] = host_p50(ok, sweep_dir)
     pairs = [(a, b) for _, a, b in effects]
     eff = arm_effects(ok, "arm", pairs, by=["rung"], value=VALUE)
     name = {(a, b): e for e, a, b in effects}
@@ -159,79 +166,113 @@ def _med(xs) -> float:
     return float(xs.median()) if len(xs) else math.nan
 
 
+def _side(ratio: float, noise: float) -> int:
+    """+1: pays beyond the noise, -1: costs beyond it, 0: within it."""
+    d = ratio - 1.0
+    return 0 if not abs(d) > noise else (1 if d > 0 else -1)
+
+
 def crossovers(t: pd.DataFrame) -> pd.DataFrame:
-    """Per effect: where its ratio crosses 1 between rungs neighbouring in x (interpolated in
-    log x), the rungs on either side, and in words: where it pays."""
+    """Per effect, the first change between rungs neighbouring in x (interpolated in log x),
+    the rungs on either side, and in words where it pays:
+
+        pays | costs beyond the noise on both sides   where the ratio crosses 1
+        beyond the noise on one side only            where |ratio - 1| meets that side's noise
+                                                     (the effect fades into the noise)
+
+    A rung of one repeat is judged against the noise floor; the sentence counts them."""
     rows = []
     for effect, g in t.groupby("effect", sort=False):
         g = g.dropna(subset=["x", "ratio"]).sort_values("x")
         if g.empty:
             continue
-        xs, rs = g["x"].to_numpy(), g["ratio"].to_numpy()
-        cross, lo, hi = math.nan, None, None
+        xs, rs, ns = g["x"].to_numpy(), g["ratio"].to_numpy(), g["noise"].to_numpy()
+        sides = [_side(r, n) for r, n in zip(rs, ns)]
+        cross, lo, hi, kind = math.nan, None, None, ""
         for i in range(len(g) - 1):
-            a, b = rs[i] - 1.0, rs[i + 1] - 1.0
-            if a == 0 or a * b < 0:
-                f = a / (a - b) if a != b else 0.0
-                cross = float(np.exp(np.log(xs[i]) + f * (np.log(xs[i + 1]) - np.log(xs[i]))))
-                lo, hi = g["rung"].iloc[i], g["rung"].iloc[i + 1]
-                break
-        pays = g[(g["verdict"] == "faster")]["rung"].tolist()
-        costs = g[(g["verdict"] == "slower")]["rung"].tolist()
-        if cross == cross:
-            side = "below" if rs[0] > 1 else "above"
-            words = (f"{effect}: ratio crosses 1 at x = {cross:.2f} (between {lo} and {hi}); "
-                     f"it {'pays' if side == 'below' else 'costs'} below and "
-                     f"{'costs' if side == 'below' else 'pays'} above")
+            a, b = sides[i], sides[i + 1]
+            if a == b:
+                continue
+            if a and b:                                  # pays on one side, costs on the other
+                level, kind = 1.0, "crosses 1"
+            else:                                        # into (or out of) the noise
+                s = a or b
+                level, kind = 1.0 + s * ns[i if a else i + 1], "fades into the noise"
+                if not a:
+                    kind = "comes out of the noise"
+            da, db = rs[i] - level, rs[i + 1] - level
+            f = min(1.0, max(0.0, da / (da - db))) if da != db else 0.0
+            cross = float(np.exp(np.log(xs[i]) + f * (np.log(xs[i + 1]) - np.log(xs[i]))))
+            lo, hi = g["rung"].iloc[i], g["rung"].iloc[i + 1]
+            below, above = ("pays" if a > 0 else "costs" if a < 0 else "is within the noise",
+                            "pays" if b > 0 else "costs" if b < 0 else "is within the noise")
+            words = (f"{effect}: {kind} at x = {cross:.2f} (between {lo} and {hi}): it "
+                     f"{below} below and {above} above")
+            break
         else:
+            what = {1: "pays", -1: "costs", 0: "is within the noise"}
             words = (f"{effect}: no crossover over x = {xs.min():.2f} .. {xs.max():.2f} "
-                     f"(ratio {rs.min():.2f} .. {rs.max():.2f})")
+                     f"(ratio {rs.min():.2f} .. {rs.max():.2f})"
+                     + (f": it {what[sides[0]]} at every rung" if len(set(sides)) == 1 else ""))
+        pays = [r for r, s in zip(g["rung"], sides) if s > 0]
+        costs = [r for r, s in zip(g["rung"], sides) if s < 0]
         words += (f"; beyond the noise it pays at {', '.join(pays) or 'no rung'}"
                   + (f" and costs at {', '.join(costs)}" if costs else ""))
         if (g["verdict"] == NO_VERDICT).any():
-            words += f" ({(g['verdict'] == NO_VERDICT).sum()} rung(s) with one repeat: no verdict)"
+            words += (f" ({(g['verdict'] == NO_VERDICT).sum()} rung(s) of one repeat, judged "
+                      "against the noise floor)")
         rows.append({"effect": effect, "x_cross": cross, "below": lo, "above": hi,
-                     "sentence": words})
-    return pd.DataFrame(rows, columns=["effect", "x_cross", "below", "above", "sentence"])
+                     "kind": kind, "sentence": words})
+    return pd.DataFrame(rows, columns=["effect", "x_cross", "below", "above", "kind",
+                                       "sentence"])
 
 
 def plot_regime(t: pd.DataFrame, *, path: Optional[str | Path] = None, title: str = "",
                 meter: str = "meter"):
-    """x = GPU time / host time per step (log), y = the tok/s ratio of each effect, error
-    bars the repeats' spread, the balance x = 1 and each crossover marked; `meter` as
-    sweep/metrics.py meter_name names it (on CPU cells the busy time is stage time)."""
+    """x = GPU time / host time per step (log), y = the tok/s ratio of each effect (log),
+    error bars the repeats' spread, the balance x = 1, and each effect's crossover
+    (`crossovers`) marked X on its own curve in its colour; `meter` as sweep/metrics.py
+    meter_name names it (on CPU cells the busy time is stage time)."""
     busy = "GPU" if meter == "meter" else "stage"
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from ..analysis.plots import save_figure
 
     fig, ax = plt.subplots(figsize=(9.5, 5.2), layout="constrained")
     cmap = plt.get_cmap("tab20")
+    cross = crossovers(t).set_index("effect")["x_cross"] if len(t) else pd.Series(dtype=float)
     for i, (effect, g) in enumerate(t.groupby("effect", sort=False)):
         g = g.dropna(subset=["x", "ratio"]).sort_values("x")
         if g.empty:
             continue
         style = "-" if "speculation" in effect else "--" if "frozen" in effect else ":"
+        color = cmap(i % 20)
         ax.errorbar(g["x"], g["ratio"], yerr=(g["noise"] * g["ratio"]).where(
             g["verdict"] != NO_VERDICT), fmt="o" + style, ms=4, capsize=2, lw=1.2,
-            color=cmap(i % 20), label=effect)
+            color=color, label=effect)
+        xc = cross.get(effect, math.nan)
+        if xc == xc:
+            yc = float(np.exp(np.interp(np.log(xc), np.log(g["x"]), np.log(g["ratio"]))))
+            ax.plot([xc], [yc], marker="X", ms=9, color=color, mec="black", mew=0.6,
+                    zorder=5)
+            ax.annotate(f"x={xc:.1f}", (xc, yc), textcoords="offset points", xytext=(5, 4),
+                        fontsize=7, color=color)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axvline(1.0, color="0.4", lw=1.0, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.text(1.0, ax.get_ylim()[1], f" {busy} time = host time", va="top", fontsize=8,
             color="0.3")
-    for r in crossovers(t).to_dict("records"):
-        if r["x_cross"] == r["x_cross"]:
-            ax.plot([r["x_cross"]], [1.0], marker="X", ms=9, color="red", zorder=5)
-            ax.annotate(f"{r['effect'].split(':')[-1].strip()} x={r['x_cross']:.2f}",
-                        (r["x_cross"], 1.0), textcoords="offset points", xytext=(4, 6),
-                        fontsize=7, color="red")
-    ax.set_xscale("log")
     ax.set_xlabel(f"{busy} time per step ({meter}) / host time per step (the rung's "
                   f"{REFERENCE} arm; < 1 host-bound)")
-    ax.set_ylabel(f"tok/s ratio vs baseline ({VALUE})")
+    ax.set_ylabel(f"tok/s ratio vs baseline ({VALUE}, log)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_title(title or "regime map: what each idea buys, host-bound to GPU-bound "
-                 "(X: ratio crosses 1)", fontsize=10)
+    ax.set_title(title or "regime map: what each idea buys, host-bound to GPU-bound (X: where "
+                 "it crosses 1 or fades into the noise)", fontsize=10)
     if path is not None:
         save_figure(fig, path)
     return fig

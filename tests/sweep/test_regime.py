@@ -69,7 +69,7 @@ def test_a_rung_has_one_x_from_its_reference_arm_and_a_resolved_name_once(tmp_pa
     """Every effect of a rung sits at the x of its target zb arm (not of the effect's
     baseline); a preset's resolved name (llama3-8b-like@16) is not given its depth twice; a
     row recorded without host_busy_p50_us_per_step takes it from its run folder's host
-    table."""
+    table (here: a sweep folder moved since, found through sweep_dir)."""
     from mtplab.analysis.whatif import HOST_STEPS_FILE
     recs = []
     for rep in (0, 1):
@@ -77,24 +77,27 @@ def test_a_rung_has_one_x_from_its_reference_arm_and_a_resolved_name_once(tmp_pa
                 "batch_size": 8, "prompt_len_tokens": 512, "repeat": rep, "cfg.device": "cuda",
                 "bubble_us_per_step": 50.0, "bubble_frac": 0.1}
         recs.append({**row(overlap=True, zb=True), **base, "meter_tok_per_s": 1000.0,
-                     "meter_wall_us_per_step": 2050.0, "host_busy_p50_us_per_step": 400.0})
+                     "meter_wall_us_per_step": 2050.0, "host_busy_p50_us_per_step": 400.0,
+                     "cell_id": f"zb{rep}"})
         recs.append({**row(), **base, "meter_tok_per_s": 900.0,       # target off: its own
                      "meter_wall_us_per_step": 2450.0,                # GPU and host differ
-                     "host_busy_p50_us_per_step": 900.0})
-        d = tmp_path / f"frozen{rep}"
-        d.mkdir()
+                     "host_busy_p50_us_per_step": 900.0, "cell_id": f"off{rep}"})
+        d = tmp_path / "traces" / f"frozen{rep}"
+        d.mkdir(parents=True)
         # host table: busy = period - sync per step, median 500 (one slow step of 5000)
         pd.DataFrame({"period_us": [2500.0, 2500.0, 7000.0], "sync": [2000.0] * 3,
                       "schedule": [10.0] * 3}).to_parquet(d / HOST_STEPS_FILE)
         recs.append({**row("frozen_kv_mtp", True, True), **base, "meter_tok_per_s": 1500.0,
-                     "meter_wall_us_per_step": 4050.0, "run_dir": str(d)})
-    t = regime_table(pd.DataFrame(recs))
+                     "meter_wall_us_per_step": 4050.0, "cell_id": f"frozen{rep}",
+                     "run_dir": f"/elsewhere/traces/frozen{rep}"})
+    t = regime_table(pd.DataFrame(recs), sweep_dir=tmp_path)
     assert set(t["effect"]) == {"overlap + zero_bubble (target)", "speculation: frozen_kv_mtp"}
     assert list(t["x"]) == pytest.approx([2000.0 / 400.0] * 2)
     assert set(t["rung"]) == {"llama3-8b-like@16 bs8 p512"}
     from mtplab.sweep.regime import host_p50
     ok = pd.DataFrame(recs)
-    assert list(host_p50(ok)) == [400.0, 900.0, 500.0] * 2
+    assert list(host_p50(ok, tmp_path)) == [400.0, 900.0, 500.0] * 2
+    assert host_p50(ok).isna().sum() == 2                   # not found where it was
 
 
 def test_crossover_interpolates_in_log_x():
@@ -162,3 +165,18 @@ def test_budget_starts_no_cell_that_cannot_finish(monkeypatch):
     assert [j.cell_id for j, _ in done] == ["c0", "c1", "c2"]
     assert ex.not_started == 3
     assert seen == [100.0, 70.0, 40.0]           # each cell's limit cut to the time left
+
+
+def test_crossover_where_an_effect_fades_into_the_noise():
+    """A planted delay costs 0.2x at x = 1 (noise 5%) and 0.97x at x = 8 (noise 8%: within):
+    it fades where the ratio meets 1 - 5%, not at a noise-level crossing of 1 further up."""
+    t = pd.DataFrame({"effect": ["delay"] * 3, "rung": ["a", "b", "c"], "x": [1.0, 8.0, 20.0],
+                      "ratio": [0.2, 0.97, 1.004], "noise": [0.05, 0.08, 0.02],
+                      "verdict": ["slower", "nothing", "nothing"]})
+    c = crossovers(t).iloc[0]
+    assert c["kind"] == "fades into the noise" and (c["below"], c["above"]) == ("a", "b")
+    f = (0.2 - 0.95) / (0.2 - 0.97)                       # log-linear to the level 0.95
+    assert c["x_cross"] == pytest.approx(math.exp(f * math.log(8.0)))
+    assert "costs below and is within the noise above" in c["sentence"]
+    quiet = t.assign(ratio=[1.01, 0.99, 1.004])
+    assert "is within the noise at every rung" in crossovers(quiet).iloc[0]["sentence"]

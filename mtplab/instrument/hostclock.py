@@ -59,10 +59,12 @@ class _HostSpan:
         return False
 
 
-class _HostStep:
+class StepSpan:
+    """A clock's step span (HostClock, StepClock): it opens the iteration if no stage span
+    has (`t_iter`) and, once closed, hands the clock `close_iteration(decode)`."""
     __slots__ = ("clock", "decode", "inner")
 
-    def __init__(self, clock: "HostClock", name: str, inner):
+    def __init__(self, clock, name: str, inner):
         self.clock, self.decode, self.inner = clock, name.startswith("step[decode"), inner
 
     def __enter__(self):
@@ -110,8 +112,8 @@ class HostClock:
     def span(self, name: str, inner, graphed: bool = False) -> _HostSpan:
         return _HostSpan(self, name, inner)
 
-    def step(self, name: str, inner) -> _HostStep:
-        return _HostStep(self, name, inner)
+    def step(self, name: str, inner) -> StepSpan:
+        return StepSpan(self, name, inner)
 
     def per_step(self) -> dict[str, float]:
         """µs per decode step by stage, plus "step" (the step span) and "stages" (the

@@ -32,6 +32,7 @@ import torch
 
 from ..nogc import gc_paused
 from ..stages import HOST_STAGES
+from .hostclock import StepSpan
 
 _now = time.perf_counter_ns
 
@@ -61,25 +62,6 @@ class _Span:
         return False
 
 
-class _Step:
-    __slots__ = ("clock", "decode", "inner")
-
-    def __init__(self, clock: "StepClock", name: str, inner):
-        self.clock, self.decode, self.inner = clock, name.startswith("step[decode"), inner
-
-    def __enter__(self):
-        c = self.clock
-        if c.t_iter is None:
-            c.t_iter = _now()
-        self.inner.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.inner.__exit__(*exc)
-        self.clock.close_iteration(self.decode)
-        return False
-
-
 class StepClock:
     """Per decode iteration: its start and its spans (module doc)."""
 
@@ -96,8 +78,8 @@ class StepClock:
     def span(self, name: str, inner, graphed: bool = False) -> _Span:
         return _Span(self, name, inner, graphed)
 
-    def step(self, name: str, inner) -> _Step:
-        return _Step(self, name, inner)
+    def step(self, name: str, inner) -> StepSpan:
+        return StepSpan(self, name, inner)
 
     def close_iteration(self, decode: bool) -> None:
         self.starts.append(self.t_iter)

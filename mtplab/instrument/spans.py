@@ -115,6 +115,18 @@ class Spans:
         finally:
             self.enabled, self._master, self.meter = was
 
+    @contextlib.contextmanager
+    def clocked(self, clock):
+        """Spans paused with the meter kept (`paused(keep_meter=True)`) and `clock` (a
+        HostClock or StepClock, instrument/hostclock.py, stepclock.py) timing every span
+        inside; detached on the way out, an error included."""
+        with self.paused(keep_meter=True):
+            self.host_clock = clock
+            try:
+                yield clock
+            finally:
+                self.host_clock = None
+
     def stage(self, name: str, stream: Optional[str] = None, graphed: bool = False):
         """Context manager for one stage span; `stream` labels the timeline lane.
         `graphed`: the body is one replay of a graph captured with the meter's stamps."""

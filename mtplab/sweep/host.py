@@ -44,12 +44,8 @@ def decode_steps(eng, prompts: list, n: int, temperature: float, body) -> int:
 
 def host_columns(eng, prompts: list, n: int, temperature: float = 0.0) -> dict[str, Any]:
     clock = HostClock()
-    with eng.spans.paused(keep_meter=True):
-        eng.spans.host_clock = clock
-        try:
-            eng.generate(prompts, max_new_tokens=n, ignore_eos=True, temperature=temperature)
-        finally:
-            eng.spans.host_clock = None
+    with eng.spans.clocked(clock):
+        eng.generate(prompts, max_new_tokens=n, ignore_eos=True, temperature=temperature)
     per = clock.per_step()
     row: dict[str, Any] = {f"host_{s.replace('.', '_')}_us": per.get(s, 0.0) for s in HOST_STAGES}
     row["host_step_us"] = per.get("step", float("nan"))

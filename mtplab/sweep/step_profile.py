@@ -36,12 +36,8 @@ def record(eng, prompts: list, n: int, temperature: float,
         raise ValueError("the step profile pairs host spans with the bubble meter's stage "
                          "intervals; build the engine with bubble_meter=True.")
     clock = StepClock(first_step=eng.meter.step + 1)
-    with eng.spans.paused(keep_meter=True):
-        eng.spans.host_clock = clock
-        try:
-            eng.generate(prompts, max_new_tokens=n, ignore_eos=True, temperature=temperature)
-        finally:
-            eng.spans.host_clock = None
+    with eng.spans.clocked(clock):
+        eng.generate(prompts, max_new_tokens=n, ignore_eos=True, temperature=temperature)
     host = clock.frame()
     cfg = eng.cfg
     kind = DRAFT_KINDS.get(cfg.draft)

@@ -46,6 +46,7 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.instrument.hostclock import HostClock, replay_floor_us
+from mtplab.nogc import gc_paused
 from mtplab.sweep.host import HOST_STAGES, host_columns
 from mtplab.sweep.measure import code_prompts
 from mtplab.sweep.measure import prompts as random_prompts
@@ -254,7 +255,7 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
                     torch.cuda._sleep(cycles)
             hooks.append(eng.on_step(busy))
         elif variant == "gc off":
-            ctx = _gc_off()
+            ctx = gc_paused()
         sched = eng.scheduler
         streams = (sched.schedule_stream, sched.forward_stream, sched.copy_stream)
         if variant == "one stream":
@@ -411,17 +412,6 @@ def phase_prims(a, log) -> list[str]:
     del hnp
     return ["| primitive | host µs per call |", "|---|---|"] + \
         [f"| {k} | {v:.2f} |" for k, v in out.items()]
-
-
-@contextlib.contextmanager
-def _gc_off():
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,9 @@
 """`gc_paused()`: the cyclic garbage collector paused inside a block (restored only if it was
-enabled). Two users: a CUDA graph capture (graphs/runner.py: a collection there may free a
-dead graph, illegal while a stream captures) and the trace reader (analysis/trace_io.py:
-no collection passes over the millions of objects a JSON parse makes).
+enabled). Its users: a CUDA graph capture (graphs/runner.py: a collection there may free a
+dead graph, illegal while a stream captures), the trace reader (analysis/trace_io.py:
+no collection passes over the millions of objects a JSON parse makes), and, collected once
+before (`collect=True`), timed benchmark runs and the lifetime tests (an engine that needed
+the collector would stay alive).
 `import_on_bare_thread(name)`: an import whose module leaves a frame in a reference cycle
 (torch._dynamo: torch.fx.wrap keeps its own frame in a local) pins every frame of the
 importing stack until the collector runs; torch imports it lazily on the first meta-device op
@@ -33,7 +35,11 @@ def import_on_bare_thread(name: str) -> None:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(collect: bool = False) -> Iterator[None]:
+    """`collect`: one collection first, so that nothing the block did not make is left for
+    the collector (timed runs, lifetime tests that must see what `del` frees by itself)."""
+    if collect:
+        gc.collect()
     was = gc.isenabled()
     gc.disable()
     try:

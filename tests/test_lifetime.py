@@ -4,7 +4,6 @@ keeps nothing per finished request. Every test runs with the garbage collector d
 engine that needed it would stay alive."""
 from __future__ import annotations
 
-import contextlib
 import gc
 import weakref
 
@@ -13,17 +12,8 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.engine import EngineClosedError
+from mtplab.nogc import gc_paused
 from mtplab.sched.hooks import StepHookError
-
-
-@contextlib.contextmanager
-def no_gc():
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def leftover_cycles() -> list[str]:
@@ -62,7 +52,7 @@ CASES = {
 
 @pytest.mark.parametrize("kw", CASES.values(), ids=CASES.keys())
 def test_del_frees_the_engine_without_the_cycle_collector(kw):
-    with no_gc():
+    with gc_paused(collect=True):
         eng = run_one(**kw)
         ref = weakref.ref(eng)
         del eng
@@ -71,7 +61,7 @@ def test_del_frees_the_engine_without_the_cycle_collector(kw):
 
 
 def test_del_frees_a_profiled_engine_and_stops_its_profiler(tmp_path):
-    with no_gc():
+    with gc_paused(collect=True):
         eng = run_one(profile=True, profile_wait=1, profile_warmup=1, profile_active=100,
                       trace_dir=str(tmp_path), run_name="p")
         ref = weakref.ref(eng)
@@ -83,7 +73,7 @@ def test_del_frees_a_profiled_engine_and_stops_its_profiler(tmp_path):
 
 
 def test_del_after_an_error_inside_generate_frees_the_engine():
-    with no_gc():
+    with gc_paused(collect=True):
         eng = Engine(RunConfig(model="random-tiny", device="cpu", draft="frozen_kv_mtp",
                                overlap=True))
 
@@ -202,7 +192,7 @@ def rss_mib() -> float:
 def test_rss_is_flat_over_twenty_engines():
     """Each engine holds a 64 MiB KV pool; twenty of them must not add up."""
     kw = dict(draft="frozen_kv_mtp", overlap=True, max_total_tokens=32768)
-    with no_gc():
+    with gc_paused(collect=True):
         sizes = []
         for _ in range(23):
             eng = run_one(**kw)

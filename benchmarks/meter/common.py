@@ -1,11 +1,10 @@
 """What every part of the meter's validation shares: the workload (tiny-code frozen, the
 overlap modes, the planted-delay regimes), its prompts, PASS/MISS, planted host waits (an
-exact spin, a sleep whose last SLACK_US is spun) and timing with GC off."""
+exact spin, a sleep whose last SLACK_US is spun). Timed runs pause the collector with
+mtplab.nogc.gc_paused(collect=True)."""
 from __future__ import annotations
 
-import gc
 import time
-from contextlib import contextmanager
 
 from mtplab.models.corpus import heldout_snippets
 
@@ -45,14 +44,3 @@ def sleep_us(us: float) -> None:
     if us > SLACK_US:
         time.sleep((us - SLACK_US) * 1e-6)
     spin_us(us, t)
-
-
-@contextmanager
-def gc_off():
-    """No garbage collection pause inside the timed runs (collected once before)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -6,7 +6,9 @@ import time
 
 import numpy as np
 
-from .common import DELAYS_MS, gc_off, sleep_us, spin_us
+from mtplab.nogc import gc_paused
+
+from .common import DELAYS_MS, sleep_us, spin_us
 
 
 def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:
@@ -39,7 +41,7 @@ def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:
              "interleaved, GC off; + the rise over d = 0):", "",
              "| work | wait | " + " | ".join(f"d = {d:g} ms" for d in ds) + " |",
              "|---|---" + "|---" * len(ds) + "|"]
-    with gc_off():
+    with gc_paused(collect=True):
         for name, work in (("python", python), ("launch x6", launch),
                            ("launch x6 + sync", launch_sync)):
             for _ in range(20):

@@ -10,8 +10,9 @@ import numpy as np
 
 from mtplab import Engine, RunConfig
 from mtplab.atomic import atomic_path
+from mtplab.nogc import gc_paused
 
-from .common import BASE, OVERLAP, gc_off, prompts, verdict
+from .common import BASE, OVERLAP, prompts, verdict
 
 
 @contextmanager
@@ -52,7 +53,7 @@ def _rotate(engs: dict, ps, reps: int, tokens: int,
     rates = {n: [] for n in names}
     p50 = {n: [] for n in names}
     t0 = time.perf_counter()
-    with gc_off():
+    with gc_paused(collect=True):
         for i in range(reps):
             if i and seconds is not None and time.perf_counter() - t0 > seconds:
                 break

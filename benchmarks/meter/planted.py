@@ -8,8 +8,9 @@ import time
 import numpy as np
 
 from mtplab import Engine, RunConfig
+from mtplab.nogc import gc_paused
 
-from .common import DELAYS_MS, OVERLAP, REGIMES, SLACK_US, gc_off, prompts, sleep_us, verdict
+from .common import DELAYS_MS, OVERLAP, REGIMES, SLACK_US, prompts, sleep_us, verdict
 
 
 def _decode_bubble(eng, first: int) -> tuple[float, float]:
@@ -46,7 +47,7 @@ def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
         period = float(np.median(np.diff(starts[1:]))) / 1e3      # after the prefill step
         return (*_decode_bubble(eng, first), period)
     base, walls, rise, host = [], [], {d: [] for d in DELAYS_MS}, {d: [] for d in DELAYS_MS}
-    with gc_off():
+    with gc_paused(collect=True):
         for _ in range(reps):
             for d in DELAYS_MS:
                 b0, w0, p0 = bubble(0.0)

@@ -10,14 +10,13 @@ shared by every engine); it is cleared before each reading so that the reading c
 the engine owned."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 
 import pytest
 import torch
 
 from mtplab import Engine, RunConfig
+from mtplab.nogc import gc_paused
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -36,16 +35,6 @@ CONFIGS = [
 ]
 
 
-@contextlib.contextmanager
-def no_gc():
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def allocated() -> int:
     torch.cuda.synchronize()
     torch._C._cuda_clearCublasWorkspaces()
@@ -53,7 +42,7 @@ def allocated() -> int:
 
 
 def test_memory_returns_to_baseline_after_each_del():
-    with no_gc():
+    with gc_paused(collect=True):
         base = allocated()
         for i, kw in enumerate(CONFIGS):
             eng = Engine(RunConfig(model="tiny-code", device="cuda", **kw))
@@ -68,7 +57,7 @@ def test_memory_returns_to_baseline_after_each_del():
 
 
 def test_six_llama3_8b_sized_engines_build_one_after_another():
-    with no_gc():
+    with gc_paused(collect=True):
         base = allocated()
         for i in range(6):
             t0 = time.perf_counter()

@@ -8,11 +8,10 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.graphs.runner import GraphRunner
 from tests.helpers import make_agreeable
-from tests.speculative.test_spec_schedule import MAX_NEW, PROMPTS, WAVE
+from tests.speculative.test_spec_schedule import SCHED, two_waves
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-SCHED = "1:2x1,2:off,3:3x2,4:1x1"
 BASE = dict(model="random-tiny", device="cuda", dtype="float32", max_running_requests=4,
             context_len=128, cuda_graph_max_bs=4)
 
@@ -20,13 +19,7 @@ BASE = dict(model="random-tiny", device="cuda", dtype="float32", max_running_req
 def drive(eng):
     """Two waves (tests/speculative/test_spec_schedule.py): the batch shrinks 4 -> 1, grows,
     shrinks."""
-    reqs = [eng.add_request(p, m, ignore_eos=True)
-            for p, m in zip(PROMPTS[:WAVE], MAX_NEW[:WAVE])]
-    while not eng.idle or len(reqs) < len(PROMPTS):
-        if len(reqs) < len(PROMPTS) and sum(not r.finished for r in reqs) <= 1:
-            reqs += [eng.add_request(p, m, ignore_eos=True)
-                     for p, m in zip(PROMPTS[WAVE:], MAX_NEW[WAVE:])]
-        eng.step()
+    reqs = two_waves(eng)
     eng.check_invariants()
     return [r.output_ids for r in reqs]
 

@@ -22,6 +22,20 @@ BASE = dict(model="random-tiny", max_running_requests=4, context_len=96)
 SCHED = "1:2x1,2:off,3:3x2,4:1x1"
 
 
+def two_waves(eng, after_step=lambda: None) -> list:
+    """Run PROMPTS through `eng` in the two waves above (the second admitted when one request
+    of the first is left), `after_step()` after every engine step; -> the requests."""
+    reqs = [eng.add_request(p, m, ignore_eos=True)
+            for p, m in zip(PROMPTS[:WAVE], MAX_NEW[:WAVE])]
+    while not eng.idle or len(reqs) < len(PROMPTS):
+        if len(reqs) < len(PROMPTS) and sum(not r.finished for r in reqs) <= 1:
+            reqs += [eng.add_request(p, m, ignore_eos=True)
+                     for p, m in zip(PROMPTS[WAVE:], MAX_NEW[WAVE:])]
+        eng.step()
+        after_step()
+    return reqs
+
+
 def run(cfg: RunConfig, agreeable: bool = True, stats: bool = False):
     """-> (outputs, the arm of each decode step[, the scheduler's stats])."""
     eng = Engine(cfg)
@@ -31,15 +45,11 @@ def run(cfg: RunConfig, agreeable: bool = True, stats: bool = False):
     if cfg.spec_schedule is not None:
         pick = eng.worker.arm
         eng.worker.arm = lambda bs: arms.append(pick(bs)) or arms[-1]
-    reqs = [eng.add_request(p, m, ignore_eos=True)
-            for p, m in zip(PROMPTS[:WAVE], MAX_NEW[:WAVE])]
-    while not eng.idle or len(reqs) < len(PROMPTS):
-        if len(reqs) < len(PROMPTS) and sum(not r.finished for r in reqs) <= 1:
-            reqs += [eng.add_request(p, m, ignore_eos=True)
-                     for p, m in zip(PROMPTS[WAVE:], MAX_NEW[WAVE:])]
-        eng.step()
+
+    def live_identity():
         if eng.scheduler.in_flight is None:        # overlap: lengths ahead of the outputs
             assert_live_identity(eng)
+    reqs = two_waves(eng, live_identity)
     eng.check_invariants()
     assert eng.allocator.free_pages == eng.allocator.total_pages
     out = [r.output_ids for r in reqs], arms

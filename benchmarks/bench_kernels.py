@@ -39,7 +39,6 @@ Each figure runs under a shared time budget; a figure not reached prints SKIPPED
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import emit
+from benchmarks.report import Report, free, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
@@ -60,33 +60,6 @@ from mtplab.sweep.metrics import trace_metrics
 
 FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16", "topk")
 BASE = dict(page_size=16, context_len=1024, overlap=True, zero_bubble=True)
-
-
-class Report:
-    def __init__(self, budget_s: float):
-        self.rows: list[tuple] = []
-        self.notes: list[str] = []
-        self.deadline = time.perf_counter() + budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    def add(self, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
-        verdict = "" if ok is None else ("PASS" if ok else "MISS")
-        self.rows.append((figure, value, target, verdict))
-        print(f"{figure}: {value}" + (f"  (target {target}) {verdict}" if target else ""),
-              flush=True)
-
-    def table(self) -> str:
-        lines = ["| figure | value | target | verdict |", "|---|---|---|---|"]
-        lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in self.rows]
-        return "\n".join(lines + ([""] + self.notes if self.notes else []))
-
-
-def free():
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
@@ -407,18 +380,7 @@ def main(argv=None) -> int:
              ("busy", lambda: fig_busy(rep)),
              ("bf16", lambda: fig_bf16(rep)),
              ("topk", lambda: fig_topk(rep))]
-    for name, run in steps:
-        if name not in a.only:
-            continue
-        if rep.left() < 45:
-            rep.add(name, "SKIPPED (time box)", "", False)
-            continue
-        try:
-            run()
-        except Exception as e:     # one figure failing must not hide the others
-            rep.add(name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}", "",
-                    False)
-            free()
+    run_figures(rep, steps, a.only, reserve_s=45)
     emit(rep.table(), a.out)
     return 0
 

@@ -24,7 +24,6 @@ for the llama 32k bs 1 step and the frozen one.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import emit
+from benchmarks.report import Report, free, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.bench import hbm_bandwidth
 from mtplab.models.floor import engine_step_bytes
@@ -41,33 +41,6 @@ FIGURES = ("short", "llama", "frozen", "gemma")
 NEW = 48
 GEMMA_32K = 32768 - NEW - 64       # its longest prompt: the preset has 32,768 positions
 BASE = dict(page_size=16, overlap=True, zero_bubble=True, dtype="bfloat16")
-
-
-class Report:
-    def __init__(self, budget_s: float):
-        self.rows: list[tuple] = []
-        self.deadline = time.perf_counter() + budget_s
-        self.tables: list[str] = []
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    def add(self, figure, value, target="", ok=None):
-        verdict = "" if ok is None else ("PASS" if ok else "MISS")
-        self.rows.append((figure, value, target, verdict))
-        print(f"{figure}: {value}" + (f"  (target {target}) {verdict}" if target else ""),
-              flush=True)
-
-    def table(self) -> str:
-        lines = ["| figure | value | target | verdict |", "|---|---|---|---|"]
-        lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in self.rows]
-        return "\n".join(lines + [""] + self.tables)
-
-
-def free():
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def engine(model: str, bs: int, ctx: int, **kw) -> Engine:
@@ -129,8 +102,8 @@ def kernel_table(rep: Report, eng: Engine, label: str, bs: int, ctx: int) -> Non
              "|---|---|---|---|"]
     for k, (c, us) in sorted(names.items(), key=lambda kv: -kv[1][1])[:16]:
         lines.append(f"| {k[:90]} | {c / 3:.0f} | {us / 3:.1f} | {us / total:.1%} |")
-    rep.tables.append("\n".join(lines))
-    print(rep.tables[-1], flush=True)
+    rep.notes.append("\n".join(lines))
+    print(rep.notes[-1], flush=True)
 
 
 def fig_short(rep, bw):
@@ -205,18 +178,7 @@ def main(argv=None) -> int:
             ("llama", lambda: fig_llama(rep, bw, steps, a.kernel_table)),
             ("frozen", lambda: fig_frozen(rep, bw, steps, a.kernel_table)),
             ("gemma", lambda: fig_gemma(rep, bw))]
-    for name, run in figs:
-        if name not in a.only:
-            continue
-        if rep.left() < 40:
-            rep.add(name, "SKIPPED (time box)", "", False)
-            continue
-        try:
-            run()
-        except Exception as e:     # one figure failing must not hide the others
-            rep.add(name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}", "",
-                    False)
-            free()
+    run_figures(rep, figs, a.only, reserve_s=40)
     emit(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}\n\n" + rep.table(),
          a.out)
     return 0

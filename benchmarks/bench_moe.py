@@ -28,15 +28,14 @@ the draft head) that a sweep row does not carry.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 
 import torch
 
-from benchmarks.bench_kernels import (Report, copy_bandwidth, decode_forward, gpu_activities,
-                                      prompts)
+from benchmarks.bench_kernels import copy_bandwidth, decode_forward, gpu_activities, prompts
 from benchmarks.common import emit
+from benchmarks.report import Report, free
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 from mtplab.models.floor import expected_experts, step_bytes
@@ -48,14 +47,6 @@ BATCHES = (1, 8, 32, 64)
 VERIFY = (1, 4, 8)
 PROMPT = 64
 BASE = dict(device="cuda", page_size=16, context_len=512, fused=True)
-
-
-def free(*engines) -> None:
-    for e in engines:
-        e.close()
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def experts_per_step(eng: Engine, bs: int, steps: int = 4) -> list[float]:

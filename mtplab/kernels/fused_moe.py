@@ -123,6 +123,21 @@ def fused_moe_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 # -- Triton ---------------------------------------------------------------------------------
+# the two GEMMs' K-step tiles: rows of the block's tokens / slots, an expert's weight columns
+@triton.jit
+def _row_tile(P, rows, stride, k, valid, k_ok):
+    """[BLOCK_M, BLOCK_K]: P[rows[m], k], 0 on invalid rows and past K."""
+    return tl.load(P + rows[:, None] * stride + k[None, :],
+                   mask=valid[:, None] & k_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _weight_tile(w_e, cols, stride_wn, k, n_ok, k_ok):
+    """[BLOCK_K, BLOCK_N]: the expert's weight rows `cols`, transposed (w_e[cols[n], k])."""
+    return tl.load(w_e + cols[None, :].to(tl.int64) * stride_wn + k[:, None],
+                   mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+
+
 @triton.jit(do_not_specialize=["N"])
 def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we, stride_wn,
                     stride_as, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -144,12 +159,9 @@ def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we,
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
             k_ok = k < K
-            x = tl.load(X + tok[:, None] * stride_xt + k[None, :],
-                        mask=valid[:, None] & k_ok[None, :], other=0.0)
-            wg = tl.load(w_e + rn[None, :].to(tl.int64) * stride_wn + k[:, None],
-                         mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            wu = tl.load(w_e + (I + rn)[None, :].to(tl.int64) * stride_wn + k[:, None],
-                         mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            x = _row_tile(X, tok, stride_xt, k, valid, k_ok)
+            wg = _weight_tile(w_e, rn, stride_wn, k, n_ok, k_ok)
+            wu = _weight_tile(w_e, I + rn, stride_wn, k, n_ok, k_ok)
             if UPCAST:
                 x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
             acc_g = tl.dot(x, wg, acc_g, input_precision=DOT_PREC)
@@ -180,10 +192,8 @@ def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, st
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
             k_ok = k < K
-            a = tl.load(A + rows[:, None] * stride_as + k[None, :],
-                        mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_e + rn[None, :].to(tl.int64) * stride_wn + k[:, None],
-                        mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            a = _row_tile(A, rows, stride_as, k, valid, k_ok)
+            w = _weight_tile(w_e, rn, stride_wn, k, n_ok, k_ok)
             if UPCAST:
                 a, w = a.to(tl.float32), w.to(tl.float32)
             acc = tl.dot(a, w, acc, input_precision=DOT_PREC)

@@ -115,6 +115,19 @@ def sglang_target_pool(a, t, window):
         return pc.create_memory_pool_configurator(kvc).calculate_pool_sizes(8 << 30, a.page_size)
 
 
+def sglang_assistant_layers(mtp, t, d, target_layers: int, n: int) -> list[int]:
+    """The target layer each of the assistant's `n` layers reads, by SGLang's own Frozen-KV
+    layer map (`mtp`: sglang.srt.models.gemma4_mtp; t, d: the target's and draft's configs)."""
+    import types
+    layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(is_kv_shared_layer=False))
+              for _ in range(target_layers)]
+    ctx = mtp.Gemma4AssistantForCausalLM.build_frozen_kv_mtp_context(
+        types.SimpleNamespace(config=d.hf_config),
+        types.SimpleNamespace(config=t.hf_config, model=types.SimpleNamespace(layers=layers)),
+        None)
+    return [ctx.physical_layer_ids[i] for i in range(n)]
+
+
 @pytest.mark.parametrize("draft", ["eagle", "target"])
 def test_sglang_loads_the_llama_shape_mtplab_builds(models, draft):
     """SGLang's ModelConfig of the Llama target (and EAGLE draft) against mtplab's preset."""
@@ -174,21 +187,14 @@ def test_sglang_loads_and_sizes_the_gemma_shape_mtplab_builds(models, draft):
     assert d.hf_config.architectures == ["Gemma4AssistantForCausalLM"]
     assert (d.hidden_size, d.hf_text_config.intermediate_size) == (ac.hidden_size,
                                                                    ac.intermediate_size)
-    layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(is_kv_shared_layer=False))
-              for _ in range(c.num_hidden_layers)]
-    ctx = mtp.Gemma4AssistantForCausalLM.build_frozen_kv_mtp_context(
-        types.SimpleNamespace(config=d.hf_config),
-        types.SimpleNamespace(config=t.hf_config, model=types.SimpleNamespace(layers=layers)),
-        None)
-    assert [ctx.physical_layer_ids[i] for i in range(ac.num_layers)] == ac.kv_layers
+    assert sglang_assistant_layers(mtp, t, d, c.num_hidden_layers, ac.num_layers) == \
+        ac.kv_layers
 
 
 def test_sglang_maps_the_gemma4_assistant_kind_as_mtplab_builds_it(tmp_path):
     """`draft=gemma4_assistant` directories: SGLang's layer map sends its three sliding layers
     to the target's last sliding layer and its full one to the last full layer, as mtplab's
     Gemma-4 assistant reads them, at its width and FFN."""
-    import types
-
     from mtplab.draft_kinds import DRAFT_KINDS
     from mtplab.models.zoo import model_config
     from mtplab.sglang.models import write_gemma4_frozen_dirs
@@ -203,13 +209,8 @@ def test_sglang_maps_the_gemma4_assistant_kind_as_mtplab_builds_it(tmp_path):
     assert ac.kv_layers == [4, 4, 4, 5]
     assert (d.hidden_size, d.num_hidden_layers, d.hf_text_config.intermediate_size) == (
         ac.hidden_size, ac.num_layers, ac.intermediate_size)
-    layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(is_kv_shared_layer=False))
-              for _ in range(c.num_hidden_layers)]
-    ctx = mtp.Gemma4AssistantForCausalLM.build_frozen_kv_mtp_context(
-        types.SimpleNamespace(config=d.hf_config),
-        types.SimpleNamespace(config=t.hf_config, model=types.SimpleNamespace(layers=layers)),
-        None)
-    assert [ctx.physical_layer_ids[i] for i in range(ac.num_layers)] == ac.kv_layers
+    assert sglang_assistant_layers(mtp, t, d, c.num_hidden_layers, ac.num_layers) == \
+        ac.kv_layers
     with pytest.raises(ValueError, match="'eagle' is not a Frozen-KV draft"):
         write_gemma4_frozen_dirs(tmp_path / "x", model=GEMMA, draft="eagle")
 

@@ -202,16 +202,48 @@ def test_numbers_are_printed_readably(value, text):
     assert readable(value) == text
 
 
-def test_more_dask_cpu_workers_than_cores_is_one_warning(caplog):
-    from mtplab.sweep.executors import cpu_workers, usable_cores
-    n = usable_cores()
+@pytest.mark.parametrize("cores,threads,workers,fix", [
+    (2, 1, None, "use --workers 1 (or --executor local)."),   # the default on a 2-core machine
+    (2, 1, 3, "use --workers 1 (or --executor local)."),
+    (8, 2, 4, "use --workers 3, or fewer torch threads per cell"),
+    (4, 1, 4, "use --workers 3."),
+])
+def test_dask_cpu_workers_that_fill_the_cores_are_one_warning(monkeypatch, caplog, cores,
+                                                               threads, workers, fix):
+    """Cells running at once on every core (workers x torch threads per cell >= cores, the
+    default of one worker per core included) get one line naming the fix."""
+    from mtplab.sweep import executors
+    monkeypatch.setattr(executors, "usable_cores", lambda: cores)
+    monkeypatch.setattr(executors, "cell_threads", lambda: threads)
     with caplog.at_level("WARNING", logger="mtplab.sweep"):
-        assert cpu_workers(None) == n and cpu_workers(n) == n
-        assert not caplog.records
-        assert cpu_workers(n + 1) == n + 1
+        assert executors.cpu_workers(workers) == (workers or cores)
     (rec,) = caplog.records
-    assert f"{n + 1} Dask CPU workers on {n} cores" in rec.getMessage()
-    assert "\n" not in rec.getMessage()
+    msg = rec.getMessage()
+    assert f"{workers or cores} Dask CPU workers x {threads} torch thread(s) per cell on " \
+           f"{cores} cores" in msg and fix in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("cores,threads,workers", [(2, 1, 1), (4, 1, 3), (8, 2, 3), (1, 1, None),
+                                                   (16, 4, 1)])
+def test_dask_cpu_workers_that_leave_a_core_are_silent(monkeypatch, caplog, cores, threads,
+                                                        workers):
+    from mtplab.sweep import executors
+    monkeypatch.setattr(executors, "usable_cores", lambda: cores)
+    monkeypatch.setattr(executors, "cell_threads", lambda: threads)
+    with caplog.at_level("WARNING", logger="mtplab.sweep"):
+        executors.cpu_workers(workers)
+    assert not caplog.records
+
+
+def test_cell_threads_are_those_the_dask_nanny_gives(monkeypatch):
+    import dask
+    from mtplab.sweep.executors import cell_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert cell_threads() == 1          # distributed's default pre-spawn-environ sets 1
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 4}}):
+        assert cell_threads() == 4
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {}}):
+        assert cell_threads() == 6      # the worker inherits this environment
 
 
 def test_bench_smoke_calls_its_ratios_path_checks():

@@ -252,16 +252,39 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cell_threads() -> int:
+    """The torch threads of one CPU cell on a local Dask worker: the OMP_NUM_THREADS its process
+    gets. process.run_job passes the worker's environment on (1 where it has none), and Dask's
+    Nanny sets the worker's from `distributed.nanny.pre-spawn-environ` (1 by default)."""
+    import dask
+    import distributed  # noqa: F401 -- its config defaults load with it
+
+    pre = dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}
+    value = pre.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", 1))
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
+
+
 def cpu_workers(workers: int | None) -> int:
-    """How many CPU workers a local cluster starts (default: one per usable core); more than
-    the cores is allowed, with a one-line warning: concurrent CPU cells share the cores, and
-    their tok/s is not that of a cell running alone."""
-    cores = usable_cores()
+    """How many CPU workers a local cluster starts (default: one per usable core). Concurrent
+    CPU cells share the cores with each other and with the sweep's own processes (this driver,
+    the Dask scheduler, nannies and workers): once two or more workers' cells need every core
+    (workers x torch threads per cell >= cores) their tok/s is not that of a cell alone, so
+    that is allowed with a one-line warning naming the fix."""
+    cores, threads = usable_cores(), cell_threads()
     n = workers or cores
-    if n > cores:
-        logger.warning("mtplab sweep: %d Dask CPU workers on %d cores: cells running at once "
-                       "share cores, so their tok/s and latencies are lower than alone; use "
-                       "--workers %d or fewer for timings.", n, cores, cores)
+    if n > 1 and n * threads >= cores:
+        fit = max(1, (cores - 1) // threads)
+        fix = f"--workers {fit}" + (" (or --executor local)" if fit == 1 else "")
+        if threads > 1:
+            fix += (", or fewer torch threads per cell (OMP_NUM_THREADS in "
+                    "distributed.nanny.pre-spawn-environ)")
+        logger.warning("mtplab sweep: %d Dask CPU workers x %d torch thread(s) per cell on %d "
+                       "cores leave no core to the sweep's own processes: cells running at once "
+                       "slow each other, so their tok/s and latencies are lower than alone; for "
+                       "timings use %s.", n, threads, cores, fix)
     return n
 
 

@@ -105,7 +105,8 @@ def test_report_uses_ms_for_ms_steps():
     res = analyze_run(EXAMPLE_TRACE)
     text = format_report(res, EXAMPLE_TRACE)
     assert "dur_ms" in text and "busy_ms" in text and "dur_us" not in text
-    assert "5.902" in text                           # 5902.0 us shown as ms
+    first_us = float(res.steps["dur_us"].iloc[0])    # 4689 us, shown as ms
+    assert f"{first_us / 1e3:.3f}" in text and f"{first_us:.1f}" not in text
     assert not any(len(tok.split(".")[0]) >= 5 for line in text.splitlines()[4:]
                    for tok in line.split() if tok.replace(".", "").isdigit())
 
@@ -124,15 +125,32 @@ def test_example_run_is_shipped_with_its_analysis(tmp_path):
     assert main_plot(["--example", "--out", str(out)]) == 0
     fig = plot_source(EXAMPLE_TRACE)
     lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert lanes == ["host", "schedule (stream 21)", "forward (stream 25)", "copy (stream 29)"]
+    assert lanes == ["host", "schedule (stream 85)", "forward (stream 89)", "copy (stream 93)"]
     legend = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
     assert {"bubble: sync", "bubble: host"} <= legend
     assert main_analyze(["--example", str(EXAMPLE_TRACE)]) == 2     # one or the other
 
 
+def test_example_has_steps_enough_for_a_slider_and_is_a_faithful_cut(tmp_path):
+    """The shipped example gives notebook 05's step slider 10 decode steps after the warm-up
+    skip, and the cut that made it moves nothing: a shorter cut of it analyses step for step
+    as the example does (the example is itself such a cut of an H100 run)."""
+    from mtplab.analysis.example import EXAMPLE_STEPS, cut_steps
+    res = analyze_run(EXAMPLE_TRACE)
+    assert res.summary["n_steps"] == EXAMPLE_STEPS - 1 >= 8
+    assert res.steps["name"].str.startswith("step[decode").all()
+    assert res.steps["bubble_frac"].max() - res.steps["bubble_frac"].min() > 0.03   # steps differ
+    short = analyze_run(cut_steps(EXAMPLE_TRACE, tmp_path / "cut.pt.trace.json.gz", 6))
+    cols = ["step", "dur_us", "busy_us", "bubble_us", "n_gaps"]
+    pd.testing.assert_frame_equal(short.steps[cols], res.steps[cols].iloc[:5],
+                                  check_dtype=False)
+    with pytest.raises(ValueError, match="fewer than the 12 asked"):
+        cut_steps(EXAMPLE_TRACE, tmp_path / "no.pt.trace.json.gz", 12)
+
+
 def test_plot_and_analyze_give_the_same_bubble_figure(tmp_path, capsys):
     """One warm-up rule: `plot` prints `analyze`'s wall/bubble line, and its title names the
-    same bubble percentage (the example: 3 steps, the first skipped)."""
+    same bubble percentage (the example: 11 steps, the first skipped)."""
     assert main_analyze(["--example"]) == 0
     report = capsys.readouterr().out.splitlines()
     assert main_plot(["--example", "--out", str(tmp_path / "p.png")]) == 0

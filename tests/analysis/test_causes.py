@@ -44,7 +44,7 @@ def test_bench_table_splits_by_every_cause():
 
 def test_cause_split_is_what_mtplab_analyze_prints(capsys):
     """Notebook 05's answer and `mtplab analyze` group causes through one function: on the
-    shipped H100 example the split (and so the main cause, host) is the printed causes line."""
+    shipped H100 example the split (and so the main cause, sync) is the printed causes line."""
     from mtplab.analysis.bubbles import analyze_run
     from mtplab.analysis.causes import cause_split, main_cause
     from mtplab.analysis.cli import main_analyze
@@ -55,4 +55,4 @@ def test_cause_split_is_what_mtplab_analyze_prints(capsys):
     split = cause_split(analyze_run(EXAMPLE_TRACE).summary)
     assert list(printed) == list(split) == list(CAUSES)
     assert printed == {c: round(us / 1e3, 3) for c, us in split.items()}
-    assert main_cause(analyze_run(EXAMPLE_TRACE).summary) == "host"
+    assert main_cause(analyze_run(EXAMPLE_TRACE).summary) == "sync"

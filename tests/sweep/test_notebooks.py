@@ -151,6 +151,6 @@ def _agrees_with_mtplab_analyze(answer: dict) -> None:
                        capture_output=True, text=True, timeout=120)
     sm = json.loads(r.stdout)["summary"]
     split = {c: sm[f"bubble_{c}_us"] for c in CAUSES}
-    assert answer["main_cause"] == max(split, key=split.__getitem__) == "host"
+    assert answer["main_cause"] == max(split, key=split.__getitem__) == "sync"
     assert {c: answer[f"bubble_{c}_us"] for c in CAUSES} == pytest.approx(split)
     assert answer["bubble_frac"] == pytest.approx(sm["bubble_frac"])

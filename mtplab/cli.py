@@ -46,10 +46,17 @@ def _config_from_args(args: argparse.Namespace):
     return RunConfig(**given(args, RunConfig))
 
 
-def _print_table(rows: list[tuple[str, object]]) -> None:
-    w = max(len(k) for k, _ in rows)
+METER_BUBBLE_KEYS = ("bubble_frac", "bubble_us_per_step")     # named with the meter's clock
+
+
+def _print_table(rows: list[tuple[str, object]], device: str = "") -> None:
+    """`key  value` lines; the bubble meter's figures are named as every table names them
+    (sweep/metrics.py meter_name: `bubble_frac (meter, host clock)` on CPU)."""
+    from .sweep.metrics import meter_name
+    label = {k: f"{k} ({meter_name([device])})" for k in METER_BUBBLE_KEYS}
+    w = max(len(label.get(k, k)) for k, _ in rows)
     for k, v in rows:
-        print(f"  {k:<{w}}  {readable(v) if isinstance(v, (int, float)) else v}")
+        print(f"  {label.get(k, k):<{w}}  {readable(v) if isinstance(v, (int, float)) else v}")
 
 
 def _knob_header(cfg, set_names: set) -> list[str]:
@@ -119,7 +126,7 @@ def cmd_run(args) -> int:
     written.update(eng.finish())                 # trace, timeline, meter, manifest
     print("\n".join(_knob_header(cfg, set(given(args, type(cfg))))))
     rows = [(k, v) for k, v in st.items() if not isinstance(v, (dict, list))]
-    _print_table(rows)
+    _print_table(rows, cfg.device)
     for k, _ in rows:
         if k in LEGEND:
             print(f"  - {k}: {LEGEND[k]}")
@@ -162,7 +169,8 @@ def cmd_demo(args) -> int:
           f"attention {cfg.attention_backend}, cuda_graphs={cfg.cuda_graphs}")
     for p, o in zip(DEMO_PROMPTS, outs):
         print(f"--- {p!r}\n{p}{eng.tokenizer.decode(o)}")
-    _print_table([(k, v) for k, v in eng.stats().items() if not isinstance(v, (dict, list))])
+    _print_table([(k, v) for k, v in eng.stats().items() if not isinstance(v, (dict, list))],
+                 cfg.device)
     res = analyze_run(files["trace0"])      # the warm-up rule of `mtplab analyze`
     write_analysis(res, eng.run_dir)
     png = eng.run_dir / "timeline.png"

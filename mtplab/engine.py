@@ -446,11 +446,14 @@ class Engine:
             self.meter.collect()
             m = self.meter.summary(first_meter_step)
             m["meter_tok_per_s"] = meter_throughput(m, sched.stats.decode_tokens)
+            m["meter_clock"] = "device" if self.device.is_cuda else "host"    # CPU: no device
             self._last_stats.update(m)
         return [r.output_ids for r in reqs]
 
     def stats(self) -> dict:
-        """Figures of the last `generate` (tokens, steps, tok_per_s, ...)."""
+        """Figures of the last `generate` (tokens, steps, tok_per_s, ...); with the bubble
+        meter also its figures (bubble_frac, ...) and `meter_clock`, the clock it stamped:
+        `device`, or `host` on CPU (no device to stamp: time between stage spans)."""
         return dict(self._last_stats)
 
     def check_invariants(self) -> None:

@@ -27,6 +27,9 @@ LEGEND = {
                       "already finished (launched before that result was read); their tokens "
                       "are dropped, and no KV is committed",
     "predrafted_steps": "decode steps whose draft ran a round early (zb_draft_preexec)",
+    "bubble_frac": "the bubble meter's share of decode-step wall time that no stage covers; "
+                   "meter_clock says what it stamped: the device, or on CPU the host clock "
+                   "(no device there: host time between stage spans, not an idle GPU)",
 }
 
 

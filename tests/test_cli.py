@@ -156,6 +156,22 @@ def test_run_out_writes_results_and_manifest_and_explains_its_table(tmp_path):
     assert f"wrote results: {out / 'results.json'}" in r.stdout
 
 
+def test_run_names_the_meter_clock_of_its_bubble_on_cpu(tmp_path):
+    """On CPU the bubble meter stamps the host clock: `mtplab run`'s table names it so, its
+    legend says what that is, and results.json (Engine.stats()) carries meter_clock."""
+    out = tmp_path / "o"
+    r = run("run", "--model", "random-tiny", "--prompts", "2", "--max-new-tokens", "6",
+            "--device", "cpu", "--bubble-meter", "true", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  bubble_")]
+    assert [row[:4] for row in rows] == [["bubble_frac", "(meter,", "host", "clock)"],
+                                         ["bubble_us_per_step", "(meter,", "host", "clock)"]]
+    assert "  meter_clock" in r.stdout and "- bubble_frac: " in r.stdout
+    assert "on CPU the host clock" in r.stdout
+    stats = json.loads((out / "results.json").read_text(), parse_constant=_no_nan)["stats"]
+    assert stats["meter_clock"] == "host" and 0 <= stats["bubble_frac"] <= 1
+
+
 def _no_nan(name):
     raise ValueError(f"not strict JSON: {name}")
 

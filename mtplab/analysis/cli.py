@@ -112,7 +112,8 @@ def _parser_analyze() -> FlagParser:
 def _parser_plot() -> FlagParser:
     ap = FlagParser(prog="mtplab plot", description=(
         "Draw the timeline of a run: host lanes with their stage spans and, where the trace "
-        "has a GPU, one lane per GPU stream with kernels and the bubbles hatched red."))
+        "has a GPU, one lane per GPU stream with kernels and the bubbles coloured by cause; "
+        "a trace without GPU lanes (a CPU run) has no device bubble to draw."))
     ap.add_argument("path", nargs="?", help="a run folder, a .json/.json.gz Kineto trace, or "
                     "an event timeline .parquet")
     ap.add_argument("--example", action="store_true",

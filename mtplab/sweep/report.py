@@ -6,6 +6,7 @@
     timelines(df, label_cols=["cfg.overlap"])         # one figure per row, one time scale
     standard_figures(df, out_dir=...)                 # the report of notebook 06
     print(results_table(df))                          # the table `mtplab sweep` ends with
+    meter_labels(df[cols], df["cfg.device"])          # a notebook's table, the meter named
     out = notebook_out("traces/notebooks/00")         # a notebook's out_dir, from the repo root
     write_answer(out_dir, {...})                      # a notebook's answer -> answer.json
 
@@ -228,6 +229,19 @@ def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> s
     bubble = f"bubble ({meter_name(df['cfg.device'])})" if "cfg.device" in df else "bubble"
     return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": bubble}).to_string(
         index=False, na_rep="-")
+
+
+METER_COLUMNS = ("bubble_frac", "bubble_us_per_step")       # the bubble meter's figures
+
+
+def meter_labels(table: pd.DataFrame, devices) -> pd.DataFrame:
+    """`table` (a notebook's view of result rows) with the bubble meter's columns named as
+    every header names them, for cells run on `devices` (their `cfg.device` column):
+    `bubble_frac (meter, host clock)` on CPU, `bubble_frac (meter)` on a GPU
+    (metrics.meter_name)."""
+    name = meter_name(devices)
+    return table.rename(columns={c: f"{c} ({name})" for c in METER_COLUMNS
+                                 if c in table.columns})
 
 
 def write_answer(out_dir: str | Path, answer: dict) -> Path:

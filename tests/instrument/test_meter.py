@@ -282,6 +282,7 @@ def test_meter_off_by_default_and_tokens_unchanged():
     a.check_invariants()
     b.check_invariants()
     assert "bubble_frac" not in a.stats() and "bubble_frac" in b.stats()
+    assert "meter_clock" not in a.stats() and b.stats()["meter_clock"] == "host"   # CPU
     with pytest.raises(RuntimeError, match="bubble_meter=True"):
         a.meter_frame()
 

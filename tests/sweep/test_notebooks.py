@@ -42,6 +42,29 @@ def kernel(tmp_path_factory):
     os.environ.update(saved)
 
 
+def test_tables_of_the_meter_bubble_name_its_clock():
+    """A cell that shows a table holding the bubble meter's `bubble_frac` (its last line an
+    expression without `;`) shows it through report.meter_labels, or names the column with
+    metrics.meter_name: on CPU the header says `meter, host clock`. An answer that holds the
+    meter's bubble_frac holds meter_clock beside it."""
+    import ast
+    shown = 0
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            src = cell.source if cell.cell_type == "code" else ""
+            if '"bubble_frac"' not in src:
+                continue
+            code = "\n".join("" if ln.startswith("%") else ln for ln in src.splitlines())
+            last = ast.parse(code).body[-1]
+            if '"bubble_frac": stats' in src:            # an answer from Engine.stats()
+                assert '"meter_clock": stats["meter_clock"]' in src, path.name
+            if isinstance(last, ast.Expr) and not src.rstrip().endswith(";"):
+                seg = ast.get_source_segment(code, last)
+                assert seg.startswith("meter_labels(") or "meter_name(" in src, (path.name, seg)
+                shown += 1
+    assert shown >= 6                   # 01, 02, 03, 04, 06, 07
+
+
 def _unavailable(knobs: dict) -> str | None:
     for k, v in knobs.items():
         try:

@@ -127,3 +127,15 @@ def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
                                                         "repeat": 0}),
            "cfg.device": "cpu", "decode_tok_per_s": 10.0, "bubble_frac": 0.1}
     assert "bubble % meter, host clock (profiled:" in table(pd.DataFrame([rec]), doc)
+
+
+def test_notebook_tables_name_the_meter_clock():
+    """meter_labels, which the notebooks' tables go through: the meter's columns named with
+    its clock, the others kept."""
+    from mtplab.sweep.report import meter_labels
+    t = pd.DataFrame({"arm": ["a"], "bubble_frac": [0.1], "bubble_us_per_step": [5.0],
+                      "bubble_frac_profiled": [float("nan")]})
+    assert list(meter_labels(t, ["cpu"]).columns) == [
+        "arm", "bubble_frac (meter, host clock)", "bubble_us_per_step (meter, host clock)",
+        "bubble_frac_profiled"]
+    assert list(meter_labels(t, pd.Series(["cuda:0"])).columns)[1] == "bubble_frac (meter)"

@@ -333,7 +333,7 @@ launch_args() {  # NUL-separated arguments of `mtplab sglang launch` for arm on|
 }
 
 run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own session
-  local arm=$1 cap=$2 log=$OUTDIR/arm_$1.log pid t=0 rc a args=()
+  local arm=$1 cap=$2 log=$OUTDIR/arm_$1.log rc a args=()
   while IFS= read -r -d '' a; do args+=("$a"); done < <(
     launch_args "$arm" "$MTP_SGL_TMP/models/target" "$MTP_SGL_TMP/models/draft" "$MTP_SGL_TMP/traces")
   if [ "$cap" -lt 1 ]; then     # the deadline went on the steps before: launch nothing
@@ -341,24 +341,34 @@ run_arm() {      # run_arm ARM SECONDS: one `mtplab sglang launch` in its own se
     return 124
   fi
   echo "== arm $arm: at most ${cap}s, log $log"
-  setsid $PY -m mtplab.cli sglang launch "${args[@]}" > "$log" 2>&1 &
-  pid=$! ARM_PID=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$t" -ge "$cap" ]; then
-      echo "arm $arm: TIMEOUT after ${cap}s; stopping its process group"
-      pkill_group "$pid"; break
-    fi
-    sleep 2; t=$((t + 2))
-  done
-  wait "$pid"; rc=$?
-  pkill_group "$pid"          # server children left behind, if any
-  ARM_PID=
-  echo "arm $arm: exit $rc after ~${t}s"
+  capped "arm $arm" "$cap" "$log" $PY -m mtplab.cli sglang launch "${args[@]}"; rc=$?
+  echo "arm $arm: exit $rc after ~${WAITED}s"
   if [ "$rc" -ne 0 ]; then echo "---- tail of $log"; tail -n 80 "$log"; echo "----"; fi
   return "$rc"
 }
 
-ARM_PID=          # the session of the arm running now (run_arm), if any
+capped() {       # capped LABEL SECONDS LOG CMD...: CMD in a session of its own (ARM_PID, so
+                 # on_signal stops it), its output to LOG (-: ours), its process group stopped
+                 # at SECONDS and again once it exits (children left behind); -> CMD's exit
+                 # status, the seconds waited in WAITED (2 s steps)
+  local label=$1 cap=$2 log=$3 pid rc; shift 3
+  if [ "$log" = - ]; then setsid "$@" & else setsid "$@" > "$log" 2>&1 & fi
+  pid=$! ARM_PID=$!
+  WAITED=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$WAITED" -ge "$cap" ]; then
+      echo "$label: TIMEOUT after ${cap}s; stopping its process group"
+      pkill_group "$pid"; break
+    fi
+    sleep 2; WAITED=$((WAITED + 2))
+  done
+  wait "$pid"; rc=$?
+  pkill_group "$pid"
+  ARM_PID=
+  return "$rc"
+}
+
+ARM_PID=          # the session of the arm running now (capped), if any
 on_signal() {    # TERM/INT (the call's timeout, ^C): stop the running arm's session first
   if [ -n "$ARM_PID" ]; then
     echo "stopped by a signal: stopping arm session $ARM_PID"
@@ -367,7 +377,7 @@ on_signal() {    # TERM/INT (the call's timeout, ^C): stop the running arm's ses
   exit 143
 }
 
-pkill_group() {  # TERM then KILL process group $1 (the session run_arm started), never ours
+pkill_group() {  # TERM then KILL process group $1 (the session capped started), never ours
   [ "$1" = "$(ps -o pgid= -p $$ | tr -d ' ')" ] && return 0
   kill -TERM -- "-$1" 2>/dev/null || return 0
   local i
@@ -413,7 +423,7 @@ pair() {         # overlap on, then off; after `warm` each takes a minute or two
 }
 
 peer() {         # the peer harness (benchmarks/bench_peer_sglang.py); "$@" are its flags
-  local start=$SECONDS deadline=${MTP_SGL_DEADLINE:-480} work=$MTP_SGL_TMP/peer cap pid t=0 rc
+  local start=$SECONDS deadline=${MTP_SGL_DEADLINE:-480} work=$MTP_SGL_TMP/peer cap rc
   prepare || return $?
   mkdir -p "$work"
   if [ -n "${MTP_PEER_FROM:-}" ] && [ ! -f "$work/results.json" ]; then
@@ -431,17 +441,8 @@ peer() {         # the peer harness (benchmarks/bench_peer_sglang.py); "$@" are 
   echo "== peer: at most ${cap}s, results in $work"
   # the harness stops starting work 20 s before the cap; at the cap it gets a TERM (it kills
   # its engines' sessions and writes what finished)
-  setsid $PY -m benchmarks.bench_peer_sglang --out "$work" --deadline-s $((cap - 20)) "$@" &
-  pid=$! ARM_PID=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$t" -ge "$cap" ]; then
-      echo "peer: TIMEOUT after ${cap}s; stopping it"
-      pkill_group "$pid"; break
-    fi
-    sleep 2; t=$((t + 2))
-  done
-  wait "$pid"; rc=$?
-  ARM_PID=
+  capped peer "$cap" - $PY -m benchmarks.bench_peer_sglang --out "$work" \
+    --deadline-s $((cap - 20)) "$@"; rc=$?
   peer_pack "$work"
   echo "peer: exit $rc, $((SECONDS - start))s"
   return "$rc"

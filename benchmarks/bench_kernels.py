@@ -50,12 +50,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import emit
-from benchmarks.report import Report, free, run_figures
+from benchmarks.report import Report, free, graph_us, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.models.floor import engine_step_bytes, module_bytes
-from mtplab.nogc import gc_paused
 from mtplab.sweep.metrics import trace_metrics
 
 FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16", "topk")
@@ -305,32 +304,6 @@ def fig_bf16(rep: Report, tokens: int = 256) -> None:
     rep.add(f"bf16 tiny-code fused vs unfused greedy, {tokens} tokens x 4",
             f"{same}/4 identical; first divergence per request: "
             f"{['none' if d is None else d for d in firsts]}")
-
-
-def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
-    """Median device µs of one fn() call: fn captured `reps` times in one CUDA graph, the graph
-    replayed `replays` times, each replay between two CUDA events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):                 # compile / autotune / allocator warm-up
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with gc_paused(), torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / reps)
-    del g
-    return float(np.median(times))
 
 
 def fig_topk(rep: Report, V: int = 128256) -> None:

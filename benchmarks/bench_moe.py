@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.bench_kernels import copy_bandwidth, decode_forward, gpu_activities, prompts
 from benchmarks.common import emit
-from benchmarks.report import Report, free
+from benchmarks.report import Report, free, graph_us
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 from mtplab.models.floor import expected_experts, step_bytes
@@ -167,28 +167,13 @@ def head_share(eng: Engine, reps: int = 30) -> float:
     tok = torch.ones(1, dtype=torch.long, device=dev)
     hid = torch.randn(1, H, device=dev, dtype=w.dtype)
 
-    def timed(fn) -> float:
-        g = torch.cuda.CUDAGraph()
-        fn()
-        with torch.cuda.graph(g):
-            for _ in range(10):
-                fn()
-        out = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / 10)
-        return statistics.median(out)
-
-    head = timed(lambda: d.logits_of(s))
+    head = graph_us(lambda: d.logits_of(s), reps=10, replays=reps)
     dw = eng.worker.draft_worker
     seq = torch.full((1,), PROMPT, dtype=torch.int32, device=dev)
     rows = torch.ones(1, dtype=torch.long, device=dev)
     if hasattr(dw, "_forward"):                  # a Frozen-KV draft: one seed forward
-        whole = timed(lambda: dw._forward(tok, hid, rows, seq, PROMPT + 8))
+        whole = graph_us(lambda: dw._forward(tok, hid, rows, seq, PROMPT + 8), reps=10,
+                         replays=reps)
     else:
         whole = float("nan")
     return head / whole

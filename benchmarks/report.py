@@ -1,5 +1,6 @@
-"""What the time-boxed GPU figure scripts share (bench_kernels, bench_long_context,
-bench_moe): the report, the figure loop and freeing the device between engines.
+"""What the GPU figure scripts share (bench_kernels, bench_long_context, bench_moe,
+bench_attention): the report, the time-boxed figure loop, freeing the device between engines
+and `graph_us`, a call's device time by CUDA graph replay.
 
     rep = Report(budget_s)                    rep.add(figure, value, target, ok) prints a row
     run_figures(rep, [(name, fn), ...], only, reserve_s)
@@ -12,6 +13,11 @@ from __future__ import annotations
 
 import gc
 import time
+
+import numpy as np
+import torch
+
+from mtplab.nogc import gc_paused
 
 
 class Report:
@@ -37,7 +43,6 @@ class Report:
 
 def free(*engines) -> None:
     """Close `engines`, then give the device's cached memory back (between figures)."""
-    import torch
     for e in engines:
         e.close()
     gc.collect()
@@ -59,3 +64,29 @@ def run_figures(rep: Report, figures: list, only, reserve_s: float) -> None:
             rep.add(name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}", "",
                     False)
             free()
+
+
+def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
+    """Median device µs of one fn() call: fn captured `reps` times in one CUDA graph, the graph
+    replayed `replays` times, each replay between two CUDA events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):                 # compile / autotune / allocator warm-up
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with gc_paused(), torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b) / reps)
+    del g
+    return float(np.median(times))

@@ -19,8 +19,10 @@ Both have the target's fused path (`set_fused`, models/llama.py): their blocks r
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,13 @@ class AssistantConfig:
     intermediate_size: int
     num_layers: int
     kv_layers: list             # target layer each assistant layer reads (same attention type)
+
+    @classmethod
+    def read(cls, directory: Path) -> "AssistantConfig":
+        """The shapes a trained assistant ships: its directory's config.json (models/train.py
+        writes it with a `format` key beside these fields)."""
+        d = json.loads((Path(directory) / "config.json").read_text())
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 class FrozenAttention(nn.Module):

@@ -12,7 +12,6 @@ last accepted node), selected from the verify outputs by the spec worker.
 from __future__ import annotations
 
 import copy
-import json
 
 import torch
 
@@ -106,12 +105,7 @@ def build(target, seed: int = 0) -> FrozenKVAssistant:
     """The assistant of `target`: one layer per attention type (zoo.assistant_config), or the
     trained preset's shipped assistant with the shapes of its config.json."""
     trained = trained_draft_dir(target, "assistant")
-    if trained is None:
-        acfg = assistant_config(target.config)
-    else:
-        d = json.loads((trained / "config.json").read_text())
-        acfg = AssistantConfig(**{k: d[k] for k in ("hidden_size", "intermediate_size",
-                                                     "num_layers", "kv_layers")})
+    acfg = assistant_config(target.config) if trained is None else AssistantConfig.read(trained)
     return build_draft(target, lambda: FrozenKVAssistant(acfg, target), seed + 1, trained)
 
 

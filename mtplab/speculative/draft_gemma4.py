@@ -20,7 +20,6 @@ Adding this kind took this module and one row of draft_kinds.py.
 """
 from __future__ import annotations
 
-import json
 
 import torch
 from torch import nn
@@ -82,12 +81,7 @@ Worker = FrozenDraftWorker
 
 def build(target, seed: int = 0) -> Gemma4Assistant:
     trained = trained_draft_dir(target, SUBDIR)
-    if trained is None:
-        acfg = gemma4_config(target.config)
-    else:
-        d = json.loads((trained / "config.json").read_text())
-        acfg = AssistantConfig(**{k: d[k] for k in ("hidden_size", "intermediate_size",
-                                                     "num_layers", "kv_layers")})
+    acfg = gemma4_config(target.config) if trained is None else AssistantConfig.read(trained)
     return build_draft(target, lambda: Gemma4Assistant(acfg, target), seed + 3, trained)
 
 

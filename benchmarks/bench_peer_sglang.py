@@ -296,7 +296,7 @@ def _cell_base(cell: Cell, g: Group, launch, knobs: dict) -> dict:
             "overlap": cell.overlap, "bs": cell.bs, "max_running_requests": g.max_bs,
             "mtplab_knobs": knobs, "sglang_argv": None if launch is None else list(launch.argv),
             "sglang_env": None if launch is None else launch.env,
-            "git_commit": git_commit() or os.environ.get("MTP_GIT_COMMIT"),
+            "git_commit": git_commit(),
             "date": datetime.now(timezone.utc).isoformat()}
 
 

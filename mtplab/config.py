@@ -8,6 +8,7 @@ covered by its annotation), then ranges (`_MIN`), then the relations between kno
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -418,16 +419,20 @@ class RunConfig:
         return [f.name for f in fields(cls)]
 
 
-def git_commit() -> Optional[str]:
-    """HEAD of the checkout mtplab runs from (None outside a git checkout)."""
-    here = Path(__file__).resolve().parent
+def git_commit(package: Optional[Path] = None) -> Optional[str]:
+    """HEAD of the checkout mtplab runs from ("-dirty" with uncommitted changes to tracked
+    files). Only a checkout whose top is the folder holding the package counts: a copy of the
+    tree inside another repository (a device's carried folder) would report that repository's
+    HEAD. Else MTP_GIT_COMMIT, the commit a copied tree was made from; else None."""
+    here = (package or Path(__file__)).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=here,
+                             capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
+        out = None
+    lines = out.stdout.split() if out is not None and out.returncode == 0 else []
+    if len(lines) != 2 or Path(lines[0]).resolve() != here.parent:
+        return os.environ.get("MTP_GIT_COMMIT") or None
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                            capture_output=True, text=True, timeout=5).stdout.strip()
-    return out.stdout.strip() + ("-dirty" if dirty else "")
+    return lines[1] + ("-dirty" if dirty else "")

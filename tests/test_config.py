@@ -48,3 +48,33 @@ def test_resolution_and_manifest():
     assert "git_commit" in m and m["device_name"]
     # the manifest reconstructs the same config
     assert RunConfig(**c) == cfg
+
+
+def test_git_commit_is_the_checkout_holding_the_package_not_an_enclosing_one(tmp_path,
+                                                                           monkeypatch):
+    """A copy of the tree inside another repository (a device's carried `.dev_x` folder) must
+    not report that repository's HEAD; MTP_GIT_COMMIT names the copy's commit."""
+    import subprocess
+
+    from mtplab.config import git_commit
+
+    def git(*args, cwd=tmp_path):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                       check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "mtplab").mkdir()
+    (tmp_path / "mtplab" / "config.py").write_text("x = 1\n")
+    copy = tmp_path / "copy" / "mtplab"
+    copy.mkdir(parents=True)
+    (copy / "config.py").write_text("x = 1\n")
+    git("add", "mtplab/config.py")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    monkeypatch.delenv("MTP_GIT_COMMIT", raising=False)
+    assert git_commit(tmp_path / "mtplab" / "config.py") == head
+    (tmp_path / "mtplab" / "config.py").write_text("x = 2\n")
+    assert git_commit(tmp_path / "mtplab" / "config.py") == head + "-dirty"
+    assert git_commit(copy / "config.py") is None               # the enclosing repo's HEAD
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234")
+    assert git_commit(copy / "config.py") == "abc1234"

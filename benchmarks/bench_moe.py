@@ -20,8 +20,8 @@ Figures, in this order (the costliest last), each under a shared time budget (a 
             draft forward, graph-captured, median of replays), the escape share (emitted tokens
             outside the hot set) and the accept length
   speedup   frozen_kv_mtp (fold_seed, S = 3, simulated acceptance 3.0) vs target-only decode
-            tok/s at bs 1 / 8 / 32 / 64, the MoE preset next to gemma4-31b-like (dense) at the
-            same acceptance: the spec speedup per bs, and where it falls below 1 (break-even)
+            tok/s at bs 1 / 8 / 32 / 64 (every bs in a CUDA graph; median of 3 decodes of 64
+            tokens), the MoE preset next to gemma4-31b-like (dense) at the same acceptance: the spec speedup per bs, and where it falls below 1 (break-even)
 Drives engines directly (as bench_kernels does): the figures read model internals (routers,
 the draft head) that a sweep row does not carry.
 """
@@ -131,9 +131,11 @@ def kernel_table(rep: Report, eng: Engine, top: int = 6) -> None:
                 f"{us / 1e3:.3f} ms ({us / max(total, 1e-9):.0%}), {count} launches")
 
 
-def fig_speedup(rep: Report, layers_of: dict) -> None:
+def fig_speedup(rep: Report, layers_of: dict, repeats: int = 3) -> None:
+    """Every bs runs in a CUDA graph (the bucket cap raised to the largest bs); each tok/s is
+    the median of `repeats` decodes of 64 tokens, with their spread (max/min - 1) beside it."""
     for model in (MOE, DENSE):
-        ratios = {}
+        tps: dict = {}
         for arm in ("none", "frozen_kv_mtp"):
             if rep.left() < 60:
                 rep.add(f"speedup {model} {arm}", "SKIPPED (time box)")
@@ -141,19 +143,26 @@ def fig_speedup(rep: Report, layers_of: dict) -> None:
             kw = {} if arm == "none" else dict(draft="frozen_kv_mtp", fold_seed=True,
                                                num_steps=3, simulate_accept_len=3.0)
             eng = Engine(RunConfig(model=model, layers=layers_of[model],
-                                   max_running_requests=max(BATCHES), overlap=True,
+                                   max_running_requests=max(BATCHES),
+                                   cuda_graph_max_bs=max(BATCHES), overlap=True,
                                    zero_bubble=True, **BASE, **kw))
             for bs in BATCHES:
                 if rep.left() < 20:
                     break
-                ratios[(arm, bs)] = decode(eng, bs, 32)["decode_tok_per_s"]
+                tps[(arm, bs)] = [decode(eng, bs, 64)["decode_tok_per_s"]
+                                  for _ in range(repeats)]
             free(eng)
         for bs in BATCHES:
-            t, s = ratios.get(("none", bs)), ratios.get(("frozen_kv_mtp", bs))
+            t, s = tps.get(("none", bs)), tps.get(("frozen_kv_mtp", bs))
             if t and s:
+                mt, ms = statistics.median(t), statistics.median(s)
                 rep.add(f"spec speedup {model} bs {bs}",
-                        f"{s / t:.2f}x (target-only {t:.0f} tok/s, frozen accept 3.0 "
-                        f"{s:.0f} tok/s)")
+                        f"{ms / mt:.2f}x (target-only {mt:.0f} tok/s ±{spread(t):.1%}, "
+                        f"frozen accept 3.0 {ms:.0f} tok/s ±{spread(s):.1%})")
+
+
+def spread(xs: list[float]) -> float:
+    return max(xs) / min(xs) - 1
 
 
 def head_share(eng: Engine, reps: int = 30) -> float:

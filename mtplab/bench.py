@@ -49,7 +49,9 @@ A group file may carry two keys of its own: `quick`, a reduced variant (`grid`, 
 `arms`, `base` replacing the group's) that `--quick` runs, and `report: regime`, which prints
 the regime report (`regime_report`: the regime table of mtplab/sweep/regime.py, each effect's
 crossover, and the what-if predictor against the measured ratios, sweep/whatif_check.py)
-instead of the ratio table. `--only AXIS=V,...` keeps those values of an axis (a subset of
+instead of the ratio table. An arm with `zero_bubble: each_off` stands for one arm per
+zero-bubble sub-knob, that one off and the others on (zero_bubble.py leave_one_out), so a new
+sub-knob is measured without an edit here. `--only AXIS=V,...` keeps those values of an axis (a subset of
 rungs), `--budget-s S` starts no cell that could not end within S seconds of the start
 (sweep/executors.py LocalExecutor); the cells left are named and the same `--dir` resumes.
 A group file with `runner: schedule` (the `schedule` group) is run in one process by
@@ -83,6 +85,7 @@ GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
 GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host",
           "moe", "regime", "schedule")
 BENCH_KEYS = ("quick", "report")    # a group file's own keys, not the sweep's (module doc)
+EACH_OFF = "each_off"               # an arm's zero_bubble: one arm per sub-knob (module doc)
 REPEAT = "repeat"
 # --smoke: every arm of every group for a few steps, one repeat (a CPU check of the path).
 SMOKE_BASE = dict(prompt_len_tokens=32, output_len_tokens=6, warmup_output_len_tokens=2,
@@ -111,7 +114,20 @@ def grid_doc(group: str) -> dict:
     doc = load_yaml(path.read_text(), f"grid file {path}") or {}
     if not isinstance(doc, dict) or not doc.get("arms"):
         raise ConfigError(f"{path} has no `arms`: a bench group compares arms side by side.")
+    for d in (doc, doc.get("quick") or {}):
+        if d.get("arms"):
+            d["arms"] = [a for arm in d["arms"] for a in _each_off(arm)]
     return doc
+
+
+def _each_off(arm: dict) -> list[dict]:
+    """The arms an arm of a group file stands for: itself, or with `zero_bubble: each_off`
+    one per sub-knob (zero_bubble.py leave_one_out)."""
+    if not isinstance(arm, dict) or arm.get("zero_bubble") != EACH_OFF:
+        return [arm]
+    from .zero_bubble import leave_one_out
+    rest = {k: v for k, v in arm.items() if k != "zero_bubble"}
+    return [{**rest, **subs} for subs in leave_one_out()]
 
 
 def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optional[list],

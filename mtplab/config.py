@@ -23,7 +23,7 @@ from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where, pars
 from .errors import ConfigError, ModelLoadError
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
                        is_real)
-from .zero_bubble import ZB_SUBKNOBS
+from .zero_bubble import ZB_SUBKNOBS, ZeroBubbleKnobs
 from .zero_bubble import options as zb_options
 
 DRAFTS = DRAFT_CHOICES          # "none" and the rows of the draft table (draft_kinds.py)
@@ -47,7 +47,8 @@ _MIN = {"num_steps": 1, "topk": 1, "page_size": 1, "max_running_requests": 1,
 
 
 @dataclass
-class RunConfig:
+class RunConfig(ZeroBubbleKnobs):
+    # zero_bubble and its zb_* sub-knobs: ZeroBubbleKnobs (zero_bubble.py), first in field order
     # model and draft
     model: str = knob("random-tiny", "a zoo preset (tiny-code: trained, real acceptance; "
                       "random-tiny, random-medium, *-like shape presets) or a local HF Llama dir")
@@ -87,13 +88,6 @@ class RunConfig:
     cuda_graph_max_bs: int = knob(32, "largest captured batch bucket")
     graph_granularity: str = knob("stage", "decode CUDA graphs: one per segment (stage) or "
                                   "resolve..stash of a step as one graph (step)", GRANULARITIES)
-    zero_bubble: bool = knob(False, f"turn on every zb_* sub-knob ({', '.join(ZB_SUBKNOBS)})")
-    zb_async_d2h: Optional[bool] = knob(None, "results copied to pinned memory asynchronously "
-                                        "(None: True)")
-    zb_device_seq_lens: Optional[bool] = knob(None, "no host read of seq_lens on the decode path "
-                                              "(None: = zero_bubble)")
-    zb_draft_preexec: Optional[bool] = knob(None, "draft k+1 runs right after commit k "
-                                            "(None: = zero_bubble)")
     attention_backend: str = knob("auto", "attention kernels (auto: triton on CUDA, torch on CPU)",
                                   BACKENDS)
     fused: Optional[bool] = knob(None, "fused decoder layer (one QKV and one gate/up GEMM, "

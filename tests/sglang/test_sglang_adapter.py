@@ -382,7 +382,7 @@ def stub_server():
 def test_launch_refuses_a_port_another_server_answers_on(tmp_path, capsys, model_dirs,
                                                          stub_server):
     """A stub on the port and a server that cannot even start (no sglang): refused before the
-    start, nothing measured, no run folder (it used to report the stub's tok/s, rc 0)."""
+    start, nothing measured, no run folder (not the stub's tok/s with rc 0)."""
     py = tmp_path / "nosglang"
     py.write_text("#!/bin/sh\necho \"No module named 'sglang'\" >&2\nexit 1\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)

@@ -82,7 +82,13 @@ def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
             "layer_types": ["sliding_attention"] * (assistant_layers - 1) + ["full_attention"],
             "intermediate_size": 4 * assistant_hidden_size}).to_dict()
         backbone = hidden_size
-    target.update(architectures=["Gemma4ForCausalLM"], dtype=dtype, torch_dtype=dtype)
+    # SGLang's names for the sliding layers' sizes (base = full attention, swa_* = sliding),
+    # which its config loader derives for a `gemma4` checkpoint but not for this `gemma4_text`
+    # one; its Gemma-4 KV pool reads swa_num_key_value_heads (without it, the scheduler dies
+    # building the pool: "'Gemma4TextConfig' object has no attribute 'swa_num_key_value_heads'")
+    target.update(architectures=["Gemma4ForCausalLM"], dtype=dtype, torch_dtype=dtype,
+                  swa_num_key_value_heads=target["num_key_value_heads"],
+                  swa_head_dim=target["head_dim"], swa_v_head_dim=target["head_dim"])
     assistant = Gemma4AssistantConfig(text_config=a_text, backbone_hidden_size=backbone).to_dict()
     assistant.update(architectures=["Gemma4AssistantForCausalLM"], dtype=dtype, torch_dtype=dtype)
     return _config_dirs(root, {"target": target, "assistant": assistant}, default=str)

@@ -88,19 +88,17 @@ def sglang_configs(g, models):
     return a, t, d
 
 
-def sglang_target_pool(a, t, window):
-    """SGLang's own memory-pool configurator for the target (what the scheduler runs at start,
-    after loading the weights) sizing a pool in 8 GiB: SimpleNamespace stands in for the
-    parallel state, the model for nothing (the configurator reads only the configs)."""
+def sglang_kv_configurator(a, t, window):
+    """SGLang's own KV-cache configurator for the target (what the scheduler runs at start,
+    after loading the weights): SimpleNamespace stands in for the parallel state, the model for
+    nothing (the configurator reads only the configs)."""
     import types
 
     import torch
     kvm = sglang_module("sglang.srt.mem_cache.kv_cache_configurator")
-    pc = sglang_module("sglang.srt.model_executor.pool_configurator")
-    rc = sglang_module("sglang.srt.runtime_context")
     si = sglang_module("sglang.srt.speculative.spec_info")
     aux = sglang_module("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state")
-    kvc = kvm.KVCacheConfigurator(
+    return kvm.KVCacheConfigurator(
         device="cpu", gpu_id=0, ps=types.SimpleNamespace(attn_dp_size=1, pp_size=1),
         pp_group=None, model=None, model_config=t, server_args=a, kv_cache_dtype=torch.bfloat16,
         kv_cache_dtype_str="auto", model_dtype=t.dtype, page_size=a.page_size,
@@ -111,8 +109,31 @@ def sglang_target_pool(a, t, window):
         is_hybrid_swa_compress=t.is_hybrid_swa_compress, use_mla_backend=False, layer_info=None,
         forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
         memory_pool_config=None)
+
+
+def sglang_target_pool(a, t, window):
+    """The configurator sizing the target's pool in 8 GiB."""
+    pc = sglang_module("sglang.srt.model_executor.pool_configurator")
+    rc = sglang_module("sglang.srt.runtime_context")
+    kvc = sglang_kv_configurator(a, t, window)
     with rc.get_parallel().override(attn_tp_size=1):
         return pc.create_memory_pool_configurator(kvc).calculate_pool_sizes(8 << 30, a.page_size)
+
+
+def sglang_hybrid_pool(a, t, window, full_tokens: int, swa_tokens: int):
+    """The configurator building the target's hybrid sliding-window KV pool (on CPU, the
+    server args published as the scheduler publishes them, then cleared)."""
+    rc = sglang_module("sglang.srt.runtime_context")
+    mp = sglang_module("sglang.srt.mem_cache.memory_pool")
+    kvc = sglang_kv_configurator(a, t, window)
+    rc.publish(a, role="test")
+    try:
+        with rc.get_parallel().override(attn_tp_size=1):
+            return kvc._build_hybrid_swa_kv_pool(full_max_total_num_tokens=full_tokens,
+                                                 swa_max_total_num_tokens=swa_tokens,
+                                                 mha_pool_class=mp.MHATokenToKVPool)
+    finally:
+        rc.reset_context()
 
 
 def sglang_assistant_layers(mtp, t, d, target_layers: int, n: int) -> list[int]:
@@ -180,6 +201,14 @@ def test_sglang_loads_and_sizes_the_gemma_shape_mtplab_builds(models, draft):
     pool = sglang_target_pool(a, t, window)
     assert pool.full_max_total_num_tokens > 8 * WL.context_len
     assert pool.swa_max_total_num_tokens > 8 * (c.sliding_window + 1)
+    # ... and builds: its Gemma-4 pool reads the sliding layers' KV heads by SGLang's name
+    # (swa_num_key_value_heads; the H100 run that lacked it died here), one pool per layer type
+    # of mtplab's heads and head_dim
+    kv = sglang_hybrid_pool(a, t, window, full_tokens=64, swa_tokens=32)
+    sliding = c.num_hidden_layers - len(full)
+    assert (len(kv.full_kv_pool.k_buffer), len(kv.swa_kv_pool.k_buffer)) == (len(full), sliding)
+    for buf in (kv.full_kv_pool.k_buffer[0], kv.swa_kv_pool.k_buffer[0]):
+        assert tuple(buf.shape[1:]) == (c.num_key_value_heads, c.head_dim)
     if draft == "target":
         assert d is None
         return

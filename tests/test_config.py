@@ -53,7 +53,7 @@ def test_resolution_and_manifest():
 def test_git_commit_is_the_checkout_holding_the_package_not_an_enclosing_one(tmp_path,
                                                                            monkeypatch):
     """A copy of the tree inside another repository (a device's carried `.dev_x` folder) must
-    not report that repository's HEAD; MTP_GIT_COMMIT names the copy's commit."""
+    not report that repository's HEAD; MTP_GIT_COMMIT, where set, names the copy's commit."""
     import subprocess
 
     from mtplab.config import git_commit
@@ -78,3 +78,5 @@ def test_git_commit_is_the_checkout_holding_the_package_not_an_enclosing_one(tmp
     assert git_commit(copy / "config.py") is None               # the enclosing repo's HEAD
     monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234")
     assert git_commit(copy / "config.py") == "abc1234"
+    # ... and over a checkout of its own at another HEAD (a device's copy of the tree)
+    assert git_commit(tmp_path / "mtplab" / "config.py") == "abc1234"

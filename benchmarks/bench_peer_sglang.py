@@ -290,8 +290,8 @@ class Results:
 
 def _cell_base(cell: Cell, g: Group, launch, knobs: dict) -> dict:
     """The settings part of a cell's record. The commit: MTP_GIT_COMMIT where set (a copy
-    sent to a GPU machine), else the checkout's (mtplab.config.git_commit)."""
-    from mtplab.config import git_commit
+    sent to a GPU machine), else the checkout's (mtplab.provenance.git_commit)."""
+    from mtplab.provenance import git_commit
     return {"cell": cell.cell_id, "shape": cell.shape, "draft": cell.draft,
             "overlap": cell.overlap, "bs": cell.bs, "max_running_requests": g.max_bs,
             "mtplab_knobs": knobs, "sglang_argv": None if launch is None else list(launch.argv),

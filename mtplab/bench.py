@@ -51,9 +51,10 @@ the regime report (`regime_report`: the regime table of mtplab/sweep/regime.py, 
 crossover, and the what-if predictor against the measured ratios, sweep/whatif_check.py)
 instead of the ratio table. An arm with `zero_bubble: each_off` stands for one arm per
 zero-bubble sub-knob, that one off and the others on (zero_bubble.py leave_one_out), so a new
-sub-knob is measured without an edit here. `--only AXIS=V,...` keeps those values of an axis (a subset of
-rungs), `--budget-s S` starts no cell that could not end within S seconds of the start
-(sweep/executors.py LocalExecutor); the cells left are named and the same `--dir` resumes.
+sub-knob is measured without an edit to the group file. `--only AXIS=V,...` keeps those values
+of an axis (a subset of rungs), `--budget-s S` starts no cell that could not end within S
+seconds of the start (sweep/executors.py LocalExecutor); the cells left are named and the same
+`--dir` resumes.
 A group file with `runner: schedule` (the `schedule` group) is run in one process by
 mtplab/sweep/schedule_bench.py, not by the sweep: the break-even surface of speculation over
 (batch size, num_steps, topk) with off included, the best spec_schedule for the model and GPU

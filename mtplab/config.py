@@ -8,19 +8,17 @@ covered by its annotation), then ranges (`_MIN`), then the relations between kno
 """
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
-from pathlib import Path
 from typing import Optional, Union
 
 from . import spec_schedule
 from .draft_kinds import DRAFT_CHOICES, DRAFT_KINDS, NO_DRAFT, kinds_where, parse_draft_vocab
 from .errors import ConfigError, ModelLoadError
+from .provenance import git_commit
 from .validate import (check_device, check_fields, check_min, check_run_name, check_seed,
                        is_real)
 from .zero_bubble import ZB_SUBKNOBS, ZeroBubbleKnobs
@@ -411,26 +409,3 @@ class RunConfig(ZeroBubbleKnobs):
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
-
-
-def git_commit(package: Optional[Path] = None) -> Optional[str]:
-    """MTP_GIT_COMMIT where set: the commit a copied tree was made from (a device's copy of a
-    checkout can sit in a repository of its own whose HEAD is another commit). Else HEAD of
-    the checkout mtplab runs from ("-dirty" with uncommitted changes to tracked files); only a
-    checkout whose top is the folder holding the package counts: a copy of the tree inside
-    another repository (a device's carried folder) would report that repository's HEAD. Else
-    None."""
-    if os.environ.get("MTP_GIT_COMMIT"):
-        return os.environ["MTP_GIT_COMMIT"]
-    here = (package or Path(__file__)).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=here,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        out = None
-    lines = out.stdout.split() if out is not None and out.returncode == 0 else []
-    if len(lines) != 2 or Path(lines[0]).resolve() != here.parent:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True, timeout=5).stdout.strip()
-    return lines[1] + ("-dirty" if dirty else "")

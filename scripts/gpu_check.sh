@@ -279,11 +279,10 @@ for spec in "$@"; do                              # every phase named must exist
   declare -F "phase_${spec%%:*}" >/dev/null || { echo "unknown phase '${spec%%:*}'"; usage; exit 2; }
 done
 python3 - <<'PY' | tee "$OUT_DIR/device.txt"
-import datetime, subprocess, torch
+import datetime, torch
+from mtplab.provenance import git_commit    # MTP_GIT_COMMIT where set, else this checkout's HEAD
 dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip() or "?"
-print(datetime.date.today(), "torch", torch.__version__, dev, "commit", commit)
+print(datetime.date.today(), "torch", torch.__version__, dev, "commit", git_commit() or "?")
 PY
 failed=()
 for spec in "$@"; do

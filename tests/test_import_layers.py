@@ -6,7 +6,7 @@ RunConfig); and no chain of imports, module- or function-level, leads from a mod
 itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topological order).
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
-              zero_bubble  version
+              zero_bubble  version  provenance
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
@@ -15,8 +15,8 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
-              config (+ validate, draft_kinds, zero_bubble, version, spec_schedule; models and
-              mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
+              config (+ validate, draft_kinds, zero_bubble, version, provenance, spec_schedule;
+              models and mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt", "zero_bubble", "version"}
+          "draft_kinds", "fmt", "zero_bubble", "version", "provenance"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -39,6 +39,7 @@ ALLOWED = {
     "fmt": set(),                  # numbers as people read them (tables, headers)
     "zero_bubble": set(),          # the zero-bubble sub-knobs and their owners
     "version": set(),              # __version__ (the package root re-exports it)
+    "provenance": set(),           # git_commit: the checkout the code runs from (manifests)
     "core": {"errors"},
     "validate": {"errors"},
     "spec_schedule": {"errors"},   # the batch-aware schedule knob (torch-free)
@@ -50,7 +51,8 @@ ALLOWED = {
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},
-    "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds", "nogc"},
+    "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds", "nogc",
+               "provenance"},                                    # train.py's manifest
     # graphs -> kernels: a capture hands its stamps to carrying kernels (kernels/stamp.py)
     "graphs": {"core", "device", "nogc", "kernels"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",
@@ -59,7 +61,7 @@ ALLOWED = {
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
               "lazy_triton"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
-               "draft_kinds", "zero_bubble", "version", "spec_schedule"},
+               "draft_kinds", "zero_bubble", "version", "provenance", "spec_schedule"},
 }
 TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..provenance import git_commit
 from .corpus import Corpus, load_corpus, token_counts
 from .drafts import EagleDraft, FrozenKVAssistant
 from .llama import LlamaForCausalLM
@@ -398,23 +398,13 @@ def tokenizer_description(vocab: int) -> dict:
             "documents": "each file is <bos> + its bytes + <eos>; prompts start with <bos>"}
 
 
-def _git_commit() -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"],
-                             capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _manifest(cfg: TrainConfig, corpus: Corpus, dev, stages: dict, models: dict,
               heldout: Optional[dict], timings: dict) -> dict:
     return {
         "name": "tiny-code",
         "complete": heldout is not None,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "train_config": asdict(cfg),

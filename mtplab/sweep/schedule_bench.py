@@ -201,7 +201,7 @@ class _Group:
         return out
 
     def _write_schedule(self, label: str, sched: dict, r: dict) -> None:
-        from ..config import git_commit
+        from ..provenance import git_commit
         meta = {"model": label, "device": r.get("device", "?"), "commit": git_commit(),
                 "date": time.strftime("%Y-%m-%d"), "measured by": "mtplab bench --groups "
                 f"schedule (simulated per-position acceptance {self.rate}, "
@@ -230,7 +230,7 @@ class _Group:
 
     # -- the report -----------------------------------------------------------------------
     def report(self) -> str:
-        from ..config import git_commit
+        from ..provenance import git_commit
         parts = [f"commit {git_commit()}; simulated per-position acceptance {self.rate}; "
                  f"min_gain {self.min_gain:.0%}; "
                  f"{self.repeats} repeat(s); decode tok/s medians (vs off: / the off arm)"]

@@ -5,7 +5,8 @@ path, with the part of the engine that acts on it.
     sub-knob             what it removes                        owner: field it sets
     zb_async_d2h         the blocking `.tolist()` of results    loop: LoopOptions.async_d2h
                          (pinned copies on the copy stream)           (sched/scheduler.py)
-    zb_device_seq_lens   the host's read of the lengths         loop: LoopOptions.device_seq_lens
+    zb_device_seq_lens   the host's read of the lengths (a      loop: LoopOptions.device_seq_lens
+                         speculative decode under overlap)
     zb_draft_preexec     the draft between publish and the      worker: SpecParams.draft_preexec
                          next tree (it runs after commit)             (speculative/worker.py)
 
@@ -46,8 +47,8 @@ class ZeroBubbleKnobs:
     zb_async_d2h: Optional[bool] = sub_knob("loop", True, "async", "results copied to pinned "
                                             "memory asynchronously (None: True)")
     zb_device_seq_lens: Optional[bool] = sub_knob("loop", False, "dsl", "no host read of "
-                                                  "seq_lens on the decode path (None: = "
-                                                  "zero_bubble)")
+                                                  "seq_lens on the speculative decode path "
+                                                  "(None: = zero_bubble)")
     zb_draft_preexec: Optional[bool] = sub_knob("worker", False, "pre", "draft k+1 runs right "
                                                 "after commit k (None: = zero_bubble)")
 

@@ -17,7 +17,8 @@ Replay of iteration k (h = host clock, F / C = the forward / copy lane free time
 L = launch latency, W = wake latency: a device event to the host's return from its wait):
 
     h += schedule
-    overlap, not device_seq_lens:  h = max(h, publish_end[k-1] + W)       (sync, in prepare)
+    overlap, not device_seq_lens,  h = max(h, publish_end[k-1] + W)       (sync, in prepare)
+    a draft:
     h += prepare
     async_d2h:                     F = max(F, d2h_end[k-1])   (results are graph buffers the
                                                                next step overwrites)
@@ -183,7 +184,7 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
 
     for k in range(steps):
         host_seg(k, "schedule", "host", m.host.get("schedule", 0.0))
-        if lp.overlap and not lp.device_seq_lens and k > 0 and pub_end:
+        if lp.overlap and not lp.device_seq_lens and m.draft != "none" and k > 0 and pub_end:
             wait_until(k, pub_end[-1] + W)
         host_seg(k, "prepare", "host", m.host.get("prepare", 0.0))
         if lp.async_d2h and d2h_end:

@@ -68,7 +68,8 @@ class LoopOptions:
     owns (zero_bubble.py: the engine builds them from that table)."""
     overlap: bool = False
     async_d2h: bool = True         # results -> pinned buffers on the copy stream (else .tolist())
-    device_seq_lens: bool = True   # False: the host reads resolved seq_lens each decode (a sync)
+    device_seq_lens: bool = True   # False: the host reads resolved seq_lens each speculative
+                                   #   decode under overlap (a sync)
     debug_syncs: bool = False      # list host syncs per decode step (CUDA sync debug mode)
 
 
@@ -100,8 +101,14 @@ class Scheduler:
         # reference counting): on_step is the engine's StepHooks (sched/hooks.py),
         # on_iteration gets this scheduler as its argument (the invariant checker).
         self.worker, self.kv, self.future_map, self.dev = worker, kv, future_map, device
-        # the future map's `publish_ready` is waited on only by the host's read of the lengths
-        future_map.host_reads = loop.overlap and not loop.device_seq_lens
+        # The host reads the published lengths (a sync) only where it cannot know them: a
+        # speculative decode advances each request by its accept length, which the host
+        # learns a step late. A target-only decode advances every request by one token, so
+        # the host's own lengths + lag are exact (SGLang's resolve_seq_lens_cpu returns at
+        # once without a draft). The future map's `publish_ready` is waited on only by that read.
+        self.reads_lengths = (loop.overlap and not loop.device_seq_lens
+                              and alloc_len_per_decode > 1)
+        future_map.host_reads = self.reads_lengths
         self.sp, self.opt = spans, loop
         self.on_step = on_step              # after every iteration that launched work
         self.on_iteration = on_iteration    # after every iteration (debug_invariants)
@@ -190,7 +197,7 @@ class Scheduler:
         dev, pool = self.dev, self.kv.pool
         with self.sp.stage("prepare", "host"):
             if kind == "decode" and not pool.pending and self.prepare_decode.has(batch) \
-                    and self.opt.device_seq_lens:
+                    and not self.reads_lengths:
                 x, wrote = self._prepare_decode(batch), False     # no device work to issue
             else:
                 with dev.stream(self.schedule_stream):
@@ -285,7 +292,7 @@ class Scheduler:
         return tuple(fin.tolist())
 
     def _prepare_decode(self, batch: Batch):
-        if self.opt.overlap and not self.opt.device_seq_lens:
+        if self.reads_lengths:
             # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
             # the previous verify's publish -- the publish-point host sync.
             with self.sp.stage("sync", "host"):

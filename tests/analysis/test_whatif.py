@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -82,16 +83,20 @@ def test_blocking_reads_undo_overlap():
 
 
 def test_publish_sync_costs_prepare_and_the_first_launch():
-    # GPU-bound spec-free step: verify 200, commit 10 + publish 2, d2h 3. With the host
-    # read of the lengths, iteration k waits for k-1's publish, then prepares (20) and
-    # launches verify (5) while the device idles after d2h: 212 + 20 + 5 = 237.
+    # GPU-bound speculative step without a draft launch: verify 200, commit 10 + publish 2,
+    # d2h 3. With the host read of the lengths, iteration k waits for k-1's publish, then
+    # prepares (20) and launches verify (5) while the device idles after d2h:
+    # 212 + 20 + 5 = 237.
     m = StepModel(host=dict(HOST),
                   launches=(Launch("verify", 5.0, "forward", (("verify", 200.0),)),
                             Launch("commit", 4.0, "forward", (("commit", 10.0), ("publish", 2.0))),
                             Launch("d2h", 2.0, "copy", (("d2h", 3.0),))),
-                  loop=Loop(overlap=True, device_seq_lens=False), graphs=True)
+                  loop=Loop(overlap=True, device_seq_lens=False), graphs=True,
+                  draft="frozen_kv_mtp", num_steps=3)
     assert replay(m).period_us == pytest.approx(237.0)
     assert replay(apply(m, "zb_device_seq_lens=on")).period_us == pytest.approx(215.0)
+    # target-only: the host knows the lengths (one token per step), so there is no read
+    assert replay(replace(m, draft="none", num_steps=0)).period_us == pytest.approx(215.0)
 
 
 def test_cpu_runs_everything_in_series():

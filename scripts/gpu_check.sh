@@ -157,9 +157,13 @@ phase_notebooks() {
 #:         --quick) within REGIME_BUDGET_S=470, then the map and the what-if validation
 #:         -> regime.md, regime/regime.png, regime/results.parquet, regime/traces/<cell>/ (each
 #:         cell's step profile); the same -o folder with its regime/results.jsonl and
-#:         regime/traces carried back resumes the cells left (two runs cover the ladder)
+#:         regime/traces carried back resumes the cells left (two runs cover the ladder);
+#:         REGIME_QUICK=0 runs the whole ladder instead, REGIME_ONLY="AXIS=V,... ..." a subset
+#:         of either (e.g. REGIME_QUICK=0 REGIME_ONLY="layers=32 batch_size=8 repeat=0,1")
 phase_regime() {
-  python3 -m mtplab.cli bench --no-progress --groups regime --quick \
+  local quick=--quick
+  [[ ${REGIME_QUICK:-1} == 0 ]] && quick=
+  python3 -m mtplab.cli bench --no-progress --groups regime $quick \
     --budget-s "${REGIME_BUDGET_S:-470}" ${REGIME_ONLY:+--only $REGIME_ONLY} \
     --dir "$OUT_DIR" --out "$OUT_DIR/regime.md"
 }

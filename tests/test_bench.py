@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -207,6 +208,29 @@ def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
     assert r.returncode == 2 and "unknown phase 'nope'" in r.stdout
     assert not (tmp_path / "tests.log").exists()          # nothing ran
     assert OUTSIDE not in text
+
+
+def test_gpu_check_regime_runs_the_quick_ladder_unless_told_the_whole_one(tmp_path):
+    """The regime phase passes --quick by default; REGIME_QUICK=0 drops it, so REGIME_ONLY can
+    pick rungs of the whole ladder (llama3-8b-like@32 with 8k prompts is not in the quick one)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (fake / "python3").chmod(0o755)
+    script = ROOT / "scripts" / "gpu_check.sh"
+
+    def bench_args(**env):
+        log.write_text("")
+        subprocess.run(["bash", str(script), "-o", str(tmp_path / "out"), "regime"],
+                       env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", **env},
+                       capture_output=True, text=True, check=True)
+        return [ln for ln in log.read_text().splitlines() if "--groups regime" in ln][0].split()
+
+    assert "--quick" in bench_args()
+    args = bench_args(REGIME_QUICK="0", REGIME_ONLY="layers=32 batch_size=8")
+    assert "--quick" not in args
+    assert args[args.index("--only") + 1:args.index("--only") + 3] == ["layers=32", "batch_size=8"]
 
 
 def test_stage_sum_and_bubble_columns_of_the_bench_table():

@@ -21,7 +21,8 @@ Figures, in this order (the costliest last), each under a shared time budget (a 
             outside the hot set) and the accept length
   speedup   frozen_kv_mtp (fold_seed, S = 3, simulated acceptance 3.0) vs target-only decode
             tok/s at bs 1 / 8 / 32 / 64 (every bs in a CUDA graph; median of 3 decodes of 64
-            tokens), the MoE preset next to gemma4-31b-like (dense) at the same acceptance: the spec speedup per bs, and where it falls below 1 (break-even)
+            tokens), the MoE preset next to gemma4-31b-like (dense) at the same acceptance:
+            the spec speedup per bs, and where it falls below 1 (break-even)
 Drives engines directly (as bench_kernels does): the figures read model internals (routers,
 the draft head) that a sweep row does not carry.
 """

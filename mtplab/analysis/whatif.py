@@ -17,8 +17,8 @@ Replay of iteration k (h = host clock, F / C = the forward / copy lane free time
 L = launch latency, W = wake latency: a device event to the host's return from its wait):
 
     h += schedule
-    overlap, not device_seq_lens,  h = max(h, publish_end[k-1] + W)       (sync, in prepare)
-    a draft:
+    overlap, a draft, not device_seq_lens:
+                                   h = max(h, publish_end[k-1] + W)       (sync, in prepare)
     h += prepare
     async_d2h:                     F = max(F, d2h_end[k-1])   (results are graph buffers the
                                                                next step overwrites)

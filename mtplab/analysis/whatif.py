@@ -22,15 +22,17 @@ L = launch latency, W = wake latency: a device event to the host's return from i
     h += prepare
     async_d2h:                     F = max(F, d2h_end[k-1])   (results are graph buffers the
                                                                next step overwrites)
-    each forward launch:           h += host_us; start = max(F, h + L); its stages run back
-                                   to back from start; F = their end
-    async_d2h:  d2h launch         h += host_us; start = max(C, F, h + L); d2h_end[k] = end
+    each forward launch:           h += host_us; start = max(F + gap, h + L); its stages run
+                                   back to back from start; F = their end (gap: the device
+                                   idle the run shows before it even when issued in time)
+    async_d2h:  d2h launch         h += host_us; start = max(C, F + gap, h + L); d2h_end[k] = end
     blocking:                      d2h_end[k] = F + d2h GPU time at the read (below)
     the results read (`sync`):     normal loop: step k's; overlap: step k-1's (none at k = 0)
                                    async: h = max(h, d2h_end[j] + W)
                                    blocking: h = max(h, F_now + d2h + W): `.tolist()` waits
                                    for every queued forward stage (under overlap: step k's)
-    h += process_result; h += loop                           -> end of iteration k
+    (before the read: h += the part of loop the run spends there, `loop_before_read_us`)
+    h += process_result; h += the rest of loop               -> end of iteration k
     zb_draft_preexec: the draft launch (and an unfolded seed) is issued after commit /
     draft_extend, before d2h: the next round's draft, so d2h waits for it too
     CPU (host_runs_device): a launch's device work runs inside its host call (it ends
@@ -39,6 +41,21 @@ L = launch latency, W = wake latency: a device event to the host's return from i
 The step period is the mean iteration time over the last STEADY of REPLAY_STEPS identical
 iterations; a what-if's tok/s is the run's measured tok/s x base period / what-if period
 (the model's own error on the run, `self_error`, is reported beside).
+Host jitter: the run's host time varies from step to step (a page allocation, the OS, the
+collector), and under overlap a slow step is not paid back by a fast one: the period is the
+mean of max(host, GPU) per step, more than max(mean host, GPU). A model read from a run keeps
+each measured step's deviation of the host's own time from its mean (`jitter_us`; waits
+excluded); the replay then runs one iteration per measured step after JITTER_WARMUP
+iterations, iteration k's host work (schedule, prepare, process_result, loop) stretched or
+shrunk together by jitter_us[k mod n] (their sum never below 0), and averages over the n
+measured steps. A what-if keeps the jitter as measured: it changes the mean host times, not
+the host's noise.
+Where `loop` runs: the host table gives the loop's time outside the stage spans per step, not
+where in the iteration it falls. Some of it runs between the last launch and the results read,
+in the GPU's shadow. A model read from a GPU run places there the part that makes the replay's
+waits equal the run's measured waits (`loop_before_read_us`, found by `_place_loop`; 0 where
+the replay already waits less than the run); the rest closes the iteration, where a planted
+host delay (`on_step`) runs.
 Bubble causes (analysis/causes.py names): a device-idle span of the steady window ends with
 the launch latency L (`launch`); the rest is charged to what the host did meanwhile:
 schedule / prepare / process_result -> `host_prep`, a wait -> `sync`, a launch call ->
@@ -60,6 +77,8 @@ from ..zero_bubble import ZB_SUBKNOBS
 
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
+JITTER_WARMUP = 16                # iterations before the measured steps' jitter is averaged
+GAP_Q = 0.1                       # a launch's device gap: this quantile over the run's steps
 HOST_WORK = ("schedule", "prepare", "process_result")
 LOOP = "loop"                     # host time outside every stage span in an iteration
 HOST_NAMES = HOST_WORK + (LOOP,)
@@ -88,6 +107,8 @@ class Launch:
     stages: tuple[tuple[str, float], ...]      # (device stage, GPU µs), in run order
     eager: bool = False                        # several kernels launched one by one (their
                                                # GPU work starts while the call goes on)
+    gap_us: float = 0.0                        # device idle before it on a busy lane: the
+                                               # floor between back-to-back launches (GAP_Q)
 
     @property
     def gpu_us(self) -> float:
@@ -121,6 +142,8 @@ class StepModel:
     anchor_tok_s: float = math.nan             # the run's measured tok/s (meter_tok_per_s)
     measured_period_us: float = math.nan       # the run's mean iteration time (host clock)
     d2h_gpu_us: float = 0.0                    # the results' copy (blocking reads too)
+    jitter_us: tuple[float, ...] = ()          # per measured step: host's own time - its mean
+    loop_before_read_us: float = 0.0           # of `loop`, the part run before the results read
     notes: tuple[str, ...] = ()                # assumptions a transform made
 
     def with_note(self, note: str) -> "StepModel":
@@ -139,8 +162,16 @@ class Replay:
 
 # -- the replay -------------------------------------------------------------------------------
 def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Replay:
-    """Run `steps` identical iterations of the dependency graph (module doc)."""
+    """Run `steps` identical iterations of the dependency graph (module doc); with the
+    model's host jitter, one iteration per measured step after JITTER_WARMUP."""
     lp, L, W = m.loop, m.launch_latency_us, m.wake_us
+    jit = m.jitter_us
+    if jit:
+        steps, steady = JITTER_WARMUP + len(jit), len(jit)
+    work = sum(m.host.get(n, 0.0) for n in HOST_NAMES)
+    scale = [max(0.0, work + j) / work if work > 0 else 1.0 for j in jit] or [1.0]
+    loop = m.host.get(LOOP, 0.0)
+    before = min(m.loop_before_read_us, loop)
     fwd = [x for x in m.launches if x.lane == "forward"]
     d2h = [x for x in m.launches if x.lane == "copy"]
     h = F = C = 0.0
@@ -170,10 +201,10 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
             t = max(free, h - x.gpu_us)
         elif x.eager:                              # kernels start while the call goes on
             host_seg(k, x.stage, "launch", x.host_us)
-            t = max(free, t0 + L, h + L - x.gpu_us)
+            t = max(free + x.gap_us, t0 + L, h + L - x.gpu_us)
         else:                                      # one graph replay / one kernel
             host_seg(k, x.stage, "launch", x.host_us)
-            t = max(free, h + L)
+            t = max(free + x.gap_us, h + L)
         names = [s for s, _ in x.stages]
         for s, d in x.stages:
             dev.append((k, s, x.lane, t, t + d))
@@ -183,10 +214,11 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
         return t
 
     for k in range(steps):
-        host_seg(k, "schedule", "host", m.host.get("schedule", 0.0))
+        f = scale[k % len(scale)]                  # this iteration's host work, stretched
+        host_seg(k, "schedule", "host", f * m.host.get("schedule", 0.0))
         if lp.overlap and not lp.device_seq_lens and m.draft != "none" and k > 0 and pub_end:
             wait_until(k, pub_end[-1] + W)
-        host_seg(k, "prepare", "host", m.host.get("prepare", 0.0))
+        host_seg(k, "prepare", "host", f * m.host.get("prepare", 0.0))
         if lp.async_d2h and d2h_end:
             F = max(F, d2h_end[-1])
         for x in fwd:
@@ -207,9 +239,12 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
                     dev.append((k, "d2h", "forward", F, F + m.d2h_gpu_us))
                 F = F + m.d2h_gpu_us
                 ready = F
+            host_seg(k, LOOP, "host", f * before)
             wait_until(k, ready + (0.0 if lp.host_runs_device else W))
-            host_seg(k, "process_result", "host", m.host.get("process_result", 0.0))
-        host_seg(k, LOOP, "host", m.host.get(LOOP, 0.0))
+            host_seg(k, "process_result", "host", f * m.host.get("process_result", 0.0))
+            host_seg(k, LOOP, "host", f * (loop - before))
+        else:
+            host_seg(k, LOOP, "host", f * loop)
         ends.append(h)
     steady = max(1, min(steady, steps - 1))
     t0, t1 = ends[-1 - steady], ends[-1]
@@ -605,14 +640,16 @@ def _shape(top: pd.DataFrame) -> tuple[tuple, list]:
 
 def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
                 anchor_tok_s: float = math.nan, latency_us: float = 0.0,
-                seed_forward: bool = False, eager: Sequence[str] = ()) -> StepModel:
+                seed_forward: bool = False, eager: Sequence[str] = (),
+                jitter: bool = True) -> StepModel:
     """The StepModel of a run. `cfg`: its resolved config (the manifest's `config`);
     `stages`: the meter's stage intervals (meter_stages.parquet) covering the steps of
     `host`, the host clock's table (host_steps.parquet: one row per decode step, `step` its
     meter step, `period_us` (its first span to the next iteration's), one column per
     outermost host span name (µs), `NAME@PARENT` for nested ones); `latency_us`: L and W
     (GPU only); `seed_forward`: the draft has a seed forward; `eager`: the launches issued
-    kernel by kernel (not one graph replay or one kernel)."""
+    kernel by kernel (not one graph replay or one kernel); `jitter`: keep each step's host
+    deviation from the mean (module doc; False: identical iterations of the means)."""
     if host.empty:
         raise WhatIfError("the host-step table has no decode step; record one with "
                           "mtplab run --step-profile true (or a sweep cell with step_profile).")
@@ -626,6 +663,7 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
     top = top.assign(_lane=top["lane"].map(LANE_ORDER).fillna(2)).sort_values(
         ["step", "_lane", "start_us"])
     hrows = host[host["step"].isin(good)]
+    cuda = str(cfg.get("device", "cpu")).startswith("cuda")
     host_cols = [c for c in host.columns if c not in ("step", "period_us") and "@" not in c]
     # a launch begins at a stage with a host span of its own, or where the lane changes
     heads = [i == 0 or shape[i - 1][0] != lane or (s in hrows and hrows[s].mean() > 0)
@@ -642,9 +680,14 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
         if h:
             groups.append([])
         groups[-1].append(i)
+    # a launch's device gap: after the stage before it (the last forward one for the copy
+    # lane), in the steps where the host issued it in time: a low quantile over the steps
+    gaps = [float(pd.Series(start[:, g[0]] - end[:, g[0] - 1]).quantile(GAP_Q))
+            if g[0] > 0 else 0.0 for g in groups]
     launches = [Launch(shape[g[0]][1], _mean(hrows, shape[g[0]][1]), shape[g[0]][0],
-                       tuple((shape[i][1], gpu[i]) for i in g), shape[g[0]][1] in eager)
-                for g in groups]
+                       tuple((shape[i][1], gpu[i]) for i in g), shape[g[0]][1] in eager,
+                       max(0.0, gap) if cuda else 0.0)
+                for g, gap in zip(groups, gaps)]
     # a name that heads several launches: its host time split by their GPU time
     for name in {l.stage for l in launches}:
         idx = [i for i, l in enumerate(launches) if l.stage == name]
@@ -662,25 +705,47 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
             g = inner[(inner["stage"] == name) & (inner["parent"] == parent)]
             per = g.groupby("step")["dur_us"].sum().reindex(good, fill_value=0.0)
             nested[c] = (_mean(hrows, c), float(per.mean()))
-    cuda = str(cfg.get("device", "cpu")).startswith("cuda")
     period = float(hrows["period_us"].mean())
     loop_us = period - float(hrows[host_cols].sum(axis=1).mean())
     hw = {"schedule": _mean(hrows, "schedule"),
           "prepare": max(0.0, _mean(hrows, "prepare") - _mean(hrows, "sync@prepare")),
           "process_result": _mean(hrows, "process_result"), LOOP: max(0.0, loop_us)}
+    waits = [c for c in host.columns if c == "sync" or c.startswith("sync@")]
+    own = hrows["period_us"] - (hrows[waits].sum(axis=1) if waits else 0.0)
     copy = [l for l in launches if l.lane == "copy"]
     lp = Loop(overlap=bool(cfg.get("overlap")), async_d2h=bool(cfg.get("zb_async_d2h", True)),
               device_seq_lens=bool(cfg.get("zb_device_seq_lens")),
               draft_preexec=bool(cfg.get("zb_draft_preexec")),
               fold_seed=bool(cfg.get("fold_seed")), host_runs_device=not cuda)
     draft = str(cfg.get("draft", "none"))
-    return StepModel(
+    m = StepModel(
         host=hw, launches=tuple(launches), loop=lp,
         launch_latency_us=latency_us if cuda else 0.0, wake_us=latency_us if cuda else 0.0,
         graphs=bool(cfg.get("cuda_graphs")), draft=draft,
         num_steps=int(cfg.get("num_steps") or 0) if draft != "none" else 0,
         seed_forward=seed_forward, nested=nested, anchor_tok_s=anchor_tok_s,
-        measured_period_us=period, d2h_gpu_us=copy[0].gpu_us if copy else 0.0)
+        measured_period_us=period, d2h_gpu_us=copy[0].gpu_us if copy else 0.0,
+        jitter_us=tuple(float(x) for x in (own - own.mean()).tolist()) if jitter else ())
+    return m if not cuda else _place_loop(m, float(hrows[waits].sum(axis=1).mean())
+                                             if waits else 0.0)
+
+
+def _place_loop(m: StepModel, waits_us: float, rounds: int = 3) -> StepModel:
+    """`m` with `loop_before_read_us` set so that the replay waits `waits_us` per step, the
+    run's measured waits (module doc): each µs of loop moved before the read shortens a wait
+    that the read ends by one µs, so a few rounds of the difference settle it."""
+    loop = m.host.get(LOOP, 0.0)
+    for _ in range(rounds):
+        r = replay(m)
+        t0, t1 = r.window
+        steps = (r.period_us and (t1 - t0) / r.period_us) or 1.0
+        waited = sum(b - a for _, _, kind, a, b in r.host if kind == "sync" and a >= t0
+                     and b <= t1) / steps
+        x = min(loop, max(0.0, m.loop_before_read_us + waited - waits_us))
+        if abs(x - m.loop_before_read_us) < 0.05:
+            break
+        m = replace(m, loop_before_read_us=x)
+    return m
 
 
 def _mean(df: pd.DataFrame, col: str) -> float:
@@ -718,10 +783,17 @@ def describe(m: StepModel) -> str:
                      ("overlap", "async_d2h", "device_seq_lens", "draft_preexec", "fold_seed"))
     lines = [f"loop: {knobs}{' (CPU: device work inside host calls)' if lp.host_runs_device else ''}"
              f"; L = W = {m.launch_latency_us:.1f} µs",
-             "host µs: " + ", ".join(f"{n} {m.host.get(n, 0.0):.1f}" for n in HOST_NAMES)]
+             "host µs: " + ", ".join(f"{n} {m.host.get(n, 0.0):.1f}" for n in HOST_NAMES) +
+             (f" (of loop {m.loop_before_read_us:.1f} before the results read)"
+              if m.loop_before_read_us > 0 else "")]
+    if m.jitter_us:
+        j = pd.Series(m.jitter_us)
+        lines.append(f"host jitter over {len(j)} steps: sd {j.std():.1f} µs, p90 {j.quantile(0.9):+.1f}"
+                     f", max {j.max():+.1f}")
     for l in m.launches:
         lines.append(f"  {l.lane:<7} {l.stage:<12} host {l.host_us:8.1f} | GPU " +
-                     " + ".join(f"{s} {d:.1f}" for s, d in l.stages))
+                     " + ".join(f"{s} {d:.1f}" for s, d in l.stages) +
+                     (f" (after a {l.gap_us:.1f} µs device gap)" if l.gap_us > 0.05 else ""))
     return "\n".join(lines)
 
 

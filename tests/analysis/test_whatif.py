@@ -273,3 +273,79 @@ def test_from_tables_refuses_tables_of_other_steps():
         from_tables({}, st, host.assign(step=host["step"] + 100))
     with pytest.raises(WhatIfError, match="no decode step"):
         from_tables({}, st, host.iloc[:0])
+
+
+# -- host jitter, the loop's place, device gaps ---------------------------------------------------
+def test_host_jitter_under_overlap_costs_what_the_one_step_lead_cannot_absorb():
+    # simple(100, overlap): host 107 a step > device 103, so 107 without jitter. With the host
+    # work (schedule, prepare, process_result, loop: 100) doubled and zeroed in turn (jitter
+    # +100 / -100, mean 0), a slow iteration first waits for the verify the fast one launched
+    # (its d2h ends 34 µs after the slow one's launches: 20 + 40 + 5 + 2 = 67 µs of host
+    # then), then runs its 60 + 80 µs of post-read work while the device idles:
+    # per two iterations 7 (fast) + 67 + 34 + 140 = 248.
+    m = simple(overlap=True)
+    assert replay(m).period_us == pytest.approx(107.0)
+    assert replay(replace(m, jitter_us=(100.0, -100.0))).period_us == pytest.approx(124.0)
+    # GPU-bound (verify 150): the one-step lead absorbs the slow iteration, as without jitter
+    m = simple(150.0, overlap=True)
+    assert replay(replace(m, jitter_us=(100.0, -100.0))).period_us == pytest.approx(153.0)
+    # the normal loop is a sum, so a zero-mean jitter leaves its period alone
+    assert replay(replace(simple(), jitter_us=(100.0, -100.0))).period_us == pytest.approx(208.0)
+    # a what-if changes the mean host times and keeps the measured jitter
+    j = apply(replace(m, jitter_us=(100.0, -100.0)), "host:loop=0,host:schedule=0")
+    assert j.jitter_us == (100.0, -100.0) and j.host["loop"] == 0.0
+
+
+def test_device_gap_holds_a_launch_after_the_work_before_it():
+    a = Launch("a", 1.0, "forward", (("a", 100.0),))
+    b = Launch("b", 1.0, "forward", (("b", 100.0),), gap_us=17.0)
+    m = StepModel(host={}, launches=(a, b), loop=Loop(overlap=False, async_d2h=False))
+    # b's launch returns at 2 µs, long before a ends at 101: it starts 17 µs after a's end
+    assert replay(m).period_us == pytest.approx(218.0)
+    assert replay(replace(m, launches=(a, replace(b, gap_us=0.0)))).period_us == pytest.approx(201.0)
+
+
+def loop_tables(n=8, sync=72.0):
+    """A normal-loop GPU run whose host spans leave 40 µs of loop time, of which 30 run before
+    the results read: schedule 10, prepare 20, verify graph (5 µs host, 100 µs GPU), d2h
+    (2 µs host; 3 µs copy, 1 µs after verify), the read waiting `sync`, process_result 30."""
+    period = 10 + 20 + 5 + 2 + sync + 30 + 40
+    rows, host = [], []
+    for i in range(n):
+        s, t = 10 + i, period * i
+        rows += [(s, "verify", "forward", t + 35, t + 135), (s, "d2h", "copy", t + 136, t + 139)]
+        host.append({"step": s, "period_us": period, "schedule": 10.0, "prepare": 20.0,
+                     "verify": 5.0, "d2h": 2.0, "sync": sync, "process_result": 30.0})
+    st = pd.DataFrame(rows, columns=["step", "stage", "lane", "start_us", "end_us"])
+    return st.assign(dur_us=st["end_us"] - st["start_us"]), pd.DataFrame(host)
+
+
+def test_the_loop_time_before_the_read_is_placed_from_the_runs_waits():
+    st, host = loop_tables()
+    cfg = {"device": "cuda", "overlap": False, "zb_async_d2h": True, "cuda_graphs": True}
+    m = from_tables(cfg, st, host)
+    # the read would wait 139 - 37 = 102 µs with all 40 µs of loop after it; the run waited
+    # 72, so 30 µs of the loop run before the read, and the replay is the run: 179 µs
+    assert m.host["loop"] == pytest.approx(40.0)
+    assert m.loop_before_read_us == pytest.approx(30.0, abs=0.1)
+    assert m.launches[1].gap_us == pytest.approx(1.0)
+    assert replay(m).period_us == pytest.approx(179.0, abs=0.1)
+    # overlap: host 107 a step against the device's 104: host-bound, from the run's 179
+    assert predicted_ratio(m, "overlap=on") == pytest.approx(179.0 / 107.0, rel=1e-3)
+    # a run that waited more than the replay would: nothing to place
+    st, host = loop_tables(sync=150.0)
+    assert from_tables(cfg, st, host).loop_before_read_us == 0.0
+
+
+def test_from_tables_keeps_each_steps_host_deviation():
+    st, host = tables()
+    host = host.assign(period_us=[300.0, 340.0, 260.0, 300.0, 320.0, 280.0])
+    cfg = {"device": "cpu", "overlap": False}
+    m = from_tables(cfg, st, host)
+    # the host's own time (period less sync and sync@prepare) about its mean: 300 - 13 = 287
+    assert m.jitter_us == pytest.approx((0.0, 40.0, -40.0, 0.0, 20.0, -20.0))
+    assert from_tables(cfg, st, host, jitter=False).jitter_us == ()
+    # the gap before each launch, from its first stage's start to the end of the one before
+    st, host = tables()
+    m = from_tables({"device": "cuda", "overlap": True}, st, host)
+    assert [l.gap_us for l in m.launches] == pytest.approx([0.0, 3.0, 5.0, 1.0, 1.0, 1.0])

@@ -738,9 +738,10 @@ def _place_loop(m: StepModel, waits_us: float, rounds: int = 3) -> StepModel:
     for _ in range(rounds):
         r = replay(m)
         t0, t1 = r.window
-        steps = (r.period_us and (t1 - t0) / r.period_us) or 1.0
-        waited = sum(b - a for _, _, kind, a, b in r.host if kind == "sync" and a >= t0
-                     and b <= t1) / steps
+        if t1 <= t0:
+            break
+        waited = sum(max(0.0, min(b, t1) - max(a, t0)) for _, _, kind, a, b in r.host
+                     if kind == "sync") * r.period_us / (t1 - t0)      # per replayed step
         x = min(loop, max(0.0, m.loop_before_read_us + waited - waits_us))
         if abs(x - m.loop_before_read_us) < 0.05:
             break
@@ -788,8 +789,8 @@ def describe(m: StepModel) -> str:
               if m.loop_before_read_us > 0 else "")]
     if m.jitter_us:
         j = pd.Series(m.jitter_us)
-        lines.append(f"host jitter over {len(j)} steps: sd {j.std():.1f} µs, p90 {j.quantile(0.9):+.1f}"
-                     f", max {j.max():+.1f}")
+        lines.append(f"host jitter over {len(j)} steps: sd {j.std():.1f} µs, "
+                     f"p90 {j.quantile(0.9):+.1f}, max {j.max():+.1f}")
     for l in m.launches:
         lines.append(f"  {l.lane:<7} {l.stage:<12} host {l.host_us:8.1f} | GPU " +
                      " + ".join(f"{s} {d:.1f}" for s, d in l.stages) +

@@ -710,8 +710,8 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
     hw = {"schedule": _mean(hrows, "schedule"),
           "prepare": max(0.0, _mean(hrows, "prepare") - _mean(hrows, "sync@prepare")),
           "process_result": _mean(hrows, "process_result"), LOOP: max(0.0, loop_us)}
-    waits = [c for c in host.columns if c == "sync" or c.startswith("sync@")]
-    own = hrows["period_us"] - (hrows[waits].sum(axis=1) if waits else 0.0)
+    waited = host_waits(hrows)
+    own = hrows["period_us"] - waited
     copy = [l for l in launches if l.lane == "copy"]
     lp = Loop(overlap=bool(cfg.get("overlap")), async_d2h=bool(cfg.get("zb_async_d2h", True)),
               device_seq_lens=bool(cfg.get("zb_device_seq_lens")),
@@ -726,8 +726,13 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
         seed_forward=seed_forward, nested=nested, anchor_tok_s=anchor_tok_s,
         measured_period_us=period, d2h_gpu_us=copy[0].gpu_us if copy else 0.0,
         jitter_us=tuple(float(x) for x in (own - own.mean()).tolist()) if jitter else ())
-    return m if not cuda else _place_loop(m, float(hrows[waits].sum(axis=1).mean())
-                                             if waits else 0.0)
+    return _place_loop(m, float(waited.mean())) if cuda else m
+
+
+def host_waits(host: pd.DataFrame) -> pd.Series:
+    """Per row of a host-step table: the host's waits (`sync` spans, nested ones too)."""
+    cols = [c for c in host.columns if c == "sync" or c.startswith("sync@")]
+    return host[cols].sum(axis=1) if cols else pd.Series(0.0, index=host.index)
 
 
 def _place_loop(m: StepModel, waits_us: float, rounds: int = 3) -> StepModel:

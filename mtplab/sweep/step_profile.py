@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis.whatif import ANCHOR_FILE, HOST_STEPS_FILE
+from ..analysis.whatif import ANCHOR_FILE, HOST_STEPS_FILE, host_waits
 from ..atomic import atomic_path, atomic_write_json
 from ..draft_kinds import DRAFT_KINDS
 from ..instrument.stepclock import StepClock, launch_latency_us
@@ -63,8 +63,7 @@ def host_figures(host: pd.DataFrame) -> dict[str, float]:
     if host.empty:
         return {"host_period_us": math.nan, "host_busy_us_per_step": math.nan,
                 "host_busy_p50_us_per_step": math.nan}
-    waits = sum(host[c] for c in host.columns if c == "sync" or c.startswith("sync@"))
-    busy = host["period_us"] - waits
+    busy = host["period_us"] - host_waits(host)
     return {"host_period_us": float(host["period_us"].mean()),
             "host_busy_us_per_step": float(busy.mean()),
             "host_busy_p50_us_per_step": float(busy.median())}

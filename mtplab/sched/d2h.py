@@ -6,8 +6,12 @@
                            the bubble meter's d2h stamps (kernels/stamp.py stamped_copy),
                            launched through its compiled launcher: one launch, no JIT binding.
     blocking               the results are cloned on the forward stream (a graphed decode's
-                           outputs are graph buffers the next step overwrites) and read by
-                           `.tolist()` at process time (which waits for everything queued)
+                           outputs are graph buffers the next step overwrites); at process
+                           time the host waits for everything queued on the forward stream
+                           (under overlap: the step launched since too), then `.tolist()`s
+                           them. The wait is explicit: the overlap loop's forward stream is
+                           not the current one, and a read on the current stream would not
+                           wait for the work that writes the results.
 A Pending is a launched step whose results the host has not processed yet; under overlap at
 most one is in flight. Its results read back as numpy arrays (`read`): views of the pinned
 slot, valid until the slot comes round again (SLOTS launches later; the scheduler reads each
@@ -46,12 +50,14 @@ class Pending:
     copy_done: object              # event recorded after the copies (None: blocking)
     batch: object = None           # the decode Batch it was launched with (sched/rows.py)
     final: Optional[list] = None   # prefill: per request, did this step feed its final chunk
+    stream: object = None          # blocking: the forward stream the results are written on
 
     def read(self) -> list[np.ndarray]:
         """The results as numpy arrays: the host's one sync per step (`sync` stage)."""
         if self.host is not None:
             self.copy_done.synchronize()
             return self.host
+        self.stream.synchronize()
         return [np.asarray(t.tolist(), dtype=np.int64) for t in self.results]
 
 
@@ -92,8 +98,10 @@ class Readback:
                  batch=None, final: Optional[list] = None) -> Pending:
         if not async_copy:
             if kind == "decode":
-                results = [t.clone() for t in results]
-            return Pending(kind, reqs, results, None, None, batch, final)
+                with self.dev.stream(self.forward_stream):
+                    results = [t.clone() for t in results]
+            return Pending(kind, reqs, results, None, None, batch, final,
+                           self.forward_stream)
         done = self.events[self.i]
         # The wait and `done` stay outside the span: d2h's event pair starts once the
         # forward work it copies has finished and times the copies.

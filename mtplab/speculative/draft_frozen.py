@@ -66,9 +66,10 @@ class FrozenDraftWorker:
         return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
 
     def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:
-        """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K])."""
-        with self.spans.stage("draft.seed"):
-            h0, logits = self._forward(inp.bonus, inp.hidden, rows, seq_lens, max_kv)
+        """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K]).
+        Its caller spans it as `draft.seed`, top-k included (speculative/worker.py: the
+        unfolded seed's segment, or the folded draft's nested stage)."""
+        h0, logits = self._forward(inp.bonus, inp.hidden, rows, seq_lens, max_kv)
         return DraftInputs(inp.bonus, h0, *branch_topk(logits, self.K, self.model.vocab_ids))
 
     def steps(self, inp: DraftInputs, rows, seq_lens, max_kv) -> list[StepCandidates]:

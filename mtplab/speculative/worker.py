@@ -117,14 +117,6 @@ class _SpanChain:
         self.__exit__(None, None, None)
 
 
-class _NoSpan:
-    """The marks of a segment that spans itself (the draft worker's seed)."""
-    captured = False
-
-    def finish(self) -> None:
-        return None
-
-
 class _EagerMarks:
     """`marks(i)` of a step function run eagerly: segment i's stage spans (`_SpanChain`)
     open until the step function finishes it; `close` ends one left open by an error."""
@@ -133,10 +125,7 @@ class _EagerMarks:
         self.spans, self.plan, self.open = spans, plan, None
 
     def __call__(self, i: int):
-        c = self.plan[i]
-        if c.key == "draft.seed":
-            return _NoSpan()
-        self.open = _SpanChain(self.spans, c.stages).__enter__()
+        self.open = _SpanChain(self.spans, self.plan[i].stages).__enter__()
         return self.open
 
     def close(self, exc) -> None:
@@ -467,15 +456,14 @@ class SpecWorker:
             return v
         return step
 
-    def _call_eager(self, c: Call, fn, args: dict):
-        """One segment eagerly, in its stage spans (the draft worker spans its seed itself)."""
-        if c.key == "draft.seed":
-            return fn(**args)
-        if c.plain:
-            with self.spans.stage(c.stages[0]):
-                return fn(**args)
-        with _SpanChain(self.spans, c.stages) as chain:
-            return fn(**args, mark=chain)
+    def _call_eager(self, c: Call, fn, args: dict, bs: int) -> None:
+        """One segment eagerly, its outputs written into the graph buffers, all inside its
+        stage spans (its last span covers the writes: no device work outside a stage)."""
+        with torch.no_grad(), _SpanChain(self.spans, c.stages) as chain:
+            out = fn(**args) if c.plain else fn(**args, mark=chain)
+            for vals, o in zip(c.writes, out):
+                for val in vals:
+                    self._fill(val, o, bs)
 
     @staticmethod
     def _bind(v: dict, c: Call, out) -> None:
@@ -495,11 +483,7 @@ class SpecWorker:
             else:
                 args = {p: self._view(val, bs) if val in self.bufs else
                         self._host_value(val, x) for p, val in c.reads}
-                with torch.no_grad():
-                    out = self._call_eager(c, self._fn(c, self.table.shape[1]), args)
-                for vals, o in zip(c.writes, out):
-                    for val in vals:
-                        self._fill(val, o, bs)
+                self._call_eager(c, self._fn(c, self.table.shape[1]), args, bs)
             if "publish" in c.stages:
                 self.future_map.mark_published()
         return self._view("host_tokens", bs), self._view("accept_lens", bs)
@@ -586,7 +570,8 @@ class SpecWorker:
         def fn(rows, seq_lens, mark=None, **fields):
             inp = DraftInputs(fields.pop("bonus", None), **fields)
             if fold:
-                inp = dw.seed(inp, rows, seq_lens, max_kv)
+                with self.spans.stage("draft.seed"):
+                    inp = dw.seed(inp, rows, seq_lens, max_kv)
             steps = dw.steps(inp, rows, seq_lens, max_kv)
             cands = (torch.cat([c.scores for c in steps], 1),
                      torch.cat([c.tokens for c in steps], 1),

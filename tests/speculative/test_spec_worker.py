@@ -134,3 +134,48 @@ def test_bug_row_one_page_too_narrow_is_caught(monkeypatch):
     with pytest.raises(RowOverflowError, match="rows are"):
         # a request running up to context_len needs the full width
         eng.generate([[5] * 60], max_new_tokens=128 - 60, ignore_eos=True)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_the_seed_and_its_top_k_run_inside_the_draft_seed_span(monkeypatch, fold):
+    """The seed's top-k is seed work: it runs inside `draft.seed` (unfolded: its own segment;
+    folded: nested in `draft`), so neither its host time nor its kernels fall outside a
+    stage (the meter would count them as bubble, the what-if predictor as the loop's)."""
+    from mtplab.instrument.spans import Spans
+    from mtplab.speculative import draft_frozen
+    open_stages: list = []
+    real_stage = Spans.stage
+
+    class Tracked:
+        def __init__(self, cm, name):
+            self.cm, self.name = cm, name
+
+        def __enter__(self):
+            open_stages.append(self.name)
+            return self.cm.__enter__()
+
+        def __exit__(self, *exc):
+            open_stages.pop()
+            return self.cm.__exit__(*exc)
+
+    monkeypatch.setattr(Spans, "stage", lambda self, name, *a, **k:
+                        Tracked(real_stage(self, name, *a, **k), name))
+    seeds: list = []
+    real_seed = draft_frozen.FrozenDraftWorker.seed
+
+    def seed(self, *a, **k):
+        seeds.append(tuple(open_stages))
+        return real_seed(self, *a, **k)
+    monkeypatch.setattr(draft_frozen.FrozenDraftWorker, "seed", seed)
+    topks: list = []
+    real_topk = draft_frozen.branch_topk
+    monkeypatch.setattr(draft_frozen, "branch_topk",
+                        lambda *a, **k: topks.append(tuple(open_stages)) or real_topk(*a, **k))
+    eng = Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", fold_seed=fold,
+                           page_size=4))
+    eng.generate(PROMPTS, max_new_tokens=8, ignore_eos=True)
+    eng.check_invariants()
+    assert seeds and topks
+    want = ("draft", "draft.seed") if fold else ("draft.seed",)
+    assert all(s == want for s in seeds), set(seeds)
+    assert set(topks) <= {want, ("draft",)}, set(topks)   # the seed's, the steps' (in draft)

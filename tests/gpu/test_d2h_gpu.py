@@ -33,7 +33,8 @@ def gen(behind: bool, **kw) -> list:
 @pytest.mark.parametrize("graphs", [True, False])
 def test_blocking_read_under_overlap_waits_for_a_late_forward_stream(draft, graphs):
     want = gen(False, draft=draft, overlap=False, cuda_graphs=graphs)
-    got = gen(True, draft=draft, overlap=True, zero_bubble=True, zb_async_d2h=False,
-              cuda_graphs=graphs)
-    assert got == want
+    for seq_lens in (False, True):      # with a host read of the lengths, and without
+        got = gen(True, draft=draft, overlap=True, zb_async_d2h=False,
+                  zb_device_seq_lens=seq_lens, cuda_graphs=graphs)
+        assert got == want, f"zb_device_seq_lens={seq_lens}"
     assert gen(True, draft=draft, overlap=True, cuda_graphs=graphs) == want   # async d2h

@@ -320,3 +320,18 @@ def test_decode_time_leaves_out_the_wait_for_the_prefill(monkeypatch, overlap):
     assert st["decode_steps"] == len(s.decode_step_times_s) == 5
     assert s.decode_time_s < 0.3 and max(s.step_times_s) >= 0.3
     eng.check_invariants()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_blocking_read_waits_for_the_stream_that_writes_the_results(monkeypatch, overlap):
+    """zb_async_d2h=false: before `.tolist()` the host waits for the forward stream, which
+    under overlap is not the current stream (sched/d2h.py; on CUDA a read on the current
+    stream would not wait for it: tests/gpu/test_d2h_gpu.py runs it with that stream late)."""
+    eng = Engine(RunConfig(model="random-tiny", overlap=overlap, zb_async_d2h=False))
+    fwd = eng.scheduler.forward_stream
+    waited: list = []
+    monkeypatch.setattr(type(fwd), "synchronize", lambda s: waited.append(s is fwd))
+    eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True)
+    st = eng.stats()
+    assert waited.count(True) == st["decode_steps"] + st["prefill_steps"], waited
+    eng.check_invariants()

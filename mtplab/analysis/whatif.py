@@ -29,8 +29,9 @@ L = launch latency, W = wake latency: a device event to the host's return from i
     blocking:                      d2h_end[k] = F + d2h GPU time at the read (below)
     the results read (`sync`):     normal loop: step k's; overlap: step k-1's (none at k = 0)
                                    async: h = max(h, d2h_end[j] + W)
-                                   blocking: h = max(h, F_now + d2h + W): `.tolist()` waits
-                                   for every queued forward stage (under overlap: step k's)
+                                   blocking: h = max(h, F_now + d2h + W): the host waits
+                                   for every queued forward stage (under overlap: step k's),
+                                   then `.tolist()`s (sched/d2h.py)
     (before the read: h += the part of loop the run spends there, `loop_before_read_us`)
     h += process_result; h += the rest of loop               -> end of iteration k
     zb_draft_preexec: the draft launch (and an unfolded seed) is issued after commit /

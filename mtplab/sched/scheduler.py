@@ -67,7 +67,8 @@ class LoopOptions:
     """The loop's knobs; async_d2h and device_seq_lens are the zero-bubble sub-knobs the loop
     owns (zero_bubble.py: the engine builds them from that table)."""
     overlap: bool = False
-    async_d2h: bool = True         # results -> pinned buffers on the copy stream (else .tolist())
+    async_d2h: bool = True         # results -> pinned buffers on the copy stream (else the host
+                                   #   waits for the forward stream, then .tolist())
     device_seq_lens: bool = True   # False: the host reads resolved seq_lens each speculative
                                    #   decode under overlap (a sync)
     debug_syncs: bool = False      # list host syncs per decode step (CUDA sync debug mode)

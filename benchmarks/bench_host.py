@@ -17,14 +17,16 @@ the host-stage table needs the engine's own objects (its graph runners, its span
                (counted in a generate of their own), against the replay floor
                (instrument/hostclock.py)
       cprofile top functions by own time (cProfile, one generate) for a few cells
-      diag     the plain and the overlap loop side by side under variants that each remove
-               one suspect (GPU idle during the host's work, one stream, gc off, a pure-Python
-               probe per step, threads' CPU time)
+      diag     two loops of one draft (--diag-draft; the first and last of --loops) side by
+               side under variants that each remove one suspect (GPU idle during the host's
+               work, one stream, gc off, a pure-Python probe per step, threads' CPU time):
+               is one loop's host work slower per call, or the host's own speed drifting?
       gpubound the ratios phase at a GPU-bound preset (--gpu-model@--gpu-layers, simulated
                acceptance 3.0, --gpu-tokens per request, --gpu-repeats), one draft at a time
 
     python -m benchmarks.bench_host --out-dir DIR [--only ratios table ...] [--bs 1 8 32 64]
-        [--repeats 5] [--drafts none frozen eagle] [--set key=value ...]
+        [--repeats 5] [--drafts none frozen eagle] [--loops off on on+zb] [--set key=value ...]
+        [--diag-draft frozen --loops on on+zb --diag-bs 32 --diag-repeats 6]
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ DRAFTS = {"none": dict(draft="none"),
           "frozen": dict(draft="frozen_kv_mtp", fold_seed=True),
           "frozenK4": dict(draft="frozen_kv_mtp", fold_seed=True, topk=4, num_draft_tokens=8),
           "eagle": dict(draft="eagle")}
-LOOPS = {"off": dict(overlap=False), "on+zb": dict(overlap=True, zero_bubble=True)}
+LOOPS = {"off": dict(overlap=False), "on": dict(overlap=True),
+         "on+zb": dict(overlap=True, zero_bubble=True)}
 
 
 def parse_set(items) -> dict:
@@ -114,7 +117,7 @@ def phase_ratios(arms: Arms, a, log) -> list[str]:
                 st = generate(eng, ps, a.tokens)
                 res.setdefault((k, bs), []).append(st)
         log(f"ratios repeat {rep} done")
-    rows = ["| draft | graphs | bs | loop | decode tok/s median [min-max] | on+zb / off | "
+    rows = ["| draft | graphs | bs | loop | decode tok/s median [min-max] | / off | "
             "step p50 ms | meter wall µs/step | meter bubble % | accept len |", "|---" * 10 + "|"]
     for bs in a.bs:
         for d in a.drafts:
@@ -228,10 +231,10 @@ def _probe() -> int:
 
 
 def phase_diag(arms: Arms, a, log) -> list[str]:
-    """The plain and the overlap loop (target-only, --diag-bs) in alternating generates,
-    each with a pure-Python probe after every step: is one loop's host work slower per call,
-    or is the host's own speed moving under both? Variants remove one suspect each."""
-    bs = a.diag_bs
+    """Two loops of --diag-draft (the first and last of --loops) at --diag-bs in alternating
+    generates, each with a pure-Python probe after every step: is one loop's host work slower
+    per call, or is the host's own speed moving under both? Variants remove one suspect each."""
+    bs, d, (l0, l1) = a.diag_bs, a.diag_draft, (a.loops[0], a.loops[-1])
     ps = arms.prompts_for(bs, a.prompt_len)
     hz = os.sysconf("SC_CLK_TCK")
     stages = ("schedule", "prepare", "resolve", "verify", "d2h", "sync", "process_result")
@@ -278,18 +281,19 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
 
     res: dict = {}
     seq: list = []
-    variants = ("plain", "gpu idle", "gpu busy", "gc off", "one stream")
+    variants = ("plain", "gpu idle", "gpu busy", "gc off", "one stream") \
+        if torch.cuda.is_available() else ("plain", "gc off", "one stream")
     for rep in range(a.diag_repeats):
         for v in variants:
             for lp in a.loops:
-                eng = arms.engines[("none", lp, a.granularities[0])]
+                eng = arms.engines[(d, lp, a.granularities[0])]
                 if v == "one stream" and lp == "off":
                     continue
                 generate(eng, ps, 8)
                 r = run(eng, v)
                 res.setdefault((lp, v), []).append(r)
                 seq.append((rep, v, lp, r))
-    rows = [f"target-only, bs {bs}, {a.diag_repeats} alternating rounds; medians over them",
+    rows = [f"{d}, bs {bs}, {a.diag_repeats} alternating rounds; medians over them",
             "", "| loop | variant | step µs | " + " | ".join(f"{s} µs" for s in stages) +
             " | loop Python µs | probe µs | steal s | process CPU / wall |",
             "|---" * (len(stages) + 7) + "|"]
@@ -300,13 +304,13 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
             f" | {statistics.median(r['step'] - r['stages'] for r in rs):.1f} | "
             f"{med('probe'):.2f} | {med('steal'):.3f} | {med('cpu_frac'):.2f} |")
     # per round: the two loops' plain runs side by side, with the probe beside each
-    rows += ["", "plain runs in order (round: off step µs / probe µs, on+zb step µs / probe "
+    rows += ["", f"plain runs in order (round: {l0} step µs / probe µs, {l1} step µs / probe "
              "µs, ratio of steps, ratio of probes, cpu):"]
     plain = [(rep, lp, r) for rep, v, lp, r in seq if v == "plain"]
     for rep in range(a.diag_repeats):
         pr = {lp: r for k, lp, r in plain if k == rep}
-        if {"off", "on+zb"} <= set(pr):
-            o, n = pr["off"], pr["on+zb"]
+        if {l0, l1} <= set(pr):
+            o, n = pr[l0], pr[l1]
             rows.append(f"  {rep}: {o['step']:.0f} / {o['probe']:.2f}, {n['step']:.0f} / "
                         f"{n['probe']:.2f}, {n['step'] / o['step']:.2f}, "
                         f"{n['probe'] / o['probe']:.2f}, cpu {o['cpu']}/{n['cpu']}")
@@ -317,7 +321,7 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
         rows.append(f"correlation of step µs with the probe over all {len(steps)} runs: "
                     f"{np.corrcoef(steps, probes)[0, 1]:.2f}")
     for lp in a.loops:
-        eng = arms.engines[("none", lp, a.granularities[0])]
+        eng = arms.engines[(d, lp, a.granularities[0])]
         t0, w0 = _threads_cpu(), time.perf_counter()
         generate(eng, ps, a.tokens)
         t1, w1 = _threads_cpu(), time.perf_counter()
@@ -420,7 +424,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+",
                     default=["ratios", "table", "cprofile", "diag"])
     ap.add_argument("--drafts", nargs="+", default=["none", "frozen", "eagle"])
-    ap.add_argument("--loops", nargs="+", default=list(LOOPS))
+    ap.add_argument("--loops", nargs="+", default=["off", "on+zb"], choices=list(LOOPS))
     ap.add_argument("--bs", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--table-bs", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--table-repeats", type=int, default=2)
@@ -429,6 +433,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--diag-bs", type=int, default=32)
     ap.add_argument("--diag-repeats", type=int, default=2)
+    ap.add_argument("--diag-draft", default="none", help="the draft whose loops diag compares "
+                    "(one of --drafts)")
     ap.add_argument("--granularities", nargs="+", default=["stage", "step"])
     ap.add_argument("--cprofile", nargs="*", help="draft:loop:granularity:bs cells",
                     default=["none:on+zb:step:32", "frozen:on+zb:step:1"])
@@ -440,6 +446,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-repeats", type=int, default=2)
     ap.add_argument("--gpu-granularities", nargs="+", default=["stage"])
     a = ap.parse_args(argv)
+    if "diag" in a.only and a.diag_draft not in a.drafts:
+        ap.error(f"--diag-draft {a.diag_draft} is not one of --drafts {a.drafts}; add it there.")
     out_dir = Path(a.out_dir) if a.out_dir else None
     t_start = time.perf_counter()
 

@@ -62,6 +62,10 @@ the launch latency L (`launch`); the rest is charged to what the host did meanwh
 schedule / prepare / process_result -> `host_prep`, a wait -> `sync`, a launch call ->
 `host:<stage>`, `loop` -> `host:python`. Removing a cause replays with that host time (or
 latency) at zero.
+The host's speed: `host:all*F` replays the run on a host F times slower (every host time,
+jitter included; L and W stay). The validation (sweep/whatif_check.py) uses it to replay a
+baseline at the speed its arm's host ran at, from the two runs' `process_result`, the one
+stage whose code no loop setting changes (`host_speed`).
 """
 from __future__ import annotations
 
@@ -83,6 +87,7 @@ GAP_Q = 0.1                       # a launch's device gap: this quantile over th
 HOST_WORK = ("schedule", "prepare", "process_result")
 LOOP = "loop"                     # host time outside every stage span in an iteration
 HOST_NAMES = HOST_WORK + (LOOP,)
+ALL = "all"                       # host:all*F: every host time at once (the host's speed)
 PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
 KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
 DRAFT_LAUNCHES = ("draft.seed", "draft")
@@ -312,7 +317,8 @@ def _on(v: str) -> bool:
 def parse_whatif(text: str) -> list[tuple]:
     """`overlap=on,host:schedule=0` -> [("knob", "overlap", True), ("host", "schedule", "=",
     0.0)]: knobs (KNOBS, on/off), `host:STAGE=US | *F | +US | -US` (STAGE: a host name of
-    HOST_NAMES or a launch's stage), `gpu:STAGE=US | *F | +US | -US` (a device stage)."""
+    HOST_NAMES or a launch's stage), `host:all*F` (every host time: the host F times slower),
+    `gpu:STAGE=US | *F | +US | -US` (a device stage). Items apply left to right."""
     out = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         k = _KNOB_RE.match(part)
@@ -357,18 +363,36 @@ def apply(m: StepModel, text: str) -> StepModel:
 
 
 def _host(m: StepModel, stage: str, op: str, x: float) -> StepModel:
+    if stage == ALL:
+        return _host_speed(m, op, x)
     if stage in HOST_NAMES:
         return replace(m, host={**m.host, stage: _scaled(m.host.get(stage, 0.0), op, x)})
     hit = [i for i, l in enumerate(m.launches) if l.stage == stage]
     if not hit:
         names = sorted(set(HOST_NAMES) | {l.stage for l in m.launches})
         raise WhatIfError(f"host:{stage}: the run has no host time named {stage!r}; use one "
-                          f"of {', '.join(names)}.")
+                          f"of {', '.join(names)} (or host:{ALL}*F: every one).")
     ls = list(m.launches)
     for i in hit:
         ls[i] = replace(ls[i], host_us=_scaled(ls[i].host_us, op, x / len(hit) if op in "=+-"
                                                else x))
     return replace(m, launches=tuple(ls))
+
+
+def _host_speed(m: StepModel, op: str, f: float) -> StepModel:
+    """`host:all*F`: a host F times slower (F < 1: faster). Every host time scales by F: the
+    host's own work, each launch call, the nested spans, the part of `loop` before the read
+    and the per-step jitter (a slower host's noise is as much slower). L and W, the device's
+    latencies to and from the host, stay."""
+    if op != "*":
+        raise WhatIfError(f"host:{ALL}{op}: the host's speed scales with host:{ALL}*F only (F: "
+                          f"how many times slower); set one stage with host:STAGE{op}US.")
+    return replace(
+        m, host={k: v * f for k, v in m.host.items()},
+        launches=tuple(replace(l, host_us=l.host_us * f) for l in m.launches),
+        nested={k: (h * f, g) for k, (h, g) in m.nested.items()},
+        jitter_us=tuple(j * f for j in m.jitter_us),
+        loop_before_read_us=m.loop_before_read_us * f)
 
 
 def _gpu(m: StepModel, stage: str, op: str, x: float) -> StepModel:
@@ -542,6 +566,14 @@ def _row(what: str, m: StepModel, r: Replay, base: Replay, old: tuple = ()) -> d
             "ratio": ratio, "bubble_us": r.bubble_us,
             "bubble_frac": r.bubble_us / r.period_us if r.period_us > 0 else math.nan,
             "note": "; ".join(m.notes[len(old):])}
+
+
+def host_speed(arm: StepModel, base: StepModel) -> float:
+    """How many times slower the arm run's host ran than the baseline's: the ratio of their
+    `process_result` host time per step (append the results, finish requests: the same code
+    under every loop setting; NaN where either run lacks it)."""
+    a, b = arm.host.get("process_result", 0.0), base.host.get("process_result", 0.0)
+    return a / b if a > 0 and b > 0 else math.nan
 
 
 def predicted_ratio(m: StepModel, whatif: str) -> float:

@@ -33,7 +33,8 @@ def _parser() -> FlagParser:
     ap.add_argument("--what", action="append", default=None, metavar="W",
                     help=f"a what-if, repeatable: KNOB=on|off ({', '.join(KNOBS)}), "
                          "host:STAGE=US (or *F, +US, -US; STAGE: schedule, prepare, "
-                         "process_result, loop or a launch's stage), gpu:STAGE*F (or =US, "
+                         "process_result, loop or a launch's stage), host:all*F (the host "
+                         "F times slower), gpu:STAGE*F (or =US, "
                          "+US, -US); comma-joined parts apply together (default: every knob "
                          "flipped, each host time at 0, the largest device stages at half)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")

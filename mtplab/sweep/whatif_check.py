@@ -20,6 +20,13 @@ from the baseline's run beside the ratio measured, with the error.
     judged           "within 10%" or "off" where the measured effect exceeds the noise
                      (|ratio - 1| > noise); "effect within noise" where it does not; the
                      effects' NO_VERDICT with one repeat a side
+    host_speed       how many times slower the arm's host ran than the baseline's (median
+                     over the repeats; whatif.host_speed: their process_result times)
+    error_at_speed   the error of the prediction replayed at the arm's host speed
+                     (`host:all*F` on the baseline before the what-if, a planted delay kept
+                     out of the scaling): what is left once the two cells' host speeds are
+                     taken out. `judged` stays the goal's verdict; `judged_at_speed` the same
+                     rule on this error
 """
 from __future__ import annotations
 
@@ -30,8 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
-from ..analysis.whatif import (WhatIfError, knob_whatifs, load_run, predicted_ratio,
-                               self_error)
+from ..analysis.whatif import (ALL, WhatIfError, host_speed, knob_whatifs, load_run,
+                               predicted_ratio, self_error)
 from ..zero_bubble import ZB_SUBKNOBS
 from .effects import NO_VERDICT, arm_effects
 
@@ -107,27 +114,58 @@ def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None
         eff = arm_effects(g, "arm_key", [(a, b) for a, b, _ in todo], value=VALUE)
         where = _where(json.loads(point), g)
         for r, (a, b, w) in zip(eff.to_dict("records"), todo):
-            base_dirs = g.loc[g["arm_key"] == b, "run_dir"].tolist()
-            pred, selfe, why = _predict(base_dirs, w, models)
+            runs = _pairs(g[g["arm_key"] == b], g[g["arm_key"] == a])
+            pred, selfe, why = _predict([d for d, _, _ in runs], w, models)
+            speed, pred_s = _predict_at_speed(runs, w, models)
             ratio = r["ratio"]
             err = pred / ratio - 1.0 if ratio and pred == pred else math.nan
-            if r["verdict"] == NO_VERDICT:
-                judged = NO_VERDICT
-            elif not abs(ratio - 1.0) > r["noise"]:
-                judged = "effect within noise"
-            elif err != err:
-                judged = "not predicted"
-            else:
-                judged = f"within {goal:.0%}" if abs(err) <= goal else "off"
+            err_s = pred_s / ratio - 1.0 if ratio and pred_s == pred_s else math.nan
             rows.append({"where": where, "arm": a, "baseline": b, "whatif": w,
                          "predicted": pred, "ratio": ratio, "noise": r["noise"], "error": err,
-                         "self_error": selfe, "judged": judged, "n": r["n"],
-                         "n_base": r["n_base"], "note": why})
+                         "self_error": selfe, "judged": _judge(r, err, goal), "n": r["n"],
+                         "n_base": r["n_base"], "note": why, "host_speed": speed,
+                         "error_at_speed": err_s, "judged_at_speed": _judge(r, err_s, goal)})
     return pd.DataFrame(rows, columns=_COLUMNS)
 
 
 _COLUMNS = ["where", "arm", "baseline", "whatif", "predicted", "ratio", "noise", "error",
-            "self_error", "judged", "n", "n_base", "note"]
+            "self_error", "judged", "n", "n_base", "note", "host_speed", "error_at_speed",
+            "judged_at_speed"]
+
+
+def _judge(effect: dict, err: float, goal: float) -> str:
+    if effect["verdict"] == NO_VERDICT:
+        return NO_VERDICT
+    if not abs(effect["ratio"] - 1.0) > effect["noise"]:
+        return "effect within noise"
+    if err != err:
+        return "not predicted"
+    return f"within {goal:.0%}" if abs(err) <= goal else "off"
+
+
+def _pairs(base: pd.DataFrame, arm: pd.DataFrame) -> list[tuple]:
+    """(baseline run folder, the arm's run folder of the same repeat or None, the baseline's
+    planted delay in µs) per baseline cell: a repeat's cells ran next to each other."""
+    rep = lambda row: json.loads(row["settings_json"]).get("repeat")       # noqa: E731
+    arm_by = {rep(r): r["run_dir"] for r in arm.to_dict("records")}
+    return [(r["run_dir"], arm_by.get(rep(r)), _int(r.get("host_delay_us")))
+            for r in base.to_dict("records")]
+
+
+def _model(d: Any, cache: dict):
+    if not isinstance(d, str):
+        return None
+    m = cache.get(d)
+    if m is None:
+        m = cache[d] = load_run(Path(d))
+    return m
+
+
+def speed_whatif(f: float, delay_us: int = 0) -> str:
+    """The what-if that puts a run on a host f times slower, its planted delay (a spin of
+    fixed length) left as it is."""
+    scale = f"host:{ALL}*{f:.6g}"
+    return f"host:loop-{delay_us},{scale},host:loop+{delay_us}" if delay_us else scale
 
 
 def _where(point: dict, g: pd.DataFrame) -> str:
@@ -141,18 +179,38 @@ def _predict(dirs: list, whatif: str, cache: dict) -> tuple[float, float, str]:
     """Median predicted ratio and self-error over the baseline's run folders."""
     preds, selfs, why = [], [], ""
     for d in dirs:
-        if not isinstance(d, str):
-            continue
         try:
-            m = cache.get(d)
+            m = _model(d, cache)
             if m is None:
-                m = cache[d] = load_run(Path(d))
+                continue
             preds.append(predicted_ratio(m, whatif))
             selfs.append(self_error(m))
         except WhatIfError as e:
             why = str(e)
-    med = lambda xs: float(pd.Series(xs).median()) if xs else math.nan
-    return med(preds), med(selfs), why
+    return _median(preds), _median(selfs), why
+
+
+def _predict_at_speed(runs: list, whatif: str, cache: dict) -> tuple[float, float]:
+    """Median host speed (arm / baseline) and predicted ratio with each baseline replayed at
+    its repeat's arm host speed (NaN where no repeat has both runs and a process_result)."""
+    speeds, preds = [], []
+    for base_dir, arm_dir, delay in runs:
+        try:
+            base, arm = _model(base_dir, cache), _model(arm_dir, cache)
+            if base is None or arm is None:
+                continue
+            f = host_speed(arm, base)
+            if f != f:
+                continue
+            preds.append(predicted_ratio(base, f"{speed_whatif(f, delay)},{whatif}"))
+            speeds.append(f)
+        except WhatIfError:
+            continue
+    return _median(speeds), _median(preds)
+
+
+def _median(xs: list) -> float:
+    return float(pd.Series(xs).median()) if xs else math.nan
 
 
 def summary(v: pd.DataFrame, goal: float = GOAL) -> str:
@@ -164,21 +222,30 @@ def summary(v: pd.DataFrame, goal: float = GOAL) -> str:
                 "judge the predictor on.")
     within = (judged["judged"] != "off").sum()
     worst = judged.loc[judged["error"].abs().idxmax()]
-    return (f"{within} of {len(judged)} predicted ratios within {goal:.0%} of the measured "
+    line = (f"{within} of {len(judged)} predicted ratios within {goal:.0%} of the measured "
             f"where the effect exceeds the noise (largest error {worst['error']:+.1%}: "
             f"{worst['whatif']} at {worst['where']}); {len(v) - len(judged)} pairs within the "
             "noise or unjudged.")
+    at = judged[judged["judged_at_speed"].isin([f"within {goal:.0%}", "off"])] \
+        if "judged_at_speed" in judged else judged.iloc[:0]
+    if at.empty:
+        return line
+    within_s = (at["judged_at_speed"] != "off").sum()
+    return (line + f" Replayed at the arm's host speed: {within_s} of {len(at)} within "
+            f"{goal:.0%} (host speed, arm / baseline, {at['host_speed'].min():.2f}x .. "
+            f"{at['host_speed'].max():.2f}x).")
 
 
 def table_md(v: pd.DataFrame) -> str:
     """The validation table as markdown."""
     head = ["where", "arm", "baseline", "what-if", "predicted", "measured", "noise", "error",
-            "self error", "judged"]
+            "self error", "judged", "host speed", "error at speed"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     f = lambda x, spec: "-" if x != x else format(x, spec)
     for r in v.to_dict("records"):
         out.append("| " + " | ".join([
             r["where"], r["arm"], r["baseline"], r["whatif"], f(r["predicted"], ".3f"),
             f(r["ratio"], ".3f"), f"±{r['noise']:.1%}", f(r["error"], "+.1%"),
-            f(r["self_error"], "+.1%"), r["judged"]]) + " |")
+            f(r["self_error"], "+.1%"), r["judged"], f(r.get("host_speed", math.nan), ".2f"),
+            f(r.get("error_at_speed", math.nan), "+.1%")]) + " |")
     return "\n".join(out)

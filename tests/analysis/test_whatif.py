@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from mtplab.analysis.whatif import (Launch, Loop, StepModel, WhatIfError, apply, cause_table,
-                                    from_tables, parse_whatif, predict, predicted_ratio, replay)
+                                    from_tables, host_speed, parse_whatif, predict,
+                                    predicted_ratio, replay)
 
 HOST = {"schedule": 10.0, "prepare": 20.0, "process_result": 30.0, "loop": 40.0}
 
@@ -199,7 +200,34 @@ def test_predict_table_and_unanswerable_rows():
     assert len(predict(simple())) > 8           # the default what-ifs
 
 
+def test_host_speed_scales_every_host_time_and_keeps_the_device():
+    # normal loop: host 100 + verify launch 5 -> x2: 200 + 10, the GPU's 100 + 3 as they were
+    assert replay(apply(simple(), "host:all*2")).period_us == pytest.approx(313.0)
+    # overlap, host-bound: the host period 107 doubles; GPU-bound: the device chain stays
+    assert predicted_ratio(simple(overlap=True), "host:all*2") == pytest.approx(107.0 / 214.0)
+    gpu_bound = simple(verify_gpu=500.0, overlap=True)
+    assert predicted_ratio(gpu_bound, "host:all*2") == pytest.approx(1.0)
+    m = replace(simple(), jitter_us=(10.0, -10.0), loop_before_read_us=8.0,
+                nested={"draft.seed@draft": (6.0, 40.0)}, launch_latency_us=5.0)
+    s = apply(m, "host:all*0.5")
+    assert s.host == {k: v / 2 for k, v in HOST.items()}
+    assert [l.host_us for l in s.launches] == [2.5, 1.0]
+    assert s.jitter_us == (5.0, -5.0) and s.loop_before_read_us == 4.0
+    assert s.nested == {"draft.seed@draft": (3.0, 40.0)} and s.launch_latency_us == 5.0
+    # left to right: a planted delay kept out of the scaling
+    d = apply(replace(simple(), host={**HOST, "loop": 1040.0}),
+              "host:loop-1000,host:all*2,host:loop+1000")
+    assert d.host["loop"] == pytest.approx(1080.0)
+
+
+def test_host_speed_of_two_runs_is_their_process_result_ratio():
+    slow = replace(simple(), host={**HOST, "process_result": 45.0, "schedule": 99.0})
+    assert host_speed(slow, simple()) == pytest.approx(1.5)
+    assert math.isnan(host_speed(replace(simple(), host={"loop": 1.0}), simple()))
+
+
 @pytest.mark.parametrize("text, match", [
+    ("host:all=0", r"host:all\*F"), ("host:all+5", r"host:all\*F"),
     ("overlap=maybe", "not understood"), ("speed=on", "not a knob"),
     ("host:nothing=0", "no host time named"), ("gpu:nothing*2", "no device stage"),
     ("gpu:verify*-1", "non-negative"), ("", "empty what-if"),

@@ -130,4 +130,7 @@ def test_validation_table_from_a_sweep(tmp_path):
     assert delay["judged"] in ("within 10%", "off")
     ov = v[v["whatif"] == "overlap=on"].iloc[0]
     assert ov["predicted"] == pytest.approx(1.0, abs=0.05)         # CPU: nothing to hide
+    # the hosts' speeds from the runs' process_result, both repeats paired
+    assert 0.2 < ov["host_speed"] < 5.0 and not math.isnan(ov["error_at_speed"])
+    assert delay["judged_at_speed"] in ("within 10%", "off")
     assert "predicted ratios within 10%" in summary(v) or "nothing to judge" in summary(v)

@@ -331,6 +331,19 @@ def regime_doc(*, on_gpu: bool, device: str, ladder: str = "quick", repeats: int
                         for b in {b for _, b in cpu_rungs} if (m, b) not in set(cpu_rungs)]}
 
 
+def _suspect_cells(df: pd.DataFrame) -> list[str]:
+    """One line naming the cells whose host clock and meter disagree (sweep/effects.py)."""
+    from .sweep.effects import CLOCKS_LIMIT, clock_ratios, suspect
+    d = df.reset_index(drop=True)
+    bad = [(d.at[i, "cell_id"], x) for i, x in clock_ratios(d).items() if suspect(x)]
+    if not bad:
+        return []
+    return [f"suspect: {len(bad)} cell(s) whose decode tok/s on the host clock is beyond "
+            f"{CLOCKS_LIMIT}x the meter's either way (no planted delay), as when the host reads "
+            "results the GPU has not written yet: " +
+            ", ".join(f"{c} {x:.2f}x" for c, x in bad)]
+
+
 def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> str:
     """The regime group's report: the regime table (x = GPU / host time per step, each
     effect's ratio; sweep/regime.py), each effect's crossover, and the what-if predictor
@@ -353,6 +366,7 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     lines += ["", "what-if predictor vs measured (meter_tok_per_s ratios; error = predicted / "
               "measured - 1, judged where the effect exceeds the noise):",
               whatif_check.table_md(v), "", whatif_check.summary(v)]
+    lines += _suspect_cells(df)
     walls = pd.to_numeric(df.loc[df["status"] == "ok", "cell_wall_s"], errors="coerce")
     if len(walls.dropna()):
         lines.append(f"cells: {len(walls)} ok, median {walls.median():.0f} s, total "

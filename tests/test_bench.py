@@ -304,3 +304,15 @@ def test_host_table_gives_stage_us_counts_and_the_floor_per_arm():
     assert [r[1] for r in rows] == ["overlap=False", "overlap=True"]
     assert rows[0][2] == "2" and rows[0][3] == "301" and rows[1][3] == "201"   # median of 2
     assert rows[1][-1] == "20.1x" and rows[1][-5] == "2.00" and rows[1][4] == "-"
+
+
+def test_regime_report_names_the_cells_whose_clocks_disagree():
+    from mtplab.bench import _suspect_cells
+    df = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"],
+                       "cell_id": ["a", "b", "c", "d"],
+                       "decode_tok_per_s": [100.0, 190.0, 400.0, 900.0],
+                       "meter_tok_per_s": [98.0, 100.0, 100.0, 1.0],
+                       "host_delay_us": [0, 0, 1000, 0]}, index=[5, 5, 6, 7])
+    (line,) = _suspect_cells(df)        # c: a planted delay; d: not ok
+    assert line.startswith("suspect: 1 cell(s)") and line.endswith(": b 1.90x")
+    assert _suspect_cells(df[df["cell_id"] != "b"]) == []

@@ -35,6 +35,11 @@ Per arm and baseline at one grid point (the `by` columns), over ok rows:
     verdict                 "faster" or "slower" when |ratio - 1| > noise, else "nothing";
                             NO_VERDICT when either side ran one repeat (no spread measured:
                             the floor alone would judge the arm, so nothing is judged)
+    clocks                  of the two arms' cells without a planted host delay, the decode
+                            tok/s on the host clock over the meter's farthest from 1
+                            (`clock_ratios`); beyond CLOCKS_LIMIT either way the sentence
+                            calls the ratio suspect: the host's steps and the GPU's disagree,
+                            as when the host reads results the GPU has not written yet
     sentence                the numbers in one sentence; for "nothing" also why, from the
                             numbers: the bubble did not move, or it moved and the device busy
                             time took its place, or the baseline had little bubble to remove;
@@ -58,6 +63,8 @@ LOW_BUBBLE = 0.05             # a baseline bubble under 5%: little idle time lef
 WIDE_NOISE = 0.10             # rounds that disagree by more than 10% cannot tell a change
 SHORT = {"batch_size": "bs", "cfg.cuda_graphs": "cuda_graphs"}
 NO_VERDICT = "no verdict: one repeat"     # a verdict needs the spread of two rounds a side
+CLOCKS_LIMIT = 1.25          # host-clock decode tok/s vs the meter's: agree within this (both
+                             # read the same decode steps; 1.00-1.10x in every sound GPU cell)
 
 
 def repeated_cells(base: dict[str, Any], arms: list[dict[str, Any]], axes: dict[str, list],
@@ -93,6 +100,29 @@ def _med(rows: pd.DataFrame, col: str) -> float:
         return math.nan
     xs = pd.to_numeric(rows[col], errors="coerce").dropna()
     return float(xs.median()) if len(xs) else math.nan
+
+
+def clock_ratios(rows: pd.DataFrame) -> pd.Series:
+    """Per ok row without a planted host delay: decode tok/s on the host clock over the
+    meter's (the meter counts the delay, the host clock's steps do not: those rows differ by
+    design). Empty where a column is missing."""
+    if "decode_tok_per_s" not in rows or "meter_tok_per_s" not in rows:
+        return pd.Series(dtype=float)
+    ok = rows[rows["status"] == "ok"] if "status" in rows else rows
+    if "host_delay_us" in ok:
+        ok = ok[~(pd.to_numeric(ok["host_delay_us"], errors="coerce").fillna(0) > 0)]
+    r = pd.to_numeric(ok["decode_tok_per_s"], errors="coerce") / \
+        pd.to_numeric(ok["meter_tok_per_s"], errors="coerce")
+    return r[r > 0]
+
+
+def _farthest(r: pd.Series) -> float:
+    """The ratio farthest from 1 (either way), NaN if none."""
+    return float(r.loc[(r.apply(math.log)).abs().idxmax()]) if len(r) else math.nan
+
+
+def suspect(ratio: float, limit: float = CLOCKS_LIMIT) -> bool:
+    return ratio == ratio and not 1.0 / limit <= ratio <= limit
 
 
 def where_label(point: dict[str, Any]) -> str:
@@ -144,6 +174,7 @@ def arm_effects(df: pd.DataFrame, arm: str, pairs: Sequence[tuple[str, str]], *,
                     row[f"busy_us{side}"] = math.nan
             for c in extra:
                 row[c], row[f"{c}_base"] = _med(ra, c), _med(rb, c)
+            row["clocks"] = _farthest(clock_ratios(pd.concat([ra, rb])))
             d = row["ratio"] - 1.0
             row["verdict"] = (NO_VERDICT if min(row["n"], row["n_base"]) < 2
                               else "nothing" if not abs(d) > row["noise"]
@@ -153,7 +184,7 @@ def arm_effects(df: pd.DataFrame, arm: str, pairs: Sequence[tuple[str, str]], *,
     cols = [*by, "where", "arm", "baseline", "verdict", "ratio", "noise", "tok_s", "tok_s_base",
             "n", "n_base", "bubble", "bubble_base", "meter", "bubble_pts", "bubble_noise_pts",
             "busy_us",
-            "busy_us_base", *[c for x in extra for c in (x, f"{x}_base")], "sentence"]
+            "busy_us_base", *[c for x in extra for c in (x, f"{x}_base")], "clocks", "sentence"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -173,12 +204,19 @@ def sentence(r: dict[str, Any], value: str = "decode_tok_per_s") -> str:
            f"({r['bubble_pts']:+.1f} pts, noise ±{r['bubble_noise_pts']:.1f})")
     head = f"{r['where']}: {r['arm']} vs {r['baseline']}"
     if r["verdict"] == NO_VERDICT:
-        return f"{head}: {NO_VERDICT} ({tok}; {bub}); run repeats >= 2 for a verdict."
-    if r["verdict"] == "faster":
-        return f"{head} buys {tok}; {bub}."
-    if r["verdict"] == "slower":
-        return f"{head} costs: {tok}; {bub}."
-    return f"{head} buys nothing: {tok} is within the noise; {bub}: {_why(r)}."
+        text = f"{head}: {NO_VERDICT} ({tok}; {bub}); run repeats >= 2 for a verdict."
+    elif r["verdict"] == "faster":
+        text = f"{head} buys {tok}; {bub}."
+    elif r["verdict"] == "slower":
+        text = f"{head} costs: {tok}; {bub}."
+    else:
+        text = f"{head} buys nothing: {tok} is within the noise; {bub}: {_why(r)}."
+    c = r.get("clocks", math.nan)
+    if suspect(c):
+        text += (f" Suspect: in these cells decode tok/s on the host clock is {c:.2f}x the "
+                 f"meter's (they agree within {CLOCKS_LIMIT}x when the host waits for the "
+                 "GPU), as when the host reads results the GPU has not written yet.")
+    return text
 
 
 def _why(r: dict[str, Any]) -> str:

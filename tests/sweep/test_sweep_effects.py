@@ -144,3 +144,25 @@ def test_run_arms_refuses_an_arm_that_cannot_run_before_any_cell(tmp_path):
     with pytest.raises(ConfigError, match="page_size"):
         run_arms(base, [{"page_size": 1}, {"page_size": 3}], {}, tmp_path, repeats=2)
     assert not (tmp_path / "sweep").exists()
+
+
+def test_host_clock_and_meter_disagreeing_makes_the_ratio_suspect():
+    # the arm's host clock runs 1.9x ahead of the meter (a read that does not wait for the GPU,
+    # notebook 04 before 14a3f48); a planted delay's cells differ by design and are skipped
+    df = frame({"off": [(100, 0.30, 1000), (101, 0.30, 1000)],
+                "racy": [(190, 0.30, 1000), (188, 0.30, 1000)],
+                "sound": [(120, 0.20, 1000), (121, 0.20, 1000)],
+                "delay": [(100, 0.80, 5000), (100, 0.80, 5000)]})
+    meter = {"off": 98.0, "racy": 100.0, "sound": 116.0, "delay": 20.0}
+    df["meter_tok_per_s"] = df["arm"].map(meter)
+    df["host_delay_us"] = [1000 if a == "delay" else 0 for a in df["arm"]]
+    racy = one(df, "racy")
+    assert racy["clocks"] == pytest.approx(1.90)
+    assert "Suspect: in these cells decode tok/s on the host clock is 1.90x the meter's" in \
+        racy["sentence"]
+    for arm in ("sound", "delay"):
+        r = one(df, arm)
+        assert r["clocks"] < 1.25 and "Suspect" not in r["sentence"]
+    # no meter column (a plain sweep): nothing to compare, nothing said
+    r = one(frame({"off": [(100, 0.3, 1000)] * 2, "x": [(110, 0.3, 1000)] * 2}), "x")
+    assert math.isnan(r["clocks"]) and "Suspect" not in r["sentence"]

@@ -576,15 +576,19 @@ def host_speed(arm: StepModel, base: StepModel) -> float:
     return a / b if a > 0 and b > 0 else math.nan
 
 
-def predicted_ratio(m: StepModel, whatif: str) -> float:
+def predicted_ratio(m: StepModel, whatif: str, base_us: Optional[float] = None) -> float:
     """tok/s under `whatif` over the run's, as the model predicts it (WhatIfError if it
-    cannot)."""
-    return replay(m).period_us / replay(apply(m, whatif)).period_us
+    cannot); `base_us`: the run's replayed period, `replay(m).period_us`, where the caller
+    has it already."""
+    base = replay(m).period_us if base_us is None else base_us
+    return base / replay(apply(m, whatif)).period_us
 
 
-def self_error(m: StepModel) -> float:
-    """The model's step time for the run itself over the measured one, minus 1."""
-    return replay(m).period_us / m.measured_period_us - 1.0
+def self_error(m: StepModel, base_us: Optional[float] = None) -> float:
+    """The model's step time for the run itself over the measured one, minus 1 (`base_us`
+    as in predicted_ratio)."""
+    base = replay(m).period_us if base_us is None else base_us
+    return base / m.measured_period_us - 1.0
 
 
 def cause_table(m: StepModel) -> pd.DataFrame:

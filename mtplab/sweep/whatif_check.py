@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 
 from ..analysis.whatif import (ALL, WhatIfError, host_speed, knob_whatifs, load_run,
-                               predicted_ratio, self_error)
+                               predicted_ratio, replay, self_error)
 from ..zero_bubble import ZB_SUBKNOBS
 from .effects import NO_VERDICT, arm_effects
 
@@ -153,12 +153,21 @@ def _pairs(base: pd.DataFrame, arm: pd.DataFrame) -> list[tuple]:
 
 
 def _model(d: Any, cache: dict):
+    """A run folder's model, loaded once (None for a cell without one)."""
     if not isinstance(d, str):
         return None
     m = cache.get(d)
     if m is None:
         m = cache[d] = load_run(Path(d))
     return m
+
+
+def _base_us(d: str, m, cache: dict) -> float:
+    """The run's replayed period, replayed once: every prediction from it divides by it."""
+    k = ("replayed", d)
+    if k not in cache:
+        cache[k] = replay(m).period_us
+    return cache[k]
 
 
 def speed_whatif(f: float, delay_us: int = 0) -> str:
@@ -183,8 +192,9 @@ def _predict(dirs: list, whatif: str, cache: dict) -> tuple[float, float, str]:
             m = _model(d, cache)
             if m is None:
                 continue
-            preds.append(predicted_ratio(m, whatif))
-            selfs.append(self_error(m))
+            base_us = _base_us(d, m, cache)
+            preds.append(predicted_ratio(m, whatif, base_us))
+            selfs.append(self_error(m, base_us))
         except WhatIfError as e:
             why = str(e)
     return _median(preds), _median(selfs), why
@@ -202,7 +212,8 @@ def _predict_at_speed(runs: list, whatif: str, cache: dict) -> tuple[float, floa
             f = host_speed(arm, base)
             if f != f:
                 continue
-            preds.append(predicted_ratio(base, f"{speed_whatif(f, delay)},{whatif}"))
+            preds.append(predicted_ratio(base, f"{speed_whatif(f, delay)},{whatif}",
+                                         _base_us(base_dir, base, cache)))
             speeds.append(f)
         except WhatIfError:
             continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -85,9 +86,18 @@ def _prepare_import() -> None:
         AutoConfig.register = staticmethod(register)
 
 
+def installed() -> bool:
+    """SGLang's distribution is installed (a folder named `sglang` on sys.path is not SGLang)."""
+    try:
+        importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def sglang_module(name: str) -> types.ModuleType:
     """Import `name` from SGLang, or skip the calling test with one line when it is absent."""
-    if importlib.util.find_spec("sglang") is None:
+    if not installed():
         pytest.skip(SKIP_REASON)
     if name not in _LOADED:
         _prepare_import()

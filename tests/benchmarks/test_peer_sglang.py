@@ -553,7 +553,7 @@ def test_tables_show_both_engines_and_the_overlap_direction(tmp_path):
 
 def test_profiled_traces_are_analysed(tmp_path, groups):
     """Each engine's profiled trace goes through mtplab's analyser (bubble, top causes)."""
-    from tests.sglang.test_sglang_adapter import sglang_steps_trace
+    from tests.sglang_ref.test_sglang_adapter import sglang_steps_trace
 
     class Traced(FakeArm):
         def request(self, msg, timeout):

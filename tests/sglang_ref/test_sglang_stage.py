@@ -207,7 +207,7 @@ def device_env(tmp_path, server_python, port) -> dict:
 
 
 def test_pair_runs_both_arms_against_a_fake_server(tmp_path, monkeypatch):
-    from tests.sglang.test_sglang_adapter import fake_python, free_port, sglang_steps_trace
+    from tests.sglang_ref.test_sglang_adapter import fake_python, free_port, sglang_steps_trace
     monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
     env = device_env(tmp_path, fake_python(tmp_path), free_port())
     r = sh("pair", env=env, check=False)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from mtplab.config import RunConfig
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 
 
 def test_knobs_table_matches_runconfig():
@@ -19,8 +20,7 @@ def test_knobs_table_matches_runconfig():
 
 
 def test_quick_start_has_exactly_two_commands():
-    section = README.split("## Quick start")[1].split("\n## ")[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    blocks = _quick_start_blocks()
     assert len(blocks) == 2
     assert "mtplab demo" in blocks[0] and "pytest" in blocks[1]
 
@@ -34,3 +34,40 @@ def test_no_tracked_file_refers_outside_the_repo():
     bad = [f for f in files.split() if (root / f).is_file() and not f.endswith((".gz", ".safetensors", ".png"))
            and outside in (root / f).read_text(errors="ignore")]
     assert not bad, bad
+
+
+def _quick_start_blocks() -> list[str]:
+    section = README.split("## Quick start")[1].split("\n## ")[0]
+    return re.findall(r"```bash\n(.*?)```", section, re.S)
+
+
+def _torch_range() -> str:
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(d for d in deps if d.startswith("torch")).removeprefix("torch")
+
+
+
+def test_cpu_torch_line_carries_the_tested_range():
+    line = next(ln for ln in _quick_start_blocks()[0].splitlines() if "whl/cpu" in ln)
+    assert f'"torch{_torch_range()}"' in line
+
+
+def test_environment_yml_installs_what_the_test_command_installs():
+    """conda users get the README's test extras and torch's CPU build inside the tested range."""
+    import yaml
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    extras = re.search(r'pip install -e "\.\[([a-z,]+)\]"', _quick_start_blocks()[1]).group(1)
+    assert f"-e .[{extras}]" in pip
+    assert f"torch{_torch_range()}" in pip
+    assert any("download.pytorch.org/whl/cpu" in p for p in pip)
+
+
+def test_ci_runs_the_readme_test_command_before_sglang_is_installed():
+    """CI fails the way a new user would: the README's command first, on a venv without the
+    SGLang reference; the differential tests after installing it."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = _quick_start_blocks()[1].strip()
+    assert command in ci
+    assert ci.index(command) < ci.index("-r requirements/sglang-ref.txt")

@@ -14,3 +14,37 @@ import tests.helpers  # noqa: E402,F401
 # The CI machine has 2 cores shared with other processes; one intra-op thread keeps the
 # small-tensor test workloads fast and free of oversubscription stalls.
 torch.set_num_threads(1)
+
+
+def _row_invariant_interpreter_dot() -> None:
+    """The interpreter's tl.dot is one numpy matmul per tile. Some CPUs' BLAS (OpenBLAS's
+    AMD Zen sgemm) give a row's bits that depend on its place in the tile, which no GPU
+    kernel does: the batch-invariance tests (deterministic mode) check the kernels' fixed
+    tiles, not the host BLAS. Where numpy's matmul is not row invariant, the dot becomes an
+    einsum, whose sum over K runs in one order for every element."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    perm = rng.permutation(64)
+    if np.array_equal(a[perm] @ b, (a @ b)[perm]) and np.array_equal(a[:1] @ b, (a @ b)[:1]):
+        return
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        assert a.dtype.primitive_bitwidth != 8 and b.dtype.primitive_bitwidth != 8, \
+            "fp8 dot: the row-invariant stand-in covers 16/32-bit operands"
+        out = np.einsum("...ik,...kj->...ij", a.data.astype(d.data.dtype),
+                        b.data.astype(d.data.dtype), optimize=False)
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        _row_invariant_interpreter_dot()

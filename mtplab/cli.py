@@ -95,6 +95,25 @@ def _check_workload(args) -> None:
                          "maximum.")
 
 
+def _run_folder(cfg, args):
+    """`--out DIR` is the run folder: everything the run writes goes there (trace_dir = its
+    parent, run_name = its name)."""
+    if not args.out:
+        return cfg
+    from .config import RunConfig
+    clash = [f"--{k.replace('_', '-')}" for k in ("trace_dir", "run_name")
+             if k in given(args, RunConfig)]
+    if clash:
+        raise ValueError(f"--out DIR is the run folder, and {' and '.join(clash)} would name "
+                         "another; give --out alone (or drop it and use --trace-dir / "
+                         "--run-name).")
+    out = Path(args.out).absolute()
+    if out.parent == out:
+        raise ValueError(f"--out {args.out} is the filesystem's root; give a folder for the "
+                         "run, e.g. --out runs/a.")
+    return replace(cfg, trace_dir=str(out.parent), run_name=out.name)
+
+
 def cmd_run(args) -> int:
     import random
 
@@ -102,7 +121,7 @@ def cmd_run(args) -> int:
     from .models.memory import estimate_memory
     from .stats import LEGEND
     _check_workload(args)
-    cfg = _config_from_args(args)
+    cfg = _run_folder(_config_from_args(args), args)
     if args.step_profile:                 # the predictor pairs host spans with the meter's
         cfg = replace(cfg, bubble_meter=True)
     print(estimate_memory(cfg).describe())          # before anything is allocated
@@ -135,7 +154,7 @@ def cmd_run(args) -> int:
     if args.out:
         workload = {k: getattr(args, k) for k in ("prompts", "max_new_tokens", "min_prompt_len",
                                                   "max_prompt_len", "temperature")}
-        for path in _write_run(Path(args.out), cfg, st, workload):
+        for path in _write_run(eng.run_dir, cfg, st, workload):
             written[path.stem] = path
     for name, path in written.items():
         print(f"  wrote {name}: {path}")
@@ -221,8 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "timed beside the bubble meter (turned on), for `mtplab whatif RUN_DIR` "
                         "(host_steps.parquet, whatif.json in the run folder; default: false)")
     r.add_argument("--out", default=None, type=out_dir, metavar="DIR",
-                   help="write results.json (the stats table, the workload, the resolved "
-                        "config) and manifest.json (config, versions, device, git commit) here")
+                   help="the run folder: everything the run writes goes here (results.json: "
+                        "the stats table, the workload, the resolved config; manifest.json; "
+                        "the trace, the meter tables and the step profile where recorded), "
+                        "for mtplab whatif / analyze / plot DIR (default: trace_dir/run_name)")
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
     d.add_argument("--device", default="auto", type=device_name,

@@ -247,10 +247,11 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
     def run(k, x: Launch, free: float) -> float:
         """Issue launch x (its host call, then its stages); returns its end on its lane."""
         t0 = h
-        if lp.host_runs_device:                    # CPU: the work ends with the call
+        if lp.host_runs_device:                    # CPU: the work ends with the call, and
+            own = max(0.0, x.host_us - x.gpu_us)   # a step's deviation is in the work
             host_seg(k, x.stage, "launch", at(max(x.host_us, x.gpu_us), x.host_dev, k))
-            t = max(free, t0, h - x.gpu_us)
-            return lay(k, x, t, max(t, h))
+            t = max(free, min(h, t0 + own))
+            return lay(k, x, t, h)
         host_seg(k, x.stage, "launch", at(x.host_us, x.host_dev, k))
         if x.eager:                                # kernels start while the call goes on
             t = max(free + x.gap_us, t0 + L)

@@ -96,7 +96,9 @@ from typing import Iterable, Optional, Sequence
 
 import pandas as pd
 
+from ..draft_kinds import DRAFT_KINDS
 from ..zero_bubble import ZB_SUBKNOBS
+from .run_folder import RunFolderError, json_object, table
 
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
@@ -109,6 +111,8 @@ ALL = "all"                       # host:all*F: every host time at once (the hos
 PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
 KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
 SELF_ERROR_WARN = 0.10            # `mtplab whatif` warns where |self error| exceeds this
+MAX_US = 1e9                      # a what-if's time: at most 1000 s
+MAX_FACTOR = 1e6                  # a what-if's factor
 DRAFT_LAUNCHES = ("draft.seed", "draft")
 AFTER_COMMIT = ("commit", "draft_extend")
 
@@ -120,7 +124,12 @@ MANIFEST_FILE = "manifest.json"
 
 
 class WhatIfError(ValueError):
-    """A what-if this run cannot answer, or input the predictor cannot read (one sentence)."""
+    """Input the predictor cannot read: a run folder, a what-if (one sentence)."""
+
+
+class Unanswerable(WhatIfError):
+    """A well-formed what-if this run cannot answer (one sentence): `predict` gives its row
+    this note instead of a prediction."""
 
 
 @dataclass(frozen=True)
@@ -364,7 +373,9 @@ def parse_whatif(text: str) -> list[tuple]:
     """`overlap=on,host:schedule=0` -> [("knob", "overlap", True), ("host", "schedule", "=",
     0.0)]: knobs (KNOBS, on/off), `host:STAGE=US | *F | +US | -US` (STAGE: a host name of
     HOST_NAMES or a launch's stage), `host:all*F` (every host time: the host F times slower),
-    `gpu:STAGE=US | *F | +US | -US` (a device stage). Items apply left to right."""
+    `gpu:STAGE=US | *F | +US | -US` (a device stage). Items apply left to right. Values are
+    finite, non-negative, at most MAX_US µs or a factor of MAX_FACTOR; a knob set twice two
+    ways, or zero_bubble=on beside a sub-knob off, is a contradiction (WhatIfError)."""
     out = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         k = _KNOB_RE.match(part)
@@ -383,12 +394,30 @@ def parse_whatif(text: str) -> list[tuple]:
             x = float(s["x"])
         except ValueError:
             raise WhatIfError(f"what-if {part!r}: {s['x']!r} is not a number.") from None
-        if not math.isfinite(x) or (s["op"] in "*=" and x < 0):
-            raise WhatIfError(f"what-if {part!r}: use a finite, non-negative value.")
+        bound = MAX_FACTOR if s["op"] == "*" else MAX_US
+        if not math.isfinite(x) or x < 0 or x > bound:
+            raise WhatIfError(f"what-if {part!r}: use a finite, non-negative value of at most "
+                              f"{bound:g} ({'a factor' if s['op'] == '*' else 'µs'}); "
+                              "lower a time with -US.")
         out.append((s["side"], s["stage"], s["op"], x))
     if not out:
         raise WhatIfError("empty what-if; write e.g. overlap=on or host:schedule=0.")
+    _check_knobs(text, [(k, on) for side, k, *rest in out if side == "knob" for on in rest])
     return out
+
+
+def _check_knobs(text: str, knobs: list[tuple[str, bool]]) -> None:
+    """One what-if sets each knob one way, and zero_bubble=on has every sub-knob on."""
+    seen: dict[str, bool] = {}
+    for k, on in knobs:
+        if seen.get(k, on) != on:
+            raise WhatIfError(f"what-if {text!r} sets {k} both on and off; give it once.")
+        seen[k] = on
+    off = [k for k in ZB_SUBKNOBS if seen.get(k) is False]
+    if seen.get("zero_bubble") and off:
+        raise WhatIfError(f"what-if {text!r}: zero_bubble=on turns every sub-knob on, and "
+                          f"{', '.join(f'{k}=off' for k in off)} contradicts it; give the "
+                          "sub-knobs one by one instead.")
 
 
 def _scaled(v: float, op: str, x: float) -> float:
@@ -505,7 +534,7 @@ def _knob(m: StepModel, knob: str, on: bool) -> StepModel:
         return _preexec(m, on)
     if knob == "fold_seed":
         return _fold_seed(m, on)
-    raise WhatIfError(f"{knob}: the predictor has no model of this knob (analysis/whatif.py "
+    raise Unanswerable(f"{knob}: the predictor has no model of this knob (analysis/whatif.py "
                       "`_knob`).")
 
 
@@ -527,14 +556,14 @@ def _preexec(m: StepModel, on: bool) -> StepModel:
     if on == lp.draft_preexec:
         return m
     if m.draft == "none":
-        raise WhatIfError("zb_draft_preexec: the run is target-only; there is no draft to run "
+        raise Unanswerable("zb_draft_preexec: the run is target-only; there is no draft to run "
                           "ahead.")
     drafts = [l for l in m.launches if l.stage in DRAFT_LAUNCHES and l.lane == "forward"]
     rest = [l for l in m.launches if l not in drafts]
     if on:       # after the last commit / draft_extend launch
         i = max((n for n, l in enumerate(rest) if l.stage in AFTER_COMMIT), default=None)
         if i is None:
-            raise WhatIfError("zb_draft_preexec=on: the run's step has no commit launch to "
+            raise Unanswerable("zb_draft_preexec=on: the run's step has no commit launch to "
                               "run the draft after.")
         ls = rest[:i + 1] + drafts + rest[i + 1:]
     else:        # right after resolve
@@ -546,7 +575,7 @@ def _preexec(m: StepModel, on: bool) -> StepModel:
 def _fold_seed(m: StepModel, on: bool) -> StepModel:
     lp = m.loop
     if not m.seed_forward:
-        raise WhatIfError(f"fold_seed: the run's draft ({m.draft}) has no seed forward to fold.")
+        raise Unanswerable(f"fold_seed: the run's draft ({m.draft}) has no seed forward to fold.")
     if on == lp.fold_seed:
         return m
     ls = list(m.launches)
@@ -554,7 +583,7 @@ def _fold_seed(m: StepModel, on: bool) -> StepModel:
     drafts = [i for i, l in enumerate(ls) if l.stage == "draft"]
     if on:
         if not seeds or not drafts:
-            raise WhatIfError("fold_seed=on: the run's steps have no separate draft.seed launch "
+            raise Unanswerable("fold_seed=on: the run's steps have no separate draft.seed launch "
                               "to fold.")
         seed, i = ls[seeds[0]], drafts[0]
         d = ls[i]
@@ -577,7 +606,7 @@ def _fold_seed(m: StepModel, on: bool) -> StepModel:
         return replace(m, launches=tuple(ls), loop=replace(lp, fold_seed=True))
     nested = m.nested.get("draft.seed@draft")
     if m.graphs or nested is None or not drafts:
-        raise WhatIfError("fold_seed=off: the run folded its seed into the draft graph, so the "
+        raise Unanswerable("fold_seed=off: the run folded its seed into the draft graph, so the "
                           "eager seed's host time is not in it; measure an unfolded run and ask "
                           "fold_seed=on of it instead.")
     i = drafts[0]
@@ -616,13 +645,14 @@ def default_whatifs(m: StepModel) -> list[str]:
 def predict(m: StepModel, whatifs: Optional[Iterable[str]] = None) -> pd.DataFrame:
     """One row per what-if (default: `default_whatifs`), the run itself first:
     what, step_us, tok_s, ratio (tok/s over the run's), bubble_us, bubble_frac, note
-    (why it cannot be predicted, or the assumption it took)."""
+    (why the run cannot answer it, or the assumption it took). A what-if that is not
+    well-formed for this run (a name it lacks, a contradiction) raises WhatIfError."""
     base = replay(m)
     rows = [_row("(run)", m, base, base)]
     for w in (default_whatifs(m) if whatifs is None else whatifs):
         try:
             mm = apply(m, w)
-        except WhatIfError as e:
+        except Unanswerable as e:
             rows.append({"what": w, "step_us": math.nan, "tok_s": math.nan, "ratio": math.nan,
                          "bubble_us": math.nan, "bubble_frac": math.nan, "note": str(e)})
             continue
@@ -997,7 +1027,8 @@ def _mean(df: pd.DataFrame, col: str) -> float:
 def load_run(run_dir: str | Path) -> StepModel:
     """The StepModel of a run folder holding manifest.json, meter_stages.parquet,
     host_steps.parquet and whatif.json (mtplab run --step-profile true, or a sweep cell with
-    the workload's step_profile)."""
+    the workload's step_profile), each read through analysis/run_folder.py; WhatIfError (one
+    sentence) for a folder, a file or a setting the predictor cannot read."""
     d = Path(run_dir)
     if not d.is_dir():
         raise WhatIfError(f"{d} is not a folder; give a run folder (mtplab run --out DIR "
@@ -1008,14 +1039,85 @@ def load_run(run_dir: str | Path) -> StepModel:
         raise WhatIfError(f"{d} lacks {', '.join(missing)}; record the run with "
                           "--step-profile true (mtplab run) or step_profile: true (a sweep "
                           "cell), which writes them.")
-    man = json.loads((d / MANIFEST_FILE).read_text())
-    anchor = json.loads((d / ANCHOR_FILE).read_text())
-    return from_tables(man.get("config", man), pd.read_parquet(d / METER_STAGES_FILE),
-                       pd.read_parquet(d / HOST_STEPS_FILE),
-                       anchor_tok_s=float(anchor.get("meter_tok_per_s") or math.nan),
-                       latency_us=float(anchor.get("latency_us") or 0.0),
-                       seed_forward=bool(anchor.get("seed_forward", False)),
-                       eager=tuple(anchor.get("eager_launches", ())))
+    try:
+        man = json_object(d / MANIFEST_FILE, "the run's manifest")
+        anchor = json_object(d / ANCHOR_FILE, "the step profile's anchor")
+        stages = table(d / METER_STAGES_FILE, ("step", "stage", "lane", "start_us", "end_us"),
+                       "the bubble meter's stage table",
+                       numeric=("step", "start_us", "end_us"))
+        host = table(d / HOST_STEPS_FILE, ("step", "period_us"), "the host-step table")
+    except RunFolderError as e:
+        raise WhatIfError(str(e)) from None
+    cfg = man.get("config", man)
+    if not isinstance(cfg, dict):
+        raise WhatIfError(f"{d / MANIFEST_FILE}: its config is a JSON {type(cfg).__name__}, not "
+                          "an object; record the run again.")
+    _check_config(cfg, d / MANIFEST_FILE)
+    for c in ("stage", "lane"):
+        if not stages[c].map(lambda v: isinstance(v, str)).all():
+            raise WhatIfError(f"{d / METER_STAGES_FILE}: column {c} holds a value that is not "
+                              "a name; record the run again.")
+    if (stages["end_us"] < stages["start_us"]).any():
+        raise WhatIfError(f"{d / METER_STAGES_FILE}: an interval ends before it starts; "
+                          "record the run again.")
+    if ((host.drop(columns="step") < 0).any()).any():
+        raise WhatIfError(f"{d / HOST_STEPS_FILE}: a host time is negative; record the run "
+                          "again.")
+    stages = stages.assign(dur_us=stages["end_us"] - stages["start_us"])
+    return from_tables(cfg, stages, host,
+                       anchor_tok_s=_anchor_number(anchor, "meter_tok_per_s", d, math.nan),
+                       latency_us=_anchor_number(anchor, "latency_us", d, 0.0),
+                       seed_forward=_anchor_flag(anchor, "seed_forward", d),
+                       eager=_anchor_names(anchor, "eager_launches", d))
+
+
+_CFG_FLAGS = ("overlap", "fold_seed", "cuda_graphs", *ZB_SUBKNOBS)
+
+
+def _check_config(cfg: dict, path: Path) -> None:
+    """The settings the replay reads, each of its type (a manifest whose draft or overlap is
+    nonsense is refused, not replayed)."""
+    fix = "record the run again (its manifest is written by the run)"
+    for k in _CFG_FLAGS:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise WhatIfError(f"{path}: config {k} is {v!r}, not true / false; {fix}.")
+    draft = cfg.get("draft", "none")
+    if draft not in ("none", *DRAFT_KINDS):
+        raise WhatIfError(f"{path}: config draft is {draft!r}, not a draft kind (none, "
+                          f"{', '.join(DRAFT_KINDS)}); {fix}.")
+    n = cfg.get("num_steps", 0)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise WhatIfError(f"{path}: config num_steps is {n!r}, not a count; {fix}.")
+    if not isinstance(cfg.get("device", "cpu"), str):
+        raise WhatIfError(f"{path}: config device is {cfg.get('device')!r}, not a device name; "
+                          f"{fix}.")
+
+
+def _anchor_number(anchor: dict, key: str, d: Path, default: float) -> float:
+    v = anchor.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not a finite number >= 0; "
+                          "record the run again.")
+    return float(v)
+
+
+def _anchor_flag(anchor: dict, key: str, d: Path) -> bool:
+    v = anchor.get(key, False)
+    if not isinstance(v, bool):
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not true / false; record the "
+                          "run again.")
+    return v
+
+
+def _anchor_names(anchor: dict, key: str, d: Path) -> tuple:
+    v = anchor.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not a list of stage names; "
+                          "record the run again.")
+    return tuple(v)
 
 
 def describe(m: StepModel) -> str:

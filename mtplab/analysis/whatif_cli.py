@@ -76,7 +76,7 @@ def main_whatif(argv: Sequence[str] | None = None) -> int:
         model = load_run(ns.run_dir)
         pred = predict(model, ns.what)
         causes = cause_table(model)
-    except (WhatIfError, OSError) as e:
+    except (WhatIfError, OSError) as e:      # every file and --what is checked before output
         print(f"mtplab whatif: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if ns.json:

@@ -353,7 +353,7 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     from .sweep.metrics import meter_name
     t = regime.regime_table(df, sweep_dir=out)
     v = whatif_check.validate(df, regime.validation_pairs(), label=regime.arm_label,
-                              sweep_dir=out)
+                              sweep_dir=out, flips=True)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     if out is not None and len(t):
         from .atomic import atomic_path
@@ -365,7 +365,9 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     lines += [f"- {s}" for s in regime.crossovers(t)["sentence"]]
     lines += ["", "what-if predictor vs measured (meter_tok_per_s ratios; error = predicted / "
               "measured - 1, judged where the effect exceeds the noise):",
-              whatif_check.table_md(v), "", whatif_check.summary(v)]
+              whatif_check.table_md(v), "", whatif_check.summary(v), "",
+              "the predictor's error per direction (each arm to each knob it can flip, both "
+              "ways):", whatif_check.direction_md(v)]
     lines += _suspect_cells(df)
     walls = pd.to_numeric(df.loc[df["status"] == "ok", "cell_wall_s"], errors="coerce")
     if len(walls.dropna()):

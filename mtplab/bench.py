@@ -218,6 +218,8 @@ def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
     ex = LocalExecutor(deadline)
     df = run_sweep(cells, out, timeout_s=timeout_s or grid_from_dict(doc).timeout_s,
                    progress=progress, executor=ex)
+    if "cell_id" not in df:            # no cell ran (the budget spent before the first)
+        df = pd.DataFrame({"cell_id": pd.Series(dtype=str), "status": pd.Series(dtype=str)})
     df = df[df["cell_id"].isin({c.cell_id for c in cells})]    # not older runs' cells
     df.attrs["not_started"] = ex.not_started
     return df
@@ -539,6 +541,14 @@ def main_bench(argv=None) -> int:
             body = run_schedule(d, root / g, device=a.device, smoke=a.smoke, quick=a.quick,
                                 repeats=a.repeats, bs=a.bs, deadline=deadline)
             own[g] = f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, surface.png"
+    if a.budget_s and not own and not any((f["status"] == "ok").any() for f in frames.values()):
+        left = sum(f.attrs.get("not_started", 0) for f in frames.values())
+        cut = sum(int((f["status"] != "ok").sum()) for f in frames.values())
+        print(f"mtplab bench: error: the budget (--budget-s {a.budget_s:g}) ran out before any "
+              f"cell finished ({left} not started, {cut} cut short); give a budget longer "
+              f"than one cell (up to its timeout_s), and `--dir {root}` resumes.",
+              file=sys.stderr)
+        return 2
     bw = hbm_bandwidth() if a.device != "cpu" else None
     parts = [header(frames, a.smoke, bw)] + list(own.values())
     for g in docs:

@@ -118,6 +118,10 @@ def test_eager_launch_overlaps_its_own_kernels():
                                   loop=Loop(overlap=False, async_d2h=False))
     assert replay(one(True)).period_us == pytest.approx(200.0)    # ends with its last launch
     assert replay(one(False)).period_us == pytest.approx(260.0)   # a graph starts after it
+    # its last kernel runs L after the call issued it (200 + 5), the read wakes W later:
+    # 60 µs of work cannot end before the call that issues it
+    lat = replace(one(True), launch_latency_us=5.0, wake_us=5.0)
+    assert replay(lat).period_us == pytest.approx(210.0)
 
 
 def test_host_and_gpu_whatifs():

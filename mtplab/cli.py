@@ -260,6 +260,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def dashed_flags(argv: list) -> list:
+    """`--page_size 16` as `--page-size 16`: a flag spelled with a RunConfig field's
+    underscores is its dashed flag (values and everything after `--` stay as given)."""
+    out, flags = [], True
+    for a in argv:
+        if a == "--":
+            flags = False
+        if flags and a.startswith("--") and "_" in a.split("=", 1)[0]:
+            name, eq, value = a.partition("=")
+            a = name.replace("_", "-") + eq + value
+        out.append(a)
+    return out
+
+
+def _unrecognized(parser: argparse.ArgumentParser, cmd: str, extra: list) -> int:
+    """One line naming the subcommand, the flags it does not take and the nearest it does."""
+    import difflib
+    sub = next(a for a in parser._subparsers._group_actions).choices[cmd]
+    known = [o for o in sub._option_string_actions if o.startswith("--")]
+    near = [m for f in extra if f.startswith("-")
+            for m in difflib.get_close_matches(f.split("=", 1)[0], known, n=1)]
+    hint = f"; did you mean {', '.join(dict.fromkeys(near))}?" if near else ""
+    print(f"mtplab {cmd}: error: unrecognized arguments: {' '.join(extra)}{hint} (see mtplab "
+          f"{cmd} --help)", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -267,7 +294,10 @@ def main(argv: Optional[list] = None) -> int:
         if argv and argv[0] in EXTERNAL:
             module, func, _ = EXTERNAL[argv[0]]
             return getattr(importlib.import_module(module), func)(argv[1:])
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(dashed_flags(argv))
+        if extra:
+            return _unrecognized(parser, args.cmd, extra)
         from .config import RunConfig
         from .errors import ConfigError
         try:

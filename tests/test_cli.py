@@ -179,6 +179,22 @@ def test_run_out_holds_the_whole_run(tmp_path):
     assert (out / "timeline.png").is_file()
 
 
+def test_a_field_name_with_underscores_is_its_flag(capsys):
+    # --page_size is --page-size: the refusal names the flag, so the alias was parsed
+    assert cli.main(["run", "--device", "cpu", "--page_size", "3"]) == 2
+    assert "--page-size 3 is not a power of two" in capsys.readouterr().err
+    assert cli.dashed_flags(["--page_size=16", "--", "--keep_me"]) == ["--page-size=16", "--",
+                                                                       "--keep_me"]
+
+
+def test_an_unknown_flag_names_the_subcommand_and_the_nearest_flag(capsys):
+    assert cli.main(["run", "--device", "cpu", "--page-sise", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("mtplab run: error: unrecognized arguments: --page-sise 16; did you "
+                          "mean --page-size? (see mtplab run --help)")
+
+
 def test_run_out_with_another_run_folder_is_refused(tmp_path, capsys):
     assert cli.main(["run", "--device", "cpu", "--out", str(tmp_path / "o"), "--trace-dir",
                      str(tmp_path / "t")]) == 2

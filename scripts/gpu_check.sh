@@ -13,7 +13,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-./gpu_out}
 if [[ ${1:-} == -o ]]; then OUT_DIR=$2; shift 2; fi
-mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 ALL=(tests stages instruments host bench peer notebooks)
 
@@ -294,6 +293,7 @@ usage() {
 for spec in "$@"; do                              # every phase named must exist before any runs
   declare -F "phase_${spec%%:*}" >/dev/null || { echo "unknown phase '${spec%%:*}'"; usage; exit 2; }
 done
+mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)     # only once a phase will run
 python3 - <<'PY' | tee "$OUT_DIR/device.txt"
 import datetime, torch
 from mtplab.provenance import git_commit    # MTP_GIT_COMMIT where set, else this checkout's HEAD

@@ -227,8 +227,10 @@ def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
     text = script.read_text()
     phases = re.findall(r"^phase_(\w+)\(\)", text, re.M)
     assert {"tests", "bench", "stages", "notebooks"} <= set(phases)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                       env={**os.environ, "OUT": str(tmp_path / "g")})
     assert r.returncode == 2
+    assert not (tmp_path / "g").exists()                  # a usage error writes nothing
     for p in phases:                      # every phase documents itself in the usage
         assert re.search(rf"^  {p}  ", r.stdout, re.M), p
     r = subprocess.run(["bash", str(script), "-o", str(tmp_path), "tests", "nope"],

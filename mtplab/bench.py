@@ -218,6 +218,8 @@ def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
     ex = LocalExecutor(deadline)
     df = run_sweep(cells, out, timeout_s=timeout_s or grid_from_dict(doc).timeout_s,
                    progress=progress, executor=ex)
+    if "cell_id" not in df:            # no cell ran (the budget spent before the first)
+        df = pd.DataFrame({"cell_id": pd.Series(dtype=str), "status": pd.Series(dtype=str)})
     df = df[df["cell_id"].isin({c.cell_id for c in cells})]    # not older runs' cells
     df.attrs["not_started"] = ex.not_started
     return df
@@ -353,7 +355,7 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     from .sweep.metrics import meter_name
     t = regime.regime_table(df, sweep_dir=out)
     v = whatif_check.validate(df, regime.validation_pairs(), label=regime.arm_label,
-                              sweep_dir=out)
+                              sweep_dir=out, flips=True)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     if out is not None and len(t):
         from .atomic import atomic_path
@@ -365,7 +367,9 @@ def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> st
     lines += [f"- {s}" for s in regime.crossovers(t)["sentence"]]
     lines += ["", "what-if predictor vs measured (meter_tok_per_s ratios; error = predicted / "
               "measured - 1, judged where the effect exceeds the noise):",
-              whatif_check.table_md(v), "", whatif_check.summary(v)]
+              whatif_check.table_md(v), "", whatif_check.summary(v), "",
+              "the predictor's error per direction (each arm to each knob it can flip, both "
+              "ways):", whatif_check.direction_md(v)]
     lines += _suspect_cells(df)
     walls = pd.to_numeric(df.loc[df["status"] == "ok", "cell_wall_s"], errors="coerce")
     if len(walls.dropna()):
@@ -537,6 +541,14 @@ def main_bench(argv=None) -> int:
             body = run_schedule(d, root / g, device=a.device, smoke=a.smoke, quick=a.quick,
                                 repeats=a.repeats, bs=a.bs, deadline=deadline)
             own[g] = f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, surface.png"
+    if a.budget_s and not own and not any((f["status"] == "ok").any() for f in frames.values()):
+        left = sum(f.attrs.get("not_started", 0) for f in frames.values())
+        cut = sum(int((f["status"] != "ok").sum()) for f in frames.values())
+        print(f"mtplab bench: error: the budget (--budget-s {a.budget_s:g}) ran out before any "
+              f"cell finished ({left} not started, {cut} cut short); give a budget longer "
+              f"than one cell (up to its timeout_s), and `--dir {root}` resumes.",
+              file=sys.stderr)
+        return 2
     bw = hbm_bandwidth() if a.device != "cpu" else None
     parts = [header(frames, a.smoke, bw)] + list(own.values())
     for g in docs:

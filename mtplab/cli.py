@@ -95,6 +95,25 @@ def _check_workload(args) -> None:
                          "maximum.")
 
 
+def _run_folder(cfg, args):
+    """`--out DIR` is the run folder: everything the run writes goes there (trace_dir = its
+    parent, run_name = its name)."""
+    if not args.out:
+        return cfg
+    from .config import RunConfig
+    clash = [f"--{k.replace('_', '-')}" for k in ("trace_dir", "run_name")
+             if k in given(args, RunConfig)]
+    if clash:
+        raise ValueError(f"--out DIR is the run folder, and {' and '.join(clash)} would name "
+                         "another; give --out alone (or drop it and use --trace-dir / "
+                         "--run-name).")
+    out = Path(args.out).absolute()
+    if out.parent == out:
+        raise ValueError(f"--out {args.out} is the filesystem's root; give a folder for the "
+                         "run, e.g. --out runs/a.")
+    return replace(cfg, trace_dir=str(out.parent), run_name=out.name)
+
+
 def cmd_run(args) -> int:
     import random
 
@@ -102,7 +121,7 @@ def cmd_run(args) -> int:
     from .models.memory import estimate_memory
     from .stats import LEGEND
     _check_workload(args)
-    cfg = _config_from_args(args)
+    cfg = _run_folder(_config_from_args(args), args)
     if args.step_profile:                 # the predictor pairs host spans with the meter's
         cfg = replace(cfg, bubble_meter=True)
     print(estimate_memory(cfg).describe())          # before anything is allocated
@@ -135,7 +154,7 @@ def cmd_run(args) -> int:
     if args.out:
         workload = {k: getattr(args, k) for k in ("prompts", "max_new_tokens", "min_prompt_len",
                                                   "max_prompt_len", "temperature")}
-        for path in _write_run(Path(args.out), cfg, st, workload):
+        for path in _write_run(eng.run_dir, cfg, st, workload):
             written[path.stem] = path
     for name, path in written.items():
         print(f"  wrote {name}: {path}")
@@ -221,8 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "timed beside the bubble meter (turned on), for `mtplab whatif RUN_DIR` "
                         "(host_steps.parquet, whatif.json in the run folder; default: false)")
     r.add_argument("--out", default=None, type=out_dir, metavar="DIR",
-                   help="write results.json (the stats table, the workload, the resolved "
-                        "config) and manifest.json (config, versions, device, git commit) here")
+                   help="the run folder: everything the run writes goes here (results.json: "
+                        "the stats table, the workload, the resolved config; manifest.json; "
+                        "the trace, the meter tables and the step profile where recorded), "
+                        "for mtplab whatif / analyze / plot DIR (default: trace_dir/run_name)")
     _add_config_flags(r)
     d = sub.add_parser("demo", help="the embedded default run, on whatever device is present")
     d.add_argument("--device", default="auto", type=device_name,
@@ -239,6 +260,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def dashed_flags(argv: list) -> list:
+    """`--page_size 16` as `--page-size 16`: a flag spelled with a RunConfig field's
+    underscores is its dashed flag (values and everything after `--` stay as given)."""
+    out, flags = [], True
+    for a in argv:
+        if a == "--":
+            flags = False
+        if flags and a.startswith("--") and "_" in a.split("=", 1)[0]:
+            name, eq, value = a.partition("=")
+            a = name.replace("_", "-") + eq + value
+        out.append(a)
+    return out
+
+
+def _unrecognized(parser: argparse.ArgumentParser, cmd: str, extra: list) -> int:
+    """One line naming the subcommand, the flags it does not take and the nearest it does."""
+    import difflib
+    sub = next(a for a in parser._subparsers._group_actions).choices[cmd]
+    known = [o for o in sub._option_string_actions if o.startswith("--")]
+    near = [m for f in extra if f.startswith("-")
+            for m in difflib.get_close_matches(f.split("=", 1)[0], known, n=1)]
+    hint = f"; did you mean {', '.join(dict.fromkeys(near))}?" if near else ""
+    print(f"mtplab {cmd}: error: unrecognized arguments: {' '.join(extra)}{hint} (see mtplab "
+          f"{cmd} --help)", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -246,7 +294,10 @@ def main(argv: Optional[list] = None) -> int:
         if argv and argv[0] in EXTERNAL:
             module, func, _ = EXTERNAL[argv[0]]
             return getattr(importlib.import_module(module), func)(argv[1:])
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(dashed_flags(argv))
+        if extra:
+            return _unrecognized(parser, args.cmd, extra)
         from .config import RunConfig
         from .errors import ConfigError
         try:

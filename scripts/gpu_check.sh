@@ -13,7 +13,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-./gpu_out}
 if [[ ${1:-} == -o ]]; then OUT_DIR=$2; shift 2; fi
-mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 ALL=(tests stages instruments host bench peer notebooks)
 
@@ -168,6 +167,18 @@ phase_regime() {
     --dir "$OUT_DIR" --out "$OUT_DIR/regime.md"
 }
 
+#: whatif  the what-if predictor both ways: the regime ladder's quick grid at its GPU-heavy
+#:         rung (llama3-8b-like@16 bs 8; WHATIF_ONLY="AXIS=V,... ..." another), every arm
+#:         (Frozen-KV on / zb folded and unfolded, each sub-knob off; target-only) x 2
+#:         rounds within WHATIF_BUDGET_S=440; each arm predicted toward each knob it can
+#:         flip, both ways, the error per direction -> whatif.md (its last table),
+#:         regime/whatif_validation.csv, regime/traces/<cell>/ (every step profile)
+phase_whatif() {
+  python3 -m mtplab.cli bench --no-progress --groups regime --quick \
+    --only ${WHATIF_ONLY:-model=llama3-8b-like layers=16 batch_size=8} \
+    --budget-s "${WHATIF_BUDGET_S:-440}" --dir "$OUT_DIR" --out "$OUT_DIR/whatif.md"
+}
+
 #: schedule  the speculation schedule: its GPU tests (no capture after start, fp32 lossless
 #:           across bucket switches), then `mtplab bench --groups schedule` (the break-even
 #:           surface, the best schedule as YAML, its gain over the best static setting;
@@ -282,6 +293,7 @@ usage() {
 for spec in "$@"; do                              # every phase named must exist before any runs
   declare -F "phase_${spec%%:*}" >/dev/null || { echo "unknown phase '${spec%%:*}'"; usage; exit 2; }
 done
+mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)     # only once a phase will run
 python3 - <<'PY' | tee "$OUT_DIR/device.txt"
 import datetime, torch
 from mtplab.provenance import git_commit    # MTP_GIT_COMMIT where set, else this checkout's HEAD

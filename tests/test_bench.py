@@ -126,6 +126,34 @@ def test_unknown_group_is_one_sentence(capsys):
     assert err.count("\n") == 0 and "no bench group 'nope'" in err
 
 
+def test_a_budget_spent_before_any_cell_is_one_sentence(tmp_path, capsys):
+    """--budget-s shorter than one cell: no traceback (the empty results table), no table of
+    "?" headers: one sentence naming the budget and the resume, exit 2."""
+    from mtplab.bench import main_bench
+    assert main_bench(["--groups", "fold_seed", "--device", "cpu", "--no-progress",
+                       "--dir", str(tmp_path / "bx"), "--budget-s", "0.001"]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert err[-1].startswith("mtplab bench: error: the budget (--budget-s 0.001) ran out "
+                              "before any cell finished") and "resumes" in err[-1]
+    assert "Traceback" not in out.err and "mtplab bench on" not in out.out
+
+
+def test_gpu_check_whatif_runs_the_ladders_gpu_heavy_rung(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (fake / "python3").chmod(0o755)
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "-o", str(tmp_path / "o"),
+                    "whatif"], env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"},
+                   capture_output=True, text=True, check=True)
+    args = log.read_text().split()
+    assert args[args.index("--groups") + 1] == "regime" and "--quick" in args
+    assert args[args.index("--only") + 1:args.index("--only") + 4] == [
+        "model=llama3-8b-like", "layers=16", "batch_size=8"]
+
+
 TINY = """
 timeout_s: 300
 base: {model: random-tiny, device: cpu, prompt_len_tokens: 16, output_len_tokens: 6,
@@ -199,8 +227,10 @@ def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
     text = script.read_text()
     phases = re.findall(r"^phase_(\w+)\(\)", text, re.M)
     assert {"tests", "bench", "stages", "notebooks"} <= set(phases)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                       env={**os.environ, "OUT": str(tmp_path / "g")})
     assert r.returncode == 2
+    assert not (tmp_path / "g").exists()                  # a usage error writes nothing
     for p in phases:                      # every phase documents itself in the usage
         assert re.search(rf"^  {p}  ", r.stdout, re.M), p
     r = subprocess.run(["bash", str(script), "-o", str(tmp_path), "tests", "nope"],

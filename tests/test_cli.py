@@ -11,9 +11,9 @@ from mtplab.analysis.cli import plot_source
 from mtplab.config import RunConfig
 
 
-def run(*args, timeout=300):
+def run(*args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-m", "mtplab.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 def parse_run(*argv):
@@ -154,6 +154,53 @@ def test_run_out_writes_results_and_manifest_and_explains_its_table(tmp_path):
     assert man["config"]["topk"] == 2 and man["config"]["overlap"] is True
     assert {"versions", "git_commit", "device_name"} <= set(man)
     assert f"wrote results: {out / 'results.json'}" in r.stdout
+
+
+def test_run_out_holds_the_whole_run(tmp_path):
+    """--out DIR is the run folder: the meter tables, the step profile, results.json and the
+    manifest go there and nowhere else, and whatif / analyze / plot take DIR."""
+    r = run("run", "--model", "random-tiny", "--prompts", "2", "--max-new-tokens", "8",
+            "--device", "cpu", "--draft", "frozen_kv_mtp", "--simulate-accept-len", "2.5",
+            "--overlap", "true", "--step-profile", "true", "--out", "runs/a", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "runs" / "a"
+    assert {"manifest.json", "results.json", "meter_stages.parquet", "host_steps.parquet",
+            "whatif.json"} <= {p.name for p in out.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]      # no ./traces
+    assert f"what if: mtplab whatif {out}" in r.stdout
+    w = run("whatif", "runs/a", "--what", "host:loop=0", cwd=tmp_path)
+    assert w.returncode == 0, w.stderr
+    assert "self error" in w.stdout and "| host:loop=0 |" in w.stdout
+    a = run("analyze", "runs/a", cwd=tmp_path)
+    assert a.returncode == 2 and a.stderr.count("\n") == 1
+    assert "is a run folder without a Kineto trace" in a.stderr and "--profile true" in a.stderr
+    p = run("plot", "runs/a", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (out / "timeline.png").is_file()
+
+
+def test_a_field_name_with_underscores_is_its_flag(capsys):
+    # --page_size is --page-size: the refusal names the flag, so the alias was parsed
+    assert cli.main(["run", "--device", "cpu", "--page_size", "3"]) == 2
+    assert "--page-size 3 is not a power of two" in capsys.readouterr().err
+    assert cli.dashed_flags(["--page_size=16", "--", "--keep_me"]) == ["--page-size=16", "--",
+                                                                       "--keep_me"]
+
+
+def test_an_unknown_flag_names_the_subcommand_and_the_nearest_flag(capsys):
+    assert cli.main(["run", "--device", "cpu", "--page-sise", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("mtplab run: error: unrecognized arguments: --page-sise 16; did you "
+                          "mean --page-size? (see mtplab run --help)")
+
+
+def test_run_out_with_another_run_folder_is_refused(tmp_path, capsys):
+    assert cli.main(["run", "--device", "cpu", "--out", str(tmp_path / "o"), "--trace-dir",
+                     str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "--out DIR is the run folder, and --trace-dir would name another" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
 
 
 def test_run_names_the_meter_clock_of_its_bubble_on_cpu(tmp_path):

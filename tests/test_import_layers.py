@@ -47,7 +47,7 @@ ALLOWED = {
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
-                 "zero_bubble"},                                     # the what-if's knobs
+                 "zero_bubble", "draft_kinds"},          # the what-if's knobs and drafts
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},

@@ -58,6 +58,11 @@ class _UsageError(Exception):
     """Bad command-line input detected after argument parsing."""
 
 
+# a run folder's own JSON files (mtplab run --out DIR, a sweep cell): never its trace
+RUN_JSON = ("manifest.json", "summary.json", "results.json", "whatif.json")
+METER_STAGES = "meter_stages.parquet"
+
+
 def resolve_trace(arg: str) -> Path:
     """The trace file named by `arg`: the file itself, or the single trace inside a folder."""
     p = Path(arg)
@@ -65,6 +70,10 @@ def resolve_trace(arg: str) -> Path:
         return p
     found = _find_trace(p)
     if found is None:
+        if (p / "manifest.json").is_file():
+            raise _UsageError(f"{p} is a run folder without a Kineto trace; record the run with "
+                              f"--profile true (mtplab run) for one, or draw what it holds with "
+                              f"mtplab plot {p}")
         raise _UsageError(f"{p} holds no .json or .json.gz trace; pass a trace file")
     return found
 
@@ -73,7 +82,7 @@ def _find_trace(p: Path) -> Path | None:
     """The single trace in folder `p`, None when it holds none."""
     for pattern in ("*.pt.trace.json", "*.pt.trace.json.gz"), ("*.json", "*.json.gz"):
         found = sorted(f for pat in pattern for f in p.glob(pat)
-                       if f.is_file() and f.name not in ("manifest.json", "summary.json"))
+                       if f.is_file() and f.name not in RUN_JSON)
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
@@ -241,8 +250,11 @@ def _plot_input(p: Path) -> Trace | Path:
         return load_trace(p)
     trace, timeline = _find_trace(p), p / "timeline.parquet"
     if trace is None and not timeline.is_file():
-        raise _UsageError(f"{p} holds no Kineto trace (.json/.json.gz) and no timeline.parquet; "
-                          "pass a run folder written with profile=True or event_timeline=True")
+        if (p / METER_STAGES).is_file():
+            return p / METER_STAGES
+        raise _UsageError(f"{p} holds no Kineto trace (.json/.json.gz), no timeline.parquet and "
+                          f"no {METER_STAGES}; pass a run folder written with profile=True, "
+                          "event_timeline=True or bubble_meter=True")
     if trace is None:
         return timeline
     tr = load_trace(trace)
@@ -257,6 +269,8 @@ def _read_timeline(path: Path):
         df = pd.read_parquet(path)
     except (OSError, ValueError) as e:
         raise _UsageError(f"{path} is not a readable parquet file ({e})") from None
+    if path.name == METER_STAGES:
+        df = _meter_as_timeline(df, path)
     missing = [c for c in TIMELINE_COLUMNS if c not in df.columns]
     if missing:
         raise _UsageError(f"{path} is not an event timeline: it lacks columns {missing} "
@@ -265,6 +279,29 @@ def _read_timeline(path: Path):
         if c not in df.columns:
             df[c] = float("nan")
     return df
+
+
+def _meter_as_timeline(df, path: Path):
+    """The bubble meter's stage intervals (step, stage, lane, start_us, end_us) as timeline
+    lanes: one per lane, on the meter's clock (the GPU's on CUDA, the host's on CPU: the run
+    folder's manifest says which)."""
+    missing = [c for c in ("step", "stage", "lane", "start_us", "end_us") if c not in df.columns]
+    if missing:
+        raise _UsageError(f"{path} is not a bubble meter's stage table: it lacks columns "
+                          f"{missing}")
+    try:
+        man = orjson.loads((path.parent / "manifest.json").read_bytes())
+        device = str((man.get("config") or {}).get("device", ""))
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        device = ""
+    nan = float("nan")
+    gpu = device.startswith("cuda")
+    out = df.rename(columns={"lane": "stream"})[["step", "stage", "stream"]].copy()
+    out["host_start_us"] = nan if gpu else df["start_us"]
+    out["host_end_us"] = nan if gpu else df["end_us"]
+    out["gpu_start_us"] = df["start_us"] if gpu else nan
+    out["gpu_end_us"] = df["end_us"] if gpu else nan
+    return out
 
 
 def _pick_steps(have: list[int], steps: tuple[int | None, int | None] | None

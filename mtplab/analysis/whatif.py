@@ -25,6 +25,10 @@ L = launch latency, W = wake latency: a device event to the host's return from i
     each forward launch:           h += host_us; start = max(F + gap, h + L); its stages run
                                    back to back from start; F = their end (gap: the device
                                    idle the run shows before it even when issued in time)
+    an eager launch (kernel by kernel): its kernels start while the call goes on and the
+                                   last cannot end before the call has issued it:
+                                   start = max(F + gap, call start + L),
+                                   F = max(start + its device work, h + L)
     async_d2h:  d2h launch         h += host_us; start = max(C, F + gap, h + L); d2h_end[k] = end
     blocking:                      d2h_end[k] = F + d2h GPU time at the read (below)
     the results read (`sync`):     normal loop: step k's; overlap: step k-1's (none at k = 0)
@@ -34,6 +38,8 @@ L = launch latency, W = wake latency: a device event to the host's return from i
                                    then `.tolist()`s (sched/d2h.py)
     (before the read: h += the part of loop the run spends there, `loop_before_read_us`)
     h += process_result; h += the rest of loop               -> end of iteration k
+    publish_end: the end of the launch that publishes (the host's `publish_ready` event is
+    recorded after that graph's replay, or after that eager segment)
     zb_draft_preexec: the draft launch (and an unfolded seed) is issued after commit /
     draft_extend, before d2h: the next round's draft, so d2h waits for it too
     CPU (host_runs_device): a launch's device work runs inside its host call (it ends
@@ -43,14 +49,23 @@ The step period is the mean iteration time over the last STEADY of REPLAY_STEPS 
 iterations; a what-if's tok/s is the run's measured tok/s x base period / what-if period
 (the model's own error on the run, `self_error`, is reported beside).
 Host jitter: the run's host time varies from step to step (a page allocation, the OS, the
-collector), and under overlap a slow step is not paid back by a fast one: the period is the
-mean of max(host, GPU) per step, more than max(mean host, GPU). A model read from a run keeps
-each measured step's deviation of the host's own time from its mean (`jitter_us`; waits
-excluded); the replay then runs one iteration per measured step after JITTER_WARMUP
-iterations, iteration k's host work (schedule, prepare, process_result, loop) stretched or
-shrunk together by jitter_us[k mod n] (their sum never below 0), and averages over the n
-measured steps. A what-if keeps the jitter as measured: it changes the mean host times, not
-the host's noise.
+collector, another process on the CPU), and under overlap a slow step is not paid back by a
+fast one: the period is the mean of max(host, GPU) per step, more than max(mean host, GPU).
+A model read from a run keeps, for every host time it replays (schedule, prepare,
+process_result, loop, each launch call), that time's deviation from its mean in each
+measured step (`host_dev`, `Launch.host_dev`; waits excluded). The replay then runs one
+iteration per measured step after JITTER_WARMUP iterations, each host time at its mean plus
+its own deviation of that step, and averages over the n measured steps: on CPU, where
+everything runs in series, the replay of the run is the measured steps, one by one. A
+what-if changes a time in every step: `=` sets it (its noise goes with it), `*F` scales the
+step's time, `+US` / `-US` shift it (never below 0).
+An eager launch's device work: the meter times an eager segment from its first kernel to its
+last, so where the host issued it onto an idle lane the interval is the host's pace of
+issuing, not the device's work. The unfolded Frozen-KV seed is one draft step's work; where
+its interval is no longer than its host call (host-paced) and the run has a draft graph of
+S-1 steps, its device work is taken as one of them, and the interval stays the replay's
+floor through `h + L` (a what-if that issues it onto a busy lane, zb_draft_preexec, sees it
+shrink to its work).
 Where `loop` runs: the host table gives the loop's time outside the stage spans per step, not
 where in the iteration it falls. Some of it runs between the last launch and the results read,
 in the GPU's shadow. A model read from a GPU run places there the part that makes the replay's
@@ -66,6 +81,9 @@ The host's speed: `host:all*F` replays the run on a host F times slower (every h
 jitter included; L and W stay). The validation (sweep/whatif_check.py) uses it to replay a
 baseline at the speed its arm's host ran at, from the two runs' `process_result`, the one
 stage whose code no loop setting changes (`host_speed`).
+The replay's own error on the run (`self_error`) and where it comes from (`stage_errors`:
+the host's waits and each device stage's time and idle before it, replayed against the
+run's): `mtplab whatif` warns above SELF_ERROR_WARN and names the stage that differs most.
 """
 from __future__ import annotations
 
@@ -78,7 +96,9 @@ from typing import Iterable, Optional, Sequence
 
 import pandas as pd
 
+from ..draft_kinds import DRAFT_KINDS
 from ..zero_bubble import ZB_SUBKNOBS
+from .run_folder import RunFolderError, json_object, table
 
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
@@ -90,6 +110,9 @@ HOST_NAMES = HOST_WORK + (LOOP,)
 ALL = "all"                       # host:all*F: every host time at once (the host's speed)
 PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
 KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
+SELF_ERROR_WARN = 0.10            # `mtplab whatif` warns where |self error| exceeds this
+MAX_US = 1e9                      # a what-if's time: at most 1000 s
+MAX_FACTOR = 1e6                  # a what-if's factor
 DRAFT_LAUNCHES = ("draft.seed", "draft")
 AFTER_COMMIT = ("commit", "draft_extend")
 
@@ -101,7 +124,12 @@ MANIFEST_FILE = "manifest.json"
 
 
 class WhatIfError(ValueError):
-    """A what-if this run cannot answer, or input the predictor cannot read (one sentence)."""
+    """Input the predictor cannot read: a run folder, a what-if (one sentence)."""
+
+
+class Unanswerable(WhatIfError):
+    """A well-formed what-if this run cannot answer (one sentence): `predict` gives its row
+    this note instead of a prediction."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,9 @@ class Launch:
                                                # GPU work starts while the call goes on)
     gap_us: float = 0.0                        # device idle before it on a busy lane: the
                                                # floor between back-to-back launches (GAP_Q)
+    host_dev: tuple[float, ...] = ()           # per measured step: its host time - host_us
+    paced_us: float = 0.0                      # eager, device work estimated: the meter's
+                                               # (host-paced) interval, else 0
 
     @property
     def gpu_us(self) -> float:
@@ -148,12 +179,20 @@ class StepModel:
     anchor_tok_s: float = math.nan             # the run's measured tok/s (meter_tok_per_s)
     measured_period_us: float = math.nan       # the run's mean iteration time (host clock)
     d2h_gpu_us: float = 0.0                    # the results' copy (blocking reads too)
-    jitter_us: tuple[float, ...] = ()          # per measured step: host's own time - its mean
+    host_dev: dict = field(default_factory=dict)   # HOST_NAMES -> per measured step: its
+                                                   # host time - the mean (module doc)
+    measured: dict = field(default_factory=dict)   # stage_errors' keys -> the run's µs/step
     loop_before_read_us: float = 0.0           # of `loop`, the part run before the results read
     notes: tuple[str, ...] = ()                # assumptions a transform made
 
     def with_note(self, note: str) -> "StepModel":
         return replace(self, notes=self.notes + (note,))
+
+    @property
+    def n_steps(self) -> int:
+        """Measured steps whose host deviations the replay keeps (0: identical iterations)."""
+        return max([len(d) for d in self.host_dev.values()] +
+                   [len(l.host_dev) for l in self.launches] + [0])
 
 
 @dataclass
@@ -164,18 +203,17 @@ class Replay:
     host: list                                 # (step, name, kind, t0, t1)
     device: list                               # (step, stage, lane, t0, t1)
     window: tuple                              # (t0, t1) of the steady iterations
+    steady: range = range(0)                   # their indices
 
 
 # -- the replay -------------------------------------------------------------------------------
 def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Replay:
     """Run `steps` identical iterations of the dependency graph (module doc); with the
-    model's host jitter, one iteration per measured step after JITTER_WARMUP."""
+    model's per-step host deviations, one iteration per measured step after JITTER_WARMUP."""
     lp, L, W = m.loop, m.launch_latency_us, m.wake_us
-    jit = m.jitter_us
-    if jit:
-        steps, steady = JITTER_WARMUP + len(jit), len(jit)
-    work = sum(m.host.get(n, 0.0) for n in HOST_NAMES)
-    scale = [max(0.0, work + j) / work if work > 0 else 1.0 for j in jit] or [1.0]
+    n = m.n_steps
+    if n:
+        steps, steady = JITTER_WARMUP + n, n
     loop = m.host.get(LOOP, 0.0)
     before = min(m.loop_before_read_us, loop)
     fwd = [x for x in m.launches if x.lane == "forward"]
@@ -186,6 +224,13 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
     ends: list[float] = []
     host: list = []
     dev: list = []
+
+    def at(mean: float, dev_: tuple, k: int) -> float:
+        """A host time in iteration k: its mean plus its deviation in that measured step."""
+        return max(0.0, mean + dev_[k % len(dev_)]) if dev_ else mean
+
+    def work(k: int, name: str) -> float:
+        return at(m.host.get(name, 0.0), m.host_dev.get(name, ()), k)
 
     def host_seg(k, name, kind, dt):
         nonlocal h
@@ -199,36 +244,44 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
             host.append((k, "sync", "sync", h, t))
             h = t
 
+    def lay(k, x: Launch, t: float, end: float) -> float:
+        """x's stages from t to `end` (an eager launch's host-paced idle spread over them)."""
+        g = x.gpu_us
+        f = (end - t) / g if g > 0 else 0.0
+        for s, d in x.stages:
+            dev.append((k, s, x.lane, t, t + d * f))
+            t += d * f
+        return end
+
     def run(k, x: Launch, free: float) -> float:
         """Issue launch x (its host call, then its stages); returns its end on its lane."""
         t0 = h
-        if lp.host_runs_device:                    # CPU: the work ends with the call
-            host_seg(k, x.stage, "launch", max(x.host_us, x.gpu_us))
-            t = max(free, h - x.gpu_us)
-        elif x.eager:                              # kernels start while the call goes on
-            host_seg(k, x.stage, "launch", x.host_us)
-            t = max(free + x.gap_us, t0 + L, h + L - x.gpu_us)
-        else:                                      # one graph replay / one kernel
-            host_seg(k, x.stage, "launch", x.host_us)
-            t = max(free + x.gap_us, h + L)
-        names = [s for s, _ in x.stages]
-        for s, d in x.stages:
-            dev.append((k, s, x.lane, t, t + d))
-            t += d
-            if s == "publish" or (s == "commit" and "publish" not in names):
-                pub_end.append(t)
-        return t
+        if lp.host_runs_device:                    # CPU: the work ends with the call, and
+            own = max(0.0, x.host_us - x.gpu_us)   # a step's deviation is in the work
+            host_seg(k, x.stage, "launch", at(max(x.host_us, x.gpu_us), x.host_dev, k))
+            t = max(free, min(h, t0 + own))
+            return lay(k, x, t, h)
+        host_seg(k, x.stage, "launch", at(x.host_us, x.host_dev, k))
+        if x.eager:                                # kernels start while the call goes on
+            t = max(free + x.gap_us, t0 + L)
+            return lay(k, x, t, max(t + x.gpu_us, h + L))
+        t = max(free + x.gap_us, h + L)            # one graph replay / one kernel
+        return lay(k, x, t, t + x.gpu_us)
 
+    names = [{s for s, _ in x.stages} for x in fwd]
+    pubs = [i for i, st in enumerate(names) if "publish" in st] or \
+        [i for i, st in enumerate(names) if "commit" in st]
     for k in range(steps):
-        f = scale[k % len(scale)]                  # this iteration's host work, stretched
-        host_seg(k, "schedule", "host", f * m.host.get("schedule", 0.0))
+        host_seg(k, "schedule", "host", work(k, "schedule"))
         if lp.overlap and not lp.device_seq_lens and m.draft != "none" and k > 0 and pub_end:
             wait_until(k, pub_end[-1] + W)
-        host_seg(k, "prepare", "host", f * m.host.get("prepare", 0.0))
+        host_seg(k, "prepare", "host", work(k, "prepare"))
         if lp.async_d2h and d2h_end:
             F = max(F, d2h_end[-1])
-        for x in fwd:
+        for i, x in enumerate(fwd):
             F = run(k, x, F)
+            if i in pubs:
+                pub_end.append(F)                  # publish_ready: after the launch
         if lp.async_d2h and d2h:
             end = F
             for x in d2h:
@@ -237,6 +290,8 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
         else:
             d2h_end.append(math.nan)               # read at the sync, after everything queued
         j = k if not lp.overlap else k - 1
+        lk = work(k, LOOP)
+        b = lk * before / loop if loop > 0 else 0.0
         if j >= 0:
             if lp.async_d2h and d2h:
                 ready = d2h_end[j]
@@ -245,19 +300,19 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
                     dev.append((k, "d2h", "forward", F, F + m.d2h_gpu_us))
                 F = F + m.d2h_gpu_us
                 ready = F
-            host_seg(k, LOOP, "host", f * before)
+            host_seg(k, LOOP, "host", b)
             wait_until(k, ready + (0.0 if lp.host_runs_device else W))
-            host_seg(k, "process_result", "host", f * m.host.get("process_result", 0.0))
-            host_seg(k, LOOP, "host", f * (loop - before))
+            host_seg(k, "process_result", "host", work(k, "process_result"))
+            host_seg(k, LOOP, "host", lk - b)
         else:
-            host_seg(k, LOOP, "host", f * loop)
+            host_seg(k, LOOP, "host", lk)
         ends.append(h)
     steady = max(1, min(steady, steps - 1))
     t0, t1 = ends[-1 - steady], ends[-1]
     period = (t1 - t0) / steady
     bubble, causes = _bubbles(host, dev, (t0, t1), 0.0 if lp.host_runs_device else L)
     return Replay(period, bubble / steady, {c: v / steady for c, v in causes.items()},
-                  host, dev, (t0, t1))
+                  host, dev, (t0, t1), range(steps - steady, steps))
 
 
 def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -318,7 +373,9 @@ def parse_whatif(text: str) -> list[tuple]:
     """`overlap=on,host:schedule=0` -> [("knob", "overlap", True), ("host", "schedule", "=",
     0.0)]: knobs (KNOBS, on/off), `host:STAGE=US | *F | +US | -US` (STAGE: a host name of
     HOST_NAMES or a launch's stage), `host:all*F` (every host time: the host F times slower),
-    `gpu:STAGE=US | *F | +US | -US` (a device stage). Items apply left to right."""
+    `gpu:STAGE=US | *F | +US | -US` (a device stage). Items apply left to right. Values are
+    finite, non-negative, at most MAX_US µs or a factor of MAX_FACTOR; a knob set twice two
+    ways, or zero_bubble=on beside a sub-knob off, is a contradiction (WhatIfError)."""
     out = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         k = _KNOB_RE.match(part)
@@ -337,16 +394,51 @@ def parse_whatif(text: str) -> list[tuple]:
             x = float(s["x"])
         except ValueError:
             raise WhatIfError(f"what-if {part!r}: {s['x']!r} is not a number.") from None
-        if not math.isfinite(x) or (s["op"] in "*=" and x < 0):
-            raise WhatIfError(f"what-if {part!r}: use a finite, non-negative value.")
+        bound = MAX_FACTOR if s["op"] == "*" else MAX_US
+        if not math.isfinite(x) or x < 0 or x > bound:
+            raise WhatIfError(f"what-if {part!r}: use a finite, non-negative value of at most "
+                              f"{bound:g} ({'a factor' if s['op'] == '*' else 'µs'}); "
+                              "lower a time with -US.")
         out.append((s["side"], s["stage"], s["op"], x))
     if not out:
         raise WhatIfError("empty what-if; write e.g. overlap=on or host:schedule=0.")
+    _check_knobs(text, [(k, on) for side, k, *rest in out if side == "knob" for on in rest])
     return out
+
+
+def _check_knobs(text: str, knobs: list[tuple[str, bool]]) -> None:
+    """One what-if sets each knob one way, and zero_bubble=on has every sub-knob on."""
+    seen: dict[str, bool] = {}
+    for k, on in knobs:
+        if seen.get(k, on) != on:
+            raise WhatIfError(f"what-if {text!r} sets {k} both on and off; give it once.")
+        seen[k] = on
+    off = [k for k in ZB_SUBKNOBS if seen.get(k) is False]
+    if seen.get("zero_bubble") and off:
+        raise WhatIfError(f"what-if {text!r}: zero_bubble=on turns every sub-knob on, and "
+                          f"{', '.join(f'{k}=off' for k in off)} contradicts it; give the "
+                          "sub-knobs one by one instead.")
 
 
 def _scaled(v: float, op: str, x: float) -> float:
     return max(0.0, {"=": x, "*": v * x, "+": v + x, "-": v - x}[op])
+
+
+def _scaled_steps(mean: float, dev: tuple, op: str, x: float) -> tuple[float, tuple]:
+    """A host time under `op x` in every measured step (module doc): (its new mean, its new
+    deviations); `=` leaves no deviation."""
+    if not dev or op == "=":
+        return _scaled(mean, op, x), ()
+    vals = [_scaled(mean + d, op, x) for d in dev]
+    mu = sum(vals) / len(vals)
+    return mu, tuple(v - mu for v in vals)
+
+
+def _add_dev(a: tuple, b: tuple) -> tuple:
+    """Two host times' deviations, step by step, as one time's."""
+    if not a or not b:
+        return a or b
+    return tuple(x + y for x, y in zip(a, b))
 
 
 def apply(m: StepModel, text: str) -> StepModel:
@@ -366,7 +458,11 @@ def _host(m: StepModel, stage: str, op: str, x: float) -> StepModel:
     if stage == ALL:
         return _host_speed(m, op, x)
     if stage in HOST_NAMES:
-        return replace(m, host={**m.host, stage: _scaled(m.host.get(stage, 0.0), op, x)})
+        mu, dev = _scaled_steps(m.host.get(stage, 0.0), m.host_dev.get(stage, ()), op, x)
+        devs = {k: v for k, v in m.host_dev.items() if k != stage}
+        if dev:
+            devs[stage] = dev
+        return replace(m, host={**m.host, stage: mu}, host_dev=devs)
     hit = [i for i, l in enumerate(m.launches) if l.stage == stage]
     if not hit:
         names = sorted(set(HOST_NAMES) | {l.stage for l in m.launches})
@@ -374,24 +470,27 @@ def _host(m: StepModel, stage: str, op: str, x: float) -> StepModel:
                           f"of {', '.join(names)} (or host:{ALL}*F: every one).")
     ls = list(m.launches)
     for i in hit:
-        ls[i] = replace(ls[i], host_us=_scaled(ls[i].host_us, op, x / len(hit) if op in "=+-"
-                                               else x))
+        mu, dev = _scaled_steps(ls[i].host_us, ls[i].host_dev, op,
+                                x / len(hit) if op in "=+-" else x)
+        ls[i] = replace(ls[i], host_us=mu, host_dev=dev)
     return replace(m, launches=tuple(ls))
 
 
 def _host_speed(m: StepModel, op: str, f: float) -> StepModel:
     """`host:all*F`: a host F times slower (F < 1: faster). Every host time scales by F: the
     host's own work, each launch call, the nested spans, the part of `loop` before the read
-    and the per-step jitter (a slower host's noise is as much slower). L and W, the device's
-    latencies to and from the host, stay."""
+    and each step's deviation (a slower host's noise is as much slower). L and W, the
+    device's latencies to and from the host, stay."""
     if op != "*":
         raise WhatIfError(f"host:{ALL}{op}: the host's speed scales with host:{ALL}*F only (F: "
                           f"how many times slower); set one stage with host:STAGE{op}US.")
+    sc = lambda dev: tuple(d * f for d in dev)                  # noqa: E731
     return replace(
         m, host={k: v * f for k, v in m.host.items()},
-        launches=tuple(replace(l, host_us=l.host_us * f) for l in m.launches),
+        host_dev={k: sc(v) for k, v in m.host_dev.items()},
+        launches=tuple(replace(l, host_us=l.host_us * f, host_dev=sc(l.host_dev))
+                       for l in m.launches),
         nested={k: (h * f, g) for k, (h, g) in m.nested.items()},
-        jitter_us=tuple(j * f for j in m.jitter_us),
         loop_before_read_us=m.loop_before_read_us * f)
 
 
@@ -435,7 +534,7 @@ def _knob(m: StepModel, knob: str, on: bool) -> StepModel:
         return _preexec(m, on)
     if knob == "fold_seed":
         return _fold_seed(m, on)
-    raise WhatIfError(f"{knob}: the predictor has no model of this knob (analysis/whatif.py "
+    raise Unanswerable(f"{knob}: the predictor has no model of this knob (analysis/whatif.py "
                       "`_knob`).")
 
 
@@ -457,14 +556,14 @@ def _preexec(m: StepModel, on: bool) -> StepModel:
     if on == lp.draft_preexec:
         return m
     if m.draft == "none":
-        raise WhatIfError("zb_draft_preexec: the run is target-only; there is no draft to run "
+        raise Unanswerable("zb_draft_preexec: the run is target-only; there is no draft to run "
                           "ahead.")
     drafts = [l for l in m.launches if l.stage in DRAFT_LAUNCHES and l.lane == "forward"]
     rest = [l for l in m.launches if l not in drafts]
     if on:       # after the last commit / draft_extend launch
         i = max((n for n, l in enumerate(rest) if l.stage in AFTER_COMMIT), default=None)
         if i is None:
-            raise WhatIfError("zb_draft_preexec=on: the run's step has no commit launch to "
+            raise Unanswerable("zb_draft_preexec=on: the run's step has no commit launch to "
                               "run the draft after.")
         ls = rest[:i + 1] + drafts + rest[i + 1:]
     else:        # right after resolve
@@ -476,7 +575,7 @@ def _preexec(m: StepModel, on: bool) -> StepModel:
 def _fold_seed(m: StepModel, on: bool) -> StepModel:
     lp = m.loop
     if not m.seed_forward:
-        raise WhatIfError(f"fold_seed: the run's draft ({m.draft}) has no seed forward to fold.")
+        raise Unanswerable(f"fold_seed: the run's draft ({m.draft}) has no seed forward to fold.")
     if on == lp.fold_seed:
         return m
     ls = list(m.launches)
@@ -484,7 +583,7 @@ def _fold_seed(m: StepModel, on: bool) -> StepModel:
     drafts = [i for i, l in enumerate(ls) if l.stage == "draft"]
     if on:
         if not seeds or not drafts:
-            raise WhatIfError("fold_seed=on: the run's steps have no separate draft.seed launch "
+            raise Unanswerable("fold_seed=on: the run's steps have no separate draft.seed launch "
                               "to fold.")
         seed, i = ls[seeds[0]], drafts[0]
         d = ls[i]
@@ -501,12 +600,13 @@ def _fold_seed(m: StepModel, on: bool) -> StepModel:
         else:    # eager: the seed runs inside the draft's call, as it did before it
             stages = (("draft", seed.gpu_us + dict(d.stages).get("draft", 0.0)),) + tuple(
                 (s, x) for s, x in d.stages if s != "draft")
-            ls[i] = replace(d, host_us=d.host_us + seed.host_us, stages=stages)
+            ls[i] = replace(d, host_us=d.host_us + seed.host_us, stages=stages,
+                            host_dev=_add_dev(d.host_dev, seed.host_dev))
         del ls[seeds[0]]
         return replace(m, launches=tuple(ls), loop=replace(lp, fold_seed=True))
     nested = m.nested.get("draft.seed@draft")
     if m.graphs or nested is None or not drafts:
-        raise WhatIfError("fold_seed=off: the run folded its seed into the draft graph, so the "
+        raise Unanswerable("fold_seed=off: the run folded its seed into the draft graph, so the "
                           "eager seed's host time is not in it; measure an unfolded run and ask "
                           "fold_seed=on of it instead.")
     i = drafts[0]
@@ -545,13 +645,14 @@ def default_whatifs(m: StepModel) -> list[str]:
 def predict(m: StepModel, whatifs: Optional[Iterable[str]] = None) -> pd.DataFrame:
     """One row per what-if (default: `default_whatifs`), the run itself first:
     what, step_us, tok_s, ratio (tok/s over the run's), bubble_us, bubble_frac, note
-    (why it cannot be predicted, or the assumption it took)."""
+    (why the run cannot answer it, or the assumption it took). A what-if that is not
+    well-formed for this run (a name it lacks, a contradiction) raises WhatIfError."""
     base = replay(m)
     rows = [_row("(run)", m, base, base)]
     for w in (default_whatifs(m) if whatifs is None else whatifs):
         try:
             mm = apply(m, w)
-        except WhatIfError as e:
+        except Unanswerable as e:
             rows.append({"what": w, "step_us": math.nan, "tok_s": math.nan, "ratio": math.nan,
                          "bubble_us": math.nan, "bubble_frac": math.nan, "note": str(e)})
             continue
@@ -615,13 +716,15 @@ def _removal(cause: str) -> str:
 
 def _without(m: StepModel, cause: str) -> StepModel:
     if cause == PREP_CAUSE:
-        return replace(m, host={**m.host, **{n: 0.0 for n in HOST_WORK}})
+        for n in HOST_WORK:
+            m = _host(m, n, "=", 0.0)
+        return m
     if cause == SYNC_CAUSE:
         return replace(m, wake_us=0.0)
     if cause == LAUNCH_CAUSE:
         return replace(m, launch_latency_us=0.0)
     if cause == PYTHON_CAUSE:
-        return replace(m, host={**m.host, LOOP: 0.0})
+        return _host(m, LOOP, "=", 0.0)
     return _host(m, cause.split(":", 1)[1], "=", 0.0)
 
 
@@ -685,8 +788,8 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
     meter step, `period_us` (its first span to the next iteration's), one column per
     outermost host span name (µs), `NAME@PARENT` for nested ones); `latency_us`: L and W
     (GPU only); `seed_forward`: the draft has a seed forward; `eager`: the launches issued
-    kernel by kernel (not one graph replay or one kernel); `jitter`: keep each step's host
-    deviation from the mean (module doc; False: identical iterations of the means)."""
+    kernel by kernel (not one graph replay or one kernel); `jitter`: keep each host time's
+    deviation in each step (module doc; False: identical iterations of the means)."""
     if host.empty:
         raise WhatIfError("the host-step table has no decode step; record one with "
                           "mtplab run --step-profile true (or a sweep cell with step_profile).")
@@ -699,8 +802,9 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
     top = top[top["step"].isin(good)]
     top = top.assign(_lane=top["lane"].map(LANE_ORDER).fillna(2)).sort_values(
         ["step", "_lane", "start_us"])
-    hrows = host[host["step"].isin(good)]
+    hrows = host[host["step"].isin(good)].drop_duplicates("step").sort_values("step")
     cuda = str(cfg.get("device", "cpu")).startswith("cuda")
+    L = latency_us if cuda else 0.0
     host_cols = [c for c in host.columns if c not in ("step", "period_us") and "@" not in c]
     # a launch begins at a stage with a host span of its own, or where the lane changes
     heads = [i == 0 or shape[i - 1][0] != lane or (s in hrows and hrows[s].mean() > 0)
@@ -721,9 +825,17 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
     # lane), in the steps where the host issued it in time: a low quantile over the steps
     gaps = [float(pd.Series(start[:, g[0]] - end[:, g[0] - 1]).quantile(GAP_Q))
             if g[0] > 0 else 0.0 for g in groups]
+
+    def dev(v: pd.Series) -> tuple:
+        """Per measured step: v less its mean (none without jitter)."""
+        return tuple(float(x) for x in (v - v.mean()).tolist()) if jitter else ()
+
+    def col(c: str) -> pd.Series:
+        return hrows[c] if c in hrows else pd.Series(0.0, index=hrows.index)
+
     launches = [Launch(shape[g[0]][1], _mean(hrows, shape[g[0]][1]), shape[g[0]][0],
                        tuple((shape[i][1], gpu[i]) for i in g), shape[g[0]][1] in eager,
-                       max(0.0, gap) if cuda else 0.0)
+                       max(0.0, gap) if cuda else 0.0, dev(col(shape[g[0]][1])))
                 for g, gap in zip(groups, gaps)]
     # a name that heads several launches: its host time split by their GPU time
     for name in {l.stage for l in launches}:
@@ -732,7 +844,12 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
             g_all = sum(launches[i].gpu_us for i in idx)
             for i in idx:
                 w = launches[i].gpu_us / g_all if g_all > 0 else 1.0 / len(idx)
-                launches[i] = replace(launches[i], host_us=launches[i].host_us * w)
+                launches[i] = replace(launches[i], host_us=launches[i].host_us * w,
+                                      host_dev=tuple(d * w for d in launches[i].host_dev))
+    draft = str(cfg.get("draft", "none"))
+    num_steps = int(cfg.get("num_steps") or 0) if draft != "none" else 0
+    if cuda:
+        launches = _eager_seed_work(launches, num_steps, L)
     nested = {}
     nested_cols = [c for c in host.columns if "@" in c]
     if nested_cols:
@@ -743,27 +860,139 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
             per = g.groupby("step")["dur_us"].sum().reindex(good, fill_value=0.0)
             nested[c] = (_mean(hrows, c), float(per.mean()))
     period = float(hrows["period_us"].mean())
-    loop_us = period - float(hrows[host_cols].sum(axis=1).mean())
-    hw = {"schedule": _mean(hrows, "schedule"),
-          "prepare": max(0.0, _mean(hrows, "prepare") - _mean(hrows, "sync@prepare")),
-          "process_result": _mean(hrows, "process_result"), LOOP: max(0.0, loop_us)}
+    loop_k = hrows["period_us"] - hrows[host_cols].sum(axis=1)
+    prep_k = col("prepare") - col("sync@prepare")
+    hw = {"schedule": _mean(hrows, "schedule"), "prepare": max(0.0, float(prep_k.mean())),
+          "process_result": _mean(hrows, "process_result"),
+          LOOP: max(0.0, float(loop_k.mean()))}
+    host_dev = {n: d for n, d in (("schedule", dev(col("schedule"))), ("prepare", dev(prep_k)),
+                                  ("process_result", dev(col("process_result"))),
+                                  (LOOP, dev(loop_k))) if any(d)}
     waited = host_waits(hrows)
-    own = hrows["period_us"] - waited
     copy = [l for l in launches if l.lane == "copy"]
     lp = Loop(overlap=bool(cfg.get("overlap")), async_d2h=bool(cfg.get("zb_async_d2h", True)),
               device_seq_lens=bool(cfg.get("zb_device_seq_lens")),
               draft_preexec=bool(cfg.get("zb_draft_preexec")),
               fold_seed=bool(cfg.get("fold_seed")), host_runs_device=not cuda)
-    draft = str(cfg.get("draft", "none"))
     m = StepModel(
         host=hw, launches=tuple(launches), loop=lp,
-        launch_latency_us=latency_us if cuda else 0.0, wake_us=latency_us if cuda else 0.0,
-        graphs=bool(cfg.get("cuda_graphs")), draft=draft,
-        num_steps=int(cfg.get("num_steps") or 0) if draft != "none" else 0,
-        seed_forward=seed_forward, nested=nested, anchor_tok_s=anchor_tok_s,
-        measured_period_us=period, d2h_gpu_us=copy[0].gpu_us if copy else 0.0,
-        jitter_us=tuple(float(x) for x in (own - own.mean()).tolist()) if jitter else ())
+        launch_latency_us=L, wake_us=L, graphs=bool(cfg.get("cuda_graphs")), draft=draft,
+        num_steps=num_steps, seed_forward=seed_forward, nested=nested,
+        anchor_tok_s=anchor_tok_s, measured_period_us=period,
+        d2h_gpu_us=copy[0].gpu_us if copy else 0.0, host_dev=host_dev,
+        measured={WAITS: float(waited.mean()),
+                  **_device_times(shape, good, start, end)})
     return _place_loop(m, float(waited.mean())) if cuda else m
+
+
+def _eager_seed_work(launches: list, num_steps: int, L: float) -> list:
+    """The unfolded seed's device work where its interval is the host's pace (module doc):
+    one of the draft graph's S-1 steps, where that is less than the interval."""
+    graph = [l for l in launches if l.stage == "draft" and not l.eager]
+    if not graph or num_steps < 2:
+        return launches
+    est = dict(graph[0].stages).get("draft", 0.0) / (num_steps - 1)
+    out = []
+    for l in launches:
+        I = l.gpu_us
+        if l.stage == "draft.seed" and l.eager and 0 < est < I <= l.host_us + L:
+            l = replace(l, stages=tuple((s, d * est / I) for s, d in l.stages), paced_us=I)
+        out.append(l)
+    return out
+
+
+WAITS = "host waits (sync)"
+
+
+def _position_labels(shape: Sequence[tuple[str, str]]) -> list[str]:
+    """A stage name per position of the step's shape, numbered where it repeats."""
+    seen: dict[str, int] = {}
+    out = []
+    for _, s in shape:
+        seen[s] = seen.get(s, 0) + 1
+        n = sum(1 for _, x in shape if x == s)
+        out.append(s if n == 1 else f"{s}#{seen[s]}")
+    return out
+
+
+def _device_times(shape, steps, start, end) -> dict:
+    """Per position of the step's shape: the meter's mean interval and the idle before it
+    (from the stage before it in the step; the first, from the previous step's last forward
+    stage where that step is in the table too)."""
+    labels = _position_labels(shape)
+    out = {}
+    fwd = [i for i, (lane, _) in enumerate(shape) if lane == "forward"]
+    for i, name in enumerate(labels):
+        out[f"{name} (device)"] = float((end[:, i] - start[:, i]).mean())
+        if i > 0:
+            out[f"idle before {name}"] = float((start[:, i] - end[:, i - 1]).mean())
+        elif fwd:
+            prev = {s: j for j, s in enumerate(steps)}
+            gaps = [start[j, 0] - end[prev[s - 1], fwd[-1]] for j, s in enumerate(steps)
+                    if s - 1 in prev]
+            if gaps:
+                out[f"idle before {name}"] = float(sum(gaps) / len(gaps))
+    return out
+
+
+def stage_errors(m: StepModel, r: Optional[Replay] = None) -> pd.DataFrame:
+    """The replay of the run beside the run, per measured quantity (`StepModel.measured`:
+    the host's waits, each device stage's interval and the idle before it, µs per step):
+    stage, measured_us, replayed_us, diff_us (replayed - measured), largest |diff| first.
+    Device rows are left out where a what-if changed the step's stages."""
+    r = replay(m) if r is None else r
+    cols = ["stage", "measured_us", "replayed_us", "diff_us"]
+    if not m.measured:
+        return pd.DataFrame(columns=cols)
+    ks = r.steady
+    rows = [(WAITS, m.measured[WAITS],
+             sum(b - a for k, _, kind, a, b in r.host if kind == "sync" and k in ks) /
+             max(1, len(ks)))]
+    by_step: dict[int, list] = {}
+    for k, s, lane, a, b in r.device:
+        by_step.setdefault(k, []).append((LANE_ORDER.get(lane, 2), a, s, b))
+    seqs = {k: sorted(v) for k, v in by_step.items()}
+    n = sum(1 for key in m.measured if key.endswith(" (device)"))
+    if ks and all(len(seqs.get(k, ())) == n for k in ks) and len(seqs.get(ks[0] - 1, ())) == n:
+        shape = [(str(o), s) for o, _, s, _ in seqs[ks[0]]]
+        labels = _position_labels(shape)
+        fwd = [i for i, (o, _) in enumerate(shape) if o == str(LANE_ORDER["forward"])]
+        for i, name in enumerate(labels):
+            dur = [seqs[k][i][3] - seqs[k][i][1] for k in ks]
+            rows.append((f"{name} (device)", m.measured.get(f"{name} (device)"),
+                         sum(dur) / len(dur)))
+            if i > 0:
+                idle = [seqs[k][i][1] - seqs[k][i - 1][3] for k in ks]
+            elif fwd:
+                idle = [seqs[k][0][1] - seqs[k - 1][fwd[-1]][3] for k in ks]
+            else:
+                continue
+            rows.append((f"idle before {name}", m.measured.get(f"idle before {name}"),
+                         sum(idle) / len(idle)))
+    df = pd.DataFrame([(s, a, b) for s, a, b in rows if a is not None],
+                      columns=cols[:3])
+    df["diff_us"] = df["replayed_us"] - df["measured_us"]
+    return df.reindex(df["diff_us"].abs().sort_values(ascending=False, kind="stable").index) \
+        .reset_index(drop=True)
+
+
+def self_check(m: StepModel, r: Optional[Replay] = None,
+               warn: float = SELF_ERROR_WARN) -> tuple[float, Optional[str]]:
+    """The self error and, where it exceeds `warn`, one sentence naming the stage whose
+    replayed time differs most from the run's (stage_errors)."""
+    r = replay(m) if r is None else r
+    e = self_error(m, r.period_us)
+    if not abs(e) > warn:
+        return e, None
+    errs = stage_errors(m, r)
+    where = ""
+    if len(errs):
+        top = errs.iloc[0]
+        where = (f"; the stage whose times differ most is {top['stage']}: replayed "
+                 f"{top['replayed_us']:.1f} µs against the run's {top['measured_us']:.1f} µs "
+                 "per step")
+    return e, (f"warning: the replay of the run is {e:+.1%} off its measured step (more than "
+               f"{warn:.0%}){where}; read the predictions with that error in mind.")
 
 
 def host_waits(host: pd.DataFrame) -> pd.Series:
@@ -798,7 +1027,8 @@ def _mean(df: pd.DataFrame, col: str) -> float:
 def load_run(run_dir: str | Path) -> StepModel:
     """The StepModel of a run folder holding manifest.json, meter_stages.parquet,
     host_steps.parquet and whatif.json (mtplab run --step-profile true, or a sweep cell with
-    the workload's step_profile)."""
+    the workload's step_profile), each read through analysis/run_folder.py; WhatIfError (one
+    sentence) for a folder, a file or a setting the predictor cannot read."""
     d = Path(run_dir)
     if not d.is_dir():
         raise WhatIfError(f"{d} is not a folder; give a run folder (mtplab run --out DIR "
@@ -809,14 +1039,85 @@ def load_run(run_dir: str | Path) -> StepModel:
         raise WhatIfError(f"{d} lacks {', '.join(missing)}; record the run with "
                           "--step-profile true (mtplab run) or step_profile: true (a sweep "
                           "cell), which writes them.")
-    man = json.loads((d / MANIFEST_FILE).read_text())
-    anchor = json.loads((d / ANCHOR_FILE).read_text())
-    return from_tables(man.get("config", man), pd.read_parquet(d / METER_STAGES_FILE),
-                       pd.read_parquet(d / HOST_STEPS_FILE),
-                       anchor_tok_s=float(anchor.get("meter_tok_per_s") or math.nan),
-                       latency_us=float(anchor.get("latency_us") or 0.0),
-                       seed_forward=bool(anchor.get("seed_forward", False)),
-                       eager=tuple(anchor.get("eager_launches", ())))
+    try:
+        man = json_object(d / MANIFEST_FILE, "the run's manifest")
+        anchor = json_object(d / ANCHOR_FILE, "the step profile's anchor")
+        stages = table(d / METER_STAGES_FILE, ("step", "stage", "lane", "start_us", "end_us"),
+                       "the bubble meter's stage table",
+                       numeric=("step", "start_us", "end_us"))
+        host = table(d / HOST_STEPS_FILE, ("step", "period_us"), "the host-step table")
+    except RunFolderError as e:
+        raise WhatIfError(str(e)) from None
+    cfg = man.get("config", man)
+    if not isinstance(cfg, dict):
+        raise WhatIfError(f"{d / MANIFEST_FILE}: its config is a JSON {type(cfg).__name__}, not "
+                          "an object; record the run again.")
+    _check_config(cfg, d / MANIFEST_FILE)
+    for c in ("stage", "lane"):
+        if not stages[c].map(lambda v: isinstance(v, str)).all():
+            raise WhatIfError(f"{d / METER_STAGES_FILE}: column {c} holds a value that is not "
+                              "a name; record the run again.")
+    if (stages["end_us"] < stages["start_us"]).any():
+        raise WhatIfError(f"{d / METER_STAGES_FILE}: an interval ends before it starts; "
+                          "record the run again.")
+    if ((host.drop(columns="step") < 0).any()).any():
+        raise WhatIfError(f"{d / HOST_STEPS_FILE}: a host time is negative; record the run "
+                          "again.")
+    stages = stages.assign(dur_us=stages["end_us"] - stages["start_us"])
+    return from_tables(cfg, stages, host,
+                       anchor_tok_s=_anchor_number(anchor, "meter_tok_per_s", d, math.nan),
+                       latency_us=_anchor_number(anchor, "latency_us", d, 0.0),
+                       seed_forward=_anchor_flag(anchor, "seed_forward", d),
+                       eager=_anchor_names(anchor, "eager_launches", d))
+
+
+_CFG_FLAGS = ("overlap", "fold_seed", "cuda_graphs", *ZB_SUBKNOBS)
+
+
+def _check_config(cfg: dict, path: Path) -> None:
+    """The settings the replay reads, each of its type (a manifest whose draft or overlap is
+    nonsense is refused, not replayed)."""
+    fix = "record the run again (its manifest is written by the run)"
+    for k in _CFG_FLAGS:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise WhatIfError(f"{path}: config {k} is {v!r}, not true / false; {fix}.")
+    draft = cfg.get("draft", "none")
+    if draft not in ("none", *DRAFT_KINDS):
+        raise WhatIfError(f"{path}: config draft is {draft!r}, not a draft kind (none, "
+                          f"{', '.join(DRAFT_KINDS)}); {fix}.")
+    n = cfg.get("num_steps", 0)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise WhatIfError(f"{path}: config num_steps is {n!r}, not a count; {fix}.")
+    if not isinstance(cfg.get("device", "cpu"), str):
+        raise WhatIfError(f"{path}: config device is {cfg.get('device')!r}, not a device name; "
+                          f"{fix}.")
+
+
+def _anchor_number(anchor: dict, key: str, d: Path, default: float) -> float:
+    v = anchor.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not a finite number >= 0; "
+                          "record the run again.")
+    return float(v)
+
+
+def _anchor_flag(anchor: dict, key: str, d: Path) -> bool:
+    v = anchor.get(key, False)
+    if not isinstance(v, bool):
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not true / false; record the "
+                          "run again.")
+    return v
+
+
+def _anchor_names(anchor: dict, key: str, d: Path) -> tuple:
+    v = anchor.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise WhatIfError(f"{d / ANCHOR_FILE}: {key} is {v!r}, not a list of stage names; "
+                          "record the run again.")
+    return tuple(v)
 
 
 def describe(m: StepModel) -> str:
@@ -829,14 +1130,19 @@ def describe(m: StepModel) -> str:
              "host µs: " + ", ".join(f"{n} {m.host.get(n, 0.0):.1f}" for n in HOST_NAMES) +
              (f" (of loop {m.loop_before_read_us:.1f} before the results read)"
               if m.loop_before_read_us > 0 else "")]
-    if m.jitter_us:
-        j = pd.Series(m.jitter_us)
-        lines.append(f"host jitter over {len(j)} steps: sd {j.std():.1f} µs, "
-                     f"p90 {j.quantile(0.9):+.1f}, max {j.max():+.1f}")
+    if m.n_steps:
+        j = pd.Series([sum(d[k] for d in [*m.host_dev.values(), *(l.host_dev for l in
+                                                                   m.launches)] if d)
+                       for k in range(m.n_steps)])
+        lines.append(f"host jitter over {len(j)} steps (each host time's own deviation, "
+                     f"replayed step by step): sd {j.std():.1f} µs, p90 {j.quantile(0.9):+.1f}, "
+                     f"max {j.max():+.1f}")
     for l in m.launches:
         lines.append(f"  {l.lane:<7} {l.stage:<12} host {l.host_us:8.1f} | GPU " +
                      " + ".join(f"{s} {d:.1f}" for s, d in l.stages) +
-                     (f" (after a {l.gap_us:.1f} µs device gap)" if l.gap_us > 0.05 else ""))
+                     (f" (after a {l.gap_us:.1f} µs device gap)" if l.gap_us > 0.05 else "") +
+                     (f" (device work estimated; the meter's {l.paced_us:.1f} µs interval "
+                      "is the host's pace of issuing it)" if l.paced_us else ""))
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from ..flags import FlagParser
 from .whatif import (KNOBS, WhatIfError, cause_table, describe, load_run, predict, replay,
-                     self_error)
+                     self_check, stage_errors)
 
 EXIT_BAD_INPUT = 2
 
@@ -47,11 +47,15 @@ def _f(x: float, spec: str) -> str:
 
 def report(model, pred, causes) -> str:
     base = replay(model)
+    err, warning = self_check(model, base)
     lines = [describe(model),
              f"replayed step {base.period_us:.1f} µs vs measured {model.measured_period_us:.1f} µs "
-             f"(self error {self_error(model):+.1%}); measured tok/s (decode tokens / meter wall) "
-             f"{_f(model.anchor_tok_s, ',.1f')}; a what-if's tok/s = measured x replayed ratio",
-             "", "| what-if | step µs | tok/s | ratio | bubble µs | note |", "|---|---|---|---|---|---|"]
+             f"(self error {err:+.1%}); measured tok/s (decode tokens / meter wall) "
+             f"{_f(model.anchor_tok_s, ',.1f')}; a what-if's tok/s = measured x replayed ratio"]
+    if warning:
+        lines.append(warning)
+    lines += ["", "| what-if | step µs | tok/s | ratio | bubble µs | note |",
+              "|---|---|---|---|---|---|"]
     for r in pred.to_dict("records"):
         lines.append(f"| {r['what']} | {_f(r['step_us'], '.1f')} | {_f(r['tok_s'], ',.1f')} | "
                      f"{_f(r['ratio'], '.3f')} | {_f(r['bubble_us'], '.1f')} | {r['note']} |")
@@ -72,13 +76,17 @@ def main_whatif(argv: Sequence[str] | None = None) -> int:
         model = load_run(ns.run_dir)
         pred = predict(model, ns.what)
         causes = cause_table(model)
-    except (WhatIfError, OSError) as e:
+    except (WhatIfError, OSError) as e:      # every file and --what is checked before output
         print(f"mtplab whatif: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if ns.json:
         nan = lambda df: json.loads(df.to_json(orient="records"))
+        base = replay(model)
+        err, warning = self_check(model, base)
         print(json.dumps({"measured_period_us": model.measured_period_us,
-                          "replayed_period_us": replay(model).period_us,
+                          "replayed_period_us": base.period_us, "self_error": err,
+                          "self_error_warning": warning,
+                          "stage_errors": nan(stage_errors(model, base)),
                           "anchor_tok_s": model.anchor_tok_s, "whatifs": nan(pred),
                           "causes": nan(causes)}))
     else:

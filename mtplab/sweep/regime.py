@@ -52,6 +52,7 @@ EFFECTS = (
     ("overlap + zero_bubble (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp off"),
     *((f"{k} (frozen)", "frozen_kv_mtp zb", f"frozen_kv_mtp zb-{k}") for k in ZB_SUBKNOBS),
     ("fold_seed (frozen)", "frozen_kv_mtp zb", "frozen_kv_mtp zb unfolded"),
+    ("zero_bubble (frozen, unfolded)", "frozen_kv_mtp zb unfolded", "frozen_kv_mtp on unfolded"),
     ("speculation: frozen_kv_mtp", "frozen_kv_mtp zb", "target zb"),
     ("speculation: eagle", "eagle zb", "target zb"),
 )

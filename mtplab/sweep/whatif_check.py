@@ -15,6 +15,10 @@ from the baseline's run beside the ratio measured, with the error.
                      tokens over the meter's decode-step wall: host time between iterations
                      counts, as in the replay), and the repeats' spread (sweep/effects.py
                      arm_effects: the same rule as notebooks 01-04)
+    direction        the knob the what-if flips and which way ("zero_bubble on"), or
+                     "several knobs"; with `flips`, every arm of a grid point is compared
+                     with each arm one knob away, both ways (`flip_between`), and
+                     `by_direction` / `direction_md` give the error per direction
     error            predicted / ratio - 1
     self_error       the model's step time of the baseline run over the measured one - 1
     judged           "within 10%" or "off" where the measured effect exceeds the noise
@@ -83,14 +87,42 @@ def whatif_between(base: dict, arm: dict) -> Optional[str]:
     return ",".join(parts) or None
 
 
+def flip_between(base: dict, arm: dict) -> Optional[str]:
+    """The one knob that turns the baseline row's loop into the arm row's, as a what-if: one
+    knob column flipped (overlap, a sub-knob, fold_seed), `zero_bubble=on|off` (every
+    sub-knob the row's draft can use from its default to on, or back), or a planted delay;
+    None where the rows differ in more than one of these, or in none."""
+    draft = base.get("cfg.draft") or "none"
+    cols = [c for c in KNOB_COLUMNS[:-1] if not (
+        draft == "none" and c.removeprefix("cfg.") in ZB_SUBKNOBS
+        and ZB_SUBKNOBS[c.removeprefix("cfg.")].owner == "worker")]
+    diff = [c for c in cols if bool(_int(base.get(c))) != bool(_int(arm.get(c)))]
+    d = _int(arm.get("host_delay_us")) - _int(base.get("host_delay_us"))
+    if d:
+        return None if diff else f"host:loop{'+' if d > 0 else '-'}{abs(d)}"
+    subs = [c for c in cols if c.removeprefix("cfg.") in ZB_SUBKNOBS]
+    on = lambda r: all(bool(_int(r.get(c))) for c in subs)                   # noqa: E731
+    default = lambda r: all(bool(_int(r.get(c))) == ZB_SUBKNOBS[c.removeprefix(  # noqa: E731
+        "cfg.")].auto for c in subs)
+    if diff and all(c in subs for c in diff):
+        if on(arm) and default(base):
+            return "zero_bubble=on"
+        if on(base) and default(arm):
+            return "zero_bubble=off"
+    return whatif_between(base, arm) if len(diff) == 1 else None
+
+
 def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None,
              goal: float = GOAL, label: Callable[[dict], str] = knob_label,
-             sweep_dir: Optional[str | Path] = None) -> pd.DataFrame:
+             sweep_dir: Optional[str | Path] = None, flips: bool = False) -> pd.DataFrame:
     """The validation table (module doc) of a results table; `label` names a row's arm
     (default `knob_label`), `pairs`: (arm, baseline) labels to compare (default: every
-    ordered pair of one grid point whose difference the predictor replays); `sweep_dir`: where
-    the sweep's folder is now, when it was moved since (a cell's run folder is then
-    sweep_dir/traces/<cell_id>)."""
+    ordered pair of one grid point whose difference the predictor replays); `flips`: also
+    every ordered pair of one grid point one knob apart (`flip_between`: from each arm to
+    each knob it can flip, both directions), as that one knob; `sweep_dir`: where the
+    sweep's folder is now, when it was moved since (a cell's run folder is then
+    sweep_dir/traces/<cell_id>). `direction` names the knob a row flips and which way
+    (`by_direction` sums the errors per direction)."""
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         return pd.DataFrame(columns=_COLUMNS)
@@ -105,10 +137,14 @@ def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None
     for point, g in ok.groupby("point", sort=False):
         labels = list(dict.fromkeys(g["arm_key"]))
         rep = {k: g[g["arm_key"] == k].iloc[0].to_dict() for k in labels}
-        want = pairs if pairs is not None else [(a, b) for b in labels for a in labels if a != b]
-        todo = [(a, b, whatif_between(rep[b], rep[a])) for a, b in want
-                if a in rep and b in rep]
-        todo = [(a, b, w) for a, b, w in todo if w]
+        every = [(a, b) for b in labels for a in labels if a != b]
+        want = pairs if pairs is not None else every
+        todo = {(a, b): whatif_between(rep[b], rep[a]) for a, b in want
+                if a in rep and b in rep}
+        if flips:
+            todo.update({(a, b): flip_between(rep[b], rep[a]) for a, b in every
+                         if flip_between(rep[b], rep[a])})
+        todo = [(a, b, w) for (a, b), w in todo.items() if w]
         if not todo:
             continue
         eff = arm_effects(g, "arm_key", [(a, b) for a, b, _ in todo], value=VALUE)
@@ -121,6 +157,7 @@ def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None
             err = pred / ratio - 1.0 if ratio and pred == pred else math.nan
             err_s = pred_s / ratio - 1.0 if ratio and pred_s == pred_s else math.nan
             rows.append({"where": where, "arm": a, "baseline": b, "whatif": w,
+                         "direction": _direction(w),
                          "predicted": pred, "ratio": ratio, "noise": r["noise"], "error": err,
                          "self_error": selfe, "judged": _judge(r, err, goal), "n": r["n"],
                          "n_base": r["n_base"], "note": why, "host_speed": speed,
@@ -128,9 +165,56 @@ def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None
     return pd.DataFrame(rows, columns=_COLUMNS)
 
 
-_COLUMNS = ["where", "arm", "baseline", "whatif", "predicted", "ratio", "noise", "error",
+_COLUMNS = ["where", "arm", "baseline", "whatif", "direction", "predicted", "ratio", "noise", "error",
             "self_error", "judged", "n", "n_base", "note", "host_speed", "error_at_speed",
             "judged_at_speed"]
+
+
+def _direction(whatif: str) -> str:
+    """A row's direction: the knob it flips and which way ("overlap on", "zb_async_d2h off",
+    "host delay +"), or "several knobs" for a what-if of more than one."""
+    if "," in whatif:
+        return "several knobs"
+    if whatif.startswith("host:loop"):
+        return f"host delay {whatif[len('host:loop')]}"
+    return whatif.replace("=", " ")
+
+
+def by_direction(v: pd.DataFrame, goal: float = GOAL) -> pd.DataFrame:
+    """Per direction (knob and way): pairs compared, pairs judged (effect beyond the noise),
+    within the goal, the median |error| and the largest error over the judged ones (over
+    all pairs where none is judged), and the same error replayed at the arm's host speed."""
+    cols = ["direction", "pairs", "judged", "within", "median_abs_error", "worst_error",
+            "worst_where", "median_abs_error_at_speed"]
+    rows = []
+    for d, g in v.groupby("direction", sort=True):
+        j = g[g["judged"].isin([f"within {goal:.0%}", "off"])]
+        src = j if len(j) else g
+        e = src["error"].dropna()
+        worst = src.loc[e.abs().idxmax()] if len(e) else None
+        rows.append({"direction": d, "pairs": len(g), "judged": len(j),
+                     "within": int((j["judged"] != "off").sum()),
+                     "median_abs_error": float(e.abs().median()) if len(e) else math.nan,
+                     "worst_error": float(worst["error"]) if worst is not None else math.nan,
+                     "worst_where": f"{worst['where']} from {worst['baseline']}"
+                     if worst is not None else "",
+                     "median_abs_error_at_speed": float(src["error_at_speed"].dropna().abs()
+                                                        .median())
+                     if src["error_at_speed"].notna().any() else math.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def direction_md(v: pd.DataFrame, goal: float = GOAL) -> str:
+    """`by_direction` as markdown: the predictor's error per knob and way."""
+    t = by_direction(v, goal)
+    f = lambda x, spec: "-" if x != x else format(x, spec)                   # noqa: E731
+    out = ["| direction | pairs | judged | within 10% | median abs error | largest error "
+           "| where | median abs error at speed |", "|---" * 8 + "|"]
+    for r in t.to_dict("records"):
+        out.append(f"| {r['direction']} | {r['pairs']} | {r['judged']} | {r['within']} | "
+                   f"{f(r['median_abs_error'], '.1%')} | {f(r['worst_error'], '+.1%')} | "
+                   f"{r['worst_where']} | {f(r['median_abs_error_at_speed'], '.1%')} |")
+    return "\n".join(out)
 
 
 def _judge(effect: dict, err: float, goal: float) -> str:

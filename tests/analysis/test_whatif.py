@@ -10,7 +10,7 @@ import pytest
 
 from mtplab.analysis.whatif import (Launch, Loop, StepModel, WhatIfError, apply, cause_table,
                                     from_tables, host_speed, parse_whatif, predict,
-                                    predicted_ratio, replay)
+                                    predicted_ratio, replay, self_check, stage_errors)
 
 HOST = {"schedule": 10.0, "prepare": 20.0, "process_result": 30.0, "loop": 40.0}
 
@@ -118,6 +118,10 @@ def test_eager_launch_overlaps_its_own_kernels():
                                   loop=Loop(overlap=False, async_d2h=False))
     assert replay(one(True)).period_us == pytest.approx(200.0)    # ends with its last launch
     assert replay(one(False)).period_us == pytest.approx(260.0)   # a graph starts after it
+    # its last kernel runs L after the call issued it (200 + 5), the read wakes W later:
+    # 60 µs of work cannot end before the call that issues it
+    lat = replace(one(True), launch_latency_us=5.0, wake_us=5.0)
+    assert replay(lat).period_us == pytest.approx(210.0)
 
 
 def test_host_and_gpu_whatifs():
@@ -207,12 +211,14 @@ def test_host_speed_scales_every_host_time_and_keeps_the_device():
     assert predicted_ratio(simple(overlap=True), "host:all*2") == pytest.approx(107.0 / 214.0)
     gpu_bound = simple(verify_gpu=500.0, overlap=True)
     assert predicted_ratio(gpu_bound, "host:all*2") == pytest.approx(1.0)
-    m = replace(simple(), jitter_us=(10.0, -10.0), loop_before_read_us=8.0,
+    m = replace(simple(), host_dev={"loop": (10.0, -10.0)}, loop_before_read_us=8.0,
                 nested={"draft.seed@draft": (6.0, 40.0)}, launch_latency_us=5.0)
+    m = replace(m, launches=(replace(m.launches[0], host_dev=(2.0, -2.0)), m.launches[1]))
     s = apply(m, "host:all*0.5")
     assert s.host == {k: v / 2 for k, v in HOST.items()}
     assert [l.host_us for l in s.launches] == [2.5, 1.0]
-    assert s.jitter_us == (5.0, -5.0) and s.loop_before_read_us == 4.0
+    assert s.host_dev == {"loop": (5.0, -5.0)} and s.loop_before_read_us == 4.0
+    assert s.launches[0].host_dev == (1.0, -1.0)
     assert s.nested == {"draft.seed@draft": (3.0, 40.0)} and s.launch_latency_us == 5.0
     # left to right: a planted delay kept out of the scaling
     d = apply(replace(simple(), host={**HOST, "loop": 1040.0}),
@@ -279,7 +285,10 @@ def test_from_tables_builds_launches_and_host_work():
     # commit runs to publish's start (the stamp gap is commit's), publish to stash's start
     assert commit.stages == (("commit", 11.0), ("publish", 2.0), ("stash", 3.0))
     assert commit.host_us == 7.0 and not commit.eager and m.launches[1].eager
-    assert dict(m.launches[1].stages) == {"draft.seed": 60.0}      # nested draft.step dropped
+    # nested draft.step dropped; the seed's 60 µs interval is no longer than its 150 µs host
+    # call (the host's pace): its device work is one of the draft graph's S-1 = 2 steps
+    assert dict(m.launches[1].stages) == {"draft.seed": 25.0}
+    assert m.launches[1].paced_us == 60.0
     assert m.host["prepare"] == pytest.approx(21.0)               # its nested sync taken out
     # loop = period - outermost spans (11+25+3+150+5+6+7+2+9+30 = 248)
     assert m.host["loop"] == pytest.approx(52.0)
@@ -305,23 +314,44 @@ def test_from_tables_refuses_tables_of_other_steps():
 
 # -- host jitter, the loop's place, device gaps ---------------------------------------------------
 def test_host_jitter_under_overlap_costs_what_the_one_step_lead_cannot_absorb():
-    # simple(100, overlap): host 107 a step > device 103, so 107 without jitter. With the host
-    # work (schedule, prepare, process_result, loop: 100) doubled and zeroed in turn (jitter
-    # +100 / -100, mean 0), a slow iteration first waits for the verify the fast one launched
-    # (its d2h ends 34 µs after the slow one's launches: 20 + 40 + 5 + 2 = 67 µs of host
-    # then), then runs its 60 + 80 µs of post-read work while the device idles:
-    # per two iterations 7 (fast) + 67 + 34 + 140 = 248.
+    # simple(100, overlap): host 107 a step > device 103, so 107 without jitter. With the
+    # loop at 40 + (30, -10, -20) in turn, the slow step's 30 µs are not paid back by the
+    # fast ones: the host-bound period grows
     m = simple(overlap=True)
+    noisy = lambda m: replace(m, host_dev={"loop": (30.0, -10.0, -20.0)})      # noqa: E731
     assert replay(m).period_us == pytest.approx(107.0)
-    assert replay(replace(m, jitter_us=(100.0, -100.0))).period_us == pytest.approx(124.0)
-    # GPU-bound (verify 150): the one-step lead absorbs the slow iteration, as without jitter
-    m = simple(150.0, overlap=True)
-    assert replay(replace(m, jitter_us=(100.0, -100.0))).period_us == pytest.approx(153.0)
-    # the normal loop is a sum, so a zero-mean jitter leaves its period alone
-    assert replay(replace(simple(), jitter_us=(100.0, -100.0))).period_us == pytest.approx(208.0)
-    # a what-if changes the mean host times and keeps the measured jitter
-    j = apply(replace(m, jitter_us=(100.0, -100.0)), "host:loop=0,host:schedule=0")
-    assert j.jitter_us == (100.0, -100.0) and j.host["loop"] == 0.0
+    assert replay(noisy(m)).period_us > 107.0
+    # GPU-bound (verify 150): the one-step lead absorbs the slow iteration (137 < 153)
+    assert replay(noisy(simple(150.0, overlap=True))).period_us == pytest.approx(153.0)
+    # the normal loop is a sum, so zero-mean deviations leave its period alone
+    assert replay(noisy(simple())).period_us == pytest.approx(208.0)
+    # a what-if sets a time in every step (its noise goes) or shifts it (its noise stays)
+    j = apply(noisy(m), "host:loop=0,host:schedule=0")
+    assert j.host_dev == {} and j.host["loop"] == 0.0
+    assert apply(noisy(m), "host:loop+10").host_dev == {"loop": (30.0, -10.0, -20.0)}
+    # shifting below zero clamps each step at 0: (70, 30, 20) - 25 -> (45, 5, 0)
+    s = apply(noisy(m), "host:loop-25")
+    assert s.host["loop"] == pytest.approx(50.0 / 3)
+    assert [s.host["loop"] + d for d in s.host_dev["loop"]] == pytest.approx([45.0, 5.0, 0.0])
+
+
+def test_noise_on_a_busy_host_is_not_turned_into_bubbles():
+    """A CPU run whose launch calls vary by ±30 ms around 10 ms of them while the host's own
+    work is 1.2 ms steady: the replay of the run is the measured steps, to the µs (a scale
+    factor on the host's work, clamped at 0, invented bubbles here)."""
+    rng = [31000.0, -9000.0, 12000.0, -9000.0, 5000.0, -30000.0 + 1.0, 0.0, -0.0]
+    rng[-1] = -sum(rng[:-1])
+    host = {"schedule": 300.0, "prepare": 300.0, "process_result": 300.0, "loop": 300.0}
+    verify = Launch("verify", 40000.0, "forward", (("verify", 39000.0),),
+                    host_dev=tuple(rng))
+    m = StepModel(host=host, launches=(verify,), loop=Loop(overlap=True, host_runs_device=True),
+                  measured_period_us=41200.0)
+    assert replay(m).period_us == pytest.approx(41200.0)
+    # removing a cause moves the step by what the cause table says it costs
+    causes = cause_table(m).set_index("cause")
+    py = causes.loc["host:python"]
+    assert py["bubble_us"] == pytest.approx(300.0)
+    assert 1.0 - 1.0 / py["ratio"] == pytest.approx(py["bubble_frac"], rel=1e-6)
 
 
 def test_device_gap_holds_a_launch_after_the_work_before_it():
@@ -368,13 +398,113 @@ def test_the_loop_time_before_the_read_is_placed_from_the_runs_waits():
 
 def test_from_tables_keeps_each_steps_host_deviation():
     st, host = tables()
-    host = host.assign(period_us=[300.0, 340.0, 260.0, 300.0, 320.0, 280.0])
+    host = host.assign(period_us=[300.0, 340.0, 260.0, 300.0, 320.0, 280.0],
+                       verify=[6.0, 6.0, 6.0, 6.0, 16.0, -4.0])
     cfg = {"device": "cpu", "overlap": False}
     m = from_tables(cfg, st, host)
-    # the host's own time (period less sync and sync@prepare) about its mean: 300 - 13 = 287
-    assert m.jitter_us == pytest.approx((0.0, 40.0, -40.0, 0.0, 20.0, -20.0))
-    assert from_tables(cfg, st, host, jitter=False).jitter_us == ()
+    # the loop (the period less every outermost span) about its mean, and each launch
+    # call's own deviation: verify's 16 and -4 about 6 (the loop absorbs them, as measured)
+    assert m.host_dev["loop"] == pytest.approx((0.0, 40.0, -40.0, 0.0, 10.0, -10.0))
+    assert [l for l in m.launches if l.stage == "verify"][0].host_dev == pytest.approx(
+        (0.0, 0.0, 0.0, 0.0, 10.0, -10.0))
+    assert "schedule" not in m.host_dev                    # steady: nothing kept
+    assert from_tables(cfg, st, host, jitter=False).n_steps == 0
     # the gap before each launch, from its first stage's start to the end of the one before
     st, host = tables()
     m = from_tables({"device": "cuda", "overlap": True}, st, host)
     assert [l.gap_us for l in m.launches] == pytest.approx([0.0, 3.0, 5.0, 1.0, 1.0, 1.0])
+
+
+def busy_cpu_tables(noise=(31000.0, -9000.0, 12000.0, -9000.0, 5000.0, -30000.0, 0.0)):
+    """A CPU run beside a CPU hog: the verify call (its interval 100 µs inside it) takes
+    39 ms +- the noise, the host's own work (schedule, prepare, process_result, loop) 300 µs
+    each and steady, the read's sync span 50 µs."""
+    rows, host, t = [], [], 0.0
+    for i, n in enumerate(noise):
+        v = 39000.0 + n
+        period = 300 * 4 + v + 50
+        a = t + 600 + 50
+        rows += [(20 + i, "verify", "forward", a, a + v - 100)]
+        host.append({"step": 20 + i, "period_us": period, "schedule": 300.0, "prepare": 300.0,
+                     "verify": v, "sync": 50.0, "process_result": 300.0})
+        t += period
+    st = pd.DataFrame(rows, columns=["step", "stage", "lane", "start_us", "end_us"])
+    return st.assign(dur_us=st["end_us"] - st["start_us"]), pd.DataFrame(host)
+
+
+def test_the_replay_of_a_busy_cpu_run_is_its_measured_steps():
+    st, host = busy_cpu_tables()
+    m = from_tables({"device": "cpu", "overlap": True}, st, host)
+    # nothing waits on CPU: the replay is each measured step less its 50 µs sync span
+    assert replay(m).period_us == pytest.approx(host["period_us"].mean() - 50.0)
+    err, warning = self_check(m)
+    assert abs(err) < 0.01 and warning is None
+    # the loop's 300 µs: the cause table and the replay without it agree
+    py = cause_table(m).set_index("cause").loc["host:python"]
+    assert py["bubble_us"] == pytest.approx(300.0)
+    assert predicted_ratio(m, "host:loop=0") == pytest.approx(py["ratio"])
+    assert 1.0 - 1.0 / py["ratio"] == pytest.approx(300.0 / replay(m).period_us)
+
+
+def test_self_check_names_the_stage_that_differs_most():
+    # the run waited 150 µs at its read, the replay can only wait 102 (module doc): -18.7%
+    st, host = loop_tables(sync=150.0)
+    m = from_tables({"device": "cuda", "overlap": False, "zb_async_d2h": True,
+                     "cuda_graphs": True}, st, host)
+    err, warning = self_check(m)
+    assert err == pytest.approx(209.0 / 257.0 - 1.0)
+    errs = stage_errors(m).set_index("stage")
+    assert errs.loc["host waits (sync)", "diff_us"] == pytest.approx(-48.0)
+    assert errs.loc["idle before verify", "measured_us"] == pytest.approx(157.0)
+    assert errs.loc["verify (device)", "diff_us"] == pytest.approx(0.0)
+    assert "-18.7%" in warning and "host waits (sync)" in warning
+    # within the bound: no warning
+    st, host = loop_tables()
+    assert self_check(from_tables({"device": "cuda", "overlap": False, "zb_async_d2h": True,
+                                   "cuda_graphs": True}, st, host))[1] is None
+
+
+def host_paced_seed_base(seed_work: float) -> StepModel:
+    """An overlap-only Frozen-KV step at a GPU-heavy shape (verify 2 ms), its unfolded seed
+    an eager launch whose 600 µs host call paces its interval: device work `seed_work`."""
+    g = lambda name, host, *st, **kw: Launch(name, host, "forward", st, **kw)   # noqa: E731
+    return StepModel(
+        host={"schedule": 20.0, "prepare": 20.0, "process_result": 30.0, "loop": 30.0},
+        launches=(g("resolve", 5.0, ("resolve", 2.0)),
+                  g("draft.seed", 600.0, ("draft.seed", seed_work), eager=True),
+                  g("draft", 10.0, ("draft", 200.0)), g("tree", 5.0, ("tree", 10.0)),
+                  g("verify", 10.0, ("verify", 2000.0)), g("accept", 5.0, ("accept", 10.0)),
+                  g("commit", 5.0, ("commit", 10.0), ("publish", 2.0), ("stash", 3.0)),
+                  Launch("d2h", 5.0, "copy", (("d2h", 3.0),))),
+        loop=Loop(overlap=True, device_seq_lens=False, draft_preexec=False),
+        launch_latency_us=5.0, wake_us=5.0, graphs=True, draft="frozen_kv_mtp", num_steps=3,
+        seed_forward=True, anchor_tok_s=1000.0)
+
+
+def test_a_host_paced_eager_seed_shrinks_to_its_work_on_a_busy_lane():
+    # base: the host wakes W after the commit graph ends (P), prepare 20, resolve 5: the seed's
+    # call runs P+30 .. P+630 on an idle lane, so its kernels end at P+635 whatever their work;
+    # draft P+645..845, tree ..855, verify ..2855, accept ..2865, commit ..2880 = P + 2880
+    m = host_paced_seed_base(100.0)
+    assert replay(m).period_us == pytest.approx(2880.0)
+    # zero_bubble: no wait, the host runs ahead and issues the seed onto a busy lane: the
+    # device chain 2 + 10 + 2000 + 10 + 15 + 100 + 200 + the d2h 3 = 2340
+    assert predicted_ratio(m, "zero_bubble=on") == pytest.approx(2880.0 / 2340.0)
+    # taking the host-paced interval as its work keeps 500 µs that zero_bubble removes
+    paced = host_paced_seed_base(600.0)
+    assert replay(paced).period_us == pytest.approx(2880.0)
+    assert predicted_ratio(paced, "zero_bubble=on") == pytest.approx(2880.0 / 2840.0)
+
+
+def test_the_seed_work_is_estimated_only_where_the_host_paced_it():
+    st, host = tables()
+    cfg = {"device": "cuda", "overlap": True, "cuda_graphs": True, "draft": "frozen_kv_mtp",
+           "num_steps": 3}
+    # its call (40 µs) is shorter than its interval (60): the device's pace, kept
+    m = from_tables(cfg, st, host.assign(**{"draft.seed": 40.0}), latency_us=4.0,
+                    seed_forward=True, eager=("draft.seed",))
+    assert dict(m.launches[1].stages) == {"draft.seed": 60.0} and m.launches[1].paced_us == 0
+    # graphs off: no draft graph to take one step of
+    m = from_tables(cfg, st, host, latency_us=4.0, seed_forward=True,
+                    eager=("draft.seed", "draft"))
+    assert dict(m.launches[1].stages) == {"draft.seed": 60.0}

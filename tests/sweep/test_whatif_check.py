@@ -101,3 +101,60 @@ def test_a_repeat_without_its_arm_has_no_speed(runs):
     v = whatif_check.validate(cells(models, {}))
     assert v["host_speed"].isna().all() and v["error_at_speed"].isna().all()
     assert (v["judged_at_speed"] == v["judged"]).all()
+
+
+def row(ov, asy, dsl, pre, draft="frozen_kv_mtp", delay=0, fold=False) -> dict:
+    return {"cfg.overlap": ov, "cfg.zb_async_d2h": asy, "cfg.zb_device_seq_lens": dsl,
+            "cfg.zb_draft_preexec": pre, "cfg.fold_seed": fold, "host_delay_us": delay,
+            "cfg.draft": draft}
+
+
+def test_each_arm_flips_each_knob_both_ways():
+    on, zb, off = row(1, 1, 0, 0), row(1, 1, 1, 1), row(0, 1, 0, 0)
+    flip = whatif_check.flip_between
+    assert flip(on, zb) == "zero_bubble=on" and flip(zb, on) == "zero_bubble=off"
+    assert flip(on, row(1, 1, 1, 0)) == "zb_device_seq_lens=on"
+    assert flip(zb, row(1, 0, 1, 1)) == "zb_async_d2h=off"
+    assert flip(off, on) == "overlap=on" and flip(on, off) == "overlap=off"
+    assert flip(zb, row(1, 1, 1, 1, fold=True)) == "fold_seed=on"
+    assert flip(zb, row(1, 1, 1, 1, delay=1000)) == "host:loop+1000"
+    # two knobs, or a sub-knob set that is neither zero_bubble's nor the default: no flip
+    assert flip(off, zb) is None and flip(row(1, 0, 1, 0), zb) is None
+    assert flip(on, row(1, 1, 1, 1, delay=5)) is None and flip(on, on) is None
+    # target-only: the worker's sub-knob has nothing to act on
+    t_on, t_zb = row(1, 1, 0, 0, "none"), row(1, 1, 1, 0, "none")
+    assert flip(t_on, t_zb) == "zero_bubble=on" and flip(t_zb, t_on) == "zero_bubble=off"
+
+
+def test_validation_covers_both_directions_with_their_errors(runs):
+    """A Frozen-KV ladder point (on, zb and zb without preexec), each arm measured at its own
+    replay: every one-knob pair both ways, each predicted exactly but the host-paced seed's,
+    whose arm is slower than its prediction."""
+    from tests.analysis.test_whatif import host_paced_seed_base
+    base = host_paced_seed_base(100.0)
+    arms = {"on": (base, row(1, 1, 0, 0)),
+            "zb": (apply(base, "zero_bubble=on"), row(1, 1, 1, 1)),
+            "zb-pre": (apply(base, "zb_device_seq_lens=on"), row(1, 1, 1, 0))}
+    measured = dict(arms)
+    measured["zb"] = (apply(base, "zero_bubble=on,gpu:verify*1.2"), row(1, 1, 1, 1))
+    rows = []
+    for name, (m, r) in arms.items():
+        for rep in (0, 1):
+            runs[f"run/{name}/{rep}"] = m
+            rows.append({**r, "status": "ok", "cell_id": f"{name}{rep}",
+                         "run_dir": f"run/{name}/{rep}",
+                         "settings_json": json.dumps({"repeat": rep, "arm": name}),
+                         "meter_tok_per_s": 1e6 / replay(measured[name][0]).period_us})
+    v = whatif_check.validate(pd.DataFrame(rows).assign(settings_json=[
+        json.dumps({"repeat": i % 2}) for i in range(len(rows))]), pairs=[], flips=True)
+    assert sorted(v["direction"]) == ["zb_device_seq_lens off", "zb_device_seq_lens on",
+                                      "zb_draft_preexec off", "zb_draft_preexec on",
+                                      "zero_bubble off", "zero_bubble on"]
+    d = whatif_check.by_direction(v).set_index("direction")
+    # into zb: the arm's verify ran 1.2x longer than the replay has it, so the prediction
+    # is above the measured; from zb the error is the other way
+    assert d.loc["zero_bubble on", "worst_error"] > 0.1
+    assert d.loc["zero_bubble off", "worst_error"] < -0.1
+    assert d.loc["zb_device_seq_lens on", "median_abs_error"] == pytest.approx(0.0, abs=1e-9)
+    md = whatif_check.direction_md(v)
+    assert "| zero_bubble on | 1 |" in md and "| zero_bubble off | 1 |" in md

@@ -1,6 +1,7 @@
 """The skinny GEMM compiled on CUDA: vs its torch reference at llama3-8b's shapes (the split-K
 path included), no silent fallback, graph replay == eager, and through the engine greedy
 spec == target-only (fp32) with the kernel on, graphs == eager."""
+import functools
 import gc
 import weakref
 
@@ -123,10 +124,18 @@ def test_engine_uses_the_kernel(monkeypatch):
     assert calls and "skinny_gemm" not in fo._failed
 
 
+@functools.cache
+def target_only() -> list:
+    """Target-only greedy without the kernel (cuBLAS), once for every case."""
+    eng, out = gen()
+    eng.close()
+    return out
+
+
 @pytest.mark.parametrize("draft,topk,D", [("none", 1, None), ("frozen_kv_mtp", 1, None),
-                                          ("frozen_kv_mtp", 4, 8), ("eagle", 1, None)])
+                                          ("eagle", 4, 8)])
 def test_lossless_fp32_with_the_kernel(draft, topk, D):
-    _, want = gen()
+    want = target_only()
     eng, got = gen(skinny_gemm=True, draft=draft, topk=topk, num_draft_tokens=D, overlap=True,
                    zero_bubble=True)
     assert got == want

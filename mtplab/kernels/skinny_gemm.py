@@ -47,7 +47,7 @@ from . import fused_ops as fo
 
 MAX_M = 8               # rows this kernel takes; more go to cuBLAS
 BLOCK_M = 16            # tl.dot's smallest tile: rows M..15 load zeros and are never stored
-PART_FLOATS = 1 << 22   # workspace partials (16 MiB fp32): S * MAX_M * N of one launch
+PART_FLOATS = 1 << 22   # workspace partials (16 MiB fp32): S * BLOCK_M * N of one launch
 TILES = 1 << 13         # workspace counters: N tiles of one launch
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

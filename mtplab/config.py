@@ -91,10 +91,6 @@ class RunConfig(ZeroBubbleKnobs):
     fused: Optional[bool] = knob(None, "fused decoder layer (one QKV and one gate/up GEMM, "
                                  "add+RMSNorm, RoPE+KV write, SiLU*mul) and single-kernel "
                                  "tree/accept stages (None: True on CUDA, False on CPU)")
-    skinny_gemm: bool = knob(False, "the fused path's GEMMs at <= 8 rows as one split-K Triton "
-                             "kernel each, the down projection reading silu(gate) * up itself "
-                             "(kernels/skinny_gemm.py), instead of cuBLAS; needs fused (on CPU, "
-                             "TRITON_INTERPRET=1)")
     simulate_accept_len: Optional[float] = knob(None, "simulated mean tokens per verify, bonus "
                                                 "incl. (target and draft still run)")
     simulate_accept_rates: Optional[tuple] = knob(None, "or simulated per-position acceptance "
@@ -245,8 +241,6 @@ class RunConfig(ZeroBubbleKnobs):
             self.cuda_graphs = dev.is_cuda
         if self.fused is None:
             self.fused = dev.is_cuda
-        if self.skinny_gemm:
-            self._check_skinny_gemm(dev.is_cuda, interp)
         if self.cuda_graphs and not dev.is_cuda:
             raise ConfigError("cuda_graphs=True needs a CUDA device; set cuda_graphs=False on CPU.")
         if self.cuda_graphs and self.graph_granularity == "step" and self.debug_future_map:
@@ -286,22 +280,6 @@ class RunConfig(ZeroBubbleKnobs):
             raise ConfigError(f"max_total_tokens={self.max_total_tokens} cannot hold even one "
                               f"request at context_len={self.context_len} (a row needs {W} "
                               "slots); raise max_total_tokens or lower context_len.")
-
-    def _check_skinny_gemm(self, cuda: bool, interp: bool) -> None:
-        from . import lazy_triton
-        if not self.fused:
-            raise ConfigError("skinny_gemm=True replaces the fused path's GEMMs; it needs "
-                              "fused=True.")
-        if self.deterministic:
-            raise ConfigError("skinny_gemm=True and deterministic=True exclude each other: the "
-                              "skinny kernel's rows differ from the batch-invariant GEMM's above "
-                              "8 rows; leave skinny_gemm off in deterministic mode.")
-        if not lazy_triton.available():
-            raise ConfigError("skinny_gemm=True runs a Triton kernel and the triton package is "
-                              "not installed; install it or leave skinny_gemm off.")
-        if not cuda and not interp:
-            raise ConfigError("skinny_gemm=True on CPU runs its Triton kernel under the "
-                              "interpreter: set TRITON_INTERPRET=1 before starting Python.")
 
     def _check_draft_vocab(self, V: int) -> None:
         try:

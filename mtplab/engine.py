@@ -24,7 +24,6 @@ from .config import ConfigError, RunConfig
 from .errors import NonFiniteLogitsError
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
-from .kernels import skinny_gemm
 from .kernels.fused_ops import references
 from .mem.allocator import PagedAllocator
 from .mem.invariants import check_kv_invariants
@@ -106,8 +105,6 @@ class Engine:
             cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
         attn = attention_fn(cfg.attention_backend, cfg.deterministic)
-        # the skinny GEMMs' split-K workspace, before any capture (kernels/skinny_gemm.py)
-        self.gemm_workspace = skinny_gemm.Workspace(dev) if cfg.skinny_gemm else None
         self._start_profiling()              # before graph capture (CUPTI must see it)
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,
@@ -216,12 +213,10 @@ class Engine:
     def numerics(self):
         """The scope of the engine's forwards (graph capture and every step):
         batch-invariant aten kernels when cfg.deterministic (kernels/batch_invariant.py), and
-        with fused=False the torch bodies of every fused op (kernels/fused_ops.py), with
-        skinny_gemm the Triton GEMMs at <= 8 rows (kernels/skinny_gemm.py), in eager steps and
-        captured graphs alike. Outside it, torch's own kernels."""
+        with fused=False the torch bodies of every fused op (kernels/fused_ops.py), in eager
+        steps and captured graphs alike. Outside it, torch's own kernels."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(references(not self.cfg.fused))
-            stack.enter_context(skinny_gemm.using(self.gemm_workspace))
             if self.cfg.deterministic:
                 from .kernels.batch_invariant import batch_invariant_mode
                 stack.enter_context(batch_invariant_mode(self.device.torch_device.type))

@@ -261,20 +261,6 @@ phase_kernels() {
     --out "$OUT_DIR/bench_kernels.md"
 }
 
-#: dense_floor  dense decode at the HBM floor: the skinny GEMM's GPU tests (kernel vs reference,
-#:              graph replay == eager, fp32 spec == target-only with it on), then
-#:              bench_dense_floor within 220 s (cuBLAS vs skinny GEMM per llama3-8b GEMM at
-#:              M = 1-8; llama3-8b-like@32 decode bs 1 / 8 off vs on, floor / step, kernel
-#:              tables; llama3.1-8b-like@32 at 8k / 32k; a plan sweep) -> dense_floor.md,
-#:              dense_floor.json; the bench runs even when a test fails
-phase_dense_floor() {
-  local rc=0
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_skinny_gemm_gpu.py || rc=1
-  timeout 250 python3 -m benchmarks.bench_dense_floor --budget-s 220 --out-dir "$OUT_DIR" \
-    || rc=1
-  return $rc
-}
-
 #: moe    MoE target and reduced draft heads: GPU tests (compiled fused-MoE kernels, head_dim-512
 #:        attention in graphs, deterministic bf16 spec == target-only), then bench_moe (experts
 #:        per step, floor of the experts touched, spec speedup MoE vs dense, draft_vocab tok/s;

@@ -25,11 +25,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
 from ..kernels.fused_ops import add_rmsnorm, rope_qkv_cache
-from ..kernels.skinny_gemm import linear
 from .llama import (AttnFn, Block, DecoderLayer, FusableModel, KVView, LlamaForCausalLM, RMSNorm,
                     Rope)
 from .llama_config import LlamaConfig
@@ -73,10 +73,10 @@ class FrozenAttention(nn.Module):
 
     def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta, window, attn_fn):
         T = h.shape[0]
-        q = rope_qkv_cache(linear(h, self.q_proj.weight), positions, rope.cos, rope.sin, self.nq,
-                           0, None, None, None)
+        q = rope_qkv_cache(self.q_proj(h), positions, rope.cos, rope.sin, self.nq, 0, None,
+                           None, None)
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
-        return linear(o.reshape(T, self.nq * self.d), self.o_proj.weight)
+        return self.o_proj(o.reshape(T, self.nq * self.d))
 
 
 class FrozenLayer(Block):
@@ -114,7 +114,7 @@ class DraftHead(FusableModel):
 
     def logits_of(self, s: torch.Tensor) -> torch.Tensor:
         w = self.head_weight
-        out = linear(s, w) if self.vocab_head is None else self.vocab_head(s, w)
+        out = F.linear(s, w) if self.vocab_head is None else self.vocab_head(s, w)
         return out.float()
 
 

@@ -14,10 +14,7 @@ Two paths compute that same function (`set_fused`):
     unfused  the formula above op by op (the reference path; training uses it)
     fused    q/k/v and gate/up as one GEMM each over concatenated weights; the residual add
              folded into the next RMSNorm; RoPE + KV write in one op; SiLU * up in one op
-             (kernels/fused_ops.py: Triton on CUDA, the torch references elsewhere); its
-             GEMMs go through kernels/skinny_gemm.py `linear` (cuBLAS, or with
-             RunConfig.skinny_gemm a Triton kernel at M <= 8 rows, the down projection
-             reading silu(gate) * up itself):
+             (kernels/fused_ops.py: Triton on CUDA, the torch references elsewhere):
 
         (res, delta) -> h, res = add_rmsnorm(res, delta)        delta = None before layer 0
                         q = rope_qkv_cache(h @ Wqkv^T)  -> k, v into the cache at out_loc
@@ -38,11 +35,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
 from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache
-from ..kernels.skinny_gemm import linear
 from .llama_config import LlamaConfig
 from .mlp import MLP, fuse_linears
 from .moe import MoEFFN
@@ -147,10 +144,10 @@ class Attention(nn.Module):
     def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
                       attn_fn: AttnFn) -> torch.Tensor:
         T = h.shape[0]
-        q = rope_qkv_cache(linear(h, self.qkv_weight), positions, rope.cos, rope.sin, self.nq,
+        q = rope_qkv_cache(F.linear(h, self.qkv_weight), positions, rope.cos, rope.sin, self.nq,
                            self.nkv, kv.k, kv.v, kv.out_loc)
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
-        return linear(o.reshape(T, self.nq * self.d), self.o_proj.weight)
+        return self.o_proj(o.reshape(T, self.nq * self.d))
 
 
 class Block(nn.Module):
@@ -270,7 +267,7 @@ class LlamaForCausalLM(FusableModel):
                                              self.config.window_of(i), attn_fn)
         normed, hidden = add_rmsnorm(res, delta, self.model.norm.weight, self.model.norm.eps)
         h = normed if logits_idx is None else normed[logits_idx]
-        return hidden, linear(h, self.lm_head.weight).float()
+        return hidden, self.lm_head(h).float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(hidden)).float()

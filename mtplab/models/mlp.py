@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.skinny_gemm import linear, linear_silu_mul
+from ..kernels.fused_ops import silu_mul
 
 
 def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Tensor:
@@ -47,4 +47,4 @@ class MLP(nn.Module):
                                            self.gate_proj, self.up_proj)
 
     def forward_fused(self, h):
-        return linear_silu_mul(linear(h, self.gate_up_weight), self.down_proj.weight)
+        return self.down_proj(silu_mul(F.linear(h, self.gate_up_weight)))

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from mtplab import Engine, RunConfig
-from mtplab.kernels import skinny_gemm
+from mtplab.kernels import fused_ops
 from mtplab.models import zoo
 from tests.helpers import random_prompts
 
@@ -25,9 +25,8 @@ def generate(**kw):
 def test_fused_knob_resolves_and_switches_paths(monkeypatch):
     assert RunConfig(device="cpu").fused is False
     calls = []
-    real = skinny_gemm.linear_silu_mul
-    monkeypatch.setattr("mtplab.models.mlp.linear_silu_mul",
-                        lambda gu, w: calls.append(1) or real(gu, w))
+    real = fused_ops.silu_mul
+    monkeypatch.setattr("mtplab.models.mlp.silu_mul", lambda gu: calls.append(1) or real(gu))
     unfused, _ = generate(model="random-tiny", fused=False)
     assert not unfused.model.fused and not calls
     fused, _ = generate(model="random-tiny", fused=True)

@@ -280,10 +280,11 @@ def test_spec_equals_target_only_on_the_moe_target(kw):
 @pytest.mark.slow
 def test_deterministic_spec_equals_target_only_on_the_moe_target():
     """Deterministic mode runs the MoE Triton kernels on both model paths (the interpreter on
-    CPU): spec == target-only and a request alone == in a batch, with the split kernels
-    (unfused path) and the grouped ones (fused path). In fp32 here: under the interpreter the
-    attention kernels mis-compute bfloat16 (Triton 3.9's tl.dot), so the bf16 claim is tested
-    on the GPU (tests/gpu/test_moe_gpu.py)."""
+    CPU): spec == target-only with the split kernels (unfused path; a request alone == in a
+    batch) and the grouped ones (fused path; their rows' batch invariance is tested on the
+    kernels above). In fp32 here: under the interpreter the attention kernels mis-compute
+    bfloat16 (Triton 3.9's tl.dot), so the bf16 claim is tested on the GPU
+    (tests/gpu/test_moe_gpu.py)."""
     prompts = random_prompts(3, [2, 5, 3], 320, seed=7)
     calls = {"split": 0, "route": 0, "grouped": 0}
     real = fm.fused_moe_triton, mr.route_align_triton, fm.moe_ffn_triton
@@ -312,7 +313,6 @@ def test_deterministic_spec_equals_target_only_on_the_moe_target():
         g4, got_g4 = run(prompts, draft="gemma4_assistant")
         assert calls["split"] and not calls["grouped"]
         _, fused_want = run(prompts, fused=True)
-        _, fused_alone = run(prompts[1:2], fused=True)
         fused, fused_got = run(prompts, draft="frozen_kv_mtp", topk=2, fused=True)
     finally:
         fm.fused_moe_triton, mr.route_align_triton, fm.moe_ffn_triton = real
@@ -320,5 +320,4 @@ def test_deterministic_spec_equals_target_only_on_the_moe_target():
     assert alone == want[1:2]
     assert got == want and eng.stats()["accept_len"] > 1.0
     assert got_g4 == want and g4.stats()["accept_len"] > 1.0
-    assert fused_alone == fused_want[1:2]
     assert fused_got == fused_want and fused.stats()["accept_len"] > 1.0

@@ -28,6 +28,7 @@ DRAFTS = DRAFT_CHOICES          # "none" and the rows of the draft table (draft_
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 GRANULARITIES = ("stage", "step")
+MOE_KERNELS = ("grouped", "split")       # = models/moe.py MOE_KERNELS (tests/models/test_moe.py)
 
 
 def knob(default, help: str, choices: Optional[tuple] = None):
@@ -91,6 +92,11 @@ class RunConfig(ZeroBubbleKnobs):
     fused: Optional[bool] = knob(None, "fused decoder layer (one QKV and one gate/up GEMM, "
                                  "add+RMSNorm, RoPE+KV write, SiLU*mul) and single-kernel "
                                  "tree/accept stages (None: True on CUDA, False on CPU)")
+    moe_kernels: str = knob("grouped", "an MoE target's fused FFN: grouped (router, softmax, "
+                            "top-k and expert alignment in one kernel; one grouped GEMM pair "
+                            "over the touched experts with the shared expert in it) | split "
+                            "(torch routing, the shared expert's own GEMMs); models/moe.py",
+                            MOE_KERNELS)
     simulate_accept_len: Optional[float] = knob(None, "simulated mean tokens per verify, bonus "
                                                 "incl. (target and draft still run)")
     simulate_accept_rates: Optional[tuple] = knob(None, "or simulated per-position acceptance "
@@ -155,6 +161,9 @@ class RunConfig(ZeroBubbleKnobs):
                                   " nodes the draft can propose (num_steps*topk+1).")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
+        if self.moe_kernels not in MOE_KERNELS:
+            raise ConfigError(f"moe_kernels={self.moe_kernels!r} is unknown; use one of "
+                              f"{MOE_KERNELS}.")
         if self.graph_granularity not in GRANULARITIES:
             raise ConfigError(f"graph_granularity={self.graph_granularity!r} is unknown; use "
                               f"one of {GRANULARITIES}.")

@@ -31,6 +31,7 @@ from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
+from .models.moe import set_moe_kernels
 from .models.reference import first_nonfinite, largest_weight
 from .models.weights import save_model
 from .progress import TokenProgress
@@ -94,6 +95,7 @@ class Engine:
         model, self.tokenizer = build_target(cfg.model, cfg.seed, dev, cfg.torch_dtype,
                                              cfg.moe_routing)
         self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
+        set_moe_kernels(self.model, cfg.moe_kernels)
         mc = self.model.config
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page

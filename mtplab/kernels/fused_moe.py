@@ -9,11 +9,21 @@ in its epilogue, a grouped down GEMM, and a weighted combine with the shared exp
                  act[slot] = round(round(silu(round(x[tok] @ Wgu[e, n]))) * round(x[tok] @
                  Wgu[e, I + n]))  -- gate and up tiles of one program, one pass over x
     down         program (block b, column tile n): y[slot] = round(act[slot] @ Wd[e, n])
-    combine      program (token t, column tile): out[t] = round(shared[t] + sum_j w[t,j] *
-                 y[t*k + j])   (fp32, j in order 0..k-1)
+    combine      program (token t, column tile): out[t] = round(shared + sum_j w[t,j] *
+                 y[t*k + j])   (fp32, j in order 0..k-1, then the shared term)
 
-    sorted   | e0 e0 e0 -- | e3 -- -- -- | e7 e7 e7 e7 | e7 -- -- -- | (-1 blocks) |
-    block    |     0       |     1       |     2       |     3       |   4 ...     |
+    sorted   | e0 e0 e0 -- | e3 -- -- -- | e7 e7 e7 e7 | e7 -- -- -- | (-1 blocks) | shared |
+    block    |     0       |     1       |     2       |     3       |   4 ...     | NB ... |
+
+Two ways in:
+    fused_moe   (split)    routing from torch (`route`, `align` here), the shared expert's
+                           output computed before (its own GEMMs): shared = that [T, H] tensor
+    moe_ffn     (grouped)  a `Routing` from the one routing kernel (kernels/moe_route.py) and
+                           the shared expert folded into the same two GEMM launches: after the
+                           NB routed blocks come ceil(T / BLOCK_M) shared blocks whose rows
+                           are the tokens (act / y rows N + t) and whose weights are the
+                           shared expert's own (width Is, not I);
+                           shared = gate[t] * y[N + t], gate = sigmoid(x . w_shared_gate)
 
 Each GEMM program owns one expert's tile: the expert's weights are read once per block that
 holds its tokens (an expert no token chose is never read), and a row's result depends on its
@@ -22,13 +32,14 @@ chosen by T), so the kernels are batch-invariant as deterministic mode needs. Ev
 fixed by T (the grid covers L / BLOCK_M blocks; unused blocks exit at once) and no length is
 read on the host: the whole FFN is CUDA-graph capturable.
 
-`fused_moe_ref` computes the same function in torch (the same alignment, one gathered bmm per
-block; its shapes are fixed by T as well, so it captures too): the CPU path, the engine's
-unfused mode and the kernels' test oracle. It gathers each used block's expert weights, so on
-a GPU at large batch it moves more bytes than the kernels.
+`fused_moe_ref` / `moe_ffn_ref` compute the same functions in torch (the same alignment, one
+gathered bmm per block; their shapes are fixed by T as well, so they capture too): the CPU
+path, the engine's unfused mode and the kernels' test oracles. They gather each used block's
+expert weights, so on a GPU at large batch they move more bytes than the kernels.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -93,32 +104,68 @@ def route(logits: torch.Tensor, top_k: int, dtype: torch.dtype, norm: bool = Tru
     return (w / w.sum(-1, keepdim=True) if norm else w).to(dtype), ids
 
 
-# -- torch reference ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Routing:
+    """One MoE layer's routing of T tokens (kernels/moe_route.py makes it): weights [T, k]
+    float32 and ids [T, k] int64 (best first), the shared expert's gate [T] float32 (None
+    without one), and the alignment of the T*k slots (`align`'s layout at `bm` rows a block):
+    sorted_ids [L] int32, block_expert [L / bm] int32."""
+    weights: torch.Tensor
+    ids: torch.Tensor
+    gate: Optional[torch.Tensor]
+    sorted_ids: torch.Tensor
+    block_expert: torch.Tensor
+
+
+# -- torch references -----------------------------------------------------------------------
+def _routed_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, k: int,
+                sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+    """y [T*k, H]: every slot's expert output (rounded to x's dtype), one bmm per block."""
+    T, H = x.shape
+    I = w_gate_up.shape[1] // 2
+    N = T * k
+    nb = block_expert.numel()
+    slots = sorted_ids.long().view(nb, -1)
+    valid = slots < N
+    tok = torch.where(valid, slots // k, 0)
+    e = block_expert.long().clamp(min=0)
+    gu = torch.bmm(x[tok], w_gate_up[e].transpose(1, 2))               # [nb, bm, 2I]
+    g, u = gu.split(I, dim=-1)
+    act = F.silu(g.float()).to(x.dtype) * u
+    y = torch.bmm(act, w_down[e].transpose(1, 2))                        # [nb, bm, H]
+    per_slot = torch.zeros(N + 1, H, dtype=x.dtype, device=x.device)
+    per_slot[torch.where(valid, slots, N).reshape(-1)] = y.reshape(-1, H)
+    return per_slot[:N]
+
+
 def fused_moe_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                   weights: torch.Tensor, ids: torch.Tensor,
                   shared: Optional[torch.Tensor]) -> torch.Tensor:
     """x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], weights/ids [T, k], shared [T, H]
     (the gated shared expert's output, or None) -> [T, H]; the module doc's arithmetic."""
     T, H = x.shape
-    E, I2, _ = w_gate_up.shape
     k = ids.shape[1]
-    N = T * k
-    bm = 4
-    sorted_ids, block_expert = align(ids, E, bm)
-    nb = block_expert.numel()
-    slots = sorted_ids.long().view(nb, bm)
-    valid = slots < N
-    tok = torch.where(valid, slots // k, 0)
-    e = block_expert.long().clamp(min=0)
-    gu = torch.bmm(x[tok], w_gate_up[e].transpose(1, 2))               # [nb, bm, 2I]
-    g, u = gu.split(I2 // 2, dim=-1)
-    act = F.silu(g.float()).to(x.dtype) * u
-    y = torch.bmm(act, w_down[e].transpose(1, 2))                        # [nb, bm, H]
-    per_slot = torch.zeros(N + 1, H, dtype=x.dtype, device=x.device)
-    per_slot[torch.where(valid, slots, N).reshape(-1)] = y.reshape(-1, H)
-    acc = (per_slot[:N].view(T, k, H).float() * weights[..., None].float()).sum(1)
+    y = _routed_ref(x, w_gate_up, w_down, k, *align(ids, w_gate_up.shape[0], 4))
+    acc = (y.view(T, k, H).float() * weights[..., None].float()).sum(1)
     if shared is not None:
         acc = acc + shared.float()
+    return acc.to(x.dtype)
+
+
+def moe_ffn_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                routing: Routing, shared_gate_up: Optional[torch.Tensor],
+                shared_down: Optional[torch.Tensor]) -> torch.Tensor:
+    """The grouped FFN (module doc): the routed experts as `fused_moe_ref` (the routing's
+    alignment), plus gate[t] * the shared expert's SwiGLU (shared_gate_up [2Is, H], gate rows
+    first; shared_down [H, Is]), each GEMM's output rounded to x's dtype."""
+    T, H = x.shape
+    k = routing.ids.shape[1]
+    y = _routed_ref(x, w_gate_up, w_down, k, routing.sorted_ids, routing.block_expert)
+    acc = (y.view(T, k, H).float() * routing.weights[..., None].float()).sum(1)
+    if shared_gate_up is not None:
+        g, u = (x @ shared_gate_up.T).split(shared_gate_up.shape[0] // 2, dim=-1)
+        ys = (F.silu(g.float()).to(x.dtype) * u) @ shared_down.T
+        acc = acc + routing.gate[:, None].float() * ys.float()
     return acc.to(x.dtype)
 
 
@@ -138,30 +185,24 @@ def _weight_tile(w_e, cols, stride_wn, k, n_ok, k_ok):
                    mask=n_ok[None, :] & k_ok[:, None], other=0.0)
 
 
-@triton.jit(do_not_specialize=["N"])
-def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we, stride_wn,
-                    stride_as, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + pid_m)
-    if e >= 0:
-        slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < N
-        tok = (slots // TOPK).to(tl.int64)
+@triton.jit
+def _gate_up_tile(X, Wg, Wu, A, tok, out_rows, valid, width, K, stride_xt, stride_wn,
+                  stride_as, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """act[out_rows, n tile] = silu(x[tok] @ Wg^T) * (x[tok] @ Wu^T) for the columns of
+    tile `pid_n` below `width` (a tile past it does nothing)."""
+    if pid_n * BLOCK_N < width:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = rn < I
+        n_ok = rn < width
         rk = tl.arange(0, BLOCK_K)
-        w_e = W + e.to(tl.int64) * stride_we
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
             k_ok = k < K
             x = _row_tile(X, tok, stride_xt, k, valid, k_ok)
-            wg = _weight_tile(w_e, rn, stride_wn, k, n_ok, k_ok)
-            wu = _weight_tile(w_e, I + rn, stride_wn, k, n_ok, k_ok)
+            wg = _weight_tile(Wg, rn, stride_wn, k, n_ok, k_ok)
+            wu = _weight_tile(Wu, rn, stride_wn, k, n_ok, k_ok)
             if UPCAST:
                 x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
             acc_g = tl.dot(x, wg, acc_g, input_precision=DOT_PREC)
@@ -169,41 +210,86 @@ def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we,
         g = acc_g.to(A.dtype.element_ty).to(tl.float32)
         u = acc_u.to(A.dtype.element_ty).to(tl.float32)
         s = (g / (1.0 + tl.exp(-g))).to(A.dtype.element_ty).to(tl.float32)
-        tl.store(A + slots[:, None].to(tl.int64) * stride_as + rn[None, :],
+        tl.store(A + out_rows[:, None] * stride_as + rn[None, :],
                  (s * u).to(A.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["N"])
-def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, stride_wn,
-                 stride_ys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "T", "NBR"])
+def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we, stride_wn,
+                    stride_as, T, NBR, WS, IS, stride_wsn,
+                    TOPK: tl.constexpr, SHARED: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """Blocks 0..NBR-1: the routed blocks of the alignment; from NBR on (SHARED): the
+    shared expert's blocks of BLOCK_M tokens, rows N + t."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + pid_m)
-    if e >= 0:
-        slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < N
-        rows = slots.to(tl.int64)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = rn < H
-        rk = tl.arange(0, BLOCK_K)
-        w_e = W + e.to(tl.int64) * stride_we
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + rk
-            k_ok = k < K
-            a = _row_tile(A, rows, stride_as, k, valid, k_ok)
-            w = _weight_tile(w_e, rn, stride_wn, k, n_ok, k_ok)
-            if UPCAST:
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
-        tl.store(Y + rows[:, None] * stride_ys + rn[None, :], acc.to(Y.dtype.element_ty),
-                 mask=valid[:, None] & n_ok[None, :])
+    if pid_m < NBR:
+        e = tl.load(BlockExpert + pid_m)
+        if e >= 0:
+            slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+            valid = slots < N
+            w_e = W + e.to(tl.int64) * stride_we
+            _gate_up_tile(X, w_e, w_e + I * stride_wn, A, (slots // TOPK).to(tl.int64),
+                          slots.to(tl.int64), valid, I, K, stride_xt, stride_wn, stride_as,
+                          pid_n, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC, UPCAST)
+    if SHARED:
+        if pid_m >= NBR:
+            tok = (pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)
+            valid = tok < T
+            tok = tok.to(tl.int64)
+            _gate_up_tile(X, WS, WS + IS * stride_wsn, A, tok, N + tok, valid, IS, K,
+                          stride_xt, stride_wsn, stride_as, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                          DOT_PREC, UPCAST)
 
 
 @triton.jit
-def _combine_kernel(Y, Wt, S, Out, H, stride_ys, stride_ot, stride_st,
-                    TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK: tl.constexpr):
+def _down_tile(A, W, Y, rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_n,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """y[rows, n tile] = act[rows, :K] @ W[n tile, :K]^T."""
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < H
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < K
+        a = _row_tile(A, rows, stride_as, k, valid, k_ok)
+        w = _weight_tile(W, rn, stride_wn, k, n_ok, k_ok)
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
+    tl.store(Y + rows[:, None] * stride_ys + rn[None, :], acc.to(Y.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["N", "T", "NBR"])
+def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, stride_wn,
+                 stride_ys, T, NBR, WS, IS, stride_wsn, SHARED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m < NBR:
+        e = tl.load(BlockExpert + pid_m)
+        if e >= 0:
+            slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+            _down_tile(A, W + e.to(tl.int64) * stride_we, Y, slots.to(tl.int64), slots < N,
+                       K, H, stride_as, stride_wn, stride_ys, pid_n, BLOCK_M, BLOCK_N,
+                       BLOCK_K, DOT_PREC, UPCAST)
+    if SHARED:
+        if pid_m >= NBR:
+            tok = (pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)
+            _down_tile(A, WS, Y, (N + tok).to(tl.int64), tok < T, IS, H, stride_as,
+                       stride_wsn, stride_ys, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC,
+                       UPCAST)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _combine_kernel(Y, Wt, S, G, Out, N, H, stride_ys, stride_ot, stride_st,
+                    TOPK: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr):
+    """SHARED 0: no shared expert; 1: + S[t] (its gated output); 2: + G[t] * Y[N + t]."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < H
@@ -212,19 +298,21 @@ def _combine_kernel(Y, Wt, S, Out, H, stride_ys, stride_ot, stride_st,
         w = tl.load(Wt + t * TOPK + j).to(tl.float32)
         y = tl.load(Y + (t * TOPK + j) * stride_ys + cols, mask=m, other=0.0).to(tl.float32)
         acc += w * y
-    if HAS_SHARED:
+    if SHARED == 1:
         acc += tl.load(S + t * stride_st + cols, mask=m, other=0.0).to(tl.float32)
+    if SHARED == 2:
+        g = tl.load(G + t)
+        acc += g * tl.load(Y + (N + t) * stride_ys + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(Out + t * stride_ot + cols, acc.to(Out.dtype.element_ty), mask=m)
 
 
-def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                     weights: torch.Tensor, ids: torch.Tensor,
-                     shared: Optional[torch.Tensor]) -> torch.Tensor:
-    """Triton version of `fused_moe_ref` (same arguments; weights' last dim contiguous)."""
+def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=None,
+            gate=None, shared_gate_up=None, shared_down=None) -> torch.Tensor:
+    """The three launches; `shared` (a [T, H] output, combine mode 1) or the shared expert's
+    weights and gate (folded in, mode 2) or neither."""
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
-    I, k = I2 // 2, ids.shape[1]
-    N = T * k
+    I, N = I2 // 2, T * k
     out = torch.empty_like(x)
     if T == 0:
         return out
@@ -232,23 +320,55 @@ def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
     bm = block_m(dev)
     cfg = _tiles(x.dtype, dev)
     x, weights = x.contiguous(), weights.contiguous()
-    sorted_ids, block_expert = align(ids, E, bm)
-    nb = block_expert.numel()
-    act = torch.empty(N, I, dtype=x.dtype, device=x.device)
-    y = torch.empty(N, H, dtype=x.dtype, device=x.device)
+    folded = shared_gate_up is not None
+    nbr = block_expert.numel()
+    Is = shared_gate_up.shape[0] // 2 if folded else 0
+    rows = N + (T if folded else 0)
+    act = torch.empty(rows, max(I, Is), dtype=x.dtype, device=x.device)
+    y = torch.empty(rows, H, dtype=x.dtype, device=x.device)
+    nbs = triton.cdiv(T, bm) if folded else 0
     bn = cfg["BLOCK_N"]
-    _gate_up_kernel[(nb, triton.cdiv(I, bn))](
+    sgu = shared_gate_up if folded else w_gate_up
+    sd = shared_down if folded else w_down
+    _gate_up_kernel[(nbr + nbs, triton.cdiv(max(I, Is), bn))](
         x, w_gate_up, act, sorted_ids, block_expert, N, H, I, x.stride(0),
-        w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), TOPK=k, BLOCK_M=bm, **cfg)
-    _down_kernel[(nb, triton.cdiv(H, bn))](
+        w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), T, nbr, sgu, Is,
+        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, **cfg)
+    _down_kernel[(nbr + nbs, triton.cdiv(H, bn))](
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
-        w_down.stride(1), y.stride(0), BLOCK_M=bm, **cfg)
+        w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), SHARED=folded,
+        BLOCK_M=bm, **cfg)
     s = shared.contiguous() if shared is not None else x
+    g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))
     _combine_kernel[(T, triton.cdiv(H, block))](
-        y, weights, s, out, H, y.stride(0), out.stride(0), s.stride(0), TOPK=k,
-        HAS_SHARED=shared is not None, BLOCK=block)
+        y, weights, s, g, out, N, H, y.stride(0), out.stride(0), s.stride(0), TOPK=k,
+        SHARED=2 if folded else 1 if shared is not None else 0, BLOCK=block)
     return out
+
+
+def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                     weights: torch.Tensor, ids: torch.Tensor,
+                     shared: Optional[torch.Tensor]) -> torch.Tensor:
+    """Triton version of `fused_moe_ref` (same arguments; weights' last dim contiguous)."""
+    sorted_ids, block_expert = align(ids, w_gate_up.shape[0], block_m(x.device.type))
+    return _launch(x, w_gate_up, w_down, weights, ids.shape[1], sorted_ids, block_expert,
+                   shared=shared)
+
+
+def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                   routing: Routing, shared_gate_up: Optional[torch.Tensor],
+                   shared_down: Optional[torch.Tensor]) -> torch.Tensor:
+    """Triton version of `moe_ffn_ref`: the routing's alignment must have `block_m` rows a
+    block on x's device (kernels/moe_route.py makes it so); weights' last dims contiguous."""
+    bm = block_m(x.device.type)
+    if routing.sorted_ids.numel() != routing.block_expert.numel() * bm:
+        raise ValueError(f"moe_ffn_triton: the routing's alignment has "
+                         f"{routing.sorted_ids.numel() // max(1, routing.block_expert.numel())}"
+                         f" rows a block, the kernels {bm}; route with bm={bm}.")
+    return _launch(x, w_gate_up, w_down, routing.weights, routing.ids.shape[1],
+                   routing.sorted_ids, routing.block_expert, gate=routing.gate,
+                   shared_gate_up=shared_gate_up, shared_down=shared_down)
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -265,6 +385,17 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     if reference:
         return fused_moe_ref(*args)
     return dispatch("fused_moe", fused_moe_triton, fused_moe_ref, *args)
+
+
+def moe_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing: Routing,
+            shared_gate_up: Optional[torch.Tensor] = None,
+            shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The grouped FFN: the kernels in deterministic mode (any device) and on CUDA, the
+    reference elsewhere or inside `references()` (as `fused_moe`)."""
+    args = (x, w_gate_up, w_down, routing, shared_gate_up, shared_down)
+    if batch_invariant.is_active():
+        return moe_ffn_triton(*args)
+    return dispatch("moe_ffn", moe_ffn_triton, moe_ffn_ref, *args)
 
 
 def experts_touched(ids: torch.Tensor, num_experts: int) -> torch.Tensor:

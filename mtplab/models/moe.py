@@ -11,10 +11,19 @@ checkpoint without sliding layers or a router bias loads in transformers'
              -> routed + shared
 
 The unfused path computes it with the torch reference (kernels/fused_moe.py
-`fused_moe_ref`); the fused path with the Triton kernels (tokens sorted by expert, grouped
-gate/up GEMM with SiLU * up fused, grouped down GEMM, weighted combine with the shared
-output) on CUDA, the reference elsewhere; deterministic mode runs the kernels on both paths. Both have shapes fixed by T and read nothing on the
-host: a verify or decode step with MoE layers captures into a CUDA graph.
+`fused_moe_ref`). The fused path has two sets of kernels (`set_moe_kernels`, the run's
+`moe_kernels`), both CUDA-graph capturable (shapes fixed by T, nothing read on the host):
+
+    grouped  4 launches: the router, softmax, top-k, the shared expert's gate and the
+             alignment of the slots in one kernel (kernels/moe_route.py); one grouped
+             gate/up GEMM and one grouped down GEMM over the touched experts' blocks and the
+             shared expert's; the weighted combine (kernels/fused_moe.py `moe_ffn`)
+    split    the router GEMM, softmax / top-k and the alignment in torch ops, the shared
+             expert's own GEMMs, then the three routed-expert kernels (`fused_moe`)
+
+On CUDA the kernels run; elsewhere their torch references (deterministic mode runs the
+kernels on both model paths). The two sets differ in rounding only: grouped keeps the router
+logits and routing weights in fp32 and gates the shared expert's output in the combine.
 
 `record_experts(model)` makes every forward count the distinct experts its tokens touched,
 per layer, into a device tensor (`touched`, summed over forwards): the `moe` figures read it
@@ -27,7 +36,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..kernels.fused_moe import experts_touched, fused_moe, route
+from ..kernels.fused_moe import block_m, experts_touched, fused_moe, moe_ffn, route
+from ..kernels.moe_route import counts_len, route_align
 from .mlp import MLP
 from .llama_config import LlamaConfig
 
@@ -41,7 +51,12 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, H, I))
 
 
+MOE_KERNELS = ("grouped", "split")     # the fused path's kernel sets (RunConfig.moe_kernels)
+
+
 class MoEFFN(nn.Module):
+    kernels = "grouped"           # the fused path's kernels (module doc; set_moe_kernels)
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         H, E = cfg.hidden_size, cfg.num_experts
@@ -53,6 +68,7 @@ class MoEFFN(nn.Module):
         self.shared_expert = MLP(H, Is) if Is else None
         self.shared_expert_gate = nn.Linear(H, 1, bias=False) if Is else None
         self.touched: Optional[torch.Tensor] = None      # record_experts: [] device count
+        self._counts: Optional[torch.Tensor] = None      # the routing kernel's counters
 
     def _route(self, h: torch.Tensor):
         w, ids = route(self.gate(h), self.top_k, h.dtype, self.norm_topk)
@@ -76,10 +92,31 @@ class MoEFFN(nn.Module):
             self.shared_expert.fuse()
 
     def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
-        w, ids = self._route(h)
-        shared = self._shared(h, None if self.shared_expert is None
-                              else self.shared_expert.forward_fused(h))
-        return fused_moe(h, self.experts.gate_up_proj, self.experts.down_proj, w, ids, shared)
+        if self.kernels == "split":
+            w, ids = self._route(h)
+            shared = self._shared(h, None if self.shared_expert is None
+                                  else self.shared_expert.forward_fused(h))
+            return fused_moe(h, self.experts.gate_up_proj, self.experts.down_proj, w, ids,
+                             shared)
+        sg = self.shared_expert_gate
+        r = route_align(h, self.gate.weight, self.gate.bias, None if sg is None else sg.weight,
+                        self.top_k, self.norm_topk, block_m(h.device.type),
+                        self.route_counts(h))
+        if self.touched is not None:
+            self.touched += experts_touched(r.ids, self.num_experts)
+        se = self.shared_expert
+        return moe_ffn(h, self.experts.gate_up_proj, self.experts.down_proj, r,
+                       None if se is None else se.gate_up_weight,
+                       None if se is None else se.down_proj.weight)
+
+    def route_counts(self, h: torch.Tensor) -> torch.Tensor:
+        """The routing kernel's counters on h's device, enough for h's T (made on first use
+        or when a longer batch comes; the kernel leaves them zero)."""
+        need = counts_len(h.shape[0], h.device.type)
+        c = self._counts
+        if c is None or c.device != h.device or c.numel() < need:
+            c = self._counts = torch.zeros(max(need, 257), dtype=torch.int32, device=h.device)
+        return c
 
 
 def moe_layers(model: nn.Module) -> list[MoEFFN]:
@@ -97,3 +134,11 @@ def touched_per_layer(model: nn.Module) -> list[int]:
     """The counts since `record_experts(model)`, one per MoE layer (one host read)."""
     ts = [m.touched for m in moe_layers(model)]
     return torch.stack(ts).tolist() if ts and ts[0] is not None else []
+
+
+def set_moe_kernels(model: nn.Module, kernels: str) -> None:
+    """The fused path's MoE kernels of every MoE layer: "grouped" or "split" (module doc)."""
+    if kernels not in MOE_KERNELS:
+        raise ValueError(f"moe_kernels={kernels!r} is unknown; use one of {MOE_KERNELS}.")
+    for m in moe_layers(model):
+        m.kernels = kernels

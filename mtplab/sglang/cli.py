@@ -54,9 +54,9 @@ SERVER_KNOBS = {"model": "model_path", "device": "device", "attention_backend": 
                 "context_len": "context_len", "max_total_tokens": "max_total_tokens"}
 # Where the run folder goes and what is profiled: the launch's, not the RunConfig's.
 RUN_KNOBS = ("trace_dir", "run_name", "profile", "profile_active")
-NO_EQUIVALENT = ("layers", "fused", "profile_wait", "profile_warmup", "event_timeline",
-                 "event_timeline_every", "bubble_meter", "debug_invariants", "debug_future_map",
-                 "debug_syncs")
+NO_EQUIVALENT = ("layers", "fused", "moe_kernels", "profile_wait", "profile_warmup",
+                 "event_timeline", "event_timeline_every", "bubble_meter", "debug_invariants",
+                 "debug_future_map", "debug_syncs")
 AUTO = {"device": "cuda", "attention_backend": "triton"}      # 'auto' on an SGLang server
 # Launch-only flags -> the ServerSpec field or message word they stand for (errors name these).
 LAUNCH_FLAGS = {"draft_model_path": "--draft-model", "version": "--sglang-version",

@@ -1,7 +1,9 @@
-"""The MoE FFN on CUDA: the compiled kernels against the torch reference at the Gemma-4
-26B-A4B widths (bf16), batch invariance of the compiled kernels, and on random-tiny-moe
-(agreeable drafts) deterministic bf16 greedy spec == target-only with CUDA graphs, overlap and
-zero_bubble, at bs 8; the full-width preset decodes inside CUDA graphs."""
+"""The MoE FFN on CUDA: the compiled kernels (split, and the grouped set: the one routing
+kernel and the grouped GEMMs with the shared expert) against the torch references at the
+Gemma-4 26B-A4B widths (bf16), batch invariance and CUDA-graph capture of the compiled
+kernels, and on random-tiny-moe (agreeable drafts) deterministic bf16 greedy spec ==
+target-only with CUDA graphs, overlap and zero_bubble, at bs 8, with either kernel set; the
+full-width preset decodes inside CUDA graphs."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import moe_route as mr
 from tests.helpers import make_agreeable, random_prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -47,19 +50,88 @@ def test_compiled_kernels_are_batch_invariant_and_capturable():
     torch.testing.assert_close(out, fm.fused_moe_triton(*fresh), atol=0, rtol=0)
 
 
+def grouped_case(T, E=128, k=8, H=2816, I=704, Is=2112, seed=0):
+    """(x, router, shared gate, w_gate_up, w_down, shared gate_up, shared down), bf16."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s, fan: (torch.randn(*s, generator=g, device="cuda")       # noqa: E731
+                         / fan ** 0.5).to(torch.bfloat16)
+    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * I, H, fan=H),
+            r(E, H, I, fan=I), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
+
+
+def route(x, wr, wg, T):
+    counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
+    r = mr.route_align_triton(x, wr, None, wg, 8, True, fm.block_m("cuda"), counts)
+    assert not counts.any()
+    return r
+
+
+@pytest.mark.parametrize("T", [1, 8, 33, 256, 600])
+def test_routing_kernel_matches_the_reference_at_gemma_widths(T):
+    """600 tokens: 4800 slots, above ALIGN_MAX_SLOTS (torch aligns)."""
+    x, wr, wg, *_ = grouped_case(T, seed=T)
+    got = route(x, wr, wg, T)
+    want = mr.route_align_ref(x, wr, None, wg, 8, True, fm.block_m("cuda"))
+    logits = x.float() @ wr.float().T
+    top = logits.sort(-1, descending=True).values
+    clear = (top[:, :8] - top[:, 1:9]).min(-1).values > 1e-4       # no near-tie in the top 9
+    assert clear.float().mean() > 0.9
+    assert torch.equal(got.ids[clear], want.ids[clear])
+    torch.testing.assert_close(got.weights[clear], want.weights[clear], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.gate, want.gate, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fm.align(got.ids, 128, fm.block_m("cuda"))[0], got.sorted_ids)
+    assert torch.equal(fm.align(got.ids, 128, fm.block_m("cuda"))[1], got.block_expert)
+
+
+@pytest.mark.parametrize("T", [1, 8, 33, 256])
+def test_grouped_ffn_matches_the_reference_at_gemma_widths(T):
+    x, wr, wg, wgu, wd, sgu, sd = grouped_case(T, seed=T + 1)
+    r = route(x, wr, wg, T)
+    torch.testing.assert_close(fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd),
+                               fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), atol=3e-2, rtol=3e-2)
+
+
+def test_grouped_set_is_batch_invariant_and_capturable():
+    x, wr, wg, wgu, wd, sgu, sd = grouped_case(24, seed=5)
+
+    def layer(h):
+        return fm.moe_ffn_triton(h, wgu, wd, route(h, wr, wg, h.shape[0]), sgu, sd)
+
+    full = layer(x)
+    assert torch.equal(layer(x[3:4]), full[3:4])
+    static = x.clone()
+    counts = torch.zeros(mr.counts_len(24), dtype=torch.int32, device="cuda")
+
+    def captured(h):
+        r = mr.route_align_triton(h, wr, None, wg, 8, True, fm.block_m("cuda"), counts)
+        return fm.moe_ffn_triton(h, wgu, wd, r, sgu, sd)
+
+    captured(static)                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = captured(static)
+    for seed in (9, 10):                               # replays reuse the counters
+        fresh = grouped_case(24, seed=seed)[0]
+        static.copy_(fresh)
+        graph.replay()
+        torch.testing.assert_close(out, layer(fresh), atol=0, rtol=0)
+    assert not counts.any()
+
+
 SPEC = [dict(draft="frozen_kv_mtp", topk=2, fold_seed=True, overlap=True, zero_bubble=True),
         dict(draft="eagle", overlap=True, zero_bubble=True),
         dict(draft="gemma4_assistant", topk=2, fold_seed=True, overlap=True, zero_bubble=True)]
 
 
+@pytest.mark.parametrize("kernels", ["grouped", "split"])
 @pytest.mark.parametrize("kw", SPEC, ids=["frozen-topk2", "eagle", "gemma4-topk2"])
-def test_deterministic_bf16_spec_equals_target_only_on_the_moe_target(kw):
+def test_deterministic_bf16_spec_equals_target_only_on_the_moe_target(kw, kernels):
     prompts = random_prompts(8, [5, 9, 3, 12, 7, 20, 4, 15], 320, seed=3)
 
     def run(**extra):
         eng = Engine(RunConfig(model="random-tiny-moe", device="cuda", dtype="bfloat16",
                                deterministic=True, max_running_requests=8, context_len=256,
-                               **extra))
+                               moe_kernels=kernels, **extra))
         make_agreeable(eng)
         out = eng.generate(prompts, 48, ignore_eos=True)
         eng.check_invariants()

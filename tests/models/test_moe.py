@@ -1,8 +1,10 @@
 """The MoE FFN (models/moe.py, kernels/fused_moe.py): the alignment, the Triton kernels against
 the torch reference (CPU: TRITON_INTERPRET=1, see conftest.py) and the reference against a
-plain per-token loop of Qwen2-MoE's formula, batch invariance, the checkpoint in transformers'
-Qwen2MoeForCausalLM, lossless speculative decoding on an MoE target with each draft kind (fp32; deterministic
-mode), the routing skew knob, the parameter count and the floor of touched experts."""
+plain per-token loop of Qwen2-MoE's formula, for both kernel sets (split, and grouped with the
+shared expert folded in), batch invariance, the checkpoint in transformers'
+Qwen2MoeForCausalLM, lossless speculative decoding on an MoE target with each draft kind and
+either kernel set (fp32; deterministic mode), the routing skew knob, the parameter count and
+the floor of touched experts."""
 from __future__ import annotations
 
 import json
@@ -14,10 +16,11 @@ import torch.nn.functional as F
 from mtplab import Engine, RunConfig
 from mtplab.config import ConfigError
 from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import moe_route as mr
 from mtplab.models import zoo
 from mtplab.models.floor import expected_experts, layer_weight_params, step_bytes
 from mtplab.models.memory import target_params
-from mtplab.models.moe import record_experts, touched_per_layer
+from mtplab.models.moe import MOE_KERNELS, record_experts, set_moe_kernels, touched_per_layer
 from tests.helpers import make_agreeable, random_prompts
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
@@ -94,6 +97,87 @@ def test_triton_rows_are_batch_invariant():
     for i in (0, 4, 6):
         s = slice(i, i + 1)
         assert torch.equal(fm.fused_moe_triton(x[s], wgu, wd, w[s], ids[s], sh[s]), full[s])
+
+
+def grouped_case(T, E, k, H, I, Is, dtype=torch.float32, seed=0, bm=4):
+    """(x, w_gate_up, w_down, routing, shared_gate_up [2Is, H], shared_down [H, Is])."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)                        # noqa: E731
+    x = r(T, H).to(dtype)
+    wgu = (r(E, 2 * I, H) / H ** 0.5).to(dtype)
+    wd = (r(E, H, I) / I ** 0.5).to(dtype)
+    wr = (r(E, H) / H ** 0.5).to(dtype)
+    wg = (r(1, H) / H ** 0.5).to(dtype) if Is else None
+    routing = mr.route_align_ref(x, wr, None, wg, k, True, bm)
+    sgu = (r(2 * Is, H) / H ** 0.5).to(dtype) if Is else None
+    sd = (r(H, Is) / Is ** 0.5).to(dtype) if Is else None
+    return x, wgu, wd, routing, sgu, sd
+
+
+GROUPED = [(1, 8, 2, 32, 16, 48), (6, 16, 4, 64, 48, 40), (9, 5, 3, 40, 24, 0),
+           (5, 6, 2, 36, 72, 24)]
+
+
+@pytest.mark.parametrize("T,E,k,H,I,Is", GROUPED)
+def test_grouped_reference_is_the_per_token_formula(T, E, k, H, I, Is):
+    x, wgu, wd, r, sgu, sd = grouped_case(T, E, k, H, I, Is, seed=T)
+    want = loop_reference(x, wgu, wd, r.weights, r.ids, None)
+    if Is:
+        g, u = (x @ sgu.T).split(Is, dim=-1)
+        want += r.gate[:, None] * ((F.silu(g) * u) @ sd.T)
+    torch.testing.assert_close(fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), want,
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,E,k,H,I,Is", GROUPED)
+def test_grouped_kernels_match_the_reference(dtype, T, E, k, H, I, Is):
+    """Shared widths above, below and between the routed width and the column tile."""
+    args = grouped_case(T, E, k, H, I, Is, dtype=dtype, seed=T + 1)
+    got = fm.moe_ffn_triton(*args)
+    assert got.dtype == dtype and got.shape == (T, H)
+    torch.testing.assert_close(got, fm.moe_ffn_ref(*args), **TOL[dtype])
+
+
+def test_grouped_kernels_refuse_another_block_size():
+    args = grouped_case(3, 8, 2, 32, 16, 16, bm=16)
+    with pytest.raises(ValueError, match="route with bm=4"):
+        fm.moe_ffn_triton(*args)
+
+
+def test_grouped_rows_are_batch_invariant():
+    x, wgu, wd, r, sgu, sd = grouped_case(7, 6, 2, 32, 16, 40, dtype=torch.bfloat16, seed=3)
+    full = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd)
+    for i in (0, 4, 6):
+        s = slice(i, i + 1)
+        one = fm.Routing(r.weights[s], r.ids[s], r.gate[s], *fm.align(r.ids[s], 6, 4))
+        assert torch.equal(fm.moe_ffn_triton(x[s], wgu, wd, one, sgu, sd), full[s])
+
+
+def test_kernel_sets_knob():
+    from mtplab.config import MOE_KERNELS as CONFIG_KERNELS
+    assert CONFIG_KERNELS == MOE_KERNELS
+    with pytest.raises(ConfigError, match="moe_kernels='fast' is unknown"):
+        RunConfig(model="random-tiny-moe", moe_kernels="fast")
+    model, _ = zoo.build_target("random-tiny-moe", 0)
+    with pytest.raises(ValueError, match="is unknown"):
+        set_moe_kernels(model, "fast")
+    set_moe_kernels(model, "split")
+    assert {m.mlp.kernels for m in model.model.layers} == {"split"}
+
+
+def test_grouped_and_split_decode_the_same_tokens_in_fp32():
+    """The two kernel sets are one function up to fp32 summation order (their references on
+    the CPU's fused path); both differ from the unfused path only there too."""
+    prompts = random_prompts(4, [5, 9, 3, 12], 320, seed=4)
+    outs = {}
+    for name, kw in (("grouped", dict(fused=True)), ("split", dict(fused=True,
+                                                                    moe_kernels="split")),
+                     ("unfused", dict(fused=False))):
+        eng = Engine(RunConfig(model="random-tiny-moe", max_running_requests=4, **kw))
+        outs[name] = eng.generate(prompts, 10, ignore_eos=True)
+        eng.check_invariants()
+    assert outs["grouped"] == outs["split"] == outs["unfused"]
 
 
 def test_moe_layers_and_parameter_count():
@@ -173,6 +257,7 @@ def test_floor_counts_the_touched_experts():
 SPEC = [dict(draft="frozen_kv_mtp"), dict(draft="frozen_kv_mtp", topk=2, fold_seed=True),
         dict(draft="eagle", topk=2, num_draft_tokens=4, page_size=4, overlap=True),
         dict(draft="frozen_kv_mtp", fused=True, overlap=True, zero_bubble=True),
+        dict(draft="frozen_kv_mtp", fused=True, moe_kernels="split", overlap=True),
         dict(draft="gemma4_assistant", topk=2, fold_seed=True, overlap=True)]
 
 
@@ -195,12 +280,20 @@ def test_spec_equals_target_only_on_the_moe_target(kw):
 @pytest.mark.slow
 def test_deterministic_spec_equals_target_only_on_the_moe_target():
     """Deterministic mode runs the MoE Triton kernels on both model paths (the interpreter on
-    CPU): spec == target-only and a request alone == in a batch. In fp32 here: under the
-    interpreter the attention kernels mis-compute bfloat16 (Triton 3.9's tl.dot), so the bf16
-    claim is tested on the GPU (tests/gpu/test_moe_gpu.py)."""
+    CPU): spec == target-only with the split kernels (unfused path; a request alone == in a
+    batch) and the grouped ones (fused path; their rows' batch invariance is tested on the
+    kernels above). In fp32 here: under the interpreter the attention kernels mis-compute
+    bfloat16 (Triton 3.9's tl.dot), so the bf16 claim is tested on the GPU
+    (tests/gpu/test_moe_gpu.py)."""
     prompts = random_prompts(3, [2, 5, 3], 320, seed=7)
-    calls = []
-    real = fm.fused_moe_triton
+    calls = {"split": 0, "route": 0, "grouped": 0}
+    real = fm.fused_moe_triton, mr.route_align_triton, fm.moe_ffn_triton
+
+    def counted(name, fn):
+        def wrapped(*a):
+            calls[name] += 1
+            return fn(*a)
+        return wrapped
 
     def run(ps, **kw):
         eng = Engine(RunConfig(model="random-tiny-moe", context_len=64, max_running_requests=4,
@@ -210,14 +303,21 @@ def test_deterministic_spec_equals_target_only_on_the_moe_target():
         eng.check_invariants()
         return eng, out
 
-    fm.fused_moe_triton = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+    fm.fused_moe_triton = counted("split", real[0])
+    mr.route_align_triton = counted("route", real[1])
+    fm.moe_ffn_triton = counted("grouped", real[2])
     try:
         _, want = run(prompts)
         _, alone = run(prompts[1:2])
         eng, got = run(prompts, draft="frozen_kv_mtp", topk=2)
         g4, got_g4 = run(prompts, draft="gemma4_assistant")
+        assert calls["split"] and not calls["grouped"]
+        _, fused_want = run(prompts, fused=True)
+        fused, fused_got = run(prompts, draft="frozen_kv_mtp", topk=2, fused=True)
     finally:
-        fm.fused_moe_triton = real
-    assert calls and alone == want[1:2]
+        fm.fused_moe_triton, mr.route_align_triton, fm.moe_ffn_triton = real
+    assert calls["route"] == calls["grouped"] > 0
+    assert alone == want[1:2]
     assert got == want and eng.stats()["accept_len"] > 1.0
     assert got_g4 == want and g4.stats()["accept_len"] > 1.0
+    assert fused_got == fused_want and fused.stats()["accept_len"] > 1.0

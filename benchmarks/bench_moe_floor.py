@@ -1,0 +1,466 @@
+"""An MoE decode step against its floor: the split and the grouped MoE kernels (RunConfig
+`moe_kernels`, models/moe.py) side by side in one process on one GPU, with kernels per
+layer and where each microsecond goes; writes a dated Markdown report.
+
+    PYTHONUNBUFFERED=1 python -m benchmarks.bench_moe_floor --out-dir DIR [--layers 30]
+        [--batches 1 8 32] [--repeats 3] [--tokens 48] [--budget-s 400]
+
+Phases, in this order, each in its own try (a failing phase prints ERROR with its traceback
+and the others still run), each printed as it is measured:
+  bandwidth  device-to-device copy, bytes read + written / time, 3 measurements (the floor's
+             bandwidth: their median; their spread is reported)
+  check      the grouped set at the Gemma-4 26B-A4B widths (bf16) against its torch
+             references: routing ids (where the top 9 logits have no near-tie), weights and
+             gate; the alignment against torch's `align` of the same ids; the FFN output; the
+             counters left zero; a CUDA-graph replay == eager
+  ffn        one MoE layer's FFN at T = 1 / 8 / 32 tokens, split vs grouped: device µs per
+             call (the call captured 20x in a CUDA graph, median of replays) and kernels per
+             call (one captured call, torch.profiler)
+  decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
+             bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
+             engines built (together when the memory holds both, else one after the other)
+             and the arms interleaved over repeats; noise = max/min - 1 over the repeats
+  floor      the bytes one step reads (models/floor.py step_bytes: every parameter once, the
+             tied embedding as the LM head, per MoE layer the experts touched by bs random
+             tokens, counted on one eager forward; the KV in context) / the bandwidth ->
+             floor / step per arm and bs
+  kernels    one bs-1 decode forward per arm captured in a CUDA graph and traced: GPU
+             activities per step, per decoder layer ((k(L) - k(L - 6)) / 6: one 5:1
+             sliding:full period), the per-layer kernel table (count and µs per layer by
+             kernel) and the whole step's (where each microsecond goes), the replay's wall
+             time against the summed kernel time (the gaps)
+  report     DIR/moe_floor_<date>_<device>.md: date, device, commit, command, every figure
+
+Drives engines directly (as bench_moe does): it reads model internals (routers, the target
+worker's decode function) that a sweep row does not carry.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
+from benchmarks.report import graph_us
+from mtplab import Engine, RunConfig
+from mtplab.atomic import atomic_write_text
+from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import moe_route as mr
+from mtplab.models.floor import expected_experts, step_bytes
+from mtplab.models.moe import MOE_KERNELS, record_experts, touched_per_layer
+from mtplab.nogc import gc_paused
+from mtplab.provenance import git_commit
+
+MOE = "gemma4-26b-a4b-like"
+PROMPT = 64
+PERIOD = 6                      # Gemma's 5:1 sliding:full pattern: one period of layers
+
+
+class Log:
+    """Figures as (section, text) lines, printed as they come, and the report's body."""
+
+    def __init__(self, budget_s: float):
+        self.lines: list[tuple[str, str]] = []
+        self.deadline = time.perf_counter() + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def add(self, section: str, text: str) -> None:
+        self.lines.append((section, text))
+        print(f"[{section}] {text}", flush=True)
+
+    def phase(self, name: str, fn, *args, reserve_s: float = 20.0):
+        """fn(*args) under a try: an exception is logged with its traceback, never raised."""
+        if self.left() < reserve_s:
+            self.add(name, f"SKIPPED (time box: {self.left():.0f} s left)")
+            return None
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+            self.add(name, f"done in {time.perf_counter() - t0:.1f} s")
+            return out
+        except Exception as e:            # one phase failing must not hide the others
+            self.add(name, f"ERROR {type(e).__name__}: {e}")
+            traceback.print_exc()
+            gc.collect()
+            torch.cuda.empty_cache()
+            return None
+
+
+def spread(xs) -> float:
+    return max(xs) / min(xs) - 1 if xs and min(xs) > 0 else float("nan")
+
+
+# -- bandwidth -------------------------------------------------------------------------------
+def phase_bandwidth(log: Log) -> float:
+    bws = [copy_bandwidth() for _ in range(3)]
+    bw = statistics.median(bws)
+    log.add("bandwidth", f"copy bandwidth {bw / 1e12:.3f} TB/s (3 runs, spread "
+            f"{spread(bws):.1%})")
+    return bw
+
+
+# -- check ------------------------------------------------------------------------------------
+def gemma_case(T: int, seed: int):
+    c = zoo_config(1)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s, fan: (torch.randn(*s, generator=g, device="cuda")       # noqa: E731
+                         / fan ** 0.5).to(torch.bfloat16)
+    H, E, I, Is = (c.hidden_size, c.num_experts, c.moe_intermediate_size,
+                   c.shared_expert_intermediate_size)
+    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * I, H, fan=H),
+            r(E, H, I, fan=I), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
+
+
+def zoo_config(layers: int):
+    from mtplab.models.zoo import model_config
+    return model_config(f"{MOE}@{layers}")
+
+
+def phase_check(log: Log) -> None:
+    k, bm = zoo_config(1).num_experts_per_tok, fm.block_m("cuda")
+    for T in (1, 8, 32, 256, 600):
+        x, wr, wg, wgu, wd, sgu, sd = gemma_case(T, T)
+        counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
+        got = mr.route_align_triton(x, wr, None, wg, k, True, bm, counts)
+        want = mr.route_align_ref(x, wr, None, wg, k, True, bm)
+        top = (x.float() @ wr.float().T).sort(-1, descending=True).values
+        clear = (top[:, :k] - top[:, 1:k + 1]).min(-1).values > 1e-4
+        same_ids = torch.equal(got.ids[clear], want.ids[clear])
+        dw = (got.weights[clear] - want.weights[clear]).abs().max().item()
+        dg = (got.gate - want.gate).abs().max().item()
+        s, be = fm.align(got.ids, wr.shape[0], bm)
+        aligned = torch.equal(s, got.sorted_ids) and torch.equal(be, got.block_expert)
+        out = fm.moe_ffn_triton(x, wgu, wd, got, sgu, sd)
+        ref = fm.moe_ffn_ref(x, wgu, wd, got, sgu, sd)
+        err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        ok = same_ids and dw < 1e-5 and dg < 1e-5 and aligned and err < 2e-2 \
+            and not counts.any()
+        log.add("check", f"T={T}: {'OK' if ok else 'FAIL'} (ids equal on {int(clear.sum())}"
+                f"/{T} clear rows: {same_ids}; max |dw| {dw:.1e}; max |dgate| {dg:.1e}; "
+                f"alignment == torch align: {aligned}; FFN max err / max |ref| {err:.1e}; "
+                f"counters zero: {not counts.any()})")
+    x, wr, wg, wgu, wd, sgu, sd = gemma_case(24, 5)
+    counts = torch.zeros(mr.counts_len(24), dtype=torch.int32, device="cuda")
+
+    def layer(h):
+        r = mr.route_align_triton(h, wr, None, wg, k, True, bm, counts)
+        return fm.moe_ffn_triton(h, wgu, wd, r, sgu, sd)
+
+    full = layer(x)
+    invariant = torch.equal(layer(x[3:4]), full[3:4])
+    static = x.clone()
+    layer(static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static)
+    same = True
+    for seed in (9, 10):
+        fresh = gemma_case(24, seed)[0]
+        static.copy_(fresh)
+        graph.replay()
+        same &= torch.equal(out, layer(fresh))
+    log.add("check", f"batch-invariant row: {invariant}; graph replays == eager: {same}; "
+            f"counters zero after: {not counts.any()}")
+
+
+# -- ffn ---------------------------------------------------------------------------------------
+def graph_trace(fn) -> tuple[int, dict, list, float]:
+    """fn captured once in a CUDA graph: (GPU activities of one replay, {name: (count, µs)},
+    names in launch order, replay wall µs = median of 20 replays between CUDA events)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with gc_paused(), torch.no_grad(), torch.cuda.graph(g):
+        fn()
+    n, names, order = gpu_activities(g.replay)
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(1e3 * s.elapsed_time(e))
+    del g
+    return n, names, order, statistics.median(times)
+
+
+def moe_layer():
+    """One gemma4-26b-a4b-like MoE FFN on the device (bf16, random weights, fused)."""
+    from mtplab.models.moe import MoEFFN
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = MoEFFN(zoo_config(1))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, p.shape[-1] ** -0.5)
+    m = m.to(torch.bfloat16)
+    m.fuse()
+    return m
+
+
+def ffn_rows(log: Log, m) -> None:
+    H = m.gate.weight.shape[1]
+    for T in (1, 8, 32):
+        h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        row = {}
+        for kernels in MOE_KERNELS:
+            m.kernels = kernels
+            with torch.no_grad():
+                us = graph_us(lambda: m.forward_fused(h))
+            n, _, _, _ = graph_trace(lambda: m.forward_fused(h))
+            row[kernels] = (us, n)
+        (gu, gn), (su, sn) = row["grouped"], row["split"]
+        log.add("ffn", f"one MoE FFN, T={T}: split {su:.1f} µs in {sn} kernels, grouped "
+                f"{gu:.1f} µs in {gn} kernels -> split / grouped {su / gu:.2f}x")
+
+
+def phase_ffn(log: Log) -> None:
+    ffn_rows(log, moe_layer())
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+# -- decode, floor, kernels ------------------------------------------------------------------
+def build(kernels: str, layers: int, max_bs: int) -> Engine:
+    return Engine(RunConfig(model=MOE, layers=layers, device="cuda", dtype="bfloat16",
+                            page_size=16, context_len=512, max_running_requests=max_bs,
+                            cuda_graph_max_bs=max_bs, overlap=True, zero_bubble=True,
+                            fused=True, moe_kernels=kernels))
+
+
+def step_p50(eng: Engine, bs: int, tokens: int, seed: int) -> float:
+    V = eng.model.config.vocab_size
+    eng.generate(prompts(V, bs, PROMPT, seed=100 + seed), max_new_tokens=8, ignore_eos=True)
+    eng.generate(prompts(V, bs, PROMPT, seed=seed), max_new_tokens=tokens, ignore_eos=True)
+    eng.check_invariants()
+    return eng.stats()["decode_step_p50_ms"]
+
+
+def experts_touched(eng: Engine, bs: int) -> float:
+    """Mean distinct experts per MoE layer of one eager decode forward of bs random tokens."""
+    dev = eng.device.torch_device
+    fn = eng.target_worker._decode_fn(PROMPT)
+    g = torch.Generator().manual_seed(bs)
+    args = dict(input_ids=torch.randint(3, eng.model.config.vocab_size, (bs,),
+                                        generator=g).to(dev),
+                rows=torch.arange(bs, device=dev), kv_lens=torch.full((bs,), PROMPT,
+                                                                      device=dev),
+                temperature=torch.zeros(bs, device=dev), top_p=torch.ones(bs, device=dev),
+                seeds=torch.zeros(bs, dtype=torch.long, device=dev))
+    record_experts(eng.model)
+    try:
+        with torch.no_grad():
+            fn(**args)
+        per_layer = touched_per_layer(eng.model)
+    finally:
+        record_experts(eng.model, on=False)
+    return statistics.fmean(per_layer)
+
+
+def free_engines(engines: dict) -> None:
+    for e in engines.values():
+        e.close()
+    engines.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def phase_decode(log: Log, a, bw: float, engines: dict) -> None:
+    """Fills `engines` ({kernels: Engine}, kept for the kernels phase)."""
+    steps: dict = {(k, bs): [] for k in MOE_KERNELS for bs in a.batches}
+    max_bs = max(a.batches)
+    together = True
+    for kernels in MOE_KERNELS:                  # both in memory when they fit
+        free_gb = torch.cuda.mem_get_info()[0] / 1e9
+        if engines and free_gb < 70:
+            together = False
+            break
+        t0 = time.perf_counter()
+        try:
+            engines[kernels] = build(kernels, a.layers, max_bs)
+        except Exception as e:                   # the second one does not fit: one at a time
+            if not engines:
+                raise
+            log.add("decode", f"the second engine did not build ({type(e).__name__}); "
+                    "the arms run one after the other")
+            together = False
+            gc.collect()
+            torch.cuda.empty_cache()
+            break
+        log.add("decode", f"built the {kernels} engine in {time.perf_counter() - t0:.0f} s "
+                f"({free_gb:.0f} GB free before)")
+    if together:
+        for rep in range(a.repeats):
+            for bs in a.batches:
+                for kernels in (MOE_KERNELS if rep % 2 == 0 else MOE_KERNELS[::-1]):
+                    if log.left() > 30:
+                        steps[(kernels, bs)].append(
+                            step_p50(engines[kernels], bs, a.tokens, rep))
+    else:
+        for kernels in MOE_KERNELS:
+            if kernels not in engines:
+                free_engines(engines)
+                engines[kernels] = build(kernels, a.layers, max_bs)
+            for rep in range(a.repeats):
+                for bs in a.batches:
+                    if log.left() > 30:
+                        steps[(kernels, bs)].append(
+                            step_p50(engines[kernels], bs, a.tokens, rep))
+    how = "together, arms interleaved" if together else "one after the other"
+    log.add("decode", f"engines {how}; {a.repeats} repeats")
+    eng = engines.get("grouped") or next(iter(engines.values()))
+    c = eng.model.config
+    for bs in a.batches:
+        touched = experts_touched(eng, bs)
+        b = step_bytes(c, dtype_bytes=2, bs=bs, context=PROMPT + a.tokens / 2,
+                       experts_touched=touched)
+        floor = 1e3 * b.total / bw
+        for kernels in MOE_KERNELS:
+            xs = steps[(kernels, bs)]
+            if not xs:
+                continue
+            step = statistics.median(xs)
+            log.add("floor", f"bs {bs} {kernels}: floor/step {floor / step:.3f} (step p50 "
+                    f"{step:.3f} ms, median of {len(xs)}, spread {spread(xs):.1%}; floor "
+                    f"{floor:.3f} ms = {b.total / 1e9:.2f} GB ({b.target_weights / 1e9:.2f} "
+                    f"GB weights) at {touched:.1f} experts/layer measured, uniform "
+                    f"{expected_experts(c, bs):.1f})")
+        if all(steps[(k, bs)] for k in MOE_KERNELS):
+            sp, gr = (statistics.median(steps[(k, bs)]) for k in ("split", "grouped"))
+            log.add("floor", f"bs {bs}: step split / grouped {sp / gr:.2f}x")
+
+
+def per_layer_table(full: dict, part: dict, n: int) -> list[tuple[str, float, float]]:
+    """(name, count per layer, µs per layer) of the kernels the n extra layers add."""
+    rows = []
+    for name in set(full) | set(part):
+        c = (full.get(name, (0, 0.0))[0] - part.get(name, (0, 0.0))[0]) / n
+        us = (full.get(name, (0, 0.0))[1] - part.get(name, (0, 0.0))[1]) / n
+        if c > 0:
+            rows.append((name, c, us))
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def phase_kernels(log: Log, engines: dict, a) -> None:
+    for kernels in MOE_KERNELS:
+        eng = engines.get(kernels)
+        if eng is None:
+            if torch.cuda.mem_get_info()[0] / 1e9 < 70:
+                free_engines(engines)
+            eng = engines[kernels] = build(kernels, a.layers, 1)
+        L = eng.model.config.num_hidden_layers
+        short = L - PERIOD if L > PERIOD else max(1, L // 2)
+        dev = eng.device.torch_device
+        z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)   # noqa: E731
+        fn = eng.target_worker._decode_fn(PROMPT)
+        args = dict(input_ids=z(), rows=z(), kv_lens=z() + PROMPT, temperature=z(torch.float32),
+                    top_p=z(torch.float32) + 1, seeds=z())
+        n_full, full, _, wall = graph_trace(lambda: fn(**args))
+        with depth(eng.model, short):
+            n_part, part, _, _ = graph_trace(lambda: fn(**args))
+        how = "as one graph"
+        if n_full == 0:                 # a profiler that sees no kernels inside graph replays
+            with torch.no_grad():
+                n_full, full, _ = gpu_activities(lambda: fn(**args))
+                with depth(eng.model, short):
+                    n_part, part, _ = gpu_activities(lambda: fn(**args))
+            how = "eager (the trace showed no kernels inside the graph replay)"
+        busy = sum(us for _, us in full.values())
+        per = (n_full - n_part) / (L - short)
+        log.add("kernels", f"{kernels}: bs-1 decode forward {how}: {n_full} GPU "
+                f"activities, {per:.1f} per decoder layer ({n_full - L * per:.0f} outside "
+                f"the layers); replay {wall:.0f} µs, kernels busy {busy:.0f} µs, gaps "
+                f"{wall - busy:.0f} µs")
+        rows = per_layer_table(full, part, L - short)
+        layer_us = sum(r[2] for r in rows) or 1.0
+        log.add("kernels", f"{kernels}: one decoder layer (mean of a {L - short}-layer span): "
+                f"{sum(r[1] for r in rows):.1f} kernels, {layer_us:.1f} µs")
+        for name, c, us in rows:
+            log.add("kernels", f"  {kernels} layer | {name[:100]} | {c:.2f} | {us:.1f} | "
+                    f"{us / layer_us:.1%}")
+        total = busy or 1.0
+        for name, (c, us) in sorted(full.items(), key=lambda kv: -kv[1][1])[:25]:
+            log.add("kernels", f"  {kernels} step | {name[:100]} | {c} | {us:.1f} | "
+                    f"{us / total:.1%}")
+
+
+# -- report ------------------------------------------------------------------------------------
+def write_report(log: Log, out_dir: Path, argv: list) -> Path:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
+    day = time.strftime("%Y-%m-%d")
+    import triton
+    head = [f"# MoE decode step at the floor: {MOE}, split vs grouped MoE kernels", "",
+            f"- date: {day} {time.strftime('%H:%M:%S %Z')}",
+            f"- device: {dev}; torch {torch.__version__}; triton {triton.__version__}",
+            f"- commit: {git_commit() or 'unknown'}",
+            f"- command: `{shlex.join([sys.executable, '-m', 'benchmarks.bench_moe_floor'] + argv)}`",
+            "- noise: each step figure is the median of the repeats' p50 steps, its spread "
+            "(max/min - 1) beside it; the bandwidth's spread over 3 runs in its line", ""]
+    body, section, in_table = [], None, False
+    for sec, text in log.lines:
+        if sec != section:
+            body += ["", f"## {sec}", ""]
+            section, in_table = sec, False
+        row = text.startswith("  ") and " | " in text     # a kernel-table row
+        if row and not in_table:
+            body += ["", "| arm, scope | kernel | count | µs | share |", "|---|---|---|---|---|"]
+        elif in_table and not row:
+            body.append("")
+        in_table = row
+        body.append(f"| {text.strip()} |" if row else f"- {text}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
+    path = out_dir / f"moe_floor_{day}_{slug}.md"
+    atomic_write_text(path, "\n".join(head + body) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--only", nargs="+", default=["check", "ffn", "decode", "kernels"],
+                    choices=["check", "ffn", "decode", "kernels"])
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_moe_floor needs CUDA.")
+        return 2
+    log = Log(a.budget_s)
+    bw = log.phase("bandwidth", phase_bandwidth, log, reserve_s=0) or float("nan")
+    if "check" in a.only:
+        log.phase("check", phase_check, log)
+    if "ffn" in a.only:
+        log.phase("ffn", phase_ffn, log)
+    engines: dict = {}
+    if "decode" in a.only:
+        log.phase("decode", phase_decode, log, a, bw, engines, reserve_s=120)
+    if "kernels" in a.only:
+        log.phase("kernels", phase_kernels, log, engines, a, reserve_s=40)
+    free_engines(engines)
+    path = write_report(log, Path(a.out_dir), argv)
+    print(f"report: {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

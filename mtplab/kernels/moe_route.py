@@ -1,0 +1,264 @@
+"""MoE routing in one kernel: the router GEMM, softmax, top-k, renormalisation, the shared
+expert's sigmoid gate and the alignment of the slots by expert (kernels/fused_moe.py `Routing`,
+what `moe_ffn`'s grouped GEMMs read).
+
+    x [T, H], router Wr [E, H] (+ bias [E]), shared gate Wsg [1, H] (or none)
+    logits[t, e]  = x[t] . Wr[e] (+ bias[e])             fp32 accumulation
+    ids[t, :]     = the k largest logits, larger first, equal logits by the lower expert
+    weights[t, j] = softmax(logits[t])[ids[t, j]]        fp32; / sum_j when `norm`
+    gate[t]       = sigmoid(x[t] . Wsg)                  fp32
+    sorted_ids, block_expert = fused_moe.align(ids, E, bm)    (bit for bit)
+
+One launch, grid (token blocks of BT, column blocks of BE over the E router rows and the
+shared gate's row, KS splits of H):
+
+    every program      partial logits of its [BT, BE] tile over its share of H -> Part[ks]
+                       then one arrival on its token block's counter
+    the last arrival   of a token block (counter = NEB * KS - 1): sums the KS partials in
+                       order ks = 0..KS-1, softmax / top-k / renormalises its BT tokens,
+                       writes weights, ids and gate, then one arrival on the global counter
+    the last block     (global counter = NTB - 1): aligns all T*k slots in one program
+                       (count per expert, padded prefix sums, each slot's place = its
+                       expert's padded start + the slots of that expert before it)
+
+Arrivals are acq_rel atomics after a CTA barrier, and the finishing programs read the
+others' results with L1-bypassing loads: what the earlier programs stored is what the last
+one reads. The last arrival sets its counter back to 0, so `counts` (int32 zeros, at least
+`counts_len(T)` entries, owned by the caller) is ready for the next launch; launches that
+share one `counts` must not run concurrently (one MoE layer after the other on a stream).
+
+Tiles and the K split depend on H, E and the dtype only, never on T, and a token's logits,
+softmax and top-k use its own row only: the kernel is batch-invariant (deterministic mode).
+Above ALIGN_MAX_SLOTS slots (a long prefill) the one aligning program would be slow, so the
+kernel stops after the top-k and `align` (torch) sorts the slots; T is a shape, so the
+choice is static and the whole routing is CUDA-graph capturable (no host read).
+
+`route_align_ref` computes the same function in torch: the CPU path and the kernel's test
+oracle (the logits' fp32 sums run in another order, so values agree to fp32 rounding and ids
+wherever the logits are not within that rounding of a tie).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..lazy_triton import tl, triton
+from . import batch_invariant
+from .fused_moe import Routing, align, aligned_len
+from .fused_ops import dispatch
+from .topk import _SENT, _index, _key, _value
+
+ALIGN_MAX_SLOTS = 4096     # T*k above this: the slots are aligned by `align` after the kernel
+
+
+def _block_t(device_type: str) -> int:
+    """Tokens per routing program: 16 on CUDA (the smallest tensor-core tile), 4 in the
+    interpreter."""
+    return 16 if device_type == "cuda" else 4
+
+
+def _config(H: int, E: int, dtype: torch.dtype, device_type: str) -> dict:
+    """Tiles and the K split, fixed by H, E, dtype and device (never by T). The interpreter
+    widens bf16 operands to fp32 first, as fused_moe's tiles."""
+    gpu = device_type == "cuda"
+    bk = 64 if gpu else 32
+    steps = triton.cdiv(H, bk)
+    per = triton.cdiv(steps, 8)                  # ~8 splits: enough programs at T = 1
+    e_p2 = triton.next_power_of_2(E)
+    return dict(BT=_block_t(device_type), BE=16 if gpu else 8, BK=bk, KSTEPS=per,
+                KS=triton.cdiv(steps, per), E_P2=e_p2,
+                CHUNK=max(16, min(128, 8192 // e_p2)) if gpu else 8,
+                DOT_PREC="ieee" if dtype == torch.float32 or not gpu else "tf32",
+                UPCAST=not gpu)
+
+
+def counts_len(T: int, device_type: str = "cuda") -> int:
+    """Entries of `counts` a launch over T tokens needs: the global counter + one per block
+    (plain Python: a CPU run of the reference never imports Triton)."""
+    bt = _block_t(device_type)
+    return 1 + (max(T, 1) + bt - 1) // bt
+
+
+@triton.jit(do_not_specialize=["T", "L", "NB"])
+def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockExpert,
+                  T, H, L, NB, stride_x, stride_w,
+                  E: tl.constexpr, E_P2: tl.constexpr, EW: tl.constexpr, TOPK: tl.constexpr,
+                  TOPK_P2: tl.constexpr, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_GATE: tl.constexpr, ALIGN: tl.constexpr, BM: tl.constexpr,
+                  BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+                  KSTEPS: tl.constexpr, KS: tl.constexpr, CHUNK: tl.constexpr,
+                  DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    tb = tl.program_id(0)
+    eb = tl.program_id(1)
+    ks = tl.program_id(2)
+    rows = tb * BT + tl.arange(0, BT)
+    r_ok = rows < T
+    rows64 = rows.to(tl.int64)
+    cols = eb * BE + tl.arange(0, BE)            # router rows; row E is the shared gate's
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BT, BE], tl.float32)
+    for i in range(KSTEPS):
+        k = (ks * KSTEPS + i) * BK + rk
+        k_ok = k < H
+        x = tl.load(X + rows64[:, None] * stride_x + k[None, :],
+                    mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(Wr + cols[None, :].to(tl.int64) * stride_w + k[:, None],
+                    mask=(cols < E)[None, :] & k_ok[:, None], other=0.0)
+        if HAS_GATE:
+            w += tl.load(Wsg + k[:, None] + 0 * cols[None, :],
+                         mask=(cols == E)[None, :] & k_ok[:, None], other=0.0)
+        if UPCAST:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, w, acc, input_precision=DOT_PREC)
+    tl.store(Part + (ks * T + rows64[:, None]) * EW + cols[None, :], acc,
+             mask=r_ok[:, None] & (cols < EW)[None, :])
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Counts + 1 + tb, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) * KS - 1:
+        # -- the last arrival of token block tb: softmax, top-k, gate -----------------------
+        tl.atomic_xchg(Counts + 1 + tb, 0)
+        tl.debug_barrier()
+        e = tl.arange(0, E_P2)
+        e_ok = e < E
+        logits = tl.zeros([BT, E_P2], tl.float32)
+        for s in range(KS):
+            logits += tl.load(Part + (s * T + rows64[:, None]) * EW + e[None, :],
+                              mask=r_ok[:, None] & e_ok[None, :], other=0.0,
+                              cache_modifier=".cg")
+        if HAS_BIAS:
+            logits += tl.load(Br + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+        logits = tl.where(e_ok[None, :], logits, float("-inf"))
+        m = tl.max(logits, axis=1)
+        p = tl.exp(logits - m[:, None])
+        total = tl.sum(p, axis=1)
+        keys = tl.where(e_ok[None, :], _key(logits, e[None, :]), _SENT)
+        j = tl.arange(0, TOPK_P2)
+        wts = tl.zeros([BT, TOPK_P2], tl.float32)
+        ids = tl.zeros([BT, TOPK_P2], tl.int64)
+        best = tl.max(keys, axis=1)
+        for jj in tl.static_range(TOPK):
+            if jj > 0:
+                best = tl.max(tl.where(keys < best[:, None], keys, _SENT), axis=1)
+            wj = tl.exp(_value(best) - m) / total
+            wts = tl.where(j[None, :] == jj, wj[:, None], wts)
+            ids = tl.where(j[None, :] == jj, _index(best).to(tl.int64)[:, None], ids)
+        if NORM:
+            wts = wts / tl.sum(wts, axis=1)[:, None]
+        out = rows64[:, None] * TOPK + j[None, :]
+        o_ok = r_ok[:, None] & (j < TOPK)[None, :]
+        tl.store(Wout + out, wts, mask=o_ok)
+        tl.store(Iout + out, ids, mask=o_ok)
+        if HAS_GATE:
+            gl = tl.zeros([BT], tl.float32)
+            for s in range(KS):
+                gl += tl.load(Part + (s * T + rows64) * EW + E, mask=r_ok, other=0.0,
+                              cache_modifier=".cg")
+            tl.store(Gout + rows64, 1.0 / (1.0 + tl.exp(-gl)), mask=r_ok)
+        if ALIGN:
+            tl.debug_barrier()
+            blocks_done = tl.atomic_add(Counts, 1, sem="acq_rel")
+            if blocks_done == tl.num_programs(0) - 1:
+                # -- the last token block: align the N = T*k slots by expert ---------------
+                tl.atomic_xchg(Counts, 0)
+                tl.debug_barrier()
+                N = T * TOPK
+                c = tl.arange(0, CHUNK)
+                counts = tl.zeros([E_P2], tl.int32)
+                for c0 in range(0, N, CHUNK):
+                    s_ok = c0 + c < N
+                    ex = tl.load(Iout + c0 + c, mask=s_ok, other=-1,
+                                 cache_modifier=".cg").to(tl.int32)
+                    counts += tl.sum((ex[:, None] == e[None, :]).to(tl.int32), axis=0)
+                padded = (counts + BM - 1) // BM * BM
+                pad_end = tl.cumsum(padded, axis=0)
+                place = pad_end - padded                  # each expert's next free row
+                for p0 in range(0, L, CHUNK):
+                    tl.store(Sorted + p0 + c, tl.zeros([CHUNK], tl.int32) + N,
+                             mask=p0 + c < L)
+                for b0 in range(0, NB, CHUNK):
+                    starts = (b0 + c) * BM
+                    be = tl.sum((pad_end[None, :] <= starts[:, None]).to(tl.int32), axis=1)
+                    tl.store(BlockExpert + b0 + c, tl.where(be < E, be, -1),
+                             mask=b0 + c < NB)
+                tl.debug_barrier()
+                for c0 in range(0, N, CHUNK):
+                    s_ok = c0 + c < N
+                    ex = tl.load(Iout + c0 + c, mask=s_ok, other=-1,
+                                 cache_modifier=".cg").to(tl.int32)
+                    hot = (ex[:, None] == e[None, :]).to(tl.int32)        # [CHUNK, E_P2]
+                    before = tl.cumsum(hot, axis=0) - hot                # same expert, earlier
+                    dest = tl.sum(hot * (before + place[None, :]), axis=1)
+                    tl.store(Sorted + dest, (c0 + c).to(tl.int32), mask=s_ok)
+                    place += tl.sum(hot, axis=0)
+
+
+def route_align_ref(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
+                    w_gate: Optional[torch.Tensor], top_k: int, norm: bool, bm: int,
+                    counts: Optional[torch.Tensor] = None) -> Routing:
+    """x [T, H], w_router [E, H], bias [E] or None, w_gate [1, H] or None -> Routing (module
+    doc). `counts` is the kernel's and unused here."""
+    logits = x.float() @ w_router.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    ids = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = torch.softmax(logits, dim=-1).gather(1, ids)
+    if norm:
+        w = w / w.sum(-1, keepdim=True)
+    gate = torch.sigmoid(x.float() @ w_gate.float().reshape(-1)) if w_gate is not None \
+        else None
+    return Routing(w, ids, gate, *align(ids, w_router.shape[0], bm))
+
+
+def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
+                       w_gate: Optional[torch.Tensor], top_k: int, norm: bool, bm: int,
+                       counts: torch.Tensor, chunk: Optional[int] = None) -> Routing:
+    """Triton version of `route_align_ref`; `counts`: int32 zeros of at least
+    `counts_len(T)` entries (left zero); `chunk` overrides the aligning chunk (tests)."""
+    T, H = x.shape
+    E = w_router.shape[0]
+    dev = x.device
+    cfg = _config(H, E, x.dtype, dev.type)
+    if chunk is not None:
+        cfg["CHUNK"] = chunk
+    if counts.numel() < counts_len(T, dev.type) or counts.dtype != torch.int32:
+        raise ValueError(f"route_align_triton: counts must be int32 with at least "
+                         f"{counts_len(T, dev.type)} entries for T={T}.")
+    if w_router.stride(-1) != 1:
+        raise ValueError("route_align_triton: the router weight's rows must be contiguous.")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    N = T * top_k
+    L = aligned_len(N, E, bm)
+    has_gate = w_gate is not None
+    EW = E + has_gate
+    weights = torch.empty(T, top_k, dtype=torch.float32, device=dev)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
+    gate = torch.empty(T, dtype=torch.float32, device=dev) if has_gate else None
+    sorted_ids = torch.empty(L, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(L // bm, dtype=torch.int32, device=dev)
+    if T == 0:
+        return Routing(weights, ids, gate, sorted_ids, block_expert)
+    do_align = N <= ALIGN_MAX_SLOTS
+    part = torch.empty(cfg["KS"], T, EW, dtype=torch.float32, device=dev)
+    grid = (triton.cdiv(T, cfg["BT"]), triton.cdiv(EW, cfg["BE"]), cfg["KS"])
+    _route_kernel[grid](
+        x, w_router, bias if bias is not None else w_router,
+        w_gate if has_gate else w_router, part, counts, weights, ids,
+        gate if has_gate else weights, sorted_ids, block_expert, T, H, L, L // bm,
+        x.stride(0), w_router.stride(0), E=E, EW=EW, TOPK=top_k,
+        TOPK_P2=triton.next_power_of_2(top_k), NORM=bool(norm), HAS_BIAS=bias is not None,
+        HAS_GATE=has_gate, ALIGN=do_align, BM=bm, **cfg)
+    if not do_align:
+        sorted_ids, block_expert = align(ids, E, bm)
+    return Routing(weights, ids, gate, sorted_ids, block_expert)
+
+
+def route_align(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
+                w_gate: Optional[torch.Tensor], top_k: int, norm: bool, bm: int,
+                counts: torch.Tensor) -> Routing:
+    """The routing of one MoE layer: the kernel in deterministic mode (any device) and on
+    CUDA, the reference elsewhere or inside `references()` (fused_ops.dispatch)."""
+    args = (x, w_router, bias, w_gate, top_k, norm, bm, counts)
+    if batch_invariant.is_active():
+        return route_align_triton(*args)
+    return dispatch("route_align", route_align_triton, route_align_ref, *args)

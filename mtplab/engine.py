@@ -17,11 +17,14 @@ import functools
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+import numpy as np
+
 from .config import ConfigError, RunConfig
-from .errors import NonFiniteLogitsError
+from .errors import AcceptanceAlarm, NonFiniteLogitsError
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
 from .kernels.fused_ops import references
@@ -39,6 +42,7 @@ from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
 from .instrument.meter import BubbleMeter, meter_throughput
+from .health import ALARM_FLOOR, ALARM_WINDOW, run_ahead_unavailable
 from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
@@ -56,6 +60,9 @@ from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
 
 Prompt = Union[str, Sequence[int]]
+RUN_AHEAD_CPU = ("not available on CPU: the host runs every stage itself, so no launch can "
+                 "run ahead of device work")
+RUN_AHEAD_NO_METER = "needs the bubble meter (bubble_meter=True, --bubble-meter true)"
 logger = logging.getLogger("mtplab")
 
 
@@ -88,6 +95,7 @@ class Engine:
     def __init__(self, cfg: RunConfig):
         self._closed = False              # first: close() (and __del__) on a partial build
         self.cfg = cfg
+        self._hot: Optional[np.ndarray] = None     # a hot draft vocabulary, as a token mask
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
@@ -182,6 +190,10 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)
+        ids = self.draft_model.vocab_ids              # a hot vocabulary: its token ids
+        if ids is not None:
+            self._hot = np.zeros(self.model.config.vocab_size, dtype=bool)
+            self._hot[ids.cpu().numpy()] = True
         graph_max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
         if cfg.spec_schedule is not None:
             return self._schedule_worker(draft, graph_max_bs)
@@ -436,10 +448,14 @@ class Engine:
             self.device.synchronize()
         finally:
             bar.close()
+            if self.meter is not None:
+                self.meter.cut()          # the next generate's first launch is not its successor
         wall = time.perf_counter() - t0
         cfg = self.cfg
         self._last_stats = collect_stats(reqs, sched.stats, wall, num_steps=cfg.num_steps,
-                                         speculative=cfg.speculative, simulated=cfg.simulated)
+                                         speculative=cfg.speculative, simulated=cfg.simulated,
+                                         hot=self._hot)
+        self._warn_alarm(self._last_stats.get("accept_alarm_steps"))
         if cfg.spec_schedule is not None and self._last_stats.get("verify_steps"):
             self._last_stats.update(schedule_step_counts(arm_steps, self.worker.steps))
         if self.meter is not None:
@@ -447,8 +463,26 @@ class Engine:
             m = self.meter.summary(first_meter_step)
             m["meter_tok_per_s"] = meter_throughput(m, sched.stats.decode_tokens)
             m["meter_clock"] = "device" if self.device.is_cuda else "host"    # CPU: no device
+            if not self.device.is_cuda:          # host stamps: nothing to run ahead of
+                m.update(run_ahead_unavailable(), run_ahead_note=RUN_AHEAD_CPU)
             self._last_stats.update(m)
+        else:
+            self._last_stats.update(run_ahead_unavailable(), run_ahead_note=RUN_AHEAD_NO_METER)
         return [r.output_ids for r in reqs]
+
+    @staticmethod
+    def _warn_alarm(stretches) -> None:
+        """An AcceptanceAlarm warning (and a log line) naming the stretches of collapsed
+        acceptance, if any."""
+        if not stretches:
+            return
+        where = ", ".join(f"{a}..{b}" for a, b in stretches[:4])
+        msg = (f"acceptance collapsed over {len(stretches)} stretch(es) of the run (scheduler "
+               f"iterations {where}): windows of {ALARM_WINDOW} verify steps accepted < "
+               f"{ALARM_FLOOR:.0%} of the run's mean, or nothing; check the draft's inputs "
+               "(stats()['accept_len_by_ctx'] shows whether it follows the context length).")
+        logger.warning(msg)
+        warnings.warn(msg, AcceptanceAlarm, stacklevel=3)
 
     def stats(self) -> dict:
         """Figures of the last `generate` (tokens, steps, tok_per_s, ...); with the bubble

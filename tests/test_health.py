@@ -1,0 +1,89 @@
+"""Health figures (mtplab/health.py) on tables with known answers: run-ahead and launch lead,
+the acceptance alarm on scripted sequences, acceptance by context, the experts' expectation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mtplab.health import (accept_alarm, accept_by_context, context_buckets, expected_experts,
+                           launch_leads, run_ahead)
+
+
+def test_launch_leads_and_run_ahead_known_answers():
+    # steps end at 10, 20, 30, 40 µs; the next launches at 5, 25, 29, 41 (NaN: no next)
+    leads = launch_leads([10, 20, 30, 40, 50], [5, 25, 29, 41, np.nan])
+    np.testing.assert_allclose(leads[:4], [5, -5, 1, -1])
+    assert math.isnan(leads[4])
+    r = run_ahead(leads)
+    assert r["run_ahead_frac"] == 0.5 and r["run_ahead_steps"] == 4
+    assert r["launch_lead_p50_us"] == pytest.approx(0.0)          # median of -5, -1, 1, 5
+    assert r["launch_lead_p10_us"] == pytest.approx(np.percentile([-5, -1, 1, 5], 10))
+    assert r["launch_lead_p90_us"] == pytest.approx(np.percentile([-5, -1, 1, 5], 90))
+
+
+def test_run_ahead_all_ahead_none_ahead_and_empty():
+    assert run_ahead([3.0, 7.0, 1.0])["run_ahead_frac"] == 1.0
+    assert run_ahead([-3.0, 0.0])["run_ahead_frac"] == 0.0          # a tie is not ahead
+    empty = run_ahead([np.nan])
+    assert math.isnan(empty["run_ahead_frac"]) and empty["run_ahead_steps"] == 0
+
+
+def test_alarm_on_a_scripted_collapse():
+    """100 verify steps of 1 lane, 3 draft tokens each: 2 accepted per step, then 0 from step
+    60 to 79, then 2 again. The run's mean is 1.6, the floor 0.32 per step: a window of 8
+    alarms below 2.56 accepted, i.e. with at most one healthy step in it, so the stretch
+    (the union of the alarmed windows) reaches one healthy step into each side: 59..80."""
+    acc = [2] * 60 + [0] * 20 + [2] * 20
+    got = accept_alarm([1] * 100, acc, [3] * 100, window=8, floor=0.2)
+    assert got == [(59, 80)]
+
+
+def test_alarm_below_floor_but_not_zero():
+    """The run's mean is 196 / 124 = 1.58 per step, the floor 5.06 per window of 16. The
+    stretch at 1.0 per step (steps 40..55) is above it; the one at 0.25 (80..95: 0,0,0,1
+    x 4) alarms, and so does the window at 79 (2 + 3 = 5), not the one at 81 (4 + 2)."""
+    acc = [2] * 40 + [1] * 16 + [2] * 24 + [0, 0, 0, 1] * 4 + [2] * 24
+    got = accept_alarm([1] * len(acc), acc, [3] * len(acc), window=16, floor=0.2)
+    assert got == [(79, 95)]
+
+
+def test_alarm_silent_on_a_steady_run_and_on_short_runs():
+    rng = np.random.default_rng(0)
+    acc = rng.integers(1, 4, 500)
+    assert accept_alarm([1] * 500, acc, [3] * 500, window=32) == []
+    assert accept_alarm([1] * 10, [0] * 10, [3] * 10, window=32) == []     # no window fits
+
+
+def test_alarm_skips_steps_without_drafts_and_counts_lanes():
+    """Target-only steps (proposed 0) are not in the windows. 4 lanes: 4 per lane, then
+    0.25; the mean 2.125 per lane, the floor 0.425: only the windows wholly in the low part
+    alarm (one high step lifts a window to >= 25 / 40), steps 30..49."""
+    lanes = [4] * 20 + [1] * 10 + [4] * 20
+    acc = [16] * 20 + [0] * 10 + [1] * 20
+    prop = [16] * 20 + [0] * 10 + [16] * 20
+    got = accept_alarm(lanes, acc, prop, window=10, floor=0.2)
+    assert got == [(30, 49)]                      # the target-only steps 20..29 left out
+
+
+def test_alarm_when_the_run_never_accepts():
+    assert accept_alarm([1] * 40, [0] * 40, [3] * 40, window=8) == [(0, 39)]
+
+
+def test_alarm_rejects_bad_parameters():
+    with pytest.raises(ValueError, match="window >= 1"):
+        accept_alarm([1], [1], [1], window=0)
+
+
+def test_accept_by_context_buckets():
+    assert context_buckets([0, 255, 256, 511, 512, 40000]).tolist() == \
+        [0, 0, 256, 256, 512, 32768]
+    got = accept_by_context([10, 300, 400, 70000, 5], [4, 2, 3, 1, 9], [3, 3, 3, 3, 0])
+    assert got == {0: 4.0, 256: 2.5, 65536: 1.0}            # ctx 5 proposed nothing
+
+
+def test_expected_experts_uniform():
+    assert expected_experts(128, 8, 1) == pytest.approx(8.0)
+    assert expected_experts(128, 8, 8) == pytest.approx(128 * (1 - (120 / 128) ** 8))
+    assert expected_experts(4, 2, 10_000) == pytest.approx(4.0)

@@ -87,3 +87,82 @@ def test_expected_experts_uniform():
     assert expected_experts(128, 8, 1) == pytest.approx(8.0)
     assert expected_experts(128, 8, 8) == pytest.approx(128 * (1 - (120 / 128) ** 8))
     assert expected_experts(4, 2, 10_000) == pytest.approx(4.0)
+
+
+# -- through the engine (CPU) ------------------------------------------------------------------
+
+def _flip_rates_after(eng, step: int, rates: tuple):
+    """An on_step hook: from engine step `step` on, the simulated acceptance is `rates` (the
+    eager accept stage reads the worker's params at every call)."""
+    def hook(i):
+        if i == step:
+            object.__setattr__(eng.worker.p, "simulate_accept_rates", rates)
+    return hook
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_alarm_fires_on_a_scripted_collapse_through_the_engine(overlap):
+    """bs 1, S = 3: after the prefill's token, 40 verifies accept everything (rates 1: 160
+    tokens), then 40 accept nothing (rates 0: 40 tokens).
+    The run's mean is 1.5 draft tokens per verify, the floor 0.3: a window of 32 alarms with
+    at most 3 full verifies in it, so verifies 37..79, launched in iterations 38..80 (the
+    prefill is iteration 0). The warning names them; stats and the by-context figure agree."""
+    from mtplab import Engine, RunConfig
+    from mtplab.errors import AcceptanceAlarm
+
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", overlap=overlap,
+                          simulate_accept_rates=(1.0, 1.0, 1.0))) as eng:
+        eng.on_step(_flip_rates_after(eng, 40, (0.0, 0.0, 0.0)))
+        with pytest.warns(AcceptanceAlarm, match="38..80"):
+            eng.generate([[5, 6, 7]], max_new_tokens=201, ignore_eos=True)
+        st = eng.stats()
+        assert st["verify_steps"] == 80
+        assert st["accept_alarm"] is True and st["accept_alarm_steps"] == [[38, 80]]
+        assert st["draft_tokens"] == 240 and st["draft_tokens_accepted"] == 120
+        assert st["draft_waste_frac"] == pytest.approx(0.5)
+        assert st["accept_len_by_ctx"] == {0: pytest.approx(2.5)}     # contexts 3..202
+        eng.check_invariants()
+
+
+def test_no_alarm_on_a_steady_simulated_run(recwarn):
+    from mtplab import Engine, RunConfig
+    from mtplab.errors import AcceptanceAlarm
+
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp",
+                          simulate_accept_rates=(0.8, 0.6, 0.4))) as eng:
+        eng.generate([[5, 6, 7], [9, 10]], max_new_tokens=96, ignore_eos=True)
+        st = eng.stats()
+        assert st["accept_alarm"] is False and st["accept_alarm_steps"] == []
+        assert not [w for w in recwarn if issubclass(w.category, AcceptanceAlarm)]
+        eng.check_invariants()
+
+
+def test_escape_share_counts_tokens_outside_a_known_hot_map():
+    """A random preset's hot set is ids 0..N-1 (its counts rank ids in order): the escapes
+    are the emitted tokens >= N, counted here from the outputs themselves."""
+    from mtplab import Engine, RunConfig
+
+    N = 160
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp",
+                          draft_vocab=f"hot:{N}")) as eng:
+        outs = eng.generate([[5, 6, 7], [300, 301]], max_new_tokens=24, ignore_eos=True)
+        toks = [t for o in outs for t in o]
+        esc = sum(t >= N for t in toks)
+        assert 0 < esc < len(toks)                   # both kinds present: the test can fail
+        assert eng.stats()["escape_frac"] == pytest.approx(esc / len(toks))
+        eng.check_invariants()
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp")) as eng:
+        eng.generate([[5, 6, 7]], max_new_tokens=4, ignore_eos=True)
+        assert math.isnan(eng.stats()["escape_frac"])          # no hot vocabulary
+
+
+def test_escape_frac_on_a_hand_made_map():
+    from mtplab.core import Req, SamplingParams
+    from mtplab.stats import escape_frac
+
+    hot = np.zeros(10, dtype=bool)
+    hot[[1, 2, 3]] = True
+    r = Req(0, [1], 8, SamplingParams(0.0, 1.0, 0), frozenset())
+    r.output_ids = [1, 2, 9, 3, 0, 1]               # 9 and 0 escape: 2 of 6
+    assert escape_frac([r], hot) == pytest.approx(2 / 6)
+    assert math.isnan(escape_frac([r], None))

@@ -100,7 +100,7 @@ def cmd_run(args) -> int:
 
     from .engine import Engine
     from .models.memory import estimate_memory
-    from .stats import LEGEND
+    from .stats import LEGEND, health_columns
     _check_workload(args)
     cfg = _config_from_args(args)
     if args.step_profile:                 # the predictor pairs host spans with the meter's
@@ -126,6 +126,7 @@ def cmd_run(args) -> int:
     written.update(eng.finish())                 # trace, timeline, meter, manifest
     print("\n".join(_knob_header(cfg, set(given(args, type(cfg))))))
     rows = [(k, v) for k, v in st.items() if not isinstance(v, (dict, list))]
+    rows += [(k, v) for k, v in health_columns(st).items() if k.startswith("accept_len_ctx")]
     _print_table(rows, cfg.device)
     for k, _ in rows:
         if k in LEGEND:

@@ -42,10 +42,11 @@ from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
 from .instrument.meter import BubbleMeter, meter_throughput
-from .health import ALARM_FLOOR, ALARM_WINDOW, run_ahead_unavailable
+from .health import ALARM_FLOOR, ALARM_WINDOW, expected_experts, run_ahead_unavailable
 from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
+from .models.moe import attach_recorder
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
@@ -103,6 +104,9 @@ class Engine:
                                              cfg.moe_routing)
         self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         mc = self.model.config
+        # before any graph is captured: the verify graphs hold the recorder's writes
+        self.experts = attach_recorder(self.model) if cfg.moe_stats else None
+        self._expert_steps: list[float] = []     # experts per layer of each verify so far
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
         self.allocator = PagedAllocator(num_slots, P)
@@ -271,7 +275,7 @@ class Engine:
             written["timeline"] = self.run_dir / "timeline.parquet"
         if self.meter is not None:
             self.meter.collect()
-            for key, df in (("meter", self.meter.frame()), ("meter_stages",
+            for key, df in (("meter", self.meter_frame()), ("meter_stages",
                                                             self.meter.stages_frame())):
                 with atomic_path(self.run_dir / f"{key}.parquet") as tmp:
                     df.to_parquet(tmp)
@@ -289,12 +293,19 @@ class Engine:
 
     def meter_frame(self, stages: bool = False):
         """The bubble meter's table so far: one row per step (wall_us, busy_us, bubble_us,
-        bubble_frac, ...), or with `stages=True` one row per stage interval
-        (instrument/meter.py)."""
+        bubble_frac, launch_lead_us, draft_share, ...; with moe_stats `experts`, the distinct
+        experts per MoE layer of each decode step's verify), or with `stages=True` one row
+        per stage interval (instrument/meter.py)."""
         if self.meter is None:
             raise RuntimeError("the bubble meter is off; construct with bubble_meter=True.")
         self.meter.collect()
-        return self.meter.stages_frame() if stages else self.meter.frame()
+        if stages:
+            return self.meter.stages_frame()
+        df = self.meter.frame()
+        dec = df["name"].str.startswith("step[decode").to_numpy()
+        if self.experts is not None and dec.sum() == len(self._expert_steps):
+            df.loc[dec, "experts"] = self._expert_steps    # moe_stats: per verify, per layer
+        return df
 
     def on_step(self, fn) -> HookHandle:
         """Call `fn(step_index)` after every engine step (the scheduler's iteration that
@@ -436,6 +447,8 @@ class Engine:
             sched.add(r)
         bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
+        if self.experts is not None:
+            self.experts.reset()
         arm_steps = dict(getattr(self.worker, "steps", {}))      # a spec_schedule's arms
         t0 = time.perf_counter()
         try:
@@ -456,6 +469,7 @@ class Engine:
                                          speculative=cfg.speculative, simulated=cfg.simulated,
                                          hot=self._hot)
         self._warn_alarm(self._last_stats.get("accept_alarm_steps"))
+        self._last_stats.update(self._expert_stats(sched.stats))
         if cfg.spec_schedule is not None and self._last_stats.get("verify_steps"):
             self._last_stats.update(schedule_step_counts(arm_steps, self.worker.steps))
         if self.meter is not None:
@@ -469,6 +483,29 @@ class Engine:
         else:
             self._last_stats.update(run_ahead_unavailable(), run_ahead_note=RUN_AHEAD_NO_METER)
         return [r.output_ids for r in reqs]
+
+    def _expert_stats(self, s: StepStats) -> dict:
+        """experts_per_verify (distinct experts per MoE layer per verify, mean over the
+        generate's verifies; one host read of the recorder, after the generate) against
+        experts_per_verify_uniform (health.expected_experts at each verify's bs x D tokens);
+        experts_per_draft_step: the drafts have no MoE layer. Empty without moe_stats."""
+        nan = float("nan")
+        if not self.cfg.moe_stats:
+            return {}
+        if self.experts is None:
+            return {"experts_per_verify": nan, "experts_per_verify_uniform": nan,
+                    "experts_per_draft_step": nan, "experts_note": "a dense target"}
+        rows = self.experts.read()
+        per = [sum(r) / len(r) for r in rows]
+        self._expert_steps += per
+        moe = self.model.config
+        uni = [expected_experts(moe.num_experts, moe.num_experts_per_tok,
+                                lanes * (1 + prop // max(lanes, 1)))
+               for _, lanes, _, prop in s.verify_steps]
+        return {"experts_per_verify": sum(per) / len(per) if per else nan,
+                "experts_per_verify_uniform": sum(uni) / len(uni) if uni else nan,
+                "experts_per_draft_step": nan,
+                "experts_note": "the draft's layers are dense: no experts per draft step"}
 
     @staticmethod
     def _warn_alarm(stretches) -> None:

@@ -24,6 +24,7 @@ prints it under its stats table).
 """
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import numpy as np
@@ -52,6 +53,8 @@ LEGEND = {
                           "host's launch of the next step (> 0: run-ahead), p10/p50/p90",
     "draft_busy_frac": "the draft's stages' share of decode-step GPU busy time (bubble meter)",
     "draft_waste_frac": "draft tokens proposed to the verifies but rejected / proposed",
+    "accept_len_ctx0": "accept length of the verifies at context positions [lo, 2 lo) (the "
+                       "first bucket [0, 256)); healthy: flat, no bucket falling to 1",
     "accept_alarm": "a window of verify steps accepted < 20% of the run's mean, or nothing "
                     "(accept_alarm_steps: the stretches; an AcceptanceAlarm warning)",
     "escape_frac": "emitted tokens outside the hot draft vocabulary (draft_vocab hot:N), each "
@@ -59,6 +62,24 @@ LEGEND = {
     "experts_per_verify": "MoE: distinct experts per layer touched by one verify's tokens "
                           "(mean over verifies and layers); _uniform: E(1-(1-k/E)^n) for them",
 }
+
+
+HEALTH_KEYS = ("draft_tokens", "draft_tokens_accepted", "draft_waste_frac", "accept_alarm",
+               "escape_frac", "experts_per_verify", "experts_per_verify_uniform",
+               "experts_per_draft_step")
+
+
+def health_columns(stats: dict) -> dict:
+    """The health figures of an `Engine.stats()` as scalar columns (the sweep's row, `mtplab
+    run`'s table): HEALTH_KEYS (NaN without a draft, or experts without moe_stats),
+    accept_len_ctx<lo> per context
+    bucket, accept_alarm_steps_json (the stretches, JSON)."""
+    out = {k: stats.get(k, float("nan")) for k in HEALTH_KEYS}
+    out.update({f"accept_len_ctx{lo}": v
+                for lo, v in (stats.get("accept_len_by_ctx") or {}).items()})
+    steps = stats.get("accept_alarm_steps")
+    out["accept_alarm_steps_json"] = json.dumps(steps) if steps is not None else None
+    return out
 
 
 def pct_ms(xs: list, q: float) -> float:

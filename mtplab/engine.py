@@ -136,6 +136,7 @@ class Engine:
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
+        self._alarms: list = []             # acceptance alarm stretches of every generate
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -259,8 +260,9 @@ class Engine:
         self._hooks = StepHooks(self.profiler)
 
     def finish(self) -> dict:
-        """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
-        timeline.parquet, meter.parquet + meter_stages.parquet (atomically). Returns
+        """Stop profiling and write the run folder: manifest.json, health.json (the acceptance
+        alarm's stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
+        meter_stages.parquet (atomically). Returns
         {name: path} of what was written."""
         written = {}
         self.profile_note = None
@@ -283,6 +285,10 @@ class Engine:
         if written or self.profiler is not None:
             written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
                                                     json.dumps(self.cfg.manifest(), indent=2))
+            # the acceptance alarm's stretches (scheduler iterations = the event timeline's
+            # steps): `mtplab plot RUN_DIR` shades them
+            written["health"] = atomic_write_text(self.run_dir / "health.json", json.dumps(
+                {"accept_alarm_steps": self._alarms}))
         return written
 
     def timeline_frame(self):
@@ -469,6 +475,7 @@ class Engine:
                                          speculative=cfg.speculative, simulated=cfg.simulated,
                                          hot=self._hot)
         self._warn_alarm(self._last_stats.get("accept_alarm_steps"))
+        self._alarms += self._last_stats.get("accept_alarm_steps", [])
         self._last_stats.update(self._expert_stats(sched.stats))
         if cfg.spec_schedule is not None and self._last_stats.get("verify_steps"):
             self._last_stats.update(schedule_step_counts(arm_steps, self.worker.steps))

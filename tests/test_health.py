@@ -166,3 +166,26 @@ def test_escape_frac_on_a_hand_made_map():
     r.output_ids = [1, 2, 9, 3, 0, 1]               # 9 and 0 escape: 2 of 6
     assert escape_frac([r], hot) == pytest.approx(2 / 6)
     assert math.isnan(escape_frac([r], None))
+
+
+def test_alarm_stretch_is_shaded_on_the_run_folders_timeline(tmp_path):
+    """The scripted collapse with the event timeline on: health.json names the stretch and
+    `mtplab plot RUN_DIR` shades it (the legend says so); without an alarm nothing is."""
+    from mtplab import Engine, RunConfig
+    from mtplab.analysis.cli import plot_source
+    from mtplab.errors import AcceptanceAlarm
+
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", event_timeline=True,
+                          simulate_accept_rates=(1.0, 1.0, 1.0), trace_dir=str(tmp_path),
+                          run_name="r")) as eng:
+        eng.on_step(_flip_rates_after(eng, 40, (0.0, 0.0, 0.0)))
+        with pytest.warns(AcceptanceAlarm):
+            eng.generate([[5, 6, 7]], max_new_tokens=201, ignore_eos=True)
+        files = eng.finish()
+    import json
+    assert json.loads(files["health"].read_text()) == {"accept_alarm_steps": [[38, 80]]}
+    ax = plot_source(tmp_path / "r").axes[0]
+    assert "acceptance alarm" in {t.get_text() for t in ax.get_legend().get_texts()}
+    (tmp_path / "r" / "health.json").write_text('{"accept_alarm_steps": []}')
+    ax = plot_source(tmp_path / "r").axes[0]
+    assert "acceptance alarm" not in {t.get_text() for t in ax.get_legend().get_texts()}

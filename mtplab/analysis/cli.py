@@ -70,11 +70,14 @@ def resolve_trace(arg: str) -> Path:
     return found
 
 
+RUN_FILES = ("manifest.json", "summary.json", "health.json", "results.json", "whatif.json")
+
+
 def _find_trace(p: Path) -> Path | None:
     """The single trace in folder `p`, None when it holds none."""
     for pattern in ("*.pt.trace.json", "*.pt.trace.json.gz"), ("*.json", "*.json.gz"):
         found = sorted(f for pat in pattern for f in p.glob(pat)
-                       if f.is_file() and f.name not in ("manifest.json", "summary.json"))
+                       if f.is_file() and f.name not in RUN_FILES)
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
@@ -221,7 +224,8 @@ def plot_source(arg: str | Path, *, steps: tuple[int | None, int | None] | None 
         if isinstance(src, Path):
             df = _read_timeline(src)
             rng = _pick_steps(sorted(int(v) for v in df["step"].unique()), steps)
-            return plot_event_timeline(df, steps=rng, path=path, title=src.name)
+            return plot_event_timeline(df, steps=rng, path=path, title=src.name,
+                                       alarms=_alarm_steps(src.parent))
         res = analyze_run(src, device=device)      # the warm-up rule of `mtplab analyze`
         fig = plot_timeline(src, res, steps=_pick_steps(res.steps["step"].tolist(), steps),
                             path=path)
@@ -250,6 +254,18 @@ def _plot_input(p: Path) -> Trace | Path:
     if timeline.is_file() and not tr.cat_mask(*GPU_ACTIVITY_CATS).any():
         return timeline
     return tr
+
+
+def _alarm_steps(run_dir: Path) -> list:
+    """The acceptance alarm's stretches a run folder's health.json records (Engine.finish),
+    [] without one."""
+    p = run_dir / "health.json"
+    if not p.is_file():
+        return []
+    try:
+        return orjson.loads(p.read_bytes()).get("accept_alarm_steps", [])
+    except orjson.JSONDecodeError as e:
+        raise _UsageError(f"{p} is not JSON ({e}); delete it or re-run the engine") from None
 
 
 def _read_timeline(path: Path):

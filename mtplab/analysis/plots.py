@@ -40,6 +40,7 @@ from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa
 PathLike = Union[str, "os.PathLike[str]"]
 ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
 LEAD_COLORS = {"> 0 (ahead)": "#2ca02c", "<= 0 (GPU waited)": "#d62728"}
+ALARM_COLOR = "#ff00ff"          # an acceptance alarm's stretch (event timeline)
 
 
 def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
@@ -319,14 +320,17 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
 def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = None,
                         clock: str = "auto", path: PathLike | None = None,
                         width: float = 14.0, title: str | None = None,
-                        unit: str | None = None) -> Figure:
+                        unit: str | None = None,
+                        alarms: Sequence[Sequence[int]] = ()) -> Figure:
     """Lanes from an mtplab event timeline (timeline.parquet; no profiler needed): one lane per
     `stream` label (`host`, `forward`, ...), stage spans coloured with `STAGE_COLORS`, step
     spans outlined and numbered at their start; the x `unit` (µs, ms, s; None: by the window's
     length; give one to compare figures). `clock`: `gpu` (CUDA event times), `host`
     (perf_counter) or `auto` (gpu when the timeline has GPU times, else host — a CPU run).
     Lanes are the y tick labels; the legend lists the stages drawn; the title names the steps
-    shown (prefixed by `title`)."""
+    shown (prefixed by `title`). `alarms`: [first, last] step stretches of an acceptance alarm
+    (a run folder's health.json, `Engine.finish`), shaded across every lane and named in the
+    legend."""
     if df.empty:
         raise ValueError("the event timeline is empty: nothing to draw")
     if clock == "auto":
@@ -367,6 +371,14 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
     for step, start in marks.iloc[::every].items():
         ax.axvline(start - t0, color="black", linestyle=":", linewidth=0.6)
         ax.text(start - t0, -0.5, f" {step}", fontsize=7, va="bottom")
+    ends = s1.groupby(df["step"]).max().dropna()
+    alarmed = False
+    for a, b in alarms:
+        lo, hi = marks[(marks.index >= a) & (marks.index <= b)], ends[ends.index <= b]
+        if len(lo) and len(hi):
+            ax.axvspan(float(lo.min()) - t0, float(hi.max()) - t0, color=ALARM_COLOR, alpha=0.15,
+                       zorder=0)
+            alarmed = True
     ax.set_yticks(range(len(lanes)), labels=list(lanes))
     ax.set_xlim(0, span / scale)
     ax.set_ylim(len(lanes) - 0.5, -0.8)      # first lane on top, room for the step numbers
@@ -375,8 +387,10 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
              "(dotted lines: step starts)")
     ax.set_title(f"{title}: {shown}" if title else shown, fontsize=9)
     legend = [s for s in STAGE_COLORS if s in drawn] + sorted(drawn - set(STAGE_COLORS))
-    ax.legend(handles=[Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    handles = [Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend]
+    if alarmed:
+        handles.append(Patch(color=ALARM_COLOR, alpha=0.15, label="acceptance alarm"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     if path is not None:
         save_figure(fig, path)

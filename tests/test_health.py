@@ -114,13 +114,16 @@ def test_alarm_fires_on_a_scripted_collapse_through_the_engine(overlap):
                           simulate_accept_rates=(1.0, 1.0, 1.0))) as eng:
         eng.on_step(_flip_rates_after(eng, 40, (0.0, 0.0, 0.0)))
         with pytest.warns(AcceptanceAlarm, match="38..80"):
-            eng.generate([[5, 6, 7]], max_new_tokens=201, ignore_eos=True)
+            eng.generate([[5 + i % 300 for i in range(100)]], max_new_tokens=201,
+                         ignore_eos=True)
         st = eng.stats()
         assert st["verify_steps"] == 80
         assert st["accept_alarm"] is True and st["accept_alarm_steps"] == [[38, 80]]
         assert st["draft_tokens"] == 240 and st["draft_tokens_accepted"] == 120
         assert st["draft_waste_frac"] == pytest.approx(0.5)
-        assert st["accept_len_by_ctx"] == {0: pytest.approx(2.5)}     # contexts 3..202
+        # verify i (< 40) sees context 100 + 4 i: 39 in [0, 256) accept 4; the 40th (context
+        # 256) and the 40 that accept nothing (contexts 260..299) in [256, 512)
+        assert st["accept_len_by_ctx"] == {0: 4.0, 256: pytest.approx(44 / 41)}
         eng.check_invariants()
 
 

@@ -364,16 +364,18 @@ def test_launch_lead_and_draft_share_on_a_synthetic_stamp_table():
     _synthetic(m, [(2, "verify", "forward", 70 * us, 80 * us)])
     m.cut()
     m._launches.append((2, 75 * us))             # a second mark of one step: the first counts
+    m._launches.append((3, 90 * us))             # the next run's first launch: step 2 is cut
+    _synthetic(m, [(3, "verify", "forward", 90 * us, 95 * us)])
     m.collect()
     df = m.frame()
     np.testing.assert_allclose(df["launch_lead_us"][:2], [10.0, -10.0])
-    assert np.isnan(df["launch_lead_us"][2])
-    np.testing.assert_allclose(df["draft_us"], [8.0, 10.0, 0.0])
-    np.testing.assert_allclose(df["draft_share"], [8 / 25, 10 / 30, 0.0])
+    assert np.isnan(df["launch_lead_us"][2:]).all()
+    np.testing.assert_allclose(df["draft_us"], [8.0, 10.0, 0.0, 0.0])
+    np.testing.assert_allclose(df["draft_share"], [8 / 25, 10 / 30, 0.0, 0.0])
     s = m.summary()
     assert s["run_ahead_frac"] == 0.5 and s["run_ahead_steps"] == 2
     assert s["launch_lead_p50_us"] == pytest.approx(0.0)
-    assert s["draft_busy_frac"] == pytest.approx(18 / 65)
+    assert s["draft_busy_frac"] == pytest.approx(18 / 70)
 
 
 def test_run_ahead_on_cpu_reads_not_available_and_leads_are_negative():

@@ -260,8 +260,8 @@ class Engine:
         self._hooks = StepHooks(self.profiler)
 
     def finish(self) -> dict:
-        """Stop profiling and write the run folder: manifest.json, health.json (the acceptance
-        alarm's stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
+        """Stop profiling and write the run folder: manifest.json, health.json (when the
+        acceptance alarm fired: its stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
         meter_stages.parquet (atomically). Returns
         {name: path} of what was written."""
         written = {}
@@ -285,10 +285,11 @@ class Engine:
         if written or self.profiler is not None:
             written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
                                                     json.dumps(self.cfg.manifest(), indent=2))
-            # the acceptance alarm's stretches (scheduler iterations = the event timeline's
-            # steps): `mtplab plot RUN_DIR` shades them
-            written["health"] = atomic_write_text(self.run_dir / "health.json", json.dumps(
-                {"accept_alarm_steps": self._alarms}))
+            if self._alarms:
+                # the acceptance alarm's stretches (scheduler iterations = the event
+                # timeline's steps): `mtplab plot RUN_DIR` shades them
+                written["health"] = atomic_write_text(self.run_dir / "health.json", json.dumps(
+                    {"accept_alarm_steps": self._alarms}))
         return written
 
     def timeline_frame(self):

@@ -46,7 +46,7 @@ def _config_from_args(args: argparse.Namespace):
     return RunConfig(**given(args, RunConfig))
 
 
-METER_BUBBLE_KEYS = ("bubble_frac", "bubble_us_per_step")     # named with the meter's clock
+METER_BUBBLE_KEYS = ("bubble_frac", "bubble_us_per_step", "draft_busy_frac")   # the meter's clock
 
 
 def _print_table(rows: list[tuple[str, object]], device: str = "") -> None:

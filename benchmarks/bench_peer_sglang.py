@@ -194,6 +194,7 @@ def trace_figures(trace: Optional[str]) -> dict:
     bubble = s["bubble_us"] or float("nan")
     top = sorted(s["bubble_by_cause_us"].items(), key=lambda kv: -kv[1])[:3]
     return {"trace": trace, "bubble_frac": s["bubble_frac"], "steps": s["n_steps"],
+            "run_ahead_frac": s["run_ahead_frac"], "launch_lead_p50_us": s["launch_lead_p50_us"],
             "causes": {k: v / bubble for k, v in cause_split(s).items()},
             "top": [[k, v / bubble] for k, v in top]}
 
@@ -401,16 +402,17 @@ def cell_line(rec: dict) -> str:
 
 CELL_HEADER = ("| shape | draft | overlap | bs | tok/s mtplab | tok/s SGLang | mtplab / SGLang "
                "[min-max] | TPOT p50 ms m / S | step ms m / S | accept len m / S | bubble mtplab "
-               "meter / trace | bubble SGLang trace | top causes mtplab | top causes SGLang |")
+               "meter / trace | bubble SGLang trace | top causes mtplab | top causes SGLang | "
+               "run-ahead m / S trace (lead p50 µs) |")
 
 
 def cell_table(cells: list[dict]) -> str:
-    rows = [CELL_HEADER, "|" + "---|" * 14]
+    rows = [CELL_HEADER, "|" + "---|" * 15]
     for c in cells:
         head = f"| {c['shape']} | {c['draft']} | {c['overlap']} | {c['bs']} |"
         if c["status"] != "ok":
             who = {"sglang": "SGLang", "mtplab": "mtplab"}.get(c["failed_side"], "the harness")
-            rows.append(f"{head} {who} cannot run this cell: {c['message']} |" + " |" * 9)
+            rows.append(f"{head} {who} cannot run this cell: {c['message']} |" + " |" * 10)
             continue
         m, s, r, p = c["mtplab"], c["sglang"], c["ratio"], c.get("profile", {})
         pm, ps = p.get("mtplab", {}), p.get("sglang", {})
@@ -422,7 +424,10 @@ def cell_table(cells: list[dict]) -> str:
             f"{_f(m['step_ms'], '.2f')} / {_f(s['step_ms'], '.2f')} | "
             f"{_f(m['accept_len'], '.2f')} / {_f(s['accept_len'], '.2f')} | "
             f"{_f(meter, '.1%')} / {_f(pm.get('bubble_frac'), '.1%')} | "
-            f"{_f(ps.get('bubble_frac'), '.1%')} | {_top(pm)} | {_top(ps)} |")
+            f"{_f(ps.get('bubble_frac'), '.1%')} | {_top(pm)} | {_top(ps)} | "
+            f"{_f(pm.get('run_ahead_frac'), '.0%')} ({_f(pm.get('launch_lead_p50_us'), '+.0f')})"
+            f" / {_f(ps.get('run_ahead_frac'), '.0%')} ({_f(ps.get('launch_lead_p50_us'), '+.0f')})"
+            " |")
     return "\n".join(rows)
 
 

@@ -46,7 +46,7 @@ def _config_from_args(args: argparse.Namespace):
     return RunConfig(**given(args, RunConfig))
 
 
-METER_BUBBLE_KEYS = ("bubble_frac", "bubble_us_per_step")     # named with the meter's clock
+METER_BUBBLE_KEYS = ("bubble_frac", "bubble_us_per_step", "draft_busy_frac")   # the meter's clock
 
 
 def _print_table(rows: list[tuple[str, object]], device: str = "") -> None:
@@ -119,7 +119,7 @@ def cmd_run(args) -> int:
 
     from .engine import Engine
     from .models.memory import estimate_memory
-    from .stats import LEGEND
+    from .stats import LEGEND, health_columns
     _check_workload(args)
     cfg = _run_folder(_config_from_args(args), args)
     if args.step_profile:                 # the predictor pairs host spans with the meter's
@@ -145,6 +145,7 @@ def cmd_run(args) -> int:
     written.update(eng.finish())                 # trace, timeline, meter, manifest
     print("\n".join(_knob_header(cfg, set(given(args, type(cfg))))))
     rows = [(k, v) for k, v in st.items() if not isinstance(v, (dict, list))]
+    rows += [(k, v) for k, v in health_columns(st).items() if k.startswith("accept_len_ctx")]
     _print_table(rows, cfg.device)
     for k, _ in rows:
         if k in LEGEND:

@@ -118,6 +118,9 @@ class RunConfig(ZeroBubbleKnobs):
     event_timeline_every: int = knob(1, "timeline spans on every N-th engine step only")
     bubble_meter: bool = knob(False, "GPU time stamps at stage boundaries: per-step wall, stage "
                               "intervals and bubble without the profiler (meter.parquet)")
+    moe_stats: bool = knob(False, "MoE target: record the distinct experts each verify's "
+                           "tokens touch per layer, on the device (a few small kernels per MoE "
+                           "layer; experts_per_verify in stats)")
     trace_dir: str = knob("traces", "output root of run folders")
     run_name: Optional[str] = knob(None, "run folder under trace_dir "
                                    "(None: named after the time, model and draft)")

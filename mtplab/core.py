@@ -162,6 +162,7 @@ class DecodeOut:
     tokens: torch.Tensor        # [B, n] int64 (n = 1 target-only, S+1 speculative)
     accept_lens: torch.Tensor   # [B] int64, tokens committed this step (bonus included)
     predrafted: bool = False    # the step's draft ran a round early (zb_draft_preexec)
+    draft_tokens: int = 0       # draft tokens each request proposed to the verify (D - 1)
 
 
 @dataclass

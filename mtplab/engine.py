@@ -17,11 +17,14 @@ import functools
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+import numpy as np
+
 from .config import ConfigError, RunConfig
-from .errors import NonFiniteLogitsError
+from .errors import AcceptanceAlarm, NonFiniteLogitsError
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
 from .kernels.fused_ops import references
@@ -40,9 +43,11 @@ from .instrument.session import ProfilerSession
 from .instrument.spans import Spans
 from .instrument.timeline import EventTimeline
 from .instrument.meter import BubbleMeter, meter_throughput
+from .health import ALARM_FLOOR, ALARM_WINDOW, expected_experts, run_ahead_unavailable
 from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
+from .models.moe import attach_recorder
 from .core import Req, SamplingParams
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
@@ -57,6 +62,9 @@ from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
 
 Prompt = Union[str, Sequence[int]]
+RUN_AHEAD_CPU = ("not available on CPU: the host runs every stage itself, so no launch can "
+                 "run ahead of device work")
+RUN_AHEAD_NO_METER = "needs the bubble meter (bubble_meter=True, --bubble-meter true)"
 logger = logging.getLogger("mtplab")
 
 
@@ -89,6 +97,7 @@ class Engine:
     def __init__(self, cfg: RunConfig):
         self._closed = False              # first: close() (and __del__) on a partial build
         self.cfg = cfg
+        self._hot: Optional[np.ndarray] = None     # a hot draft vocabulary, as a token mask
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
@@ -97,6 +106,9 @@ class Engine:
         self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         set_moe_kernels(self.model, cfg.moe_kernels)
         mc = self.model.config
+        # before any graph is captured: the verify graphs hold the recorder's writes
+        self.experts = attach_recorder(self.model) if cfg.moe_stats else None
+        self._expert_steps: list[float] = []     # experts per layer of each verify so far
         P = cfg.page_size
         num_slots = (cfg.max_total_tokens // P + 1) * P          # + the padding page
         self.allocator = PagedAllocator(num_slots, P)
@@ -126,6 +138,7 @@ class Engine:
         self.scheduler = self._new_scheduler()
         self._next_rid = 0
         self._last_stats: dict = {}
+        self._alarms: list = []             # acceptance alarm stretches of every generate
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -184,6 +197,10 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)
+        ids = self.draft_model.vocab_ids              # a hot vocabulary: its token ids
+        if ids is not None:
+            self._hot = np.zeros(self.model.config.vocab_size, dtype=bool)
+            self._hot[ids.cpu().numpy()] = True
         graph_max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
         if cfg.spec_schedule is not None:
             return self._schedule_worker(draft, graph_max_bs)
@@ -245,8 +262,9 @@ class Engine:
         self._hooks = StepHooks(self.profiler)
 
     def finish(self) -> dict:
-        """Stop profiling and write the run folder: manifest.json, the Kineto trace(s) and
-        timeline.parquet, meter.parquet + meter_stages.parquet (atomically). Returns
+        """Stop profiling and write the run folder: manifest.json, health.json (when the
+        acceptance alarm fired: its stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
+        meter_stages.parquet (atomically). Returns
         {name: path} of what was written."""
         written = {}
         self.profile_note = None
@@ -261,7 +279,7 @@ class Engine:
             written["timeline"] = self.run_dir / "timeline.parquet"
         if self.meter is not None:
             self.meter.collect()
-            for key, df in (("meter", self.meter.frame()), ("meter_stages",
+            for key, df in (("meter", self.meter_frame()), ("meter_stages",
                                                             self.meter.stages_frame())):
                 with atomic_path(self.run_dir / f"{key}.parquet") as tmp:
                     df.to_parquet(tmp)
@@ -269,6 +287,11 @@ class Engine:
         if written or self.profiler is not None:
             written["manifest"] = atomic_write_text(self.run_dir / "manifest.json",
                                                     json.dumps(self.cfg.manifest(), indent=2))
+            if self._alarms:
+                # the acceptance alarm's stretches (scheduler iterations = the event
+                # timeline's steps): `mtplab plot RUN_DIR` shades them
+                written["health"] = atomic_write_text(self.run_dir / "health.json", json.dumps(
+                    {"accept_alarm_steps": self._alarms}))
         return written
 
     def timeline_frame(self):
@@ -279,12 +302,19 @@ class Engine:
 
     def meter_frame(self, stages: bool = False):
         """The bubble meter's table so far: one row per step (wall_us, busy_us, bubble_us,
-        bubble_frac, ...), or with `stages=True` one row per stage interval
-        (instrument/meter.py)."""
+        bubble_frac, launch_lead_us, draft_share, ...; with moe_stats `experts`, the distinct
+        experts per MoE layer of each decode step's verify), or with `stages=True` one row
+        per stage interval (instrument/meter.py)."""
         if self.meter is None:
             raise RuntimeError("the bubble meter is off; construct with bubble_meter=True.")
         self.meter.collect()
-        return self.meter.stages_frame() if stages else self.meter.frame()
+        if stages:
+            return self.meter.stages_frame()
+        df = self.meter.frame()
+        dec = df["name"].str.startswith("step[decode").to_numpy()
+        if self.experts is not None and dec.sum() == len(self._expert_steps):
+            df.loc[dec, "experts"] = self._expert_steps    # moe_stats: per verify, per layer
+        return df
 
     def on_step(self, fn) -> HookHandle:
         """Call `fn(step_index)` after every engine step (the scheduler's iteration that
@@ -426,6 +456,8 @@ class Engine:
             sched.add(r)
         bar = TokenProgress(len(reqs) * max_new_tokens, len(reqs), enabled=progress)
         first_meter_step = self.meter.step + 1 if self.meter is not None else 0
+        if self.experts is not None:
+            self.experts.reset()
         arm_steps = dict(getattr(self.worker, "steps", {}))      # a spec_schedule's arms
         t0 = time.perf_counter()
         try:
@@ -438,10 +470,16 @@ class Engine:
             self.device.synchronize()
         finally:
             bar.close()
+            if self.meter is not None:
+                self.meter.cut()          # the next generate's first launch is not its successor
         wall = time.perf_counter() - t0
         cfg = self.cfg
         self._last_stats = collect_stats(reqs, sched.stats, wall, num_steps=cfg.num_steps,
-                                         speculative=cfg.speculative, simulated=cfg.simulated)
+                                         speculative=cfg.speculative, simulated=cfg.simulated,
+                                         hot=self._hot)
+        self._warn_alarm(self._last_stats.get("accept_alarm_steps"))
+        self._alarms += self._last_stats.get("accept_alarm_steps", [])
+        self._last_stats.update(self._expert_stats(sched.stats))
         if cfg.spec_schedule is not None and self._last_stats.get("verify_steps"):
             self._last_stats.update(schedule_step_counts(arm_steps, self.worker.steps))
         if self.meter is not None:
@@ -449,8 +487,49 @@ class Engine:
             m = self.meter.summary(first_meter_step)
             m["meter_tok_per_s"] = meter_throughput(m, sched.stats.decode_tokens)
             m["meter_clock"] = "device" if self.device.is_cuda else "host"    # CPU: no device
+            if not self.device.is_cuda:          # host stamps: nothing to run ahead of
+                m.update(run_ahead_unavailable(), run_ahead_note=RUN_AHEAD_CPU)
             self._last_stats.update(m)
+        else:
+            self._last_stats.update(run_ahead_unavailable(), run_ahead_note=RUN_AHEAD_NO_METER)
         return [r.output_ids for r in reqs]
+
+    def _expert_stats(self, s: StepStats) -> dict:
+        """experts_per_verify (distinct experts per MoE layer per verify, mean over the
+        generate's verifies; one host read of the recorder, after the generate) against
+        experts_per_verify_uniform (health.expected_experts at each verify's bs x D tokens);
+        experts_per_draft_step: the drafts have no MoE layer. Empty without moe_stats."""
+        nan = float("nan")
+        if not self.cfg.moe_stats:
+            return {}
+        if self.experts is None:
+            return {"experts_per_verify": nan, "experts_per_verify_uniform": nan,
+                    "experts_per_draft_step": nan, "experts_note": "a dense target"}
+        rows = self.experts.read()
+        per = [sum(r) / len(r) for r in rows]
+        self._expert_steps += per
+        moe = self.model.config
+        uni = [expected_experts(moe.num_experts, moe.num_experts_per_tok,
+                                lanes * (1 + prop // max(lanes, 1)))
+               for _, lanes, _, prop in s.verify_steps]
+        return {"experts_per_verify": sum(per) / len(per) if per else nan,
+                "experts_per_verify_uniform": sum(uni) / len(uni) if uni else nan,
+                "experts_per_draft_step": nan,
+                "experts_note": "the draft's layers are dense: no experts per draft step"}
+
+    @staticmethod
+    def _warn_alarm(stretches) -> None:
+        """An AcceptanceAlarm warning (and a log line) naming the stretches of collapsed
+        acceptance, if any."""
+        if not stretches:
+            return
+        where = ", ".join(f"{a}..{b}" for a, b in stretches[:4])
+        msg = (f"acceptance collapsed over {len(stretches)} stretch(es) of the run (scheduler "
+               f"iterations {where}): windows of {ALARM_WINDOW} verify steps accepted < "
+               f"{ALARM_FLOOR:.0%} of the run's mean, or nothing; check the draft's inputs "
+               "(stats()['accept_len_by_ctx'] shows whether it follows the context length).")
+        logger.warning(msg)
+        warnings.warn(msg, AcceptanceAlarm, stacklevel=3)
 
     def stats(self) -> dict:
         """Figures of the last `generate` (tokens, steps, tok_per_s, ...); with the bubble

@@ -3,6 +3,7 @@
     ConfigError      an invalid setting (RunConfig, grid files, CLI flags)
     ModelLoadError   a model folder that cannot be loaded (a ConfigError: model= points at it)
     NonFiniteLogitsError  the target's forward was not finite (names the layer)
+    AcceptanceAlarm  (a warning) acceptance collapsed over a stretch of the run
 
 Every message is one sentence naming the problem and the fix.
 """
@@ -14,6 +15,11 @@ class ConfigError(ValueError):
 
 class ModelLoadError(ConfigError):
     """A corrupt or mismatched model folder: "<path>: <problem>; <fix>"."""
+
+
+class AcceptanceAlarm(UserWarning):
+    """A stretch of verify steps accepted far below the run's own mean, or nothing at all
+    (mtplab/health.py `accept_alarm`): a drafting or verify fault that fails silently."""
 
 
 class NonFiniteLogitsError(RuntimeError):

@@ -17,6 +17,8 @@ DEVICE_STAGES = (
     "publish", "draft_extend", "stash", "d2h", "prefill",
 )
 STAGES = HOST_STAGES[:2] + DEVICE_STAGES + HOST_STAGES[2:]
+# The drafter's stages: its share of a step's GPU busy time is theirs (instrument/meter.py).
+DRAFT_STAGES = ("draft.seed", "draft.step", "draft", "draft_extend")
 
 # Host stages that count as "host preparation" when the analyser assigns a bubble cause.
 HOST_PREP_STAGES = ("schedule", "prepare", "process_result")

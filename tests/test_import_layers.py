@@ -6,7 +6,7 @@ RunConfig); and no chain of imports, module- or function-level, leads from a mod
 itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topological order).
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
-              zero_bubble  version  provenance
+              zero_bubble  version  provenance  health
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
@@ -29,7 +29,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt", "zero_bubble", "version", "provenance"}
+          "draft_kinds", "fmt", "zero_bubble", "version", "provenance", "health"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -40,6 +40,8 @@ ALLOWED = {
     "zero_bubble": set(),          # the zero-bubble sub-knobs and their owners
     "version": set(),              # __version__ (the package root re-exports it)
     "provenance": set(),           # git_commit: the checkout the code runs from (manifests)
+    "health": set(),               # health figures from tables (numpy only): run-ahead, the
+                                   #   acceptance alarm, the experts' uniform expectation
     "core": {"errors"},
     "validate": {"errors"},
     "spec_schedule": {"errors"},   # the batch-aware schedule knob (torch-free)
@@ -47,12 +49,13 @@ ALLOWED = {
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
-                 "zero_bubble", "draft_kinds"},          # the what-if's knobs and drafts
+                 "zero_bubble", "draft_kinds",             # the what-if's knobs and drafts
+                 "health"},                                 # run-ahead of a trace
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
-    "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
+    "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc", "health"},
     "mem": {"core", "device"},
     "models": {"core", "errors", "kernels", "atomic", "device", "draft_kinds", "nogc",
-               "provenance"},                                    # train.py's manifest
+               "provenance", "health"},           # train.py's manifest; the experts' expectation
     # graphs -> kernels: a capture hands its stamps to carrying kernels (kernels/stamp.py)
     "graphs": {"core", "device", "nogc", "kernels"},
     "speculative": {"core", "device", "kernels", "mem", "models", "graphs", "instrument",

@@ -34,6 +34,17 @@ Steps
     would split. `skip_steps=N` drops the first N steps (warm-up, capture) from the tables and
     the summary; step numbers are kept.
 
+Run-ahead (the host's launch lead; mtplab/health.py)
+    `launch_lead_us` of step k = the end of step k's last GPU activity (launched inside its
+    span) - the earliest launch call inside step k+1's span (host and device times are one
+    clock in a Kineto trace). > 0: the host issued step k+1's first work before the GPU ran
+    out of step k's (run-ahead); <= 0: the GPU waited. NaN for the last step, a step with no
+    launched activity or none in the next, and without step spans (fixed windows). The
+    summary's `run_ahead_frac` is the share of the kept steps with a lead that is > 0,
+    `launch_lead_p10_us` / `_p50_us` / `_p90_us` its percentiles, `run_ahead_steps` their
+    count. An SGLang trace's step spans are forwards (VERIFY, DRAFT, ...): the lead is then
+    from one forward's GPU end to the next forward's first launch.
+
 Causes (exactly one per bubble, the first that applies; "overlaps" means with positive length)
     `sync`, `host_prep`, `launch`, `host:<stage>` / `host:python` / `host:untraced`, `other`:
     defined once, with their colours, in `causes.py` (`CAUSE_TABLE`). In short: a host block
@@ -89,6 +100,7 @@ import orjson
 import pandas as pd
 
 from ..atomic import atomic_path, atomic_write_bytes
+from ..health import launch_leads, run_ahead
 from ..stages import HOST_PREP_STAGES, STAGES
 from .causes import CAUSES, HOST_PYTHON, HOST_UNTRACED, cause_group
 from .trace_io import (CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, GPU_ACTIVITY_CATS,
@@ -115,7 +127,8 @@ _STAGE_SET = frozenset(STAGES)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 STEP_COLUMNS = ["step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac",
-                "n_gaps", *(f"bubble_{c}_us" for c in CAUSES), "host_start_us", "host_dur_us"]
+                "n_gaps", *(f"bubble_{c}_us" for c in CAUSES), "host_start_us", "host_dur_us",
+                "launch_lead_us"]
 GAP_COLUMNS = ["step", "start_us", "end_us", "gap_us", "cause", "before", "after", "scope",
                "stream", "idle_category"]
 STREAM_COLUMNS = ["stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_kernel_wait_us",
@@ -306,15 +319,17 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
         b_lo, bounds, step_name = _window_bounds(ctx, window_us)
         host_ts = np.full(bounds.size, np.nan)
         host_end = host_ts
+        leads = host_ts
         steps_src = f"fixed windows of {window_us:g} us (no step spans, no ProfilerStep#N)"
     else:
-        b_lo, bounds = _step_bounds(ctx, host_ts, host_end, notes)
+        b_lo, bounds, leads = _step_bounds(ctx, host_ts, host_end, notes)
     _check_skip(skip_steps, bounds.size, steps_src)
     starts = np.concatenate(([b_lo], bounds[:-1]))
     keep_from = starts[skip_steps]
     gaps = _gap_table(ctx, b_lo, bounds, consecutive_kernel_delay_us)
     gaps = gaps[gaps["step"] >= skip_steps].reset_index(drop=True)
-    steps = _step_table(ctx, step_name, starts, bounds, host_ts, host_end, gaps, skip_steps)
+    steps = _step_table(ctx, step_name, starts, bounds, host_ts, host_end, gaps, skip_steps,
+                        leads)
     streams = _stream_table(ctx, gaps, keep_from, bounds[-1])
     summary = _summary(steps, gaps, steps_src, device, skip_steps, consecutive_kernel_delay_us, notes)
     return Analysis(steps=steps, gaps=gaps, streams=streams, summary=summary)
@@ -404,8 +419,9 @@ def _step_spans(tr: Trace, host: np.ndarray) -> tuple[str, list[str], np.ndarray
 
 
 def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
-                 notes: list[str]) -> tuple[float, np.ndarray]:
-    """Device-timeline step windows: (start of the first, end boundary of each step)."""
+                 notes: list[str]) -> tuple[float, np.ndarray, np.ndarray]:
+    """Device-timeline step windows: (start of the first, end boundary of each step, the
+    launch lead of each step: module doc "Run-ahead")."""
     key = np.where(np.isnan(ctx.launch_ts), ctx.s, ctx.launch_ts)
     k = np.searchsorted(host_ts, key, side="right") - 1
     inside = (k >= 0) & (key <= host_end[np.clip(k, 0, None)])
@@ -414,7 +430,13 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
     np.maximum.at(last_end, k[inside], ctx.e[inside])
     if not inside.any():
         notes.append("no GPU activity was launched inside a step span: step windows are empty")
-        return float(ctx.s[0]), np.full(n, float(ctx.s[0]))
+        return float(ctx.s[0]), np.full(n, float(ctx.s[0])), np.full(n, np.nan)
+    first_launch = np.full(n, np.inf)
+    launched = inside & ~np.isnan(ctx.launch_ts)
+    np.minimum.at(first_launch, k[launched], ctx.launch_ts[launched])
+    nxt = np.append(first_launch[1:], np.inf)
+    leads = np.where(np.isfinite(last_end) & np.isfinite(nxt), launch_leads(last_end, nxt),
+                     np.nan)
     first_step = int(k[inside].min())
     b_lo = float(ctx.s[inside & (k == first_step)].min())
     bounds = np.maximum.accumulate(np.maximum(last_end, b_lo))
@@ -422,7 +444,7 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
     if outside:
         notes.append(f"{outside} GPU activities were launched outside every step span; they count "
                      "as busy time of the window they run in")
-    return b_lo, bounds
+    return b_lo, bounds, leads
 
 
 def _window_bounds(ctx: _Ctx, window_us: float) -> tuple[float, np.ndarray, list[str]]:
@@ -539,7 +561,7 @@ def _gap_rows(ctx: _Ctx, g0, g1, before, after, sel, scope: str, stream: int, b_
 
 def _step_table(ctx: _Ctx, names: list[str], starts: np.ndarray, bounds: np.ndarray,
                 host_ts: np.ndarray, host_end: np.ndarray, gaps: pd.DataFrame,
-                skip: int) -> pd.DataFrame:
+                skip: int, leads: np.ndarray) -> pd.DataFrame:
     us, ue = union_intervals(ctx.s, ctx.e)
     busy = _busy_until(us, ue, bounds) - _busy_until(us, ue, starts)
     dg = gaps[gaps["scope"] == "device"]
@@ -556,7 +578,8 @@ def _step_table(ctx: _Ctx, names: list[str], starts: np.ndarray, bounds: np.ndar
         "busy_us": busy, "bubble_us": bubble, "bubble_frac": frac,
         "n_gaps": np.bincount(st, minlength=n)[:n].astype(np.int64),
         **{f"bubble_{c}_us": per[c] for c in CAUSES},
-        "host_start_us": host_ts, "host_dur_us": host_end - host_ts}, columns=STEP_COLUMNS)
+        "host_start_us": host_ts, "host_dur_us": host_end - host_ts,
+        "launch_lead_us": leads}, columns=STEP_COLUMNS)
     return df[df["step"] >= skip].reset_index(drop=True)
 
 
@@ -586,6 +609,7 @@ def _summary(steps: pd.DataFrame, gaps: pd.DataFrame, source: str, device: int |
         "n_gaps": int((gaps["scope"] == "device").sum()) if len(gaps) else 0,
         **{f"bubble_{c}_us": float(steps[f"bubble_{c}_us"].sum()) for c in CAUSES},
         "bubble_by_cause_us": _by_cause(steps, gaps),
+        **run_ahead(steps["launch_lead_us"]),
         "step_source": source, "device": device, "skip_steps": skip,
         "consecutive_kernel_delay_us": delay_us, "notes": notes,
     }
@@ -610,7 +634,8 @@ def _cpu_only(names: list[str], host_ts: np.ndarray, host_end: np.ndarray, skip:
         "dur_us": host_end - host_ts, "busy_us": zeros, "bubble_us": zeros,
         "bubble_frac": np.full(n, np.nan), "n_gaps": np.zeros(n, np.int64),
         **{f"bubble_{c}_us": zeros for c in CAUSES},
-        "host_start_us": host_ts, "host_dur_us": host_end - host_ts}, columns=STEP_COLUMNS)
+        "host_start_us": host_ts, "host_dur_us": host_end - host_ts,
+        "launch_lead_us": np.full(n, np.nan)}, columns=STEP_COLUMNS)
     steps = steps[steps["step"] >= skip].reset_index(drop=True)
     gaps = pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(
         GAP_COLUMNS, ["int64", "float64", "float64", "float64", "str", "str", "str", "str",

@@ -48,7 +48,8 @@ EXIT_BAD_INPUT = 2
 DEFAULT_PLOT_STEPS = 20
 MAX_WINDOWS = 1_000_000      # --window-us may cut a trace into at most this many windows
 TIMELINE_COLUMNS = ("step", "stage", "stream", "host_start_us", "host_end_us")
-JSON_STEP_KEYS = ("step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac")
+JSON_STEP_KEYS = ("step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac",
+                  "launch_lead_us")
 JSON_GAP_KEYS = ("step", "start_us", "gap_us", "cause", "before", "after")
 JSON_STREAM_KEYS = ("stream", "busy_us", "idle_us", "idle_host_wait_us", "idle_kernel_wait_us",
                     "idle_other_us")
@@ -59,7 +60,7 @@ class _UsageError(Exception):
 
 
 # a run folder's own JSON files (mtplab run --out DIR, a sweep cell): never its trace
-RUN_JSON = ("manifest.json", "summary.json", "results.json", "whatif.json")
+RUN_JSON = ("manifest.json", "summary.json", "health.json", "results.json", "whatif.json")
 METER_STAGES = "meter_stages.parquet"
 
 
@@ -229,7 +230,8 @@ def plot_source(arg: str | Path, *, steps: tuple[int | None, int | None] | None 
         if isinstance(src, Path):
             df = _read_timeline(src)
             rng = _pick_steps(sorted(int(v) for v in df["step"].unique()), steps)
-            return plot_event_timeline(df, steps=rng, path=path, title=src.name)
+            return plot_event_timeline(df, steps=rng, path=path, title=src.name,
+                                       alarms=_alarm_steps(src.parent))
         res = analyze_run(src, device=device)      # the warm-up rule of `mtplab analyze`
         fig = plot_timeline(src, res, steps=_pick_steps(res.steps["step"].tolist(), steps),
                             path=path)
@@ -261,6 +263,18 @@ def _plot_input(p: Path) -> Trace | Path:
     if timeline.is_file() and not tr.cat_mask(*GPU_ACTIVITY_CATS).any():
         return timeline
     return tr
+
+
+def _alarm_steps(run_dir: Path) -> list:
+    """The acceptance alarm's stretches a run folder's health.json records (Engine.finish),
+    [] without one."""
+    p = run_dir / "health.json"
+    if not p.is_file():
+        return []
+    try:
+        return orjson.loads(p.read_bytes()).get("accept_alarm_steps", [])
+    except orjson.JSONDecodeError as e:
+        raise _UsageError(f"{p} is not JSON ({e}); delete it or re-run the engine") from None
 
 
 def _read_timeline(path: Path):
@@ -376,6 +390,18 @@ def wall_line(sm: dict[str, Any]) -> str:
             f"in {sm['n_gaps']} gaps")
 
 
+def run_ahead_line(sm: dict[str, Any]) -> str:
+    """The summary's run-ahead line: the share of steps whose next launch came before their
+    GPU work ended, and the launch lead's percentiles (bubbles.py "Run-ahead")."""
+    if not sm.get("run_ahead_steps"):
+        return "ahead   n/a (no step with a next launch: needs step spans and GPU activity)"
+    u, sc = time_unit([sm["launch_lead_p10_us"], sm["launch_lead_p90_us"]])
+    return (f"ahead   {sm['run_ahead_frac']:.1%} of {sm['run_ahead_steps']} steps launched the "
+            f"next before their GPU work ended; launch lead p10 / p50 / p90 "
+            f"{_t(sm['launch_lead_p10_us'], sc)} / {_t(sm['launch_lead_p50_us'], sc)} / "
+            f"{_t(sm['launch_lead_p90_us'], sc)} {u}")
+
+
 def format_report(res: "Analysis", path: Path, max_rows: int = 20,
                   default_skip: bool = False) -> str:
     """A short human-readable table of the analysis, times in the unit their size calls for."""
@@ -393,19 +419,21 @@ def format_report(res: "Analysis", path: Path, max_rows: int = 20,
              f"steps   {sm['n_steps']} from {sm['step_source']}{skipped}"
              + (f", device {sm['device']}" if sm["device"] is not None else ""),
              wall_line(sm),
-             "causes  " + "   ".join(f"{c} {_t(us, sc)} {u}" for c, us in cause_split(sm).items())]
+             "causes  " + "   ".join(f"{c} {_t(us, sc)} {u}" for c, us in cause_split(sm).items()),
+             run_ahead_line(sm)]
     st = res.steps
     if len(st):
         rows = st.head(max_rows)
         u, sc = time_unit(rows["dur_us"])
         lines.append("")
         lines.append(f"{'step':>6} {'name':<24} {'dur_' + u:>10} {'busy_' + u:>10} "
-                     f"{'bubble_' + u:>10} {'bubble%':>8} {'gaps':>5}")
+                     f"{'bubble_' + u:>10} {'bubble%':>8} {'gaps':>5} {'lead_' + u:>10}")
         for r in rows.itertuples():
             pct = "n/a" if math.isnan(r.bubble_frac) else f"{r.bubble_frac:.1%}"
+            lead = "n/a" if math.isnan(r.launch_lead_us) else _t(r.launch_lead_us, sc)
             lines.append(f"{r.step:>6} {r.name[:24]:<24} {_t(r.dur_us, sc):>10} "
                          f"{_t(r.busy_us, sc):>10} {_t(r.bubble_us, sc):>10} {pct:>8} "
-                         f"{r.n_gaps:>5}")
+                         f"{r.n_gaps:>5} {lead:>10}")
         if len(st) > max_rows:
             lines.append(f"{'':>6} ... {len(st) - max_rows} more steps (--json or --out for all)")
     if len(res.streams):

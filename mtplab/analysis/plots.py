@@ -4,7 +4,9 @@
 with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour) and one lane
 per GPU stream (stage-named `gpu_user_annotation` spans as a coloured band, kernels / memcpy /
 memset as dark boxes), and marks every device bubble with a band across the GPU lanes in the
-colour of its cause (`causes.py`), each cause drawn named in the legend. Lanes are named by
+colour of its cause (`causes.py`), each cause drawn named in the legend, and each step's
+launch lead (bubbles.py "Run-ahead") as a bar from the next step's first launch to the
+step's last GPU work, green when the host ran ahead, red when the GPU waited. Lanes are named by
 role (`lanes.py`: `host`, and `forward` / `schedule` / `copy` on mtplab's streams, `compute`
 / `copy` / `nccl` / `side` on any other program's), with the stream id. A CPU-only trace has
 no GPU lanes and no bubbles: its lanes are the host threads that carry stage spans. The x
@@ -37,6 +39,8 @@ from .trace_io import GPU_ACTIVITY_CATS, RUNTIME_CATS, Trace, load_trace  # noqa
 
 PathLike = Union[str, "os.PathLike[str]"]
 ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
+LEAD_COLORS = {"> 0 (ahead)": "#2ca02c", "<= 0 (GPU waited)": "#d62728"}
+ALARM_COLOR = "#ff00ff"          # an acceptance alarm's stretch (event timeline)
 
 
 def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
@@ -130,6 +134,7 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
                                (lo, top - lo), facecolors=CAUSE_COLORS[c], alpha=0.3,
                                edgecolors="none", zorder=0.5)
                 causes_drawn.append(c)
+    leads_drawn = _launch_leads(ax, st, t0, len(lanes) - 0.55)
     every = max(1, -(-len(st) // 25))  # at most 25 step marks
     for row in st.iloc[::every].itertuples():
         ax.axvline(row.start_us - t0, color="black", linestyle=":", linewidth=0.6)
@@ -147,10 +152,31 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     handles += [Patch(color=c, label=k) for k, c in ACTIVITY_COLORS.items() if k in seen]
     handles += [Patch(facecolor=CAUSE_COLORS[c], alpha=0.3, label=f"bubble: {c}")
                 for c in causes_drawn]
+    handles += [Patch(color=LEAD_COLORS[k], label=f"launch lead {k}") for k in leads_drawn]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     if path is not None:
         save_figure(fig, path)
     return fig
+
+
+def _launch_leads(ax, st: pd.DataFrame, t0: float, y: float) -> list[str]:
+    """Each step's launch lead as a bar at height `y` from the next step's first launch to
+    the step's last GPU work (the window end), green when the host ran ahead (> 0), red when
+    the GPU waited; its value written beside it. -> the kinds drawn."""
+    drawn = []
+    for row in st.itertuples():
+        lead = row.launch_lead_us
+        if not np.isfinite(lead):
+            continue
+        end = row.start_us + row.dur_us - t0
+        kind = "> 0 (ahead)" if lead > 0 else "<= 0 (GPU waited)"
+        ax.plot([end - lead, end], [y, y], color=LEAD_COLORS[kind], linewidth=2.5,
+                solid_capstyle="butt", zorder=3)
+        ax.text(min(end, end - lead), y + 0.05, f"{lead:+.0f} µs", fontsize=6,
+                color=LEAD_COLORS[kind], va="bottom")
+        if kind not in drawn:
+            drawn.append(kind)
+    return drawn
 
 
 def _lane_labels(tr: Trace, device: int | None) -> tuple[dict, dict]:
@@ -180,6 +206,9 @@ def timeline_title(res: Analysis, st: pd.DataFrame) -> str:
     if sm.get("device") is None:
         return f"{shown}, host spans only (CPU trace: no GPU lanes, so no device bubbles)"
     run = f"bubble {sm['bubble_frac']:.1%} of device wall time{skipped}, coloured by cause"
+    if sm.get("run_ahead_steps"):
+        run += f"; run-ahead {sm['run_ahead_frac']:.0%} (launch lead p50 " \
+               f"{sm['launch_lead_p50_us']:+.0f} µs)"
     if len(st) == len(res.steps):
         return f"{shown}: {run}"
     here = st["bubble_us"].sum() / max(st["dur_us"].sum(), 1e-12)
@@ -291,14 +320,17 @@ def plot_gap_lengths(gaps: pd.DataFrame, *, bins: int = 50, path: PathLike | Non
 def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = None,
                         clock: str = "auto", path: PathLike | None = None,
                         width: float = 14.0, title: str | None = None,
-                        unit: str | None = None) -> Figure:
+                        unit: str | None = None,
+                        alarms: Sequence[Sequence[int]] = ()) -> Figure:
     """Lanes from an mtplab event timeline (timeline.parquet; no profiler needed): one lane per
     `stream` label (`host`, `forward`, ...), stage spans coloured with `STAGE_COLORS`, step
     spans outlined and numbered at their start; the x `unit` (µs, ms, s; None: by the window's
     length; give one to compare figures). `clock`: `gpu` (CUDA event times), `host`
     (perf_counter) or `auto` (gpu when the timeline has GPU times, else host — a CPU run).
     Lanes are the y tick labels; the legend lists the stages drawn; the title names the steps
-    shown (prefixed by `title`)."""
+    shown (prefixed by `title`). `alarms`: [first, last] step stretches of an acceptance alarm
+    (a run folder's health.json, `Engine.finish`), shaded across every lane and named in the
+    legend."""
     if df.empty:
         raise ValueError("the event timeline is empty: nothing to draw")
     if clock == "auto":
@@ -339,6 +371,14 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
     for step, start in marks.iloc[::every].items():
         ax.axvline(start - t0, color="black", linestyle=":", linewidth=0.6)
         ax.text(start - t0, -0.5, f" {step}", fontsize=7, va="bottom")
+    ends = s1.groupby(df["step"]).max().dropna()
+    alarmed = False
+    for a, b in alarms:
+        lo, hi = marks[(marks.index >= a) & (marks.index <= b)], ends[ends.index <= b]
+        if len(lo) and len(hi):
+            ax.axvspan(float(lo.min()) - t0, float(hi.max()) - t0, color=ALARM_COLOR, alpha=0.15,
+                       zorder=0)
+            alarmed = True
     ax.set_yticks(range(len(lanes)), labels=list(lanes))
     ax.set_xlim(0, span / scale)
     ax.set_ylim(len(lanes) - 0.5, -0.8)      # first lane on top, room for the step numbers
@@ -347,8 +387,10 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
              "(dotted lines: step starts)")
     ax.set_title(f"{title}: {shown}" if title else shown, fontsize=9)
     legend = [s for s in STAGE_COLORS if s in drawn] + sorted(drawn - set(STAGE_COLORS))
-    ax.legend(handles=[Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    handles = [Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend]
+    if alarmed:
+        handles.append(Patch(color=ALARM_COLOR, alpha=0.15, label="acceptance alarm"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     if path is not None:
         save_figure(fig, path)

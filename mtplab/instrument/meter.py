@@ -23,6 +23,18 @@ Per step (device timeline, as the trace analyser defines it, docs/design.md "Bub
     bubble_us = wall_us - busy_us       any lane) inside the window: overlap counted once
 A bubble thus belongs to the step whose work it delayed (a host sleep between steps k and
 k+1 lands in step k+1).
+    launch_lead_us = end of step k's own last stage interval - the host's issue of step k+1's
+                 forward work (`mark_launch`, just before the worker's forward is issued), on
+                 the device clock (mtplab/health.py: > 0 is run-ahead); NaN for a step with no
+                 next launch in its generate (`cut`). The host's perf_counter is put on the
+                 device clock by an offset measured at each `collect`: the least (stamp time -
+                 host time just before its launch) over a few stamps on an idle GPU, which is
+                 late by at most one launch latency (a few µs), so a lead reads that much short
+                 and an overlap-off step (the host waited for the results) never reads > 0. On
+                 CPU the stamps are host times: a lead there is host time between two stages
+                 (the engine reports no run-ahead there: no device to run ahead of).
+    draft_us   = union of step k's own draft-stage intervals (stages.DRAFT_STAGES);
+    draft_share = draft_us / busy_us: the draft's share of the step's GPU busy time
 
 What it cannot see (measure it against the profiler: benchmarks/bench_meter.py):
 
@@ -49,8 +61,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..health import RUN_AHEAD_KEYS, launch_leads, run_ahead
 from ..kernels.stamp import StampLauncher, stamp_ref
-from ..stages import STAGES, STEP_RE
+from ..stages import DRAFT_STAGES, STAGES, STEP_RE
 
 LANES = ("forward", "copy")         # stamped lanes; "host" spans are never stamped
 _STAGE_ID = {s: i + 1 for i, s in enumerate(STAGES)}      # 1-based: codes are never 0 or 1
@@ -58,10 +71,11 @@ _STAGE_OF = {i: s for s, i in _STAGE_ID.items()}
 _LANE_ID = {lane: i for i, lane in enumerate(LANES)}
 _CODE_BITS = 16                     # a collected log entry = step << 16 | code
 STEP_COLUMNS = ["step", "name", "start_us", "wall_us", "busy_us", "bubble_us", "bubble_frac",
-                "n_stages"]
+                "n_stages", "launch_lead_us", "draft_us", "draft_share"]
 STAGE_COLUMNS = ["step", "stage", "lane", "start_us", "end_us", "dur_us"]
 
 
+_CAL_STAMPS = 8                     # stamps per clock-offset measurement
 _HANDOVER = 1 << 12                 # a begin stamp that also ends the lane's open stage
 MAX_LAUNCH_STAMPS = 8               # stamps one launch may log as one entry (`launch_codes`)
 
@@ -124,7 +138,7 @@ class _StepSpan:
         m = self.meter
         if len(m._log) >= m._drain_at:           # read before the ring could wrap
             m.drains += 1
-            m.collect()
+            m.collect(calibrate=False)
         m.step += 1
         m.log(self.name)
         return self
@@ -161,6 +175,16 @@ class BubbleMeter:
         self.count = torch.zeros(1, dtype=torch.int32, device=device)
         # compiled and loaded now, never during a graph capture
         self._launch = StampLauncher(self.ring, self.count) if self.cuda else None
+        # the clock offset's stamps: a ring of their own (never in the issue log)
+        self._cal = None
+        if self.cuda:
+            cal_ring = torch.zeros(_CAL_STAMPS, 2, dtype=torch.long, device=device)
+            cal_count = torch.zeros(1, dtype=torch.int32, device=device)
+            self._cal = (cal_ring, cal_count, StampLauncher(cal_ring, cal_count))
+        self._offset_ns = 0 if not self.cuda else None    # device ns - host perf_counter ns
+        self._launches: list = []           # (step, host ns) by `mark_launch`, not collected
+        self._launch_dev: dict = {}         # step -> its launch on the device clock (ns)
+        self._cuts: set = set()             # steps whose next launch is not in their run
         # CPU: stamp_ref on numpy views of the same memory (no torch op per stamp)
         self._host = (self.ring.numpy(), self.count.numpy()) if not self.cuda else None
         self.step = -1                      # the open step (-1: none yet)
@@ -192,6 +216,7 @@ class BubbleMeter:
         self._kernel_stamps.clear()
         self._log.clear()
         self._launch = None
+        self._cal = None
 
     # -- issue (hot path) ------------------------------------------------------------------
     def span(self, name: str, lane: str, graphed: bool = False):
@@ -236,6 +261,16 @@ class BubbleMeter:
             st = self._kernel_stamps[key] = KernelStamp((self.ring, self.count, b, e), (b, e))
         return st
 
+    def mark_launch(self) -> None:
+        """The host is about to issue the open step's forward work: its launch time (the
+        first mark of a step counts). One clock read and one append, no device work."""
+        self._launches.append((self.step, time.perf_counter_ns()))
+
+    def cut(self) -> None:
+        """The open step is the last of its run (a generate): the next launch is not its
+        successor's, so it gets no launch lead."""
+        self._cuts.add(self.step)
+
     def device_stamp(self, code: int) -> None:
         """A stamp with no log entry: inside a CUDA graph being captured (`log` at replay)."""
         self._launch(code)
@@ -245,10 +280,17 @@ class BubbleMeter:
         self.step_span(name).__enter__()
 
     # -- read back ---------------------------------------------------------------------------
-    def collect(self) -> None:
-        """Read the ring (one synchronize) and turn its records into stage intervals."""
+    def collect(self, calibrate: bool = True) -> None:
+        """Read the ring (one synchronize) and turn its records into stage intervals; the
+        launch marks go onto the device clock (`calibrate`: the offset measured afresh; a
+        drain mid-run reuses the last one)."""
         if self.cuda:
             torch.cuda.synchronize(self.ring.device)
+            if self._launches and (calibrate or self._offset_ns is None):
+                self._offset_ns = self._clock_offset()
+        for st, ns in self._launches:
+            self._launch_dev.setdefault(st, ns + self._offset_ns)
+        self._launches.clear()
         n = int(self.count[0])
         new = n - self._read
         log, step, names = [], self._log_step, self.names
@@ -282,6 +324,21 @@ class BubbleMeter:
         self._rows += _pair(log >> _CODE_BITS, log & ((1 << _CODE_BITS) - 1), rec[:, 0], rec[:, 1])
         if self._t0_ns is None and self._rows:
             self._t0_ns = min(r[3] for r in self._rows)
+
+    def _clock_offset(self) -> int:
+        """device ns - host perf_counter ns: the least (stamp time - host time just before
+        its launch) over _CAL_STAMPS stamps, each launched on an idle GPU (late by at most
+        one launch latency)."""
+        ring, count, launch = self._cal
+        count.zero_()
+        torch.cuda.synchronize(ring.device)
+        host = []
+        for _ in range(_CAL_STAMPS):
+            host.append(time.perf_counter_ns())
+            launch(2)
+            torch.cuda.synchronize(ring.device)
+        dev = ring[:, 1].cpu().numpy()
+        return int(min(int(d) - h for d, h in zip(dev.tolist(), host)))
 
     # -- tables ------------------------------------------------------------------------------
     def stages_frame(self, first_step: int = 0) -> pd.DataFrame:
@@ -317,30 +374,42 @@ class BubbleMeter:
         wall = bounds - starts
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.where(wall > 0, (wall - busy) / np.where(wall > 0, wall, 1.0), np.nan)
+        t0 = self._t0_ns or 0
+        nxt = np.array([np.nan if int(i) in self._cuts else
+                        (self._launch_dev.get(int(i) + 1, np.nan) - t0) / 1e3 for i in steps])
+        draft = _own_union(st[st["stage"].isin(DRAFT_STAGES)], steps)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dshare = np.where(busy > 0, draft / np.where(busy > 0, busy, 1.0), np.nan)
         df = pd.DataFrame({
             "step": steps.astype(np.int64), "name": [self.names[i] for i in steps],
             "start_us": starts, "wall_us": wall, "busy_us": busy,
             "bubble_us": np.maximum(wall - busy, 0.0), "bubble_frac": frac,
-            "n_stages": np.bincount(np.searchsorted(steps, k), minlength=steps.size)},
+            "n_stages": np.bincount(np.searchsorted(steps, k), minlength=steps.size),
+            "launch_lead_us": launch_leads(last, nxt), "draft_us": draft,
+            "draft_share": dshare},
             columns=STEP_COLUMNS)
         return df[df["step"] >= first_step].reset_index(drop=True)
 
     def summary(self, first_step: int = 0, decode_only: bool = True) -> dict:
-        """bubble_frac (bubble / wall) and bubble_us_per_step over the steps >= first_step
+        """bubble_frac (bubble / wall), bubble_us_per_step, draft_busy_frac (draft / busy)
+        and the run-ahead figures (health.RUN_AHEAD_KEYS) over the steps >= first_step
         (decode steps only by default: the steady state)."""
         df = self.frame(first_step)
         if decode_only:
             df = df[df["name"].str.startswith("step[decode")]
         wall = float(df["wall_us"].sum())
+        busy = float(df["busy_us"].sum())
         nan = float("nan")
         return {"bubble_frac": float(df["bubble_us"].sum()) / wall if wall > 0 else nan,
                 "bubble_us_per_step": float(df["bubble_us"].mean()) if len(df) else nan,
                 "meter_wall_us_per_step": float(df["wall_us"].mean()) if len(df) else nan,
-                "meter_steps": int(len(df))}
+                "meter_steps": int(len(df)),
+                "draft_busy_frac": float(df["draft_us"].sum()) / busy if busy > 0 else nan,
+                **run_ahead(df["launch_lead_us"])}
 
 
 METER_KEYS = ("bubble_frac", "bubble_us_per_step", "meter_wall_us_per_step", "meter_steps",
-              "meter_tok_per_s")
+              "meter_tok_per_s", "draft_busy_frac", *RUN_AHEAD_KEYS)
 
 
 def meter_throughput(summary: dict, decode_tokens: int) -> float:
@@ -356,7 +425,8 @@ def meter_figures(stats: dict) -> dict:
     headline `bubble_frac` of sweeps and `mtplab bench` (the profiled one is
     `bubble_frac_profiled`)."""
     nan = float("nan")
-    return {k: stats.get(k, 0 if k == "meter_steps" else nan) for k in METER_KEYS}
+    return {k: stats.get(k, 0 if k in ("meter_steps", "run_ahead_steps") else nan)
+            for k in METER_KEYS}
 
 
 def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
@@ -392,6 +462,23 @@ def _pair(step: np.ndarray, code: np.ndarray, dev_code: np.ndarray,
         s0, _, t0 = stack.pop()
         rows.append((s0, _STAGE_OF[stage], LANES[lane], t0, t))
     return rows
+
+
+def _own_union(st: pd.DataFrame, steps: np.ndarray) -> np.ndarray:
+    """Per step of `steps`: the length of the union of its own intervals in `st` (each
+    step's intervals shifted by step x the time range, so no two steps' intervals merge)."""
+    out = np.zeros(steps.size)
+    if st.empty:
+        return out
+    s, e = st["start_us"].to_numpy(), st["end_us"].to_numpy()
+    span = float(e.max() - s.min()) + 1.0
+    shift = st["step"].to_numpy().astype(float) * span
+    us, ue = _union(s - s.min() + shift, e - s.min() + shift)
+    own = np.floor(us / span).astype(np.int64)
+    i = np.searchsorted(steps, own)
+    ok = (i < steps.size) & (steps[np.clip(i, 0, steps.size - 1)] == own)
+    np.add.at(out, i[ok], (ue - us)[ok])
+    return out
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -142,6 +142,13 @@ class Spans:
         m = self.meter
         return _Span(self, name, stream, m.span(name, stream, graphed) if m is not None else _NULL)
 
+    def mark_launch(self) -> None:
+        """The host is about to issue this step's forward work: the bubble meter's launch
+        time of the step (its run-ahead figures); nothing without a meter."""
+        m = self.meter
+        if m is not None:
+            m.mark_launch()
+
     def step(self, name: str):
         """Context manager for one engine step's span (`step[decode bs=N]`, on the host lane):
         it also opens the bubble meter's next step."""

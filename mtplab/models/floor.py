@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..draft_kinds import draft_kind
+from ..health import expected_experts as uniform_experts
 from .llama_config import LlamaConfig
 
 
@@ -57,10 +58,9 @@ class StepBytes:
 
 
 def expected_experts(c: LlamaConfig, tokens: float) -> float:
-    """Distinct experts `tokens` tokens touch in one MoE layer if each picks its top-k
-    uniformly at random: E (1 - (1 - k/E)^n)."""
-    E, k = c.num_experts, c.num_experts_per_tok
-    return E * (1.0 - (1.0 - k / E) ** tokens)
+    """Distinct experts `tokens` tokens touch in one MoE layer of `c` if each picks its top-k
+    uniformly at random (health.expected_experts)."""
+    return uniform_experts(c.num_experts, c.num_experts_per_tok, tokens)
 
 
 def layer_weight_params(c: LlamaConfig, experts: Optional[float] = None,

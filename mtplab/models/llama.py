@@ -219,6 +219,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(FusableModel):
+    expert_recorder = None      # an MoE target's ExpertRecorder (moe.attach_recorder), if any
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.config = cfg

@@ -28,6 +28,16 @@ logits and routing weights in fp32 and gates the shared expert's output in the c
 `record_experts(model)` makes every forward count the distinct experts its tokens touched,
 per layer, into a device tensor (`touched`, summed over forwards): the `moe` figures read it
 from an eager engine.
+
+`ExpertRecorder` (one per MoE target, `attach_recorder`): the distinct experts each verify
+forward's real tokens touch, per layer, written on the device (graph safe: in-place ops on
+persistent tensors, indexed by a device counter) and read once per generate:
+    verify / decode   begin(valid)  valid [T] bool: the forward's tokens not on a
+                                    graph-padded lane (req_to_token row 0)
+                      each layer    hit = experts of the valid tokens' top-k ids;
+                                    per_verify[n % cap, layer] = |hit|
+                      end()         n += 1
+    prefill           no begin: nothing recorded
 """
 from __future__ import annotations
 
@@ -54,6 +64,45 @@ class Experts(nn.Module):
 MOE_KERNELS = ("grouped", "split")     # the fused path's kernel sets (RunConfig.moe_kernels)
 
 
+class ExpertRecorder:
+    """Distinct experts per layer touched by each recorded forward's valid tokens, on the
+    device (module doc). `read()` -> the rows recorded since `reset()` (one host read; the
+    last `capacity` when more were recorded)."""
+
+    def __init__(self, layers: int, num_experts: int, device, capacity: int = 1 << 14):
+        self.E, self.capacity = num_experts, capacity
+        self.per_verify = torch.zeros(capacity, layers, dtype=torch.long, device=device)
+        self.n = torch.zeros(1, dtype=torch.long, device=device)
+        self.valid: Optional[torch.Tensor] = None
+
+    def begin(self, valid: torch.Tensor) -> None:
+        self.valid = valid
+
+    def end(self) -> None:
+        if self.valid is not None:
+            self.n += 1
+        self.valid = None
+
+    def add(self, layer: int, ids: torch.Tensor) -> None:
+        """One layer's routing `ids` [T, k] of the forward under way (nothing outside one)."""
+        if self.valid is None:
+            return
+        hit = torch.zeros(self.E + 1, dtype=torch.bool, device=ids.device)
+        masked = torch.where(self.valid[:, None], ids, self.E)      # padded -> slot E
+        touched = hit.index_fill_(0, masked.reshape(-1), True)[:self.E].sum()
+        slot = self.n % self.capacity
+        self.per_verify[:, layer].index_copy_(0, slot, touched.view(1))
+
+    def reset(self) -> None:
+        self.n.zero_()
+
+    def read(self) -> list[list[int]]:
+        n = int(self.n[0])
+        rows = self.per_verify[:min(n, self.capacity)].tolist()
+        k = n % self.capacity
+        return rows[k:] + rows[:k] if n > self.capacity else rows
+
+
 class MoEFFN(nn.Module):
     kernels = "grouped"           # the fused path's kernels (module doc; set_moe_kernels)
 
@@ -69,11 +118,15 @@ class MoEFFN(nn.Module):
         self.shared_expert_gate = nn.Linear(H, 1, bias=False) if Is else None
         self.touched: Optional[torch.Tensor] = None      # record_experts: [] device count
         self._counts: Optional[torch.Tensor] = None      # the routing kernel's counters
+        self.recorder: Optional[ExpertRecorder] = None   # attach_recorder
+        self.index = 0                                   # this layer's index among the MoE ones
 
     def _route(self, h: torch.Tensor):
         w, ids = route(self.gate(h), self.top_k, h.dtype, self.norm_topk)
         if self.touched is not None:
             self.touched += experts_touched(ids, self.num_experts)
+        if self.recorder is not None:
+            self.recorder.add(self.index, ids)
         return w, ids
 
     def _shared(self, h: torch.Tensor, out: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -104,6 +157,8 @@ class MoEFFN(nn.Module):
                         self.route_counts(h))
         if self.touched is not None:
             self.touched += experts_touched(r.ids, self.num_experts)
+        if self.recorder is not None:
+            self.recorder.add(self.index, r.ids)
         se = self.shared_expert
         return moe_ffn(h, self.experts.gate_up_proj, self.experts.down_proj, r,
                        None if se is None else se.gate_up_weight,
@@ -121,6 +176,19 @@ class MoEFFN(nn.Module):
 
 def moe_layers(model: nn.Module) -> list[MoEFFN]:
     return [m for m in model.modules() if isinstance(m, MoEFFN)]
+
+
+def attach_recorder(model: nn.Module) -> Optional[ExpertRecorder]:
+    """An ExpertRecorder shared by the MoE layers of `model` (a LlamaForCausalLM), also its
+    `expert_recorder`; None for a dense model."""
+    layers = moe_layers(model)
+    if not layers:
+        return None
+    rec = ExpertRecorder(len(layers), layers[0].num_experts, layers[0].gate.weight.device)
+    for i, m in enumerate(layers):
+        m.recorder, m.index = rec, i
+    model.expert_recorder = rec           # the forwards' begin / end (verify, target decode)
+    return rec
 
 
 def record_experts(model: nn.Module, on: bool = True) -> None:

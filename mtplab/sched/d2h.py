@@ -51,6 +51,8 @@ class Pending:
     batch: object = None           # the decode Batch it was launched with (sched/rows.py)
     final: Optional[list] = None   # prefill: per request, did this step feed its final chunk
     stream: object = None          # blocking: the forward stream the results are written on
+    step: int = -1                 # the scheduler iteration that launched it
+    draft_tokens: int = 0          # decode: draft tokens each request proposed (DecodeOut)
 
     def read(self) -> list[np.ndarray]:
         """The results as numpy arrays: the host's one sync per step (`sync` stage)."""

@@ -51,10 +51,13 @@ def append_prefill(reqs: list[Req], toks: np.ndarray, host: HostRows,
 
 
 def append_decode(batch: Batch, toks: np.ndarray, lens: np.ndarray, host: HostRows,
-                  committed: np.ndarray, stats) -> list[Req]:
+                  committed: np.ndarray, stats, step: int = -1, drafted: int = 0) -> list[Req]:
     """Lane i of `batch` keeps toks[i, :lens[i]] up to its first stop id or its length limit;
     -> the requests that finished. The common step (every lane live, no stop id in the
-    batch) is a dozen array operations; the rest only where a lane needs it."""
+    batch) is a dozen array operations; the rest only where a lane needs it. The live lanes'
+    accept lengths, context positions (committed KV before this verify) and the step's
+    acceptance (`step`: the iteration that launched it; `drafted`: draft tokens each lane
+    proposed) go to `stats` from the arrays read back already (no device read)."""
     rows, rids, reqs = batch.rows, batch.rids, batch.reqs
     rid = host.rid[rows]
     live = None if (rid == rids).all() else rid == rids
@@ -80,9 +83,13 @@ def append_decode(batch: Batch, toks: np.ndarray, lens: np.ndarray, host: HostRo
         done &= live
         kept = np.where(live, kept, 0)
         stats.overshoot_rows += len(reqs) - int(live.sum())
-        stats.accept_lens.extend(lens[live].tolist())
+        lv, ctx = lens[live], committed[rows[live]]
     else:
-        stats.accept_lens.extend(lens.tolist())
+        lv, ctx = lens, committed[rows]
+    stats.accept_lens.extend(lv.tolist())
+    stats.accept_ctx.extend(ctx.tolist())
+    stats.draft_tokens.extend([drafted] * lv.size)
+    stats.verify_steps.append((step, lv.size, int(lv.sum()) - lv.size, drafted * lv.size))
     host.out_len[rows] += kept
     adv = ~done if live is None else live & ~done
     committed[rows[adv]] += lens[adv]

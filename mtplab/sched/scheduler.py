@@ -84,6 +84,12 @@ class StepStats:
     step_times_s: list = field(default_factory=list)
     decode_step_times_s: list = field(default_factory=list)
     accept_lens: list = field(default_factory=list)   # per request per decode step
+    accept_ctx: list = field(default_factory=list)    # ... its context position (committed
+                                                      #   KV before that verify)
+    draft_tokens: list = field(default_factory=list)  # ... the draft tokens it proposed
+    verify_steps: list = field(default_factory=list)  # per decode step: (iteration that
+                                                      #   launched it, live lanes, draft
+                                                      #   tokens accepted, proposed)
     overshoot_rows: int = 0                           # results dropped: request already done
     predrafted_steps: int = 0                         # decodes whose draft ran a round early
                                                       #   (the worker says: DecodeOut)
@@ -138,12 +144,15 @@ class Scheduler:
         self.syncs = SyncRecorder(enabled=loop.debug_syncs and device.is_cuda)
         self._stalled = 0
         self._waited: Optional[str] = None   # the kind of the result this iteration waited for
+        self.iteration = -1                 # scheduler iterations so far (the event
+                                            #   timeline's step numbers)
 
     # -- the two loops -------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One iteration of the normal or the overlap loop; returns the requests it finished
         (the scheduler keeps no finished request beyond the step that finished it)."""
         self.finished, t0 = [], time.perf_counter()
+        self.iteration += 1
         if self.sp.timeline is not None:
             self.sp.begin_step(self.sp.timeline.next_step())
         self._waited = None
@@ -216,6 +225,7 @@ class Scheduler:
         self.keep_alive.append(x)
         if wrote:
             dev.order(self.forward_stream, self.schedule_stream)
+        self.sp.mark_launch()
         with dev.stream(self.forward_stream):
             if kind == "prefill":           # a chunk plan: its final chunks give a token
                 results, reqs = [self.worker.prefill(x)], [r for r, _, _ in batch]
@@ -225,9 +235,13 @@ class Scheduler:
                 self.stats.predrafted_steps += out.predrafted
                 results, reqs = [out.tokens, out.accept_lens], batch.reqs
         if kind == "prefill":
-            return self.d2h(kind, reqs, results, self.opt.async_d2h,
-                            final=[start + n == r.prefill_len for r, start, n in batch])
-        return self.d2h(kind, reqs, results, self.opt.async_d2h, batch=batch)
+            p = self.d2h(kind, reqs, results, self.opt.async_d2h,
+                         final=[start + n == r.prefill_len for r, start, n in batch])
+        else:
+            p = self.d2h(kind, reqs, results, self.opt.async_d2h, batch=batch)
+            p.draft_tokens = out.draft_tokens
+        p.step = self.iteration
+        return p
 
     def _copied_out(self) -> None:
         """A graphed decode's results are graph buffers: the decode in flight must have copied
@@ -248,7 +262,7 @@ class Scheduler:
                 done = append_prefill(p.reqs, vals[0], host, p.final)
             else:
                 done = append_decode(p.batch, vals[0].reshape(len(p.reqs), -1), vals[1], host,
-                                     self.kv.committed, self.stats)
+                                     self.kv.committed, self.stats, p.step, p.draft_tokens)
             if done:
                 self.finished.extend(self._finish_done())
 

@@ -116,8 +116,13 @@ class TargetWorker:
             cu_q = torch.arange(B + 1, device=rows.device)
             meta = AttnMeta(self.table, rows, kv_lens, ones, cu_q, positions, 1, max_kv,
                             split_kv=self.width)
+            rec = self.model.expert_recorder
+            if rec is not None:               # the real lanes (row 0: a padded lane)
+                rec.begin(rows != 0)
             hidden, logits = self.model(input_ids, positions, self.kv.k, self.kv.v, out_loc,
                                         meta, self.attn_fn)
+            if rec is not None:
+                rec.end()
             tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,
                                                               counters)
             return tok, flag_nonfinite(tok, finite_rows(logits, hidden, B))

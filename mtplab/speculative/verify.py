@@ -24,6 +24,11 @@ def verify(target, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Te
     cu_q = torch.arange(B + 1, device=rows.device) * D
     meta = AttnMeta(table, rows, seq_lens + D, q_lens, cu_q, positions.reshape(-1),
                     max_q=D, max_kv=max_kv, tree_mask=tree_mask, split_kv=table.shape[1])
+    rec = target.model.expert_recorder
+    if rec is not None:                   # the real lanes' tokens (row 0: a padded lane)
+        rec.begin((rows != 0).repeat_interleave(D))
     hidden, logits = target.model(tokens.reshape(-1), positions.reshape(-1), target.kv.k,
                                   target.kv.v, out_loc, meta, target.attn_fn)
+    if rec is not None:
+        rec.end()
     return logits.view(B, D, -1), hidden.view(B, D, -1)

@@ -306,7 +306,7 @@ class SpecWorker:
             with torch.no_grad():
                 v = self._run_eager(self.plan(pre, greedy), x)
             out = v["host_tokens"], v["accept_lens"]
-        return DecodeOut(*out, predrafted=pre)
+        return DecodeOut(*out, predrafted=pre, draft_tokens=self.p.num_draft_tokens - 1)
 
     def forget_predrafts(self, rows=None) -> None:
         """Rows (all when None) hold no candidates this worker pre-drafted: prefilled, or

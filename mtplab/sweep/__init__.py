@@ -44,6 +44,18 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               TPOT = per request (last delivery - first delivery) / (tokens - 1)
   acceptance  accept_len (tokens committed per verify, bonus included; NaN without a draft),
               accept_rate_pos<i> (i = 1..num_steps), accept_simulated
+  health      (mtplab/health.py; stats.py health_columns) draft_tokens (proposed to the
+              verifies), draft_tokens_accepted, draft_waste_frac, accept_alarm (a window of
+              verify steps accepted < 20% of the run's mean, or nothing),
+              accept_alarm_steps_json (its stretches, scheduler iterations), accept_len_ctx<lo>
+              (accept length by context bucket, lo = 0, 256, 512, ...), escape_frac (emitted
+              tokens outside a hot draft vocabulary; NaN without one); from the bubble meter
+              (GPU; NaN on CPU, where there is no device to run ahead of): run_ahead_frac,
+              launch_lead_p10_us / _p50_us / _p90_us, run_ahead_steps, and draft_busy_frac
+              (the draft stages' share of decode-step busy time, the meter's clock);
+              experts_per_verify, experts_per_verify_uniform, experts_per_draft_step (MoE
+              targets: distinct experts per layer per verify, and E(1-(1-k/E)^n) for its
+              n = bs x D tokens; NaN for a dense target or a dense draft)
   lossless    diverging_requests, first_divergence_tokens (workload check_lossless=True: the
               measured prompts re-run target-only, greedy, same numerics; see mtplab/lossless.py)
   host        host_<stage>_us, host_step_us, host_loop_us, host_replays_per_step,

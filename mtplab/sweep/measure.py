@@ -39,6 +39,7 @@ from ..lossless import divergence
 from ..models.floor import StepBytes, engine_step_bytes
 from .grid import Workload
 from ..instrument.meter import meter_figures
+from ..stats import health_columns
 from . import step_profile
 from .host import host_columns
 from .metrics import stage_metrics, trace_metrics
@@ -166,6 +167,7 @@ def measure(cfg: RunConfig, wl: Workload) -> dict[str, Any]:
     row.update(meter_figures(st))
     row["accept_len"] = st.get("accept_len", float("nan"))
     row["accept_simulated"] = bool(st.get("simulated", False))
+    row.update(health_columns(st))
     fb = floor_bytes_per_step(eng, wl)
     row["weight_bytes_per_step"] = fb.weights          # the floor's terms (models/floor.py)
     row["kv_bytes_per_step"] = fb.kv

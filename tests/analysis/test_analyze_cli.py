@@ -42,12 +42,14 @@ def test_analyze_json_subprocess(trace):
     obj = orjson.loads(r.stdout)  # exactly one JSON object on stdout
     assert set(obj) == {"steps", "gaps", "streams", "summary"}
     assert set(obj["steps"][0]) == {"step", "name", "start_us", "dur_us", "busy_us", "bubble_us",
-                                    "bubble_frac"}
+                                    "bubble_frac", "launch_lead_us"}
     assert obj["steps"][0]["name"] == "step[decode bs=4]"
     assert set(obj["gaps"][0]) == {"step", "start_us", "gap_us", "cause", "before", "after"}
     assert set(obj["streams"][0]) == {"stream", "busy_us", "idle_us", "idle_host_wait_us",
                                       "idle_kernel_wait_us", "idle_other_us"}
-    assert {"wall_us", "busy_us", "bubble_us", "bubble_frac", "n_steps"} <= set(obj["summary"])
+    assert {"wall_us", "busy_us", "bubble_us", "bubble_frac", "n_steps", "run_ahead_frac",
+            "launch_lead_p10_us", "launch_lead_p50_us", "launch_lead_p90_us",
+            "run_ahead_steps"} <= set(obj["summary"])
     got = [(g["step"], g["start_us"], g["gap_us"], g["cause"]) for g in obj["gaps"]]
     assert got == [(k, g0, g1 - g0, c) for k, g0, g1, c, *_ in expected]
 

@@ -414,3 +414,48 @@ def test_step_gaps_are_relative_to_the_step_and_filtered(planted_trace):
     assert 0 < len(big) < len(g) or g["gap_us"].nunique() == 1
     host = res.step_gaps(2, causes=["host"])
     assert len(host) and host["cause"].str.startswith("host:").all()
+
+
+def test_launch_lead_of_the_planted_trace(planted_trace):
+    """Step 0's last GPU work ends at 95 µs, step 1's first launch is at 125: -30; step 1
+    ends at 198, step 2's first launch at 205: -7; step 3 has no launch call in the trace
+    (step 2: no lead) and no next step."""
+    s, _, path = planted_trace
+    res = analyze(path)
+    lead = res.steps["launch_lead_us"].to_numpy()
+    np.testing.assert_allclose(lead[:2], [-30.0, -7.0])
+    assert np.isnan(lead[2:]).all()
+    sm = res.summary
+    assert sm["run_ahead_frac"] == 0.0 and sm["run_ahead_steps"] == 2
+    assert sm["launch_lead_p50_us"] == pytest.approx(-18.5)
+
+
+@pytest.mark.parametrize("delay", [0.0, 100.0])
+def test_run_ahead_of_a_synthetic_overlap_trace(tmp_path, delay):
+    """Four 10 µs host steps, each launching one 45 µs kernel 1 µs into its span. Back to
+    back (delay 0) the GPU queue runs ahead: kernels at 5..50, 50..95, 95..140, 140..185 and
+    launches at 11, 21, 31: leads 39, 74, 109, all run-ahead. With a host delay of 100 µs
+    after every step the host falls behind: launches at 111, 221, 331 against ends at 50,
+    160, 270: leads -61 each, none ahead."""
+    s = Synth()
+    gpu_free = 0.0
+    for k in range(4):
+        t = k * (10 + delay)
+        s.host("step[decode bs=1]", t, 10)
+        start = max(t + 5, gpu_free)
+        s.gpu(s.launch(t + 1), start, 45)
+        gpu_free = start + 45
+    res = analyze(s.write(tmp_path / f"o{delay:g}.pt.trace.json"))
+    lead = res.steps["launch_lead_us"].to_numpy()
+    want = [39.0, 74.0, 109.0] if delay == 0 else [-61.0, -61.0, -61.0]
+    np.testing.assert_allclose(lead[:3], want)
+    assert np.isnan(lead[3])
+    assert res.summary["run_ahead_frac"] == (1.0 if delay == 0 else 0.0)
+    assert res.summary["run_ahead_steps"] == 3
+
+
+def test_no_run_ahead_without_step_spans(tmp_path):
+    s = Synth()
+    s.gpu(s.launch(1), 5, 10)
+    res = analyze(s.write(tmp_path / "w.pt.trace.json"), window_us=3.0)
+    assert np.isnan(res.summary["run_ahead_frac"]) and res.summary["run_ahead_steps"] == 0

@@ -150,3 +150,21 @@ def test_timeline_filters_lanes_stages_and_bubbles(trace_and_result):
     assert "verify" in legend and "draft" not in legend
     assert [x for x in legend if x.startswith("bubble")] == ["bubble: sync"]
     assert ax.get_xlabel().endswith("bubbles drawn: >= 5 µs, causes sync")
+
+
+def test_timeline_marks_each_steps_launch_lead(trace_and_result):
+    """The planted trace's leads are -30 and -7 µs (test_bubbles): two red bars, labelled
+    with their values, spanning from the next step's first launch to the step's GPU end."""
+    from mtplab.analysis.plots import LEAD_COLORS
+
+    path, res = trace_and_result
+    ax = plot_timeline(path, res).axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert {"-30 µs", "-7 µs"} <= texts
+    red = [ln for ln in ax.lines if to_hex(ln.get_color()) == LEAD_COLORS["<= 0 (GPU waited)"]]
+    t0 = float(res.steps["start_us"].iloc[0])
+    ends = (res.steps["start_us"] + res.steps["dur_us"] - t0).tolist()
+    spans = sorted(x for ln in red for x in sorted(ln.get_xdata()))
+    assert spans == pytest.approx([ends[0], ends[0] + 30, ends[1], ends[1] + 7])
+    labels = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert "launch lead <= 0 (GPU waited)" in labels and "launch lead > 0 (ahead)" not in labels

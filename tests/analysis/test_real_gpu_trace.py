@@ -62,3 +62,43 @@ def test_kernels_per_step_counts_the_gpu_activities_of_each_decode_step():
     ts = tr.ts[tr.cat_mask(*GPU_ACTIVITY_CATS)]
     per = [int(((ts >= s) & (ts < s + d)).sum()) for s, d in zip(steps["start_us"], steps["dur_us"])]
     assert m["kernels_per_step"] == float(np.median(per)) and m["kernels_per_step"] > 0
+
+
+def _leads_by_hand(path: Path) -> list:
+    """The launch lead of each step of a real trace, from its raw events in plain Python:
+    per outermost step span, the GPU activities whose launch call (same correlation) lies in
+    it; lead = the last one's end - the next span's first such launch."""
+    import gzip
+    ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    corr = {e["args"]["correlation"] for e in gpu}
+    calls = {}
+    for e in ev:
+        c = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and c in corr:
+            calls[c] = min(calls.get(c, e["ts"]), e["ts"])
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("step["))
+    first, last = [], []
+    for s0, s1 in spans:
+        mine = [g for g in gpu if s0 <= calls.get(g["args"]["correlation"], -1) <= s1]
+        first.append(min((calls[g["args"]["correlation"]] for g in mine), default=None))
+        last.append(max((g["ts"] + g["dur"] for g in mine), default=None))
+    return [None if last[k] is None or first[k + 1] is None else last[k] - first[k + 1]
+            for k in range(len(spans) - 1)] + [None]
+
+
+def test_launch_lead_matches_a_computation_by_hand():
+    """The frozen overlap trace (recorded before the host path got shorter) and the shipped
+    H100 EAGLE example: the analyser's leads equal the raw events' by hand; the first runs
+    behind its GPU (lead < 0, the bubbles it shows), the example runs ahead every step."""
+    from mtplab.analysis.example import EXAMPLE_TRACE
+
+    for path, ahead in ((TRACE, 0.0), (EXAMPLE_TRACE, 1.0)):
+        res = analyze(path)
+        want = _leads_by_hand(Path(path))
+        got = res.steps["launch_lead_us"].tolist()
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert (w is None and np.isnan(g)) or abs(g - w) < 1e-3
+        assert res.summary["run_ahead_frac"] == ahead

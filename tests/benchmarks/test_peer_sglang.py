@@ -492,7 +492,7 @@ def test_an_engine_that_cannot_start_says_so_for_every_cell(tmp_path, groups):
         assert (rec["status"], rec["failed_side"], rec["message"]) == ("failed", "sglang", msg)
     table = peer.cell_table(list(res.cells.values()))
     assert f"SGLang cannot run this cell: {msg}" in table
-    assert all(ln.count("|") == 15 for ln in table.splitlines() if ln.startswith("| random"))
+    assert all(ln.count("|") == 16 for ln in table.splitlines() if ln.startswith("| random"))
     _, again = run(tmp_path, groups, lambda side, g: FakeArm(side, calls))
     assert again == []                                  # a failed cell is finished ...
     res = peer.Results.open(tmp_path / "results.json", WL)

@@ -151,3 +151,39 @@ def test_only_draft_verify_and_draft_extend_capture_stamp_nodes(monkeypatch, dra
     per_step = st.groupby("step")["stage"].apply(set)
     need = {"resolve", "draft", "tree", "verify", "accept", "commit", "publish", "stash", "d2h"}
     assert len(per_step) > 5 and all(need <= s for s in per_step), per_step.head()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_run_ahead_overlap_off_is_zero_and_a_long_host_delay_is_zero(overlap):
+    """Overlap off: the host waits for each step's results, so no launch runs ahead (every
+    lead < 0 on the device clock). Overlap on with a 5 ms host delay after every step (longer
+    than random-tiny's GPU step): no launch runs ahead either. Leads are finite on CUDA."""
+    from mtplab.sweep.measure import spin
+
+    with Engine(RunConfig(model="random-tiny", device="cuda", draft="frozen_kv_mtp",
+                          overlap=overlap, zero_bubble=overlap, bubble_meter=True,
+                          simulate_accept_len=3.0)) as eng:
+        if overlap:
+            eng.on_step(lambda i: spin(5000))
+        ps = random_prompts(4, [8, 16], eng.model.config.vocab_size, seed=1)
+        eng.generate(ps, max_new_tokens=8, ignore_eos=True)
+        eng.generate(ps, max_new_tokens=32, ignore_eos=True)
+        st = eng.stats()
+        assert st["run_ahead_steps"] > 0 and st["run_ahead_frac"] == 0.0
+        assert st["launch_lead_p90_us"] < 0
+        eng.check_invariants()
+
+
+def test_run_ahead_is_near_one_when_the_gpu_step_is_long():
+    """Overlap + zero_bubble at a GPU-bound shape (llama3-8b-like@8, bs 8: the GPU step is
+    several times the host loop): the host runs ahead on nearly every step."""
+    with Engine(RunConfig(model="llama3-8b-like", layers=8, device="cuda",
+                          draft="frozen_kv_mtp", simulate_accept_len=3.0, overlap=True,
+                          zero_bubble=True, bubble_meter=True, max_running_requests=8,
+                          context_len=512, page_size=16)) as eng:
+        ps = random_prompts(8, [64], eng.model.config.vocab_size, seed=2)
+        eng.generate(ps, max_new_tokens=8, ignore_eos=True)
+        eng.generate(ps, max_new_tokens=48, ignore_eos=True)
+        st = eng.stats()
+        assert st["run_ahead_frac"] >= 0.9 and st["launch_lead_p50_us"] > 0
+        eng.check_invariants()

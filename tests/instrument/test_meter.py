@@ -346,3 +346,50 @@ def test_step_hooks_run_before_the_profiler_step_boundary(tmp_path):
     assert order and order[0] == "hook" and order == ["hook", "profiler"] * (len(order) // 2)
     eng.finish()
     eng.check_invariants()
+
+
+def test_launch_lead_and_draft_share_on_a_synthetic_stamp_table():
+    """Three decode steps (ns): step 0 ends at 30 µs (its d2h) and step 1 was launched at
+    20 µs (lead +10: run-ahead); step 1 ends at 60 µs and step 2 was launched at 70 µs
+    (lead -10: the GPU waited); step 2 is the last of its run (cut): no lead. Draft stages
+    (draft with the seed nested in it, draft_extend) count once each per step."""
+    m = BubbleMeter(torch.device("cpu"), capacity=64)
+    us = 1000
+    _synthetic(m, [(0, "draft", "forward", 0, 8 * us), (0, "draft.seed", "forward", 1 * us, 3 * us),
+                   (0, "verify", "forward", 8 * us, 20 * us), (0, "d2h", "copy", 25 * us, 30 * us)])
+    m._launches += [(0, 0), (1, 20 * us)]
+    _synthetic(m, [(1, "verify", "forward", 30 * us, 50 * us),
+                   (1, "draft_extend", "forward", 50 * us, 60 * us)])
+    m._launches.append((2, 70 * us))
+    _synthetic(m, [(2, "verify", "forward", 70 * us, 80 * us)])
+    m.cut()
+    m._launches.append((2, 75 * us))             # a second mark of one step: the first counts
+    m._launches.append((3, 90 * us))             # the next run's first launch: step 2 is cut
+    _synthetic(m, [(3, "verify", "forward", 90 * us, 95 * us)])
+    m.collect()
+    df = m.frame()
+    np.testing.assert_allclose(df["launch_lead_us"][:2], [10.0, -10.0])
+    assert np.isnan(df["launch_lead_us"][2:]).all()
+    np.testing.assert_allclose(df["draft_us"], [8.0, 10.0, 0.0, 0.0])
+    np.testing.assert_allclose(df["draft_share"], [8 / 25, 10 / 30, 0.0, 0.0])
+    s = m.summary()
+    assert s["run_ahead_frac"] == 0.5 and s["run_ahead_steps"] == 2
+    assert s["launch_lead_p50_us"] == pytest.approx(0.0)
+    assert s["draft_busy_frac"] == pytest.approx(18 / 70)
+
+
+def test_run_ahead_on_cpu_reads_not_available_and_leads_are_negative():
+    """On CPU the host runs every stage itself: every launch lead in the meter's table is
+    < 0 (the next step is launched after this one's work), and stats() reports no run-ahead,
+    with the reason."""
+    with Engine(RunConfig(model="random-tiny", draft="frozen_kv_mtp", overlap=True,
+                          bubble_meter=True)) as eng:
+        eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=8, ignore_eos=True)
+        df = eng.meter_frame()
+        lead = df["launch_lead_us"].to_numpy()
+        assert np.isfinite(lead[:-1]).all() and (lead[:-1] < 0).all()
+        assert np.isnan(lead[-1])                  # the last step of the generate
+        st = eng.stats()
+        assert np.isnan(st["run_ahead_frac"]) and "CPU" in st["run_ahead_note"]
+        assert 0 < st["draft_busy_frac"] < 1
+        eng.check_invariants()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -321,3 +323,71 @@ def test_deterministic_spec_equals_target_only_on_the_moe_target():
     assert got == want and eng.stats()["accept_len"] > 1.0
     assert got_g4 == want and g4.stats()["accept_len"] > 1.0
     assert fused_got == fused_want and fused.stats()["accept_len"] > 1.0
+
+
+def test_expert_recorder_counts_the_valid_tokens_distinct_experts():
+    """ids of 3 tokens x top-2, the third on a padded lane: experts {0, 1, 2, 3} = 4 (the
+    padded token's 5 and 7 not counted); a layer outside begin/end records nothing."""
+    from mtplab.models.moe import ExpertRecorder
+
+    rec = ExpertRecorder(layers=2, num_experts=8, device="cpu", capacity=4)
+    rec.add(0, torch.tensor([[6, 7]]))                       # a prefill: not recorded
+    rec.begin(torch.tensor([True, True, False]))
+    rec.add(0, torch.tensor([[0, 1], [2, 3], [5, 7]]))
+    rec.add(1, torch.tensor([[0, 1], [1, 0], [5, 7]]))
+    rec.end()
+    rec.begin(torch.tensor([True]))
+    rec.add(0, torch.tensor([[4, 4]]))
+    rec.add(1, torch.tensor([[4, 6]]))
+    rec.end()
+    assert rec.read() == [[4, 2], [1, 2]]
+    for _ in range(4):                                       # wraps the ring of 4: the last 4
+        rec.begin(torch.tensor([True]))
+        rec.add(0, torch.tensor([[3, 3]]))
+        rec.add(1, torch.tensor([[3, 2]]))
+        rec.end()
+    assert rec.read() == [[1, 2], [1, 2], [1, 2], [1, 2]] and int(rec.n) == 6
+    rec.reset()
+    assert rec.read() == []
+
+
+@pytest.mark.parametrize("draft", ["none", "frozen_kv_mtp"])
+def test_experts_per_verify_on_a_routed_moe_with_a_known_expert_set(draft):
+    """A router with zero weights and a bias that lifts the same 4 of 16 experts (a different
+    4 per layer) sends every token to exactly those: 4 experts per layer per verify, however
+    many tokens; the uniform expectation is E(1-(1-k/E)^n) at each verify's bs x D tokens."""
+    from mtplab.models.moe import moe_layers
+
+    with Engine(RunConfig(model="random-tiny-moe", moe_routing="zipf:1.0", draft=draft,
+                          moe_stats=True, bubble_meter=True, max_running_requests=4)) as eng:
+        with torch.no_grad():
+            for i, m in enumerate(moe_layers(eng.model)):
+                m.gate.weight.zero_()
+                m.gate.bias.zero_()
+                m.gate.bias[[(i + 3 * j) % 16 for j in range(4)]] = 10.0
+        eng.generate([[5, 6, 7], [9, 10], [11, 12, 13]], max_new_tokens=9, ignore_eos=True)
+        st = eng.stats()
+        assert st["experts_per_verify"] == 4.0
+        D = eng.cfg.num_draft_tokens if draft != "none" else 1
+        # 3 lanes until the prompts finish together (ignore_eos, one length)
+        assert st["experts_per_verify_uniform"] == pytest.approx(expected_experts(
+            eng.model.config, 3 * D))
+        assert np.isnan(st["experts_per_draft_step"]) and "dense" in st["experts_note"]
+        df = eng.meter_frame()
+        dec = df[df["name"].str.startswith("step[decode")]
+        assert (dec["experts"] == 4.0).all() and len(dec) == st["decode_steps"]
+        eng.check_invariants()
+
+
+def test_experts_under_uniform_routing_follow_the_expectation():
+    """Random routing of a random preset: the per-verify figure lies between k and E and
+    within the uniform expectation's neighbourhood at bs 4 (no exact answer; a sanity bound
+    that fails if padded or prefill tokens were counted: those would exceed E(...) by far)."""
+    with Engine(RunConfig(model="random-tiny-moe", moe_stats=True,
+                          max_running_requests=4)) as eng:
+        eng.generate([[5, 6, 7], [9, 10], [11, 12, 13], [20, 21]], max_new_tokens=6,
+                     ignore_eos=True)
+        st = eng.stats()
+        k = eng.model.config.num_experts_per_tok
+        assert k <= st["experts_per_verify"] <= st["experts_per_verify_uniform"] + 3
+        eng.check_invariants()

@@ -94,8 +94,8 @@ def _run(cfg, max_new=24):
 def test_bug_commit_twice_is_caught(monkeypatch):
     orig = sched_mod.append_decode
 
-    def twice(batch, toks, lens, host, committed, stats):
-        done = orig(batch, toks, lens, host, committed, stats)
+    def twice(batch, toks, lens, host, committed, stats, *health):
+        done = orig(batch, toks, lens, host, committed, stats, *health)
         for r, n in zip(batch.reqs, lens.tolist()):
             if not r.finished:
                 r.kv.kv_committed_len += n           # seed 001: committed advanced twice

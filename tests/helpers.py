@@ -144,6 +144,26 @@ def make_agreeable(engine, eps: float = 0.05, draft_attention: float = 0.0) -> N
         d.norm.weight.copy_(t.model.norm.weight)
 
 
+def assert_drawn_png(path, min_share: float = 0.002) -> None:
+    """`path` is a PNG with marks drawn on it: readable, of a figure's size, and at least
+    `min_share` of its pixels in colour (every mtplab figure draws coloured bars, spans or
+    curves; a blank canvas or bare axes, black and grey only, fail)."""
+    import matplotlib.image as mpimg
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and min(img.shape[:2]) >= 200, img.shape
+    rgb = img[..., :3]
+    share = float(((rgb.max(-1) - rgb.min(-1)) > 0.15).mean())
+    assert share >= min_share, f"{path}: {share:.2%} of the pixels in colour: nothing drawn"
+
+
+def assert_drawn_svg(path, min_paths: int = 20) -> None:
+    """`path` is an SVG with a drawing on it: XML with at least `min_paths` path elements."""
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()
+    n = sum(1 for e in root.iter() if e.tag.endswith("path"))
+    assert n >= min_paths, f"{path}: {n} paths: a blank figure"
+
+
 # ------------------------------------------------------------------ synthetic Kineto traces
 
 BASE = 4463232744698.19  # a real Kineto-sized µs origin with a fractional part

@@ -124,7 +124,8 @@ class RunConfig(ZeroBubbleKnobs):
     trace_dir: str = knob("traces", "output root of run folders")
     run_name: Optional[str] = knob(None, "run folder under trace_dir "
                                    "(None: named after the time, model and draft)")
-    debug_invariants: bool = knob(False, "run the KV invariant check after every iteration")
+    debug_invariants: bool = knob(False, "run the KV invariant check after every iteration; "
+                                  "check every attention call's kv_len <= max_kv")
     debug_future_map: bool = knob(False, "poison consumed future-map rows (consume-once check)")
     debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")
 
@@ -363,8 +364,16 @@ class RunConfig(ZeroBubbleKnobs):
 
     @property
     def tokens_per_decode(self) -> int:
-        """KV entries one decode iteration may touch past seq_len (verify window / extend)."""
-        return max(self.num_draft_tokens, self.num_steps + 1) if self.speculative else 1
+        """KV entries one decode iteration may touch past seq_len: the verify window / extend;
+        with zb_draft_preexec also the next round's draft, past the S+1 entries the step
+        may commit (a draft with KV of its own reads S-1 entries of it beyond those)."""
+        if not self.speculative:
+            return 1
+        n = max(self.num_draft_tokens, self.num_steps + 1)
+        if self.zb_draft_preexec:
+            own = self.num_steps - 1 if DRAFT_KINDS[self.draft].owns_kv else 0
+            n = max(n, self.num_steps + 1 + own)
+        return n
 
     @property
     def alloc_len_per_decode(self) -> int:

@@ -27,6 +27,7 @@ from .config import ConfigError, RunConfig
 from .errors import AcceptanceAlarm, NonFiniteLogitsError
 from .device import resolve_device
 from .kernels.attention_ref import paged_attention_ref
+from .kernels.attn_meta import check_bounds
 from .kernels.fused_ops import references
 from .mem.allocator import PagedAllocator
 from .mem.invariants import check_kv_invariants
@@ -68,11 +69,20 @@ RUN_AHEAD_NO_METER = "needs the bubble meter (bubble_meter=True, --bubble-meter 
 logger = logging.getLogger("mtplab")
 
 
-def attention_fn(backend: str, deterministic: bool = False):
+def attention_fn(backend: str, deterministic: bool = False, check: bool = False):
+    """The attention kernel of `backend`; with `check`, each call first checks its lanes'
+    lengths against the forward's static bounds (attn_meta.check_bounds)."""
     if backend == "triton":
         from .kernels.triton_attention import paged_attention_triton
-        return functools.partial(paged_attention_triton, deterministic=deterministic)
-    return paged_attention_ref
+        fn = functools.partial(paged_attention_triton, deterministic=deterministic)
+    else:
+        fn = paged_attention_ref
+    return functools.partial(_bounds_checked, fn) if check else fn
+
+
+def _bounds_checked(attn, q, k_cache, v_cache, meta, *args, **kwargs):
+    check_bounds(meta)
+    return attn(q, k_cache, v_cache, meta, *args, **kwargs)
 
 
 class EngineClosedError(RuntimeError):
@@ -118,7 +128,7 @@ class Engine:
             [mc.attn_shape(i) for i in range(mc.num_hidden_layers)], num_slots,
             cfg.torch_dtype, dev)
         self.kv = KVManager(self.allocator, self.pool)
-        attn = attention_fn(cfg.attention_backend, cfg.deterministic)
+        attn = attention_fn(cfg.attention_backend, cfg.deterministic, cfg.debug_invariants)
         self._start_profiling()              # before graph capture (CUPTI must see it)
         self.future_map = FutureMap(
             cfg.max_running_requests, mc.hidden_size if cfg.speculative else 0, cfg.topk,

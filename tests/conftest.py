@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 # Triton kernels run on CPU tensors through the interpreter; the variable must be set before
@@ -48,3 +49,24 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         pass
     else:
         _row_invariant_interpreter_dot()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _watch_engines():
+    """Every Engine any test builds is watched (tests/helpers.py EngineWatch)."""
+    from mtplab.engine import Engine
+    tests.helpers.ENGINES.install(Engine)
+    yield
+    tests.helpers.ENGINES.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def engine_invariants(request, _watch_engines):
+    """check_invariants() at the end of every test, for each Engine it built and left open
+    (one it closed was checked at close). A test that breaks an engine on purpose is marked
+    `breaks_engine` and is not checked."""
+    yield
+    if request.node.get_closest_marker("breaks_engine"):
+        tests.helpers.ENGINES.forget()
+    else:
+        tests.helpers.ENGINES.verify()

@@ -1,8 +1,10 @@
 """Shared test helpers (not a test module)."""
 from __future__ import annotations
 
+import functools
 import gzip
 import random
+import weakref
 from pathlib import Path
 
 import orjson
@@ -29,10 +31,80 @@ def assert_live_identity(engine) -> None:
         assert len(r.prompt_ids) + len(r.output_ids) == r.kv.kv_committed_len + 1, r.rid
 
 
-def make_agreeable(engine, eps: float = 0.05) -> None:
+class EngineWatch:
+    """Checks every Engine built while installed: `check_invariants()` when it is closed
+    (close(), the end of its `with` block, `del`) and, for one still open, at `verify()`
+    (tests/conftest.py: the end of every test). An engine a test builds and never checks is
+    checked anyway; a failure is kept and raised by `verify()`, naming the engine."""
+
+    def __init__(self):
+        self.open: weakref.WeakSet = weakref.WeakSet()     # built, not yet closed or checked
+        self.failures: list[str] = []
+        self._undo = None
+
+    def install(self, engine_cls) -> None:
+        init, close = engine_cls.__init__, engine_cls.close
+        watch = self
+
+        @functools.wraps(init)
+        def watched_init(eng, *a, **kw):
+            init(eng, *a, **kw)
+            watch.open.add(eng)        # only a complete build: a partial one frees itself
+
+        @functools.wraps(close)
+        def watched_close(eng):
+            if eng in watch.open:
+                watch.open.discard(eng)
+                watch.check(eng, "at close")
+            close(eng)
+
+        engine_cls.__init__, engine_cls.close = watched_init, watched_close
+        self._undo = (engine_cls, init, close)
+
+    def uninstall(self) -> None:
+        if self._undo is not None:
+            cls, cls.__init__, cls.close = self._undo
+            self._undo = None
+
+    def check(self, eng, when: str) -> None:
+        if eng.__dict__.get("_closed", True):
+            return
+        try:
+            eng.check_invariants()
+        except Exception as e:                       # noqa: BLE001 -- kept, raised by verify
+            self.open.discard(eng)                   # blamed once
+            self.failures.append(f"Engine(model={eng.cfg.model!r}, draft={eng.cfg.draft!r}, "
+                                 f"overlap={eng.cfg.overlap}) {when}: "
+                                 f"{type(e).__name__}: {e}")
+
+    def forget(self) -> None:
+        """Stop watching every engine seen so far and drop their failures (a test that
+        breaks an engine on purpose)."""
+        self.open = weakref.WeakSet()
+        self.failures = []
+
+    def verify(self) -> None:
+        """Check every engine still open (it stays watched: a module-scoped engine is
+        checked after every test that may have used it), then raise an AssertionError
+        listing every failed check since the last verify or forget."""
+        for eng in list(self.open):
+            self.check(eng, "at the end of the test")
+        failures, self.failures = self.failures, []
+        if failures:
+            raise AssertionError("check_invariants() failed for an Engine this test built:\n"
+                                 + "\n".join(failures))
+
+
+ENGINES = EngineWatch()       # installed for the whole run by tests/conftest.py
+
+
+def make_agreeable(engine, eps: float = 0.05, draft_attention: float = 0.0) -> None:
     """Turn the engine's target into a near-bigram model (attention and MLP outputs scaled by
     `eps`) and its draft into the exact bigram lm_head(norm(embed(token))), so drafts agree
-    with the target most of the time but not always. Same seed + same call = same weights."""
+    with the target most of the time but not always (always with eps=0: the target is that
+    bigram). `draft_attention` scales the draft's attention output (0: off, the draft is
+    the bigram whatever its KV holds; > 0: its KV layout shows in its tokens). Same seed +
+    same call = same weights."""
     import torch
     t = engine.model
     H = t.config.hidden_size
@@ -67,9 +139,29 @@ def make_agreeable(engine, eps: float = 0.05) -> None:
             d.fc.weight[:, :H] = eye
             layers = [d.layer]
         for layer in layers:
-            layer.self_attn.o_proj.weight.zero_()
+            layer.self_attn.o_proj.weight.mul_(draft_attention)
             layer.mlp.down_proj.weight.zero_()
         d.norm.weight.copy_(t.model.norm.weight)
+
+
+def assert_drawn_png(path, min_share: float = 0.002) -> None:
+    """`path` is a PNG with marks drawn on it: readable, of a figure's size, and at least
+    `min_share` of its pixels in colour (every mtplab figure draws coloured bars, spans or
+    curves; a blank canvas or bare axes, black and grey only, fail)."""
+    import matplotlib.image as mpimg
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and min(img.shape[:2]) >= 200, img.shape
+    rgb = img[..., :3]
+    share = float(((rgb.max(-1) - rgb.min(-1)) > 0.15).mean())
+    assert share >= min_share, f"{path}: {share:.2%} of the pixels in colour: nothing drawn"
+
+
+def assert_drawn_svg(path, min_paths: int = 20) -> None:
+    """`path` is an SVG with a drawing on it: XML with at least `min_paths` path elements."""
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()
+    n = sum(1 for e in root.iter() if e.tag.endswith("path"))
+    assert n >= min_paths, f"{path}: {n} paths: a blank figure"
 
 
 # ------------------------------------------------------------------ synthetic Kineto traces

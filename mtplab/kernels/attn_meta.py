@@ -47,3 +47,23 @@ class AttnMeta:
     @property
     def batch_size(self) -> int:
         return int(self.rows.shape[0])
+
+
+class AttnBoundError(AssertionError):
+    """A lane's q_len or kv_len exceeds the static bound its forward was built with."""
+
+
+def check_bounds(meta: AttnMeta) -> None:
+    """Every lane's q_len <= max_q and kv_len <= max_kv (RunConfig.debug_invariants). The
+    kernels read a lane's entries [0, max_kv) only, so a lane past its bound would silently
+    lose its newest KV. Reads the lengths on the host (a sync); skipped while a CUDA graph is
+    captured (a captured forward's bound is the row width)."""
+    if meta.kv_lens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    kv, q = int(meta.kv_lens.max()), int(meta.q_lens.max())
+    if kv > meta.max_kv or q > meta.max_q:
+        raise AttnBoundError(f"attention over lanes with kv_len up to {kv} and q_len up to {q} "
+                             f"was built for max_kv={meta.max_kv}, max_q={meta.max_q}: the "
+                             "host's bound on the KV length is too small (under overlap it "
+                             "must allow for the step in flight).")
+

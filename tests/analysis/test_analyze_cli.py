@@ -13,7 +13,7 @@ from mtplab.analysis.cli import (WARMUP_STEPS, format_report, main_analyze,
                                  main_plot, plot_source, time_unit)
 from mtplab.analysis.example import EXAMPLE_DIR, EXAMPLE_TRACE
 from test_bubbles import planted
-from tests.helpers import event_timeline_frame
+from tests.helpers import assert_drawn_png, assert_drawn_svg, event_timeline_frame
 
 
 
@@ -172,7 +172,8 @@ def test_plot_timeline_parquet_and_run_folder(tmp_path, capsys):
     for arg in (run, run / "timeline.parquet"):
         fig = plot_source(arg)
         assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["host", "copy", "forward"]
-    assert main_plot([str(run)]) == 0 and (run / "timeline.png").exists()
+    assert main_plot([str(run)]) == 0
+    assert_drawn_png(run / "timeline.png")
     assert capsys.readouterr().out.strip() == str(run / "timeline.png")
     bad = tmp_path / "other.parquet"
     pd.DataFrame({"x": [1]}).to_parquet(bad)
@@ -221,7 +222,9 @@ def test_plot_subprocess(trace, tmp_path):
     out = tmp_path / "tl.svg"
     r = run_cli("plot", path, "--steps", "1:2", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert out.exists() and r.stdout.splitlines()[-1] == str(out)
+    assert r.stdout.splitlines()[-1] == str(out)
+    assert_drawn_svg(out)
     assert r.stdout.startswith("wall ")
     r = run_cli("plot", path, "--steps", "2:")
-    assert r.returncode == 0 and (path.parent / "timeline.png").exists()
+    assert r.returncode == 0
+    assert_drawn_png(path.parent / "timeline.png")

@@ -1,4 +1,5 @@
-"""Plot smoke tests: files exist, lanes are discoverable from the returned figure."""
+"""Plots: what each figure draws (lanes, bars, histogram counts, legends, read off the
+returned figure) and that the file written holds a drawing."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,13 +8,13 @@ import pytest
 from matplotlib.colors import to_hex, to_rgb
 
 from mtplab.analysis.bubbles import analyze
-from mtplab.analysis.causes import CAUSE_COLORS, cause_group
+from mtplab.analysis.causes import CAUSE_COLORS, CAUSES, cause_group
 from mtplab.analysis.lanes import stream_labels
 from mtplab.analysis.plots import (plot_bubble_fraction, plot_event_timeline, plot_gap_lengths,
                                     plot_step_times, plot_timeline, timeline_choices)
 from mtplab.analysis.trace_io import load_trace
 from test_bubbles import planted
-from tests.helpers import Synth, event_timeline_frame
+from tests.helpers import Synth, assert_drawn_png, assert_drawn_svg, event_timeline_frame
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def test_timeline_png_lanes_and_gaps(trace_and_result, tmp_path):
     path, res = trace_and_result
     out = tmp_path / "timeline.png"
     fig = plot_timeline(path, res, path=out)
-    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert_drawn_png(out)
     # mtplab's streams keep their names (from the stage spans on them); 13 has none: named
     # from its kernels (no GEMM anywhere, the only other kernel stream)
     assert _lanes(fig) == ["host", "forward (stream 7)", "side (stream 13)", "copy (stream 20)"]
@@ -113,9 +115,17 @@ def test_bubble_fraction_and_histograms(trace_and_result, tmp_path):
         [res.steps["bubble_frac"].mean(), 0.9])
     with pytest.raises(ValueError, match="not in the table"):
         plot_bubble_fraction(df, by="topk")
-    plot_step_times(res.steps, path=tmp_path / "steps.png")
-    plot_gap_lengths(res.gaps, path=tmp_path / "gaps.svg")
+    ax = plot_step_times(res.steps, path=tmp_path / "steps.png").axes[0]
+    assert sum(p.get_height() for p in ax.patches) == len(res.steps)      # every step binned
+    assert "dur_us" in ax.get_xlabel() and ax.get_ylabel() == "steps"
+    ax = plot_gap_lengths(res.gaps, path=tmp_path / "gaps.svg").axes[0]
+    device = res.gaps[res.gaps["scope"] == "device"] if "scope" in res.gaps else res.gaps
+    assert sum(p.get_height() for p in ax.patches) == len(device) > 0    # stacked by cause
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(CAUSES)
     assert {p.name for p in tmp_path.iterdir()} == {"frac.png", "steps.png", "gaps.svg"}
+    for name in ("frac.png", "steps.png"):
+        assert_drawn_png(tmp_path / name)
+    assert_drawn_svg(tmp_path / "gaps.svg")
 
 
 def test_event_timeline_title_step_marks_and_present_stages(tmp_path):

@@ -9,10 +9,11 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.device import resolve_device
+from mtplab.kernels.attn_meta import AttnBoundError
 from mtplab.sched.future_map import FutureMap, FutureMapError
 from mtplab.sched.rows import Batch
 from mtplab.core import DraftInputs
-from tests.helpers import make_agreeable, random_prompts
+from tests.helpers import make_agreeable, random_prompts, reference_outputs
 
 # the future map's row-move kernel runs on CUDA, or on CPU through the Triton interpreter
 KERNEL_DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,10 +25,11 @@ LOOPS = {"off": dict(overlap=False), "on": dict(overlap=True),
          "on+zb": dict(overlap=True, zero_bubble=True)}
 
 
-def run(cfg_kw, loop, arrivals=None, stop_ids=frozenset()):
+def run(cfg_kw, loop, arrivals=None, stop_ids=frozenset(), agreeable=True):
     eng = Engine(RunConfig(model="random-tiny", max_running_requests=3, debug_invariants=True,
                            debug_future_map=True, **cfg_kw, **LOOPS[loop]))
-    make_agreeable(eng)
+    if agreeable:
+        make_agreeable(eng)
     add = [(p, m) for p, m in zip(PROMPTS, MAX_NEW)]
     reqs = [eng.add_request(p, m, stop_ids=stop_ids, ignore_eos=True) for p, m in add[:3]]
     sched = eng.scheduler
@@ -58,13 +60,92 @@ FAST_OVERLAP = ({"draft": "none", "page_size": 16},
                  "num_draft_tokens": 8, "fold_seed": False})
 
 
+_TARGET_ONLY: dict = {}
+
+
+def target_only(agreeable: bool) -> list[list[int]]:
+    """The dense no-cache greedy output of the target (make_agreeable's or the random one)."""
+    if agreeable not in _TARGET_ONLY:
+        eng = Engine(RunConfig(model="random-tiny"))
+        if agreeable:
+            make_agreeable(eng)
+        _TARGET_ONLY[agreeable] = reference_outputs(eng.model, PROMPTS, MAX_NEW)
+    return _TARGET_ONLY[agreeable]
+
+
+@pytest.mark.parametrize("agreeable", [True, False], ids=["agreeable", "random"])
 @pytest.mark.parametrize("cfg", [c if c in FAST_OVERLAP else pytest.param(c, marks=pytest.mark.slow)
                                  for c in SPEC_GRID],
                          ids=lambda c: "-".join(f"{v}" for v in c.values()))
-def test_identical_tokens_overlap_off_on_zero_bubble(cfg):
-    outs = {loop: run(cfg, loop)[0] for loop in LOOPS}
-    assert outs["on"] == outs["off"]
-    assert outs["on+zb"] == outs["off"]
+def test_identical_tokens_overlap_off_on_zero_bubble(cfg, agreeable):
+    """Every loop gives the target-only tokens: on "agreeable" weights (long accepted runs,
+    compaction at topk > 1) and on the plain random ones, whose attention is not damped (a
+    KV entry lost or misplaced changes the tokens)."""
+    ref = target_only(agreeable)
+    for loop in LOOPS:
+        assert run(cfg, loop, agreeable=agreeable)[0] == ref, loop
+
+
+@pytest.mark.parametrize("draft", ["none", "frozen_kv_mtp", "eagle"])
+def test_overlap_gives_target_only_tokens_on_random_weights(draft):
+    """Without the debug checks (no bound check in attention, no consume-once map): the
+    overlap loop's tokens are the target's on weights whose attention is not damped, so a
+    lost or misplaced KV entry shows in the tokens themselves."""
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, overlap=True, page_size=16,
+                           max_running_requests=6))
+    reqs = [eng.add_request(p, m, ignore_eos=True) for p, m in zip(PROMPTS, MAX_NEW)]
+    while not eng.idle:
+        eng.step()
+    assert [r.output_ids for r in reqs] == target_only(False)
+
+
+@pytest.mark.parametrize("draft", ["none", "eagle"])
+def test_debug_mode_catches_a_host_kv_bound_that_forgets_the_step_in_flight(draft):
+    """debug_invariants checks every attention call's kv_len <= max_kv: the overlap loop's
+    host lengths lag one step (a draft's: with zb_device_seq_lens, else the host reads
+    them), so a bound without the in-flight advance is too small."""
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, overlap=True, zero_bubble=True,
+                           debug_invariants=True))
+    make_agreeable(eng, eps=0.0)                # every draft accepted: the most in flight
+    eng.scheduler.lag = 0                       # the planted bug
+    with pytest.raises(AttnBoundError, match="max_kv"):
+        eng.generate(PROMPTS[:3], max_new_tokens=6, ignore_eos=True)
+
+
+@pytest.mark.parametrize("draft", ["none", "frozen_kv_mtp", "eagle"])
+def test_overlap_launches_a_step_before_it_processes_the_decode_before(draft):
+    """Under overlap, iteration k launches step k before it processes step k-1's results
+    whenever k-1 was a decode: the host's result processing runs while the device computes
+    step k. A recorder around the scheduler's launch and process_result, per iteration (no
+    KV pressure here: a decode that cannot get its reserve drains first, on purpose)."""
+    eng = Engine(RunConfig(model="random-tiny", draft=draft, overlap=True,
+                           max_running_requests=6))
+    sched, log = eng.scheduler, []
+    launch, process = sched.launch, sched.process_result
+
+    def rec_launch(kind, batch):
+        p = launch(kind, batch)
+        log.append(("launch", p))
+        return p
+
+    def rec_process(p):
+        log.append(("process", p))
+        process(p)
+    sched.launch, sched.process_result = rec_launch, rec_process
+    for p, m in zip(PROMPTS, MAX_NEW):
+        eng.add_request(p, m, ignore_eos=True)
+    processed_after = 0
+    while not eng.idle:
+        log.clear()
+        eng.step()
+        ev = [e for e, _ in log]
+        for i, (e, p) in enumerate(log):
+            if e == "process" and p.kind == "decode" and "launch" in ev:
+                assert ev.index("launch") < i, "a decode's results were processed before " \
+                    "the next step was launched: the overlap loop ran serially"
+                assert p is not log[ev.index("launch")][1]
+                processed_after += 1
+    assert sched.stats.decode_steps >= 10 and processed_after >= sched.stats.decode_steps - 2
 
 
 def test_zero_bubble_predrafts_the_next_round():

@@ -91,6 +91,7 @@ def _run(cfg, max_new=24):
     eng.check_invariants()
 
 
+@pytest.mark.breaks_engine
 def test_bug_commit_twice_is_caught(monkeypatch):
     orig = sched_mod.append_decode
 
@@ -106,6 +107,7 @@ def test_bug_commit_twice_is_caught(monkeypatch):
         _run(cfg)
 
 
+@pytest.mark.breaks_engine
 def test_bug_freeing_rejected_slots_is_caught(monkeypatch):
     orig = sched_mod.Scheduler.process_result
 
@@ -124,6 +126,7 @@ def test_bug_freeing_rejected_slots_is_caught(monkeypatch):
         _run(cfg)
 
 
+@pytest.mark.breaks_engine
 def test_bug_row_one_page_too_narrow_is_caught(monkeypatch):
     real = sizing.row_width
     monkeypatch.setattr(sizing, "row_width",

@@ -15,6 +15,7 @@ from mtplab.sweep.grid import grid_from_dict
 from mtplab.sweep.process import CellJob, CellOutcome
 from mtplab.sweep.regime import (arm_label, crossovers, plot_regime, regime_table, table_md,
                                  validation_pairs)
+from tests.helpers import assert_drawn_png
 
 
 def row(draft="none", overlap=False, zb=False, fold=True, delay=0.0, **kw) -> dict:
@@ -109,9 +110,18 @@ def test_crossover_interpolates_in_log_x():
 
 
 def test_plot_regime_writes_a_figure(tmp_path):
-    fig = plot_regime(regime_table(frame()), path=tmp_path / "regime.png")
-    assert (tmp_path / "regime.png").stat().st_size > 10_000
-    assert fig.axes[0].get_xscale() == "log"
+    t = regime_table(frame())
+    fig = plot_regime(t, path=tmp_path / "regime.png")
+    assert_drawn_png(tmp_path / "regime.png")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    # one curve per effect through its (x, ratio) points, named in the legend
+    curves = {c.get_label(): c.lines[0] for c in ax.containers}
+    for effect, g in t.dropna(subset=["x", "ratio"]).groupby("effect", sort=False):
+        g = g.sort_values("x")
+        assert list(curves[effect].get_xdata()) == pytest.approx(list(g["x"]))
+        assert list(curves[effect].get_ydata()) == pytest.approx(list(g["ratio"]))
+    assert set(curves) == set(t.dropna(subset=["x", "ratio"])["effect"]) != set()
 
 
 def test_quick_variant_spans_three_rungs():

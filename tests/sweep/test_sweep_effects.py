@@ -11,6 +11,7 @@ import pytest
 
 from mtplab.sweep.effects import (MIN_NOISE, NO_VERDICT, arm_effects, effect_answer,
                                   plot_effects, repeated_cells)
+from tests.helpers import assert_drawn_png
 
 
 def frame(arms: dict[str, list[tuple[float, float, float]]], bs: int = 8) -> pd.DataFrame:
@@ -110,8 +111,17 @@ def test_plot_effects_saves_a_figure(tmp_path):
                              "zb": [(121, 0.19, 1000)]}),
                       "arm", [("ov", "off"), ("zb", "ov")], by=["batch_size"])
     fig = plot_effects(eff, path=tmp_path / "effects.png", title="t")
-    assert (tmp_path / "effects.png").stat().st_size > 0
+    assert_drawn_png(tmp_path / "effects.png")
     assert len(fig.axes) == 2
+    gain, bubble = fig.axes
+    # one bar per (arm vs baseline) at each grid point: the tok/s change in %, the bubble
+    # change in points, the pairs named in the legend
+    assert sorted(b.get_height() for c in gain.containers if hasattr(c, "patches")
+                  for b in c) == pytest.approx(sorted(100 * (eff["ratio"] - 1)))
+    assert sorted(b.get_height() for c in bubble.containers if hasattr(c, "patches")
+                  for b in c) == pytest.approx(sorted(eff["bubble_pts"]))
+    assert [t.get_text() for t in bubble.get_legend().get_texts()] == ["ov vs off", "zb vs ov"]
+    assert [t.get_text() for t in gain.get_xticklabels()] == list(dict.fromkeys(eff["where"]))
     plt.close(fig)
 
 

@@ -1,4 +1,4 @@
-"""mtplab command line: run | demo | bench | sweep | analyze | plot | whatif | sglang.
+"""mtplab command line: run | demo | bench | sweep | analyze | plot | whatif | sglang | report.
 
 `analyze` and `plot` never import torch (they work on any Kineto trace, fast start-up);
 `run` exposes every RunConfig field as a --flag with the field's documentation, choices and
@@ -32,6 +32,9 @@ EXTERNAL = {
                "a measured run's step under other settings (overlap, zero-bubble, fold_seed, "
                "host / GPU time of a stage), and what each bubble cause costs"),
     "sglang": ("mtplab.sglang.cli", "main_sglang", "drive a real SGLang server with the same knobs"),
+    "report": ("mtplab.studies.cli", "main_report",
+               "dated reports written from their results (docs/results), the index, the "
+               "README's headline"),
 }
 
 

@@ -166,8 +166,12 @@ def _med(xs) -> float:
     return float(xs.median()) if len(xs) else math.nan
 
 
+SIDE = {"faster": 1, "slower": -1, "nothing": 0}    # a row's verdict (sweep/effects.py)
+
+
 def _side(ratio: float, noise: float) -> int:
-    """+1: pays beyond the noise, -1: costs beyond it, 0: within it."""
+    """+1: pays beyond the noise, -1: costs beyond it, 0: within it (a row of one repeat,
+    against the noise floor; a row with a verdict takes its side from it)."""
     d = ratio - 1.0
     return 0 if not abs(d) > noise else (1 if d > 0 else -1)
 
@@ -187,7 +191,7 @@ def crossovers(t: pd.DataFrame) -> pd.DataFrame:
         if g.empty:
             continue
         xs, rs, ns = g["x"].to_numpy(), g["ratio"].to_numpy(), g["noise"].to_numpy()
-        sides = [_side(r, n) for r, n in zip(rs, ns)]
+        sides = [SIDE.get(v, _side(r, n)) for r, n, v in zip(rs, ns, g["verdict"])]
         cross, lo, hi, kind = math.nan, None, None, ""
         for i in range(len(g) - 1):
             a, b = sides[i], sides[i + 1]

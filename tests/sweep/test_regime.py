@@ -178,5 +178,17 @@ def test_crossover_where_an_effect_fades_into_the_noise():
     f = (0.2 - 0.95) / (0.2 - 0.97)                       # log-linear to the level 0.95
     assert c["x_cross"] == pytest.approx(math.exp(f * math.log(8.0)))
     assert "costs below and is within the noise above" in c["sentence"]
-    quiet = t.assign(ratio=[1.01, 0.99, 1.004])
+    quiet = t.assign(ratio=[1.01, 0.99, 1.004], verdict=["nothing"] * 3)
     assert "is within the noise at every rung" in crossovers(quiet).iloc[0]["sentence"]
+
+
+def test_crossover_sides_follow_each_rows_verdict():
+    """A ratio kept at a table's precision (1.020 at noise 2%) whose verdict, taken at full
+    precision, was 'nothing': the crossover sentence calls it within the noise, as its row
+    does."""
+    t = pd.DataFrame({"effect": ["zb"] * 2, "rung": ["a", "b"], "x": [1.0, 8.0],
+                      "ratio": [1.5, 1.020], "noise": [0.05, 0.02],
+                      "verdict": ["faster", "nothing"]})
+    s = crossovers(t).iloc[0]["sentence"]
+    assert "pays below and is within the noise above" in s and "pays at a;" not in s
+    assert s.endswith("it pays at a")

@@ -264,15 +264,16 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
     assert math.isnan(off["bubble_frac_profiled"]) and math.isnan(off["device_busy_step_ms"])
 
 
-def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():
+def test_every_results_question_the_index_names_has_a_folder():
+    """benchmarks/README.md names, per script, the question whose dated reports it feeds."""
+    from mtplab.studies import QUESTIONS
     readme = (ROOT / "benchmarks" / "README.md").read_text()
-    headings = [ln[3:] for ln in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
-                if ln.startswith("## ")]
     named = {n for row in readme.splitlines() if row.startswith("| ")
-             for n in re.findall(r'"([^"]+)"', row.rsplit("|", 2)[-2])}
+             for n in re.findall(r"`([a-z_]+)`", row.rsplit("|", 2)[-2])}
     assert named
-    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
-    assert not missing, f"docs/benchmarks.md has no section {missing}"
+    missing = [n for n in named if n not in QUESTIONS or
+               not (ROOT / "docs" / "results" / n).is_dir()]
+    assert not missing, f"no question folder docs/results/{missing}"
 
 
 def test_a_target_only_zero_bubble_arm_survives_the_sweeps_re_resolution():

@@ -1,6 +1,6 @@
 """The what-if predictor on real (CPU) runs: the step profile's tables, `mtplab whatif`, and
 the validation table a sweep's cells give (sweep/whatif_check.py). Timing accuracy is a GPU
-claim (docs/benchmarks.md); on CPU these check the path and the tables' meaning."""
+claim (docs/results/); on CPU these check the path and the tables' meaning."""
 from __future__ import annotations
 
 import json

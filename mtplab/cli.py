@@ -23,7 +23,7 @@ from .version import __version__
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)
 EXTERNAL = {
-    "bench": ("mtplab.bench", "main_bench", "the standard arms side by side (ratio table)"),
+    "bench": ("mtplab.studies.bench", "main_bench", "the standard arms side by side (ratio table)"),
     "sweep": ("mtplab.sweep", "main_sweep", "grids of runs, one process per cell"),
     "analyze": ("mtplab.analysis.cli", "main_analyze", "bubble analysis of a Kineto trace"),
     "plot": ("mtplab.analysis.cli", "main_plot",

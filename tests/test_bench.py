@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from mtplab.analysis.causes import CAUSES
-from mtplab.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
+from mtplab.studies.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
                           grid_doc, table)
 from mtplab.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid_from_dict
 
@@ -47,7 +47,7 @@ def test_every_group_is_a_grid_with_interleaved_repeats(group):
 
 def test_bench_grids_ship_as_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"bench_grids/*.yaml"' in text
+    assert '"studies/*/*.yaml"' in text
 
 
 def _record(settings: dict, status="ok", **metrics) -> dict:
@@ -120,7 +120,7 @@ def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_o
 
 
 def test_unknown_group_is_one_sentence(capsys):
-    from mtplab.bench import main_bench
+    from mtplab.studies.bench import main_bench
     assert main_bench(["--groups", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no bench group 'nope'" in err
@@ -308,7 +308,7 @@ def test_host_table_gives_stage_us_counts_and_the_floor_per_arm():
 
 
 def test_regime_report_names_the_cells_whose_clocks_disagree():
-    from mtplab.bench import _suspect_cells
+    from mtplab.studies.bench import _suspect_cells
     df = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"],
                        "cell_id": ["a", "b", "c", "d"],
                        "decode_tok_per_s": [100.0, 190.0, 400.0, 900.0],

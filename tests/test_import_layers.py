@@ -16,7 +16,7 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
               config (+ validate, draft_kinds, zero_bubble, version, provenance, spec_schedule;
-              models and mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
+              models and mem inside its resolution)  <- engine, stats  <- cli, sweep, sglang
     studies   may import any of the above; nothing outside mtplab/studies/ imports it (the
               command line names `mtplab report`'s module as a string): the dependency runs
               one way, and the core runs without the studies wing
@@ -66,7 +66,7 @@ ALLOWED = {
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
                "draft_kinds", "zero_bubble", "version", "provenance", "spec_schedule"},
 }
-TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "studies", "__init__", "__main__"}
+TOP = {"engine", "stats", "cli", "sweep", "sglang", "studies", "__init__", "__main__"}
 
 
 def component(path: Path) -> str:

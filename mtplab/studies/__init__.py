@@ -15,6 +15,7 @@ row (a report written by another generator, following the naming rule).
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 
 QUESTIONS = {
     "regime": "what overlap, zero_bubble, fold_seed and each draft buy, host-bound to "
@@ -35,7 +36,9 @@ QUESTIONS = {
     "deterministic": "what batch invariance costs; how often bf16 diverges",
     "health": "whether the engine's figures are sound on a device",
 }
-STUDIES = {"regime": "mtplab.studies.regime"}
+STUDIES = {q: f"mtplab.studies.{q}" for q in (
+    "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
+    "host_path", "moe")}
 
 
 def study(question: str):
@@ -44,3 +47,22 @@ def study(question: str):
     if question not in STUDIES:
         raise ConfigError(f"no study renders {question!r}: use one of {sorted(STUDIES)}.")
     return import_module(STUDIES[question])
+
+
+def report(question: str, sweep_dir, *, command: str, date: str, device=None, root=None,
+           note: str = ""):
+    """Write the dated report of `question` from a run's folder (its results.parquet): the
+    results file and the Markdown beside it, under `root` (default docs/results). Returns the
+    report's path."""
+    import pandas as pd
+
+    from ..errors import ConfigError
+    from ..sweep.results import RESULTS_PARQUET
+    from . import results
+    table = Path(sweep_dir) / RESULTS_PARQUET
+    if not table.is_file():
+        raise ConfigError(f"{table} does not exist: a report is written from a run's folder.")
+    mod = study(question)
+    doc = mod.results_doc(pd.read_parquet(table), sweep_dir=str(sweep_dir), command=command,
+                          date=date, device=device, note=note)
+    return results.write(doc, mod.render, root)

@@ -8,7 +8,7 @@
     mtplab bench --groups regime --quick --budget-s 500    # the reduced ladder, in a budget
     mtplab bench --groups regime --only layers=16 batch_size=8   # a subset of its rungs
 
-A group is a grid file of mtplab/bench_grids/ (GROUPS): `arms` are the settings compared side
+A group is a grid file of a study, mtplab/studies/<question>/<group>.yaml (GROUPS): `arms` are the settings compared side
 by side, the other axes (batch size, model, draft ...) are the rows' grid points, and the
 outermost axis `repeat: [0, 1, 2]` repeats the whole group, so the arms interleave
 (A B C, A B C, ...). Every cell runs in its own process through mtplab.sweep (`measure`: a
@@ -47,8 +47,8 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
                      over the target step when the first arm is target-only)
 A group file may carry two keys of its own: `quick`, a reduced variant (`grid`, `exclude`,
 `arms`, `base` replacing the group's) that `--quick` runs, and `report: regime`, which prints
-the regime report (`regime_report`: the regime table of mtplab/sweep/regime.py, each effect's
-crossover, and the what-if predictor against the measured ratios, sweep/whatif_check.py)
+the regime report (`regime_report`: the regime table of mtplab/studies/regime/ladder.py, each effect's
+crossover, and the what-if predictor against the measured ratios, studies/whatif/check.py)
 instead of the ratio table. An arm with `zero_bubble: each_off` stands for one arm per
 zero-bubble sub-knob, that one off and the others on (zero_bubble.py leave_one_out), so a new
 sub-knob is measured without an edit to the group file. `--only AXIS=V,...` keeps those values
@@ -56,7 +56,7 @@ of an axis (a subset of rungs), `--budget-s S` starts no cell that could not end
 seconds of the start (sweep/executors.py LocalExecutor); the cells left are named and the same
 `--dir` resumes.
 A group file with `runner: schedule` (the `schedule` group) is run in one process by
-mtplab/sweep/schedule_bench.py, not by the sweep: the break-even surface of speculation over
+mtplab/studies/spec_schedule/runner.py, not by the sweep: the break-even surface of speculation over
 (batch size, num_steps, topk) with off included, the best spec_schedule for the model and GPU
 written as YAML the knob loads, and its gain over the best static setting on a workload whose
 batch varies (--quick, --repeats, --bs, --budget-s and --dir apply; --only does not).
@@ -79,12 +79,15 @@ from typing import Optional
 import pandas as pd
 import yaml
 
-from .analysis.causes import CAUSES
-from .fmt import readable
+from ..analysis.causes import CAUSES
+from ..fmt import readable
 
-GRID_DIR = Path(__file__).resolve().parent / "bench_grids"
-GROUPS = ("drafts", "overlap", "fold_seed", "page_topk", "shape", "graphs", "context", "host",
-          "moe", "regime", "schedule")
+STUDIES = Path(__file__).resolve().parent
+# group -> the study folder holding its grid file <group>.yaml
+GROUPS = {"drafts": "drafts", "overlap": "overlap", "fold_seed": "fold_seed",
+          "page_topk": "page_topk", "shape": "drafts", "graphs": "decode_floor",
+          "context": "long_context", "host": "host_path", "moe": "moe", "regime": "regime",
+          "schedule": "spec_schedule"}
 BENCH_KEYS = ("quick", "report")    # a group file's own keys, not the sweep's (module doc)
 EACH_OFF = "each_off"               # an arm's zero_bubble: one arm per sub-knob (module doc)
 REPEAT = "repeat"
@@ -106,10 +109,11 @@ def _axes(doc: dict, quick: bool) -> set:
 
 
 def grid_doc(group: str) -> dict:
-    """The grid file of a group name (mtplab/bench_grids/<group>.yaml) or a path."""
-    from .errors import ConfigError
-    from .sweep.grid import load_yaml
-    path = Path(group) if group.endswith((".yaml", ".yml")) else GRID_DIR / f"{group}.yaml"
+    """The grid file of a group name (mtplab/studies/<question>/<group>.yaml) or a path."""
+    from ..errors import ConfigError
+    from ..sweep.grid import load_yaml
+    path = (Path(group) if group.endswith((".yaml", ".yml"))
+            else STUDIES / GROUPS.get(group, "-") / f"{group}.yaml")
     if not path.is_file():
         raise ConfigError(f"no bench group {group!r}: use one of {list(GROUPS)} or a grid file.")
     doc = load_yaml(path.read_text(), f"grid file {path}") or {}
@@ -126,7 +130,7 @@ def _each_off(arm: dict) -> list[dict]:
     one per sub-knob (zero_bubble.py leave_one_out)."""
     if not isinstance(arm, dict) or arm.get("zero_bubble") != EACH_OFF:
         return [arm]
-    from .zero_bubble import leave_one_out
+    from ..zero_bubble import leave_one_out
     rest = {k: v for k, v in arm.items() if k != "zero_bubble"}
     return [{**rest, **subs} for subs in leave_one_out()]
 
@@ -135,7 +139,7 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
                   device: str, quick: bool = False, only: Optional[dict] = None) -> dict:
     """The grid doc with the command line applied (--quick, repeats, batch sizes, device,
     --only, --smoke); the group file's own keys (BENCH_KEYS) are taken out."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
     doc = json.loads(json.dumps(doc))                   # a deep copy
     own_keys = {k: doc.pop(k, None) for k in BENCH_KEYS}
     variant = own_keys["quick"]
@@ -183,7 +187,7 @@ def effective_doc(doc: dict, *, smoke: bool, repeats: Optional[int], bs: Optiona
 def parse_only(items: list[str]) -> dict:
     """`--only layers=4,16 batch_size=8` -> {"layers": [4, 16], "batch_size": [8]} (values
     read as YAML scalars: null, numbers, booleans, strings)."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
     out: dict = {}
     for it in items:
         k, eq, v = it.partition("=")
@@ -195,8 +199,8 @@ def parse_only(items: list[str]) -> dict:
 
 def group_cells(name: str, doc: dict) -> list:
     """A group's cells, refused (ConfigError) when not one of them can run."""
-    from .errors import ConfigError
-    from .sweep import grid_from_dict
+    from ..errors import ConfigError
+    from ..sweep import grid_from_dict
 
     cells = grid_from_dict(doc).cells()
     if cells and all(c.dropped for c in cells):
@@ -209,9 +213,9 @@ def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
               progress: bool = True, deadline: Optional[float] = None) -> pd.DataFrame:
     """Run (or resume) one group's cells, none started past `deadline` (time.monotonic());
     return its results table (`not_started`: cells the budget left out)."""
-    from .atomic import atomic_write_text
-    from .sweep import grid_from_dict, run_sweep
-    from .sweep.executors import LocalExecutor
+    from ..atomic import atomic_write_text
+    from ..sweep import grid_from_dict, run_sweep
+    from ..sweep.executors import LocalExecutor
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(doc, sort_keys=False))
@@ -241,7 +245,7 @@ def arm_label(arm: dict) -> str:
 
 def _cells(df: pd.DataFrame, doc: dict):
     """(grid, arms, point axes, {(grid point, arm index): [records]}, grid points in order)."""
-    from .sweep import grid_from_dict
+    from ..sweep import grid_from_dict
 
     grid = grid_from_dict(doc)
     arms = grid.arms or [{}]
@@ -312,7 +316,7 @@ def regime_doc(*, on_gpu: bool, device: str, ladder: str = "quick", repeats: int
     """The grid of notebook 08: the regime bench group (its `quick` variant or the whole
     ladder, `only` some axis values) on a GPU; on a CPU, `cpu_rungs` ((model, batch size),
     ...) with CPU_ARMS at short outputs."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if ladder not in ("quick", "full"):
         raise ConfigError(f"ladder={ladder!r}: use 'quick' (three rungs) or 'full'.")
@@ -332,8 +336,8 @@ def regime_doc(*, on_gpu: bool, device: str, ladder: str = "quick", repeats: int
 
 
 def _suspect_cells(df: pd.DataFrame) -> list[str]:
-    """One line naming the cells whose host clock and meter disagree (sweep/effects.py)."""
-    from .sweep.effects import CLOCKS_LIMIT, clock_ratios, suspect
+    """One line naming the cells whose host clock and meter disagree (studies/effects.py)."""
+    from .effects import CLOCKS_LIMIT, clock_ratios, suspect
     d = df.reset_index(drop=True)
     bad = [(d.at[i, "cell_id"], x) for i, x in clock_ratios(d).items() if suspect(x)]
     if not bad:
@@ -346,17 +350,18 @@ def _suspect_cells(df: pd.DataFrame) -> list[str]:
 
 def regime_report(df: pd.DataFrame, doc: dict, out: Optional[Path] = None) -> str:
     """The regime group's report: the regime table (x = GPU / host time per step, each
-    effect's ratio; sweep/regime.py), each effect's crossover, and the what-if predictor
-    against the measured ratios (sweep/whatif_check.py); with `out` (the group's sweep
+    effect's ratio; studies/regime/ladder.py), each effect's crossover, and the what-if predictor
+    against the measured ratios (studies/whatif/check.py); with `out` (the group's sweep
     folder) also regime.png, regime_table.csv and whatif_validation.csv there."""
-    from .sweep import regime, whatif_check
-    from .sweep.metrics import meter_name
+    from .regime import ladder as regime
+    from .whatif import check as whatif_check
+    from ..sweep.metrics import meter_name
     t = regime.regime_table(df, sweep_dir=out)
     v = whatif_check.validate(df, regime.validation_pairs(), label=regime.arm_label,
                               sweep_dir=out)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     if out is not None and len(t):
-        from .atomic import atomic_path
+        from ..atomic import atomic_path
         regime.plot_regime(t, path=out / "regime.png", meter=meter)
         for name, frame in (("regime_table.csv", t), ("whatif_validation.csv", v)):
             with atomic_path(out / name) as tmp:
@@ -383,7 +388,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
         return host_table(df, doc)
     if report == "regime":
         return regime_report(df, doc, out)
-    from .sweep.metrics import meter_name
+    from ..sweep.metrics import meter_name
 
     _, arms, point_axes, cells, points = _cells(df, doc)
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
@@ -471,8 +476,8 @@ def hbm_bandwidth() -> Optional[float]:
 
 # -- command line ------------------------------------------------------------------------------
 def main_bench(argv=None) -> int:
-    from .errors import ConfigError
-    from .flags import (FlagParser, device_name, out_dir, out_file, positive_int,
+    from ..errors import ConfigError
+    from ..flags import (FlagParser, device_name, out_dir, out_file, positive_int,
                            positive_number)
 
     ap = FlagParser(prog="mtplab bench", description=__doc__.splitlines()[0])
@@ -533,7 +538,7 @@ def main_bench(argv=None) -> int:
         return 130
     for g, d in raw.items():        # groups with a runner of their own (module doc)
         if d.get("runner") == "schedule":
-            from .sweep.schedule_bench import run_group as run_schedule
+            from .spec_schedule.runner import run_group as run_schedule
             body = run_schedule(d, root / g, device=a.device, smoke=a.smoke, quick=a.quick,
                                 repeats=a.repeats, bs=a.bs, deadline=deadline)
             own[g] = f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, surface.png"
@@ -550,7 +555,7 @@ def main_bench(argv=None) -> int:
     text += f"\n\nresults: {root}/<group>/results.parquet"
     print(text)
     if a.out:
-        from .atomic import atomic_write_text
+        from ..atomic import atomic_write_text
         atomic_write_text(a.out, text + "\n")
     failed = [g for g, f in frames.items() if len(f) and (f["status"] == "failed").any()]
     return 1 if failed else 0

@@ -64,17 +64,10 @@ def run(args) -> int:
     if args.sweep is not None:
         if mod is None:
             raise ConfigError("--from writes one question's report: name the question.")
-        import pandas as pd
-
-        from ..sweep.results import RESULTS_PARQUET
-        table = Path(args.sweep) / RESULTS_PARQUET
-        if not table.is_file():
-            raise ConfigError(f"{table} does not exist: --from takes a sweep's folder.")
-        doc = mod.results_doc(pd.read_parquet(table), sweep_dir=str(args.sweep),
-                              command=args.command or f"mtplab bench --groups {args.question}",
-                              date=args.date or datetime.date.today().isoformat(),
-                              device=args.device)
-        print(f"wrote {results.write(doc, mod.render, root)}")
+        path = mod.report(args.sweep, root=root, device=args.device,
+                          command=args.command or f"mtplab bench --groups {Path(args.sweep).name}",
+                          date=args.date or datetime.date.today().isoformat())
+        print(f"wrote {path}")
     changed = [p for q in questions
                for p in results.regenerate(q, study(q).render, root, check=args.check)]
     index = Path(root) / results.INDEX

@@ -55,7 +55,7 @@ from typing import Any
 
 import pandas as pd
 
-from .metrics import meter_name
+from ..sweep.metrics import meter_name
 
 MIN_NOISE = 0.02              # a tok/s ratio within 2% of 1 is never called a gain
 MIN_BUBBLE_NOISE_PTS = 1.0    # nor a bubble change under 1 point
@@ -71,7 +71,7 @@ def repeated_cells(base: dict[str, Any], arms: list[dict[str, Any]], axes: dict[
                    repeats: int = 1, probe: dict[str, Any] | None = None) -> list:
     """The cells of base x axes x arms, `repeats` rounds of them, round 0 with `probe` added
     (see the module doc). Each round's cells differ by the workload's `repeat` index."""
-    from .grid import grid_from_dict
+    from ..sweep.grid import grid_from_dict
 
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}.")

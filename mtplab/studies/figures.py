@@ -5,7 +5,6 @@
     heatmap(df, x="cfg.page_size", y="cfg.topk", value="accept_len")
     timelines(df, label_cols=["cfg.overlap"])         # one figure per row, one time scale
     standard_figures(df, out_dir=...)                 # the report of notebook 06
-    print(results_table(df))                          # the table `mtplab sweep` ends with
     meter_labels(df[cols], df["cfg.device"])          # a notebook's table, the meter named
     out = notebook_out("traces/notebooks/00")         # a notebook's out_dir, from the repo root
     write_answer(out_dir, {...})                      # a notebook's answer -> answer.json
@@ -15,7 +14,6 @@ GPU (`plot_timeline`), the event timeline's host spans otherwise (`plot_event_ti
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,19 +27,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..atomic import atomic_write_json, strict_json
-from ..fmt import readable
 from ..analysis.bubbles import analyze
 from ..analysis.plots import plot_event_timeline, plot_timeline, save_figure
-from .metrics import meter_name
-from .runner import RESULTS_PARQUET
+from ..sweep.metrics import meter_name
+from ..sweep.results import text, varying
+from ..sweep.runner import RESULTS_PARQUET
 
 Cols = str | Sequence[str] | None
 STANDARD_METRICS = ("tok_per_s", "tpot_p50_ms", "itl_p99_ms", "decode_step_time_p50_ms",
                     "accept_len", "bubble_frac")
-# Settings that say where a cell wrote, or a test hook: never an axis of a figure.
-NOT_AXES = ("cfg.trace_dir", "cfg.run_name", "fail")
-# Columns of the table `mtplab sweep` prints at the end, after the cell's axes.
-TABLE_METRICS = ("tok_per_s", "accept_len", "bubble_frac")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,18 +61,6 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 
 
-def varying(df: pd.DataFrame) -> list[str]:
-    """Columns of the settings the grid varied (as written in it) among ok rows: `cfg.<k>`
-    for RunConfig fields, the workload field, else `param.<k>`; derived values (e.g.
-    max_total_tokens following batch_size) are not settings."""
-    ok = ok_rows(df)
-    written = pd.DataFrame([json.loads(s) for s in ok["settings_json"]])
-    keys = [k for k in written.columns if written[k].astype(str).nunique() > 1]
-    cols = [f"cfg.{k}" if f"cfg.{k}" in ok.columns else k if k in ok.columns else f"param.{k}"
-            for k in keys]
-    return [c for c in cols if c in ok.columns and c not in NOT_AXES]
-
-
 def label(df: pd.DataFrame, cols: Cols) -> pd.Series:
     """'overlap=True, page_size=16' per row (the cfg. prefix dropped)."""
     cols = _list(cols)
@@ -86,14 +68,6 @@ def label(df: pd.DataFrame, cols: Cols) -> pd.Series:
         return pd.Series(["all"] * len(df), index=df.index)
     return df[cols].astype(str).apply(
         lambda r: ", ".join(f"{c.removeprefix('cfg.')}={v}" for c, v in r.items()), axis=1)
-
-
-def _text(v) -> str:
-    """A setting as written: 16 rather than 16.0 (a column holding NaN of a failed cell is
-    float), '-' for a missing value."""
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else str(int(v)) if v.is_integer() else f"{v:g}"
-    return str(v)
 
 
 def _list(cols: Cols) -> list[str]:
@@ -107,7 +81,7 @@ def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
     legend's title names the hue settings and its entries list their values."""
     hue = _list(hue)
     ok = ok_rows(df)
-    ok = ok.assign(_hue=ok[hue].map(_text).agg(", ".join, axis=1) if hue else "all")
+    ok = ok.assign(_hue=ok[hue].map(text).agg(", ".join, axis=1) if hue else "all")
     table = ok.pivot_table(index=x, columns="_hue", values=value, aggfunc="mean",
                            dropna=False, sort=False)
     if ax is None:
@@ -206,29 +180,6 @@ def standard_figures(df: pd.DataFrame, out_dir: str | Path | None = None,
         if out_dir is not None:
             save_figure(ax.figure, Path(out_dir) / f"{m}.png")
     return figs
-
-
-def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> str:
-    """The compact text table of a sweep: one row per cell (cell id, status, the varying
-    settings, tok/s, accept_len, bubble fraction); `-` where a value is missing (a failed
-    cell, no draft, no profile, no GPU)."""
-    if df.empty:
-        return "(no cells)"
-    axes = varying(df) if (df["status"] == "ok").any() else []
-    df = df.assign(**{m: float("nan") for m in metrics if m not in df.columns})
-    t = df[["cell_id", "status", *axes, *metrics]].copy()
-    cols = list(t.columns)
-    t[axes] = t[axes].map(_text)
-    t.columns = [c.removeprefix("cfg.").removeprefix("param.") for c in cols]
-    if "bubble_frac" in t:
-        t["bubble_frac"] = [f"{v:.1%}" if v == v and v is not None else "-"
-                            for v in t["bubble_frac"]]
-    for m in ("tok_per_s", "accept_len"):
-        if m in t:
-            t[m] = [readable(v) for v in t[m]]
-    bubble = f"bubble ({meter_name(df['cfg.device'])})" if "cfg.device" in df else "bubble"
-    return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": bubble}).to_string(
-        index=False, na_rep="-")
 
 
 METER_COLUMNS = ("bubble_frac", "bubble_us_per_step")       # the bubble meter's figures

@@ -18,8 +18,8 @@ import pandas as pd
 
 from ..config import RunConfig
 from .effects import repeated_cells
-from .report import notebook_out
-from .runner import run_sweep
+from ..sweep.runner import run_sweep
+from .figures import notebook_out
 
 
 def start(out_dir: str | Path, device: str) -> tuple[Path, bool]:

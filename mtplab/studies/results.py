@@ -41,7 +41,7 @@ NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})_([a-z0-9-]+)_([0-9a-f]{7,40})$")
 
 PAYS, COSTS, NOISE, ONE_REPEAT = "pays", "costs", "within the noise", "one repeat, no verdict"
 VERDICTS = (PAYS, COSTS, NOISE, ONE_REPEAT)
-MIN_NOISE = 0.02                  # sweep/effects.py's floor: a ratio within 2% of 1 never pays
+MIN_NOISE = 0.02                  # studies/effects.py's floor: a ratio within 2% of 1 never pays
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def device_slug(name: str) -> str:
 def verdict(ratio: float, noise: float, n: int, n_base: int) -> str:
     """The verdict on a tok/s ratio (arm / baseline) with its noise (a fraction): a verdict
     needs two repeats a side (one repeat measures no spread); within the noise when
-    |ratio - 1| <= noise (sweep/effects.py's rule, in the reports' words)."""
+    |ratio - 1| <= noise (studies/effects.py's rule, in the reports' words)."""
     if min(n, n_base) < 2:
         return ONE_REPEAT
     if not abs(ratio - 1.0) > noise:

@@ -9,7 +9,7 @@ write the run folder and derive the figures.
     figures:                tok/s, latency      stage times,       bubble fractions, launch
                                                 tok/s with spans   and sync counts (trace)
 This is the one measurement procedure of mtplab: `mtplab sweep`, `mtplab bench` (grid files in
-mtplab/bench_grids/) and the scripts in benchmarks/ all time engine runs through it, one cell
+mtplab/studies/<question>/) and the scripts in benchmarks/ all time engine runs through it, one cell
 per process (mtplab.sweep.runner).
 
 Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate

@@ -136,8 +136,8 @@ def test_every_figure_the_index_quotes_is_in_the_newest_report_of_its_question()
 
 
 def test_verdicts_are_the_sweeps_rule_in_the_reports_words():
-    """results.verdict agrees with sweep/effects.py arm_effects on the same rows."""
-    from mtplab.sweep.effects import NO_VERDICT, arm_effects
+    """results.verdict agrees with studies/effects.py arm_effects on the same rows."""
+    from mtplab.studies.effects import NO_VERDICT, arm_effects
     words = {"faster": R.PAYS, "slower": R.COSTS, "nothing": R.NOISE, NO_VERDICT: R.ONE_REPEAT}
     recs = []
     for point, (a, b) in enumerate([(1.0, 1.5), (1.0, 1.01), (1.0, 0.7), (1.0, 1.5)]):
@@ -214,3 +214,41 @@ def test_a_sweep_from_a_dirty_tree_is_refused(tmp_path, capsys):
     assert main_report(["regime", "--root", str(root), "--from", str(sweep)]) == 2
     assert "one commit of a clean tree" in capsys.readouterr().err
     assert not list(root.rglob("*.md"))
+
+
+def _group_run(tmp_path: Path) -> Path:
+    """A bench group's folder as `mtplab bench --dir D` leaves it: grid.yaml and
+    results.parquet; overlap on buys 1.5x at bs 1 and nothing at bs 8 (two repeats)."""
+    import yaml
+
+    from mtplab.sweep import grid_from_dict
+    doc = {"base": {"model": "random-tiny"}, "grid": {"repeat": [0, 1], "batch_size": [1, 8]},
+           "arms": [{"overlap": False}, {"overlap": True}]}
+    d = tmp_path / "bench" / "overlap"
+    d.mkdir(parents=True)
+    (d / "grid.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    recs = []
+    for s in grid_from_dict(doc).points():
+        gain = 1.5 if s["overlap"] and s["batch_size"] == 1 else 1.0
+        recs.append({"cell_id": str(len(recs)), "status": "ok", "error": "",
+                     "settings_json": json.dumps(s, sort_keys=True, default=str),
+                     "repeat": s["repeat"], "batch_size": s["batch_size"],
+                     "decode_tok_per_s": 100.0 * gain * (1 + 0.01 * s["repeat"]),
+                     "bubble_frac": 0.2, "git_commit": "abc1234", "device_name": "NVIDIA H100"})
+    pd.DataFrame(recs).to_parquet(d / "results.parquet")
+    return d
+
+
+def test_a_bench_group_report_from_its_folder(tmp_path, capsys):
+    run = _group_run(tmp_path)
+    root = tmp_path / "results"
+    root.mkdir()
+    assert main_report(["overlap", "--root", str(root), "--from", str(run),
+                        "--date", "2026-12-02"]) == 0
+    md = root / "overlap" / "2026-12-02_h100_abc1234.md"
+    text = md.read_text()
+    assert "- command: `mtplab bench --groups overlap`" in text
+    assert "| bs 1 | overlap=True | 1.500x ±2.0%, pays |" in text
+    assert "| bs 8 | overlap=True | 1.000x ±2.0%, within the noise |" in text
+    assert R.answer_line(md).startswith("overlap=True vs overlap=False: 1.000x ±2.0%")
+    assert main_report(["overlap", "--root", str(root), "--check"]) == 0

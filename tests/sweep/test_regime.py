@@ -1,4 +1,4 @@
-"""The regime map (sweep/regime.py) on results frames whose answers are known, and the bench's
+"""The regime map (studies/regime/ladder.py) on results frames whose answers are known, and the bench's
 --quick / --only / --budget-s (a subset of rungs within a time budget)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import pandas as pd
 import pytest
 
-from mtplab.bench import effective_doc, grid_doc, parse_only
+from mtplab.studies.bench import effective_doc, grid_doc, parse_only
 from mtplab.errors import ConfigError
 from mtplab.sweep import executors
 from mtplab.sweep.grid import grid_from_dict
 from mtplab.sweep.process import CellJob, CellOutcome
-from mtplab.sweep.regime import (arm_label, crossovers, plot_regime, regime_table, table_md,
+from mtplab.studies.regime.ladder import (arm_label, crossovers, plot_regime, regime_table, table_md,
                                  validation_pairs)
 
 
@@ -94,7 +94,7 @@ def test_a_rung_has_one_x_from_its_reference_arm_and_a_resolved_name_once(tmp_pa
     assert set(t["effect"]) == {"overlap + zero_bubble (target)", "speculation: frozen_kv_mtp"}
     assert list(t["x"]) == pytest.approx([2000.0 / 400.0] * 2)
     assert set(t["rung"]) == {"llama3-8b-like@16 bs8 p512"}
-    from mtplab.sweep.regime import host_p50
+    from mtplab.studies.regime.ladder import host_p50
     ok = pd.DataFrame(recs)
     assert list(host_p50(ok, tmp_path)) == [400.0, 900.0, 500.0] * 2
     assert host_p50(ok).isna().sum() == 2                   # not found where it was

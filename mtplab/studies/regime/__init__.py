@@ -1,7 +1,7 @@
 """Study `regime`: what each scheduling idea and each draft buys, from host-bound to GPU-bound.
 
-Grid: `mtplab bench --groups regime` (mtplab/bench_grids/regime.yaml: the ladder of rungs,
-the arms). Reading: mtplab/sweep/regime.py (per rung, x = GPU time / host time per step; per
+Grid: `mtplab bench --groups regime` (regime.yaml here: the ladder of rungs, the arms).
+Reading: ladder.py (per rung, x = GPU time / host time per step; per
 effect, the median meter_tok_per_s ratio against the repeats' spread).
 
     doc = results_doc(results, command="mtplab bench --groups regime ...")  # a sweep's rows
@@ -20,14 +20,16 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from functools import partial
+
+from .. import report as _report
 from .. import results as R
 
 QUESTION = "regime"
 TITLE = "Regime: what each idea buys, from host-bound to GPU-bound"
-ASKS = "what overlap, zero_bubble, fold_seed and each draft buy, host-bound to GPU-bound"
 FIELDS = ("rung", "effect", "arm", "baseline", "x", "gpu_us", "host_us", "bubble", "ratio",
           "noise", "n", "n_base", "verdict")
-# The README's rows: (idea, the effect of sweep/regime.py EFFECTS that measures it); an idea
+# The README's rows: (idea, the effect of studies/regime/ladder.py EFFECTS that measures it); an idea
 # with no effect on the ladder says where it is answered.
 HEADLINE = (
     ("overlap (target-only)", "overlap (target)"),
@@ -57,7 +59,7 @@ def results_doc(results: pd.DataFrame, *, command: str, date: str,
     """A report's results from a regime sweep's results table: the stamp (the device and the
     commit from the cells' own columns: one commit, a clean tree) and the effect table."""
     from ...errors import ConfigError
-    from ...sweep.regime import regime_table
+    from .ladder import regime_table
     ok = results[results["status"] == "ok"] if "status" in results else results
     commits = sorted({str(c) for c in ok.get("git_commit", pd.Series(dtype=str)).dropna()})
     if len(commits) != 1 or commits[0].endswith("-dirty"):
@@ -77,8 +79,8 @@ def results_doc(results: pd.DataFrame, *, command: str, date: str,
 def frame(doc: dict) -> pd.DataFrame:
     """The effect table of a results doc; `verdict_words` the row's verdict (results.verdict,
     taken at full precision when the results were written), `verdict` the sweep's word for
-    it (sweep/regime.py crossovers reads it)."""
-    from ...sweep.effects import NO_VERDICT
+    it (studies/regime/ladder.py crossovers reads it)."""
+    from ..effects import NO_VERDICT
     t = pd.DataFrame(doc["rows"], columns=list(FIELDS)).astype(
         {k: float for k in ("x", "gpu_us", "host_us", "bubble", "ratio", "noise")})
     t["verdict_words"] = t["verdict"]
@@ -145,8 +147,8 @@ def effect_table(t: pd.DataFrame) -> str:
 
 def render(doc: dict) -> str:
     """The report: its stamp, the answer, the headline table, every effect at every rung, and
-    each effect's crossover (sweep/regime.py crossovers)."""
-    from ...sweep.regime import crossovers
+    each effect's crossover (studies/regime/ladder.py crossovers)."""
+    from .ladder import crossovers
     t = frame(doc)
     parts = [R.header(doc, TITLE), ""]
     if doc.get("note"):
@@ -183,3 +185,6 @@ def readme_block(doc: dict, link: str) -> str:
         f"Measured {s.date} on {s.device} at commit `{s.commit}` with `{doc['command']}`. "
         f"Every rung and effect: [{Path(link).name}]({link}); every question: "
         f"[docs/results](docs/results/README.md)."])
+
+
+report = partial(_report, QUESTION)       # a new dated report from a regime sweep's folder

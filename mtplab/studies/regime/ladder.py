@@ -7,7 +7,7 @@ step (`mtplab bench --groups regime`, notebook 08_regime_map).
 
 A rung is one (model, layers, batch size, prompt length) grid point. Per rung, each effect
 compares two arms (`EFFECTS`: an arm against its baseline, both named by `arm_label`) with
-sweep/effects.py's rule: the median `meter_tok_per_s` ratio (decode tokens over the meter's
+studies/effects.py's rule: the median `meter_tok_per_s` ratio (decode tokens over the meter's
 decode-step wall, so host time between iterations counts) against the repeats' spread. The
 rung's position, one for all its effects, is its reference arm's (`REFERENCE`: target-only
 under overlap + zero_bubble, the loop whose host never waits on the device; an effect's own
@@ -32,9 +32,9 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from ..draft_kinds import DRAFT_KINDS
-from ..zero_bubble import ZB_SUBKNOBS
-from .effects import NO_VERDICT, arm_effects
+from ...draft_kinds import DRAFT_KINDS
+from ...zero_bubble import ZB_SUBKNOBS
+from ..effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"
 RUNG = ("cfg.model", "cfg.layers", "batch_size", "prompt_len_tokens")
@@ -97,7 +97,7 @@ def arm_label(r: dict) -> str:
 
 def validation_pairs(effects=EFFECTS) -> list[tuple[str, str]]:
     """The (arm, baseline) pairs of the effects, each both ways: what the what-if predictor
-    is checked on (sweep/whatif_check.py validate, with `arm_label`)."""
+    is checked on (studies/whatif/check.py validate, with `arm_label`)."""
     out = []
     for _, a, b in effects:
         out += [(a, b), (b, a)]
@@ -116,7 +116,7 @@ def host_p50(ok: pd.DataFrame, sweep_dir: Optional[str | Path] = None) -> pd.Ser
     """Each row's host_busy_p50_us_per_step, read from its run folder's host table where the
     results row has none (rows recorded before the column existed); `sweep_dir`: where the
     sweep's folder is now, when it was moved since (whatif_check.validate's rule)."""
-    from .step_profile import run_host_figures
+    from ...sweep.step_profile import run_host_figures
     have = ok[HOST_P50] if HOST_P50 in ok else pd.Series(math.nan, index=ok.index)
     dirs = ok["run_dir"] if "run_dir" in ok else pd.Series(None, index=ok.index)
     if sweep_dir is not None:
@@ -166,7 +166,7 @@ def _med(xs) -> float:
     return float(xs.median()) if len(xs) else math.nan
 
 
-SIDE = {"faster": 1, "slower": -1, "nothing": 0}    # a row's verdict (sweep/effects.py)
+SIDE = {"faster": 1, "slower": -1, "nothing": 0}    # a row's verdict (studies/effects.py)
 
 
 def _side(ratio: float, noise: float) -> int:
@@ -241,7 +241,7 @@ def plot_regime(t: pd.DataFrame, *, path: Optional[str | Path] = None, title: st
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from ..analysis.plots import save_figure
+    from ...analysis.plots import save_figure
 
     fig, ax = plt.subplots(figsize=(9.5, 5.2), layout="constrained")
     cmap = plt.get_cmap("tab20")

@@ -1,7 +1,7 @@
 """`mtplab bench --groups schedule`: the break-even surface of speculation over batch size, the
 best batch-aware schedule for a model and GPU, and its gain over the best static setting.
 
-Per model of the group file (mtplab/bench_grids/schedule.yaml), in one process (an engine per
+Per model of the group file (mtplab/studies/spec_schedule/schedule.yaml), in one process (an engine per
 setting serves every batch size, so the sweep's process per cell is not needed):
 
     1. surface    for each setting s of `arms` (off, (num_steps, topk) ...): one engine with
@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import spec_schedule as ss
-from ..atomic import atomic_path, atomic_write_text
+from ... import spec_schedule as ss
+from ...atomic import atomic_path, atomic_write_text
 
 SMOKE = dict(batch_sizes=[1, 2], arms=["off", [1, 1]], repeats=1,
              surface={"prompt_len": 8, "output_len": 6, "warmup": 2},
@@ -102,8 +102,8 @@ class _Group:
 
     # -- engines and workloads ------------------------------------------------------------
     def _engine(self, m: dict, sched: dict):
-        from ..engine import Engine
-        from ..config import RunConfig
+        from ...engine import Engine
+        from ...config import RunConfig
         S = max([s[0] for s in self.arms if s != ss.OFF] or [1])
         K = max([s[1] for s in self.arms if s != ss.OFF] or [1])
         kw = dict(self.base, **m)
@@ -201,7 +201,7 @@ class _Group:
         return out
 
     def _write_schedule(self, label: str, sched: dict, r: dict) -> None:
-        from ..provenance import git_commit
+        from ...provenance import git_commit
         meta = {"model": label, "device": r.get("device", "?"), "commit": git_commit(),
                 "date": time.strftime("%Y-%m-%d"), "measured by": "mtplab bench --groups "
                 f"schedule (simulated per-position acceptance {self.rate}, "
@@ -230,7 +230,7 @@ class _Group:
 
     # -- the report -----------------------------------------------------------------------
     def report(self) -> str:
-        from ..provenance import git_commit
+        from ...provenance import git_commit
         parts = [f"commit {git_commit()}; simulated per-position acceptance {self.rate}; "
                  f"min_gain {self.min_gain:.0%}; "
                  f"{self.repeats} repeat(s); decode tok/s medians (vs off: / the off arm)"]

@@ -37,10 +37,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
-from ..analysis.whatif import (ALL, WhatIfError, host_speed, knob_whatifs, load_run,
+from ...analysis.whatif import (ALL, WhatIfError, host_speed, knob_whatifs, load_run,
                                predicted_ratio, replay, self_error)
-from ..zero_bubble import ZB_SUBKNOBS
-from .effects import NO_VERDICT, arm_effects
+from ...zero_bubble import ZB_SUBKNOBS
+from ..effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"          # throughput with every host delay counted (the predictor's)
 GOAL = 0.10                        # |error| within 10% where the effect exceeds the noise

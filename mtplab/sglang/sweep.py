@@ -38,10 +38,6 @@ OTHER_KEYS = {"backend", "sglang_extra_args", "sglang_python", "sglang_idle_s", 
 SWEEP_KEYS = frozenset(SPEC_KEYS) | OTHER_KEYS
 
 
-def is_sglang(params: dict[str, Any]) -> bool:
-    return params.get("backend") == "sglang"
-
-
 def check_params(params: dict[str, Any]) -> str | None:
     """The reason a `backend: sglang` cell's extra keys are invalid, else None."""
     unknown = sorted(set(params) - SWEEP_KEYS)

@@ -37,7 +37,6 @@ from ...zero_bubble import ZB_SUBKNOBS
 from ..effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"
-RUNG = ("cfg.model", "cfg.layers", "batch_size", "prompt_len_tokens")
 TARGET = "target"
 REFERENCE = "target zb"            # the arm that places a rung on the x axis (module doc)
 HOST_P50 = "host_busy_p50_us_per_step"

@@ -31,7 +31,8 @@ EXTERNAL = {
     "whatif": ("mtplab.analysis.whatif_cli", "main_whatif",
                "a measured run's step under other settings (overlap, zero-bubble, fold_seed, "
                "host / GPU time of a stage), and what each bubble cause costs"),
-    "sglang": ("mtplab.sglang.cli", "main_sglang", "drive a real SGLang server with the same knobs"),
+    "sglang": ("mtplab.sglang.cli", "main_sglang",
+               "drive a real SGLang server with the same knobs"),
     "report": ("mtplab.studies.cli", "main_report",
                "dated reports written from their results (docs/results), the index, the "
                "README's headline"),

@@ -10,11 +10,11 @@ checkpoint without sliding layers or a router bias loads in transformers'
                 shared[t] = sigmoid(shared_expert_gate(h_t)) * shared_expert(h_t)   (SwiGLU)
              -> routed + shared
 
-The unfused path computes it with the torch reference (kernels/fused_moe.py
-`fused_moe_ref`); the fused path with the Triton kernels (tokens sorted by expert, grouped
-gate/up GEMM with SiLU * up fused, grouped down GEMM, weighted combine with the shared
-output) on CUDA, the reference elsewhere; deterministic mode runs the kernels on both paths. Both have shapes fixed by T and read nothing on the
-host: a verify or decode step with MoE layers captures into a CUDA graph.
+The unfused path computes it with the torch reference (kernels/fused_moe.py `fused_moe_ref`);
+the fused path with the Triton kernels (tokens sorted by expert, grouped gate/up GEMM with SiLU
+* up fused, grouped down GEMM, weighted combine with the shared output) on CUDA, the reference
+elsewhere; deterministic mode runs the kernels on both paths. Both have shapes fixed by T and
+read nothing on the host: a verify or decode step with MoE layers captures into a CUDA graph.
 
 `record_experts(model)` makes every forward count the distinct experts its tokens touched,
 per layer, into a device tensor (`touched`, summed over forwards): the `moe` figures read it

@@ -232,8 +232,8 @@ def index_md(questions: dict[str, str], root: Optional[Path] = None) -> str:
              "from the results file beside it (`mtplab report QUESTION` regenerates it; "
              "`--check` verifies), named `<YYYY-MM-DD>_<device>_<commit>.md`. A folder's "
              "`legacy.md` keeps figures measured before their data was kept: historical, not "
-             "indexed. How the figures are measured: [method.md](method.md). This file is written by "
-             "`mtplab report`.", "",
+             "indexed. How the figures are measured: [method.md](method.md). This file is "
+             "written by `mtplab report`.", "",
              md_table(["question", "asks", "newest answer", "device", "date", "report"], rows),
              ""]
     return "\n".join(lines)
@@ -241,7 +241,8 @@ def index_md(questions: dict[str, str], root: Optional[Path] = None) -> str:
 
 # -- the README's headline -----------------------------------------------------------------------
 README = REPO / "README.md"
-HEADLINE_BEGIN = "<!-- headline: written by `mtplab report regime` from the newest regime report -->"
+HEADLINE_BEGIN = ("<!-- headline: written by `mtplab report regime` from the newest regime "
+                  "report -->")
 HEADLINE_END = "<!-- /headline -->"
 
 

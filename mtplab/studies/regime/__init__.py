@@ -29,8 +29,8 @@ QUESTION = "regime"
 TITLE = "Regime: what each idea buys, from host-bound to GPU-bound"
 FIELDS = ("rung", "effect", "arm", "baseline", "x", "gpu_us", "host_us", "bubble", "ratio",
           "noise", "n", "n_base", "verdict")
-# The README's rows: (idea, the effect of studies/regime/ladder.py EFFECTS that measures it); an idea
-# with no effect on the ladder says where it is answered.
+# The README's rows: (idea, the effect of ladder.py EFFECTS that measures it); an idea with no
+# effect on the ladder says where it is answered.
 HEADLINE = (
     ("overlap (target-only)", "overlap (target)"),
     ("zero_bubble over overlap (target-only)", "zero_bubble (target)"),

@@ -289,7 +289,9 @@ def table_md(t: pd.DataFrame, meter: str = "meter") -> str:
     head = ["effect", "rung", f"x = {busy}/host", f"{busy} µs/step ({meter})",
             "host µs/step (p50)", "bubble (baseline)", "ratio", "noise", "verdict", "n"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    f = lambda v, s: "-" if v != v else format(v, s)
+    def f(v, s):
+        return "-" if v != v else format(v, s)
+
     for r in t.to_dict("records"):
         out.append("| " + " | ".join([
             r["effect"], r["rung"], f(r["x"], ".2f"), f(r["gpu_us"], ".0f"),

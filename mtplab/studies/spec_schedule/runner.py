@@ -1,8 +1,8 @@
 """`mtplab bench --groups schedule`: the break-even surface of speculation over batch size, the
 best batch-aware schedule for a model and GPU, and its gain over the best static setting.
 
-Per model of the group file (mtplab/studies/spec_schedule/schedule.yaml), in one process (an engine per
-setting serves every batch size, so the sweep's process per cell is not needed):
+Per model of the group file (mtplab/studies/spec_schedule/schedule.yaml), in one process (an
+engine per setting serves every batch size, so the sweep's process per cell is not needed):
 
     1. surface    for each setting s of `arms` (off, (num_steps, topk) ...): one engine with
                   spec_schedule {max_running_requests: s} (s at every batch size), then for
@@ -218,7 +218,7 @@ class _Group:
             for e in engs.values():
                 self._workload(e)                           # warm-up
             runs = {k: [] for k in engs}
-            for i in range(self.repeats):                   # alternating rounds
+            for _ in range(self.repeats):                   # alternating rounds
                 for k, e in engs.items():
                     runs[k].append(self._workload(e, seed=0))
         finally:

@@ -8,11 +8,11 @@
     mtplab bench --groups regime --quick --budget-s 500    # the reduced ladder, in a budget
     mtplab bench --groups regime --only layers=16 batch_size=8   # a subset of its rungs
 
-A group is a grid file of a study, mtplab/studies/<question>/<group>.yaml (GROUPS): `arms` are the settings compared side
-by side, the other axes (batch size, model, draft ...) are the rows' grid points, and the
-outermost axis `repeat: [0, 1, 2]` repeats the whole group, so the arms interleave
-(A B C, A B C, ...). Every cell runs in its own process through mtplab.sweep (`measure`: a
-warm-up generate, the timed generate, a generate with the event timeline, then profiled
+A group is a grid file of a study, mtplab/studies/<question>/<group>.yaml (GROUPS): `arms` are
+the settings compared side by side, the other axes (batch size, model, draft ...) are the rows'
+grid points, and the outermost axis `repeat: [0, 1, 2]` repeats the whole group, so the arms
+interleave (A B C, A B C, ...). Every cell runs in its own process through mtplab.sweep
+(`measure`: a warm-up generate, the timed generate, a generate with the event timeline, then profiled
 generates); results go to <dir>/<group>/results.parquet and the run resumes where it stopped.
 
 The table (`table`), one row per grid point and arm, from results.parquet alone:
@@ -47,8 +47,8 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
                      over the target step when the first arm is target-only)
 A group file may carry two keys of its own: `quick`, a reduced variant (`grid`, `exclude`,
 `arms`, `base` replacing the group's) that `--quick` runs, and `report: regime`, which prints
-the regime report (`regime_report`: the regime table of mtplab/studies/regime/ladder.py, each effect's
-crossover, and the what-if predictor against the measured ratios, studies/whatif/check.py)
+the regime report (`regime_report`: the regime table of mtplab/studies/regime/ladder.py, each
+effect's crossover, and the what-if predictor against the measured ratios, studies/whatif/check.py)
 instead of the ratio table. An arm with `zero_bubble: each_off` stands for one arm per
 zero-bubble sub-knob, that one off and the others on (zero_bubble.py leave_one_out), so a new
 sub-knob is measured without an edit to the group file. `--only AXIS=V,...` keeps those values

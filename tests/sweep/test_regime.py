@@ -1,5 +1,5 @@
-"""The regime map (studies/regime/ladder.py) on results frames whose answers are known, and the bench's
---quick / --only / --budget-s (a subset of rungs within a time budget)."""
+"""The regime map (studies/regime/ladder.py) on results frames whose answers are known, and the
+bench's --quick / --only / --budget-s (a subset of rungs within a time budget)."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ from mtplab.errors import ConfigError
 from mtplab.sweep import executors
 from mtplab.sweep.grid import grid_from_dict
 from mtplab.sweep.process import CellJob, CellOutcome
-from mtplab.studies.regime.ladder import (arm_label, crossovers, plot_regime, regime_table, table_md,
-                                 validation_pairs)
+from mtplab.studies.regime.ladder import (arm_label, crossovers, plot_regime, regime_table,
+                                          table_md, validation_pairs)
 
 
 def row(draft="none", overlap=False, zb=False, fold=True, delay=0.0, **kw) -> dict:

@@ -12,8 +12,9 @@ A group is a grid file of a study, mtplab/studies/<question>/<group>.yaml (GROUP
 the settings compared side by side, the other axes (batch size, model, draft ...) are the rows'
 grid points, and the outermost axis `repeat: [0, 1, 2]` repeats the whole group, so the arms
 interleave (A B C, A B C, ...). Every cell runs in its own process through mtplab.sweep
-(`measure`: a warm-up generate, the timed generate, a generate with the event timeline, then profiled
-generates); results go to <dir>/<group>/results.parquet and the run resumes where it stopped.
+(`measure`: a warm-up generate, the timed generate, a generate with the event timeline, then
+profiled generates); results go to <dir>/<group>/results.parquet and the run resumes where it
+stopped.
 
 The table (`table`), one row per grid point and arm, from results.parquet alone:
     tok/s            decode tok/s, min / median / max over the repeats

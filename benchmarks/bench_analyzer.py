@@ -365,7 +365,7 @@ def from_process_start(path: Path, folder: Path, what: str, repeats: int) -> str
             "HTA TraceAnalysis + get_idle_time_breakdown": [env_py, "-c", _HTA_CLI, str(folder)]}
     imp = [env_py, "-X", "importtime", "-c", "import mtplab.analysis.cli"]
     res = {k: [] for k in arms}
-    for k, cmd in arms.items():          # warm-up: page cache, bytecode
+    for cmd in arms.values():            # warm-up: page cache, bytecode
         _process_time(cmd)
     for _ in range(repeats):
         for k, cmd in arms.items():

@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import emit
 from benchmarks.report import graph_us
-from mtplab.bench import hbm_bandwidth
+from mtplab.studies.bench import hbm_bandwidth
 from mtplab.kernels import triton_attention as ta
 from mtplab.kernels.attn_meta import AttnMeta
 

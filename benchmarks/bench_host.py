@@ -143,7 +143,7 @@ def phase_ratios(arms: Arms, a, log) -> list[str]:
 
 def phase_table(arms: Arms, a, log, floor1, floor20) -> list[str]:
     out = {}
-    for rep in range(max(1, a.table_repeats)):
+    for _ in range(max(1, a.table_repeats)):
         for bs in a.table_bs:
             ps = arms.prompts_for(bs, a.prompt_len)
             for k, eng in arms.engines.items():
@@ -298,7 +298,7 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
             " | loop Python µs | probe µs | steal s | process CPU / wall |",
             "|---" * (len(stages) + 7) + "|"]
     for (lp, v), rs in res.items():
-        med = lambda k: statistics.median(r.get(k, 0.0) for r in rs)      # noqa: E731
+        med = lambda k, rs=rs: statistics.median(r.get(k, 0.0) for r in rs)   # noqa: E731
         rows.append(f"| {lp} | {v} | {med('step'):.0f} | " + " | ".join(
             f"{med(s):.1f}" for s in stages) +
             f" | {statistics.median(r['step'] - r['stages'] for r in rs):.1f} | "
@@ -405,7 +405,7 @@ def phase_prims(a, log) -> list[str]:
         toks, lens = np.full((bs, 4), 7, np.int64), np.full(bs, 3, np.int64)
         st = StepStats()
 
-        def ad():
+        def ad(b=b, toks=toks, lens=lens, host=host, committed=committed, st=st, reqs=reqs):
             append_decode(b, toks, lens, host, committed, st)
             if len(reqs[0].output_ids) > 3000:
                 for r in reqs:

@@ -313,8 +313,8 @@ def fig_topk(rep: Report, V: int = 128256) -> None:
         x = (3 * torch.randn(N, V, generator=g, device="cuda")).to(torch.bfloat16)
         got, want = T.logp_topk_triton(x, 1), T.logp_topk_ref(x, 1)
         same = torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], 1e-5, 1e-5)
-        ref_us = graph_us(lambda: T.logp_topk_ref(x, 1))
-        fused_us = graph_us(lambda: T.logp_topk_triton(x, 1))
+        ref_us = graph_us(lambda x=x: T.logp_topk_ref(x, 1))
+        fused_us = graph_us(lambda x=x: T.logp_topk_triton(x, 1))
         rep.add(f"branch_topk V={V} N={N} K=1 bf16: reference / fused",
                 f"{ref_us / fused_us:.2f}x ({ref_us:.1f} µs / {fused_us:.1f} µs)"
                 + ("" if same else "; RESULTS DIFFER"))

@@ -34,7 +34,7 @@ import torch
 from benchmarks.common import emit
 from benchmarks.report import Report, free, run_figures
 from mtplab import Engine, RunConfig
-from mtplab.bench import hbm_bandwidth
+from mtplab.studies.bench import hbm_bandwidth
 from mtplab.models.floor import engine_step_bytes
 
 FIGURES = ("short", "llama", "frozen", "gemma")

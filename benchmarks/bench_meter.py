@@ -1,4 +1,4 @@
-"""Bubble meter validation on the GPU (docs/benchmarks.md "Bubble meter"). Every figure is
+"""Bubble meter validation on the GPU (docs/results/meter_trust/). Every figure is
 printed with PASS/MISS against its target where it has one.
 
 1. Stamp resolution: back-to-back stamp kernels on a backlogged stream; min nonzero / median

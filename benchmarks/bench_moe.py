@@ -1,5 +1,5 @@
 """The MoE target and the reduced draft head, measured in one process on one GPU (the `moe`
-figures; docs/benchmarks.md "MoE target" and "Draft vocabulary").
+figures; docs/results/moe/ and docs/results/drafts/).
 
     python -m benchmarks.bench_moe --out FILE [--budget-s 420] [--layers 30] [--only NAME ...]
 

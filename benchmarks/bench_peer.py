@@ -85,9 +85,9 @@ def main(argv=None) -> int:
     match = True
     for p, mine in zip(prompts, ours):
         ids = torch.tensor([p], device=DEV)
-        g, t = timed(lambda: hf.generate(ids, **kw))
+        g, t = timed(lambda ids=ids: hf.generate(ids, **kw))
         secs["hf greedy"].append(t)
-        s, t = timed(lambda: hf.generate(ids, assistant_model=small, **kw))
+        s, t = timed(lambda ids=ids: hf.generate(ids, assistant_model=small, **kw))
         secs["hf assisted"].append(t)
         match &= mine == g[0, len(p):].tolist() == s[0, len(p):].tolist()
     tps = {"mtplab": float(cell["tok_per_s"]),

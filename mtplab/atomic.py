@@ -29,7 +29,8 @@ FILE_MODE = 0o666 & ~_umask()          # what open(path, "w") would create
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success it replaces `path`, on failure it is removed.
+    """Yield a temporary path beside `path`; on success it replaces `path`, on failure it is
+    removed.
 
     The temporary name ends with `path`'s suffix (e.g. `.png`, `.svg`), so writers that infer a
     format from the extension work unchanged. Parent folders are created. The body must create

@@ -1,4 +1,4 @@
-"""mtplab command line: run | demo | bench | sweep | analyze | plot | whatif | sglang.
+"""mtplab command line: run | demo | bench | sweep | analyze | plot | whatif | sglang | report.
 
 `analyze` and `plot` never import torch (they work on any Kineto trace, fast start-up);
 `run` exposes every RunConfig field as a --flag with the field's documentation, choices and
@@ -23,7 +23,7 @@ from .version import __version__
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)
 EXTERNAL = {
-    "bench": ("mtplab.bench", "main_bench", "the standard arms side by side (ratio table)"),
+    "bench": ("mtplab.studies.bench", "main_bench", "the standard arms side by side (ratio table)"),
     "sweep": ("mtplab.sweep", "main_sweep", "grids of runs, one process per cell"),
     "analyze": ("mtplab.analysis.cli", "main_analyze", "bubble analysis of a Kineto trace"),
     "plot": ("mtplab.analysis.cli", "main_plot",
@@ -31,7 +31,11 @@ EXTERNAL = {
     "whatif": ("mtplab.analysis.whatif_cli", "main_whatif",
                "a measured run's step under other settings (overlap, zero-bubble, fold_seed, "
                "host / GPU time of a stage), and what each bubble cause costs"),
-    "sglang": ("mtplab.sglang.cli", "main_sglang", "drive a real SGLang server with the same knobs"),
+    "sglang": ("mtplab.sglang.cli", "main_sglang",
+               "drive a real SGLang server with the same knobs"),
+    "report": ("mtplab.studies.cli", "main_report",
+               "dated reports written from their results (docs/results), the index, the "
+               "README's headline"),
 }
 
 

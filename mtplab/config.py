@@ -161,8 +161,9 @@ class RunConfig(ZeroBubbleKnobs):
                 raise ConfigError(f"with topk=1 the draft is a chain of num_steps+1 tokens, so "
                                   f"num_draft_tokens must be {self.num_steps + 1}, got {D}.")
             if D > self.num_steps * self.topk + 1:
-                raise ConfigError(f"num_draft_tokens={D} exceeds the {self.num_steps * self.topk + 1}"
-                                  " nodes the draft can propose (num_steps*topk+1).")
+                raise ConfigError(f"num_draft_tokens={D} exceeds the "
+                                  f"{self.num_steps * self.topk + 1} nodes the draft can "
+                                  "propose (num_steps*topk+1).")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; use one of {DTYPES}.")
         if self.moe_kernels not in MOE_KERNELS:

@@ -53,7 +53,7 @@ _NUMPY = {torch.long: np.int64, torch.int32: np.int32, torch.float32: np.float32
 def current_cuda_stream() -> torch.cuda.Stream:
     """The current stream of the current CUDA device, as a cached Stream object. Hot-path
     replacement for `torch.cuda.current_stream()`, which builds a new Python Stream per call
-    (so does `Event.record()` without a stream); costs per call in docs/benchmarks.md."""
+    (so does `Event.record()` without a stream); costs per call in docs/results/host_path/."""
     key = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
     s = _STREAMS.get(key)
     if s is None:
@@ -65,7 +65,7 @@ def current_cuda_stream() -> torch.cuda.Stream:
 class _UseStream:
     """`with _UseStream(s):` makes `s` current and restores the previous stream: what
     `torch.cuda.stream(s)` does for a stream of the current device, through the C-level
-    setter (no context-manager machinery; costs in docs/benchmarks.md)."""
+    setter (no context-manager machinery; costs in docs/results/host_path/)."""
 
     __slots__ = ("s", "prev")
 

@@ -188,7 +188,7 @@ def as_flags(message: str, flags: dict[str, str]) -> str:
     for name in sorted(flags, key=len, reverse=True):
         flag = flags[name]
         message = re.sub(rf"(?<![\w./-]){name}=('[^']*'|\"[^\"]*\"|[\w.:/+-]*\w)",
-                         lambda m: f"{flag} {_flag_value(m.group(1))}", message)
+                         lambda m, flag=flag: f"{flag} {_flag_value(m.group(1))}", message)
         if "_" in name:
             message = re.sub(rf"(?<![\w./-]){name}(?![\w+*=/-])", flag, message)
     return message

@@ -14,8 +14,8 @@ path, with the part of the engine that acts on it.
 off (RunConfig resolves it). A worker sub-knob needs a draft. ZB_SUBKNOBS, the table of
 sub-knobs, is read off the fields: RunConfig's validation and help, the engine (which builds
 LoopOptions and SpecParams from `options`), the what-if predictor and its check against
-sweeps (sweep/whatif_check.py), the regime map's effects and its leave-one-out arms
-(sweep/regime.py), the SGLang adapter and notebook 04 read it. A new sub-knob is its field
+sweeps (studies/whatif/check.py), the regime map's effects and its leave-one-out arms
+(studies/regime/ladder.py), the SGLang adapter and notebook 04 read it. A new sub-knob is its field
 here, its field and mechanism in its owner, and its README knob row; the what-if predictor
 refuses it by name until `_knob` (analysis/whatif.py) models it.
 
@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 class SubKnob(NamedTuple):
     owner: str          # "loop" (LoopOptions) or "worker" (SpecParams): the field without zb_
     auto: bool          # its value when left None and zero_bubble is off
-    short: str          # its name in a row's knob label (sweep/whatif_check.py)
+    short: str          # its name in a row's knob label (studies/whatif/check.py)
 
 
 def sub_knob(owner: str, auto: bool, short: str, help: str):

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from mtplab.analysis.causes import CAUSES
-from mtplab.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
+from mtplab.studies.bench import (GROUPS, REPEAT, SMOKE_NOTE, SMOKE_RATIO, arm_label, effective_doc,
                           grid_doc, table)
 from mtplab.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid_from_dict
 
@@ -47,7 +47,7 @@ def test_every_group_is_a_grid_with_interleaved_repeats(group):
 
 def test_bench_grids_ship_as_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"bench_grids/*.yaml"' in text
+    assert '"studies/*/*.yaml"' in text
 
 
 def _record(settings: dict, status="ok", **metrics) -> dict:
@@ -120,7 +120,7 @@ def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_o
 
 
 def test_unknown_group_is_one_sentence(capsys):
-    from mtplab.bench import main_bench
+    from mtplab.studies.bench import main_bench
     assert main_bench(["--groups", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no bench group 'nope'" in err
@@ -129,7 +129,7 @@ def test_unknown_group_is_one_sentence(capsys):
 def test_a_budget_spent_before_any_cell_is_one_sentence(tmp_path, capsys):
     """--budget-s shorter than one cell: no traceback (the empty results table), no table of
     "?" headers: one sentence naming the budget and the resume, exit 2."""
-    from mtplab.bench import main_bench
+    from mtplab.studies.bench import main_bench
     assert main_bench(["--groups", "fold_seed", "--device", "cpu", "--no-progress",
                        "--dir", str(tmp_path / "bx"), "--budget-s", "0.001"]) == 2
     out = capsys.readouterr()
@@ -294,15 +294,16 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
     assert math.isnan(off["bubble_frac_profiled"]) and math.isnan(off["device_busy_step_ms"])
 
 
-def test_every_docs_table_the_index_names_is_a_section_of_docs_benchmarks():
+def test_every_results_question_the_index_names_has_a_folder():
+    """benchmarks/README.md names, per script, the question whose dated reports it feeds."""
+    from mtplab.studies import QUESTIONS
     readme = (ROOT / "benchmarks" / "README.md").read_text()
-    headings = [ln[3:] for ln in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
-                if ln.startswith("## ")]
     named = {n for row in readme.splitlines() if row.startswith("| ")
-             for n in re.findall(r'"([^"]+)"', row.rsplit("|", 2)[-2])}
+             for n in re.findall(r"`([a-z_]+)`", row.rsplit("|", 2)[-2])}
     assert named
-    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
-    assert not missing, f"docs/benchmarks.md has no section {missing}"
+    missing = [n for n in named if n not in QUESTIONS or
+               not (ROOT / "docs" / "results" / n).is_dir()]
+    assert not missing, f"no question folder docs/results/{missing}"
 
 
 def test_a_target_only_zero_bubble_arm_survives_the_sweeps_re_resolution():
@@ -337,7 +338,7 @@ def test_host_table_gives_stage_us_counts_and_the_floor_per_arm():
 
 
 def test_regime_report_names_the_cells_whose_clocks_disagree():
-    from mtplab.bench import _suspect_cells
+    from mtplab.studies.bench import _suspect_cells
     df = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"],
                        "cell_id": ["a", "b", "c", "d"],
                        "decode_tok_per_s": [100.0, 190.0, 400.0, 900.0],

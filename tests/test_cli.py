@@ -312,7 +312,7 @@ def test_cell_threads_are_those_the_dask_nanny_gives(monkeypatch):
 def test_bench_smoke_calls_its_ratios_path_checks():
     import pandas as pd
 
-    from mtplab.bench import SMOKE_NOTE, SMOKE_RATIO, header, table
+    from mtplab.studies.bench import SMOKE_NOTE, SMOKE_RATIO, header, table
     doc = {"grid": {"repeat": [0]}, "arms": [{"overlap": False}, {"overlap": True}]}
     assert SMOKE_RATIO in table(pd.DataFrame(), doc, smoke=True)
     assert SMOKE_RATIO not in table(pd.DataFrame(), doc)

@@ -16,7 +16,10 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               sched (core, mem, device, instrument, kernels)   never speculative or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
               config (+ validate, draft_kinds, zero_bubble, version, provenance, spec_schedule;
-              models and mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
+              models and mem inside its resolution)  <- engine, stats  <- cli, sweep, sglang
+    studies   may import any of the above; nothing outside mtplab/studies/ imports it (the
+              command line names `mtplab report`'s module as a string): the dependency runs
+              one way, and the core runs without the studies wing
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ ALLOWED = {
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
                "draft_kinds", "zero_bubble", "version", "provenance", "spec_schedule"},
 }
-TOP = {"engine", "stats", "cli", "bench", "sweep", "sglang", "__init__", "__main__"}
+TOP = {"engine", "stats", "cli", "sweep", "sglang", "studies", "__init__", "__main__"}
 
 
 def component(path: Path) -> str:
@@ -115,6 +118,27 @@ def test_imports_follow_the_layer_edges():
             if other in TOP or other not in ALLOWED.get(me, set()):
                 bad.append(f"{path.relative_to(PKG.parent)}:{line} ({me} -> {other})")
     assert not bad, "forbidden import edges:\n" + "\n".join(bad)
+
+
+def studies_importers(pkg: Path = PKG) -> list[str]:
+    """file:line of every import of mtplab.studies by a module outside mtplab/studies/."""
+    return [f"{p.relative_to(pkg.parent)}:{line}" for p in sorted(pkg.rglob("*.py"))
+            if component(p) != "studies"
+            for line, mod in mtplab_imports(p, pkg, names=True)
+            if len(mod) > 1 and mod[1] == "studies"]
+
+
+def test_nothing_outside_the_studies_wing_imports_it():
+    assert not studies_importers(), studies_importers()
+
+
+def test_the_studies_check_sees_a_planted_import(tmp_path):
+    f = PKG / "sweep" / "_probe_studies.py"
+    f.write_text("def f():\n    from ..studies import results\n    return results\n")
+    try:
+        assert studies_importers() == ["mtplab/sweep/_probe_studies.py:2"]
+    finally:
+        f.unlink()
 
 
 @pytest.mark.parametrize("leaf", sorted(LEAVES))

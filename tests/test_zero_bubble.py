@@ -8,7 +8,8 @@ from pathlib import Path
 
 from mtplab import RunConfig
 from mtplab.analysis import whatif
-from mtplab.sweep import regime, whatif_check
+from mtplab.studies.regime import ladder as regime
+from mtplab.studies.whatif import check as whatif_check
 from mtplab.zero_bubble import ZB_SUBKNOBS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def test_readers_derive_from_the_table():
 def test_the_regime_group_leaves_each_sub_knob_out():
     """regime.yaml's `zero_bubble: each_off` arm stands for one arm per sub-knob (that one
     off, the others on): the arms the regime map's leave-one-out effects compare."""
-    from mtplab.bench import grid_doc
+    from mtplab.studies.bench import grid_doc
     for doc in (grid_doc("regime"), {**grid_doc("regime"), **grid_doc("regime")["quick"]}):
         labels = [regime.arm_label({f"cfg.{k}": v for k, v in a.items()}) for a in doc["arms"]]
         assert [x for x in labels if "zb-" in x] == [f"frozen_kv_mtp zb-{k}" for k in ZB_SUBKNOBS]
@@ -64,10 +65,11 @@ import mtplab
 assert mtplab.__file__.startswith(sys.argv[1]), mtplab.__file__
 from mtplab import Engine, RunConfig, cli
 from mtplab.analysis import whatif
-from mtplab.bench import grid_doc
+from mtplab.studies.bench import grid_doc
 from mtplab.errors import ConfigError
 from mtplab.sglang.args import refuse_unsupported
-from mtplab.sweep import regime, whatif_check
+from mtplab.studies.regime import ladder as regime
+from mtplab.studies.whatif import check as whatif_check
 from mtplab.zero_bubble import ZB_SUBKNOBS
 
 assert list(ZB_SUBKNOBS)[-1] == "zb_probe"

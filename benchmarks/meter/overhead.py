@@ -201,7 +201,7 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
         m, eager = engs["on 0"].meter, [0]
         stamp = m.stamp
 
-        def counting(code):
+        def counting(code, eager=eager, stamp=stamp):
             eager[0] += 1
             stamp(code)
         m.stamp = counting
@@ -242,7 +242,7 @@ def pool(rows: list, paths: list) -> None:
              "engine's repeats concatenated; columns as in the overhead part):", "",
              *OVERHEAD_HEADER]
     for bs in sizes:
-        def layout(z):          # (arms, engines per arm, tokens per generate)
+        def layout(z, bs=bs):   # (arms, engines per arm, tokens per generate)
             arms = tuple(a for a in OVERHEAD_ARMS if f"bs{bs} {a} 0" in z)
             k = sum(1 for key in z if key.startswith(f"bs{bs} off ")
                     and not key.endswith("step_p50_ms"))

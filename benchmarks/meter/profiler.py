@@ -38,7 +38,8 @@ def vs_profiler(rows: list, d: Path) -> None:
             # profiler does; which stage name labels it does not matter to either tool.
             b, e = (eng.meter.stamp_code("stash", "forward", x) for x in (False, True))
 
-            def hold(_step):     # planted GPU work, stamped so that both tools count it busy
+            def hold(_step, eng=eng, b=b, e=e, cycles=cycles):   # planted GPU work, stamped
+                # so that both tools count it busy
                 with torch.cuda.stream(eng.scheduler.forward_stream):
                     eng.meter.stamp(b)
                     torch.cuda._sleep(cycles)

@@ -24,8 +24,8 @@ def stamp_cost(rows: list, reps: int = 300) -> None:
         for on in (False, True):
             nodes: Counter = Counter()          # stamp nodes captured, by code
             real = BubbleMeter.device_stamp
-            BubbleMeter.device_stamp = lambda self, code: (nodes.update([code]),
-                                                           real(self, code))[1]
+            BubbleMeter.device_stamp = lambda self, code, nodes=nodes, real=real: (
+                nodes.update([code]), real(self, code))[1]
             try:
                 eng = Engine(RunConfig(**BASE, **OVERLAP["on+zb"], bubble_meter=on,
                                        max_running_requests=bs))

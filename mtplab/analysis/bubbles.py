@@ -80,8 +80,8 @@ host_start_us, host_dur_us); `gaps` (step,
 start_us, end_us, gap_us, cause, before, after, scope "device"|"stream", stream (-1 for device),
 idle_category); `streams` (stream, busy_us, idle_us, idle_{host_wait,kernel_wait,other}_us,
 n_activities); `summary` (wall_us, busy_us, bubble_us, bubble_frac, n_steps, n_gaps, the cause
-split, `bubble_by_cause_us` (every cause, `host:<stage>` ones apart), step_source, device, skip_steps, consecutive_kernel_delay_us, notes). Times are absolute
-trace µs (`ts` units).
+split, `bubble_by_cause_us` (every cause, `host:<stage>` ones apart), step_source, device,
+skip_steps, consecutive_kernel_delay_us, notes). Times are absolute trace µs (`ts` units).
 
 No device activity (a CPU-only profile): steps keep their host spans as windows, busy and
 bubble are 0, `bubble_frac` is NaN and the summary's `notes` say so; nothing is invented.
@@ -188,7 +188,8 @@ def union_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def _overlaps(us: np.ndarray, ue: np.ndarray, g0: np.ndarray, g1: np.ndarray) -> np.ndarray:
-    """For each (g0, g1): does the disjoint sorted union (us, ue) intersect it with positive length?"""
+    """For each (g0, g1): does the disjoint sorted union (us, ue) intersect it with positive
+    length?"""
     if us.size == 0:
         return np.zeros(g0.shape, bool)
     k = np.searchsorted(us, g1, side="left") - 1  # last interval starting before g1
@@ -202,7 +203,8 @@ def _busy_until(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
         return np.zeros(np.shape(t))
     cum = np.concatenate(([0.0], np.cumsum(ue - us)))
     k = np.searchsorted(us, t, side="right")  # intervals starting at or before t
-    part = np.where(k > 0, np.minimum(t, ue[np.clip(k - 1, 0, None)]) - us[np.clip(k - 1, 0, None)], 0.0)
+    j = np.clip(k - 1, 0, None)
+    part = np.where(k > 0, np.minimum(t, ue[j]) - us[j], 0.0)
     return cum[np.clip(k - 1, 0, None)] * (k > 0) + np.maximum(part, 0.0)
 
 
@@ -311,7 +313,8 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
         notes.append("no GPU activity (kernel/gpu_memcpy/gpu_memset) in the trace: a CPU-only "
                      "profile has no device bubbles; steps show host span times, busy and bubble 0")
         if steps_src == "windows":
-            step_name, host_ts, host_end = ["trace"], np.array([tr.ts.min()]), np.array([tr.end.max()])
+            step_name = ["trace"]
+            host_ts, host_end = np.array([tr.ts.min()]), np.array([tr.end.max()])
             steps_src = "whole trace (no step spans, no ProfilerStep#N)"
         _check_skip(skip_steps, len(step_name), steps_src)
         return _cpu_only(step_name, host_ts, host_end, skip_steps, steps_src, notes)
@@ -331,7 +334,8 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
     steps = _step_table(ctx, step_name, starts, bounds, host_ts, host_end, gaps, skip_steps,
                         leads)
     streams = _stream_table(ctx, gaps, keep_from, bounds[-1])
-    summary = _summary(steps, gaps, steps_src, device, skip_steps, consecutive_kernel_delay_us, notes)
+    summary = _summary(steps, gaps, steps_src, device, skip_steps, consecutive_kernel_delay_us,
+                       notes)
     return Analysis(steps=steps, gaps=gaps, streams=streams, summary=summary)
 
 
@@ -461,7 +465,8 @@ def _window_bounds(ctx: _Ctx, window_us: float) -> tuple[float, np.ndarray, list
 
 
 def _stages(ctx: _Ctx, idx: np.ndarray) -> list[str]:
-    """Innermost stage of activities `idx`: GPU-lane annotation, else host span around the launch."""
+    """Innermost stage of activities `idx`: GPU-lane annotation, else host span around the
+    launch."""
     out = np.full(idx.size, None, dtype=object)
     mid = 0.5 * (ctx.s[idx] + ctx.e[idx])
     streams = ctx.stream[idx]
@@ -590,7 +595,8 @@ def _stream_table(ctx: _Ctx, gaps: pd.DataFrame, t0: float, t1: float) -> pd.Dat
     for sid in np.unique(ctx.stream).tolist():
         sel = ctx.stream == sid
         us, ue = union_intervals(ctx.s[sel], ctx.e[sel])
-        busy = float(_busy_until(us, ue, np.array([t1]))[0] - _busy_until(us, ue, np.array([t0]))[0])
+        busy = float(_busy_until(us, ue, np.array([t1]))[0]
+                     - _busy_until(us, ue, np.array([t0]))[0])
         mine = sg[sg["stream"] == sid]
         idle = {c: float(mine["gap_us"][mine["idle_category"] == c].sum()) for c in IDLE_CATEGORIES}
         rows.append({"stream": sid, "busy_us": busy, "idle_us": float(mine["gap_us"].sum()),
@@ -649,7 +655,8 @@ def _cpu_only(names: list[str], host_ts: np.ndarray, host_end: np.ndarray, skip:
 # --------------------------------------------------------------------------- output
 
 def write_analysis(result: Analysis, out_dir: PathLike) -> dict[str, Path]:
-    """Write steps.parquet, gaps.parquet, streams.parquet and summary.json atomically into out_dir."""
+    """Write steps.parquet, gaps.parquet, streams.parquet and summary.json atomically into
+    out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

@@ -88,8 +88,8 @@ def _find_trace(p: Path) -> Path | None:
             return found[0]
         if len(found) > 1:
             names = ", ".join(f.name for f in found[:5])
-            raise _UsageError(f"{p} holds {len(found)} traces ({names}{', ...' if len(found) > 5 else ''}); "
-                              "pass one of them")
+            more = ", ..." if len(found) > 5 else ""
+            raise _UsageError(f"{p} holds {len(found)} traces ({names}{more}); pass one of them")
     return None
 
 

@@ -1,4 +1,5 @@
-"""Bubble plots (matplotlib, Agg backend): the per-step timeline, bubble fraction per config, histograms.
+"""Bubble plots (matplotlib, Agg backend): the per-step timeline, bubble fraction per config,
+histograms.
 
 `plot_timeline` draws one lane per host thread that launched GPU work (its stage spans coloured
 with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour) and one lane

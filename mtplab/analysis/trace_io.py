@@ -122,7 +122,8 @@ def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
             events = doc.get("traceEvents")
             if not isinstance(events, list):
                 raise TraceError(f"{p} is JSON but not a Kineto/Chrome trace (no 'traceEvents' "
-                                 "list); pass a file written by torch.profiler's export_chrome_trace.")
+                                 "list); pass a file written by torch.profiler's "
+                                 "export_chrome_trace.")
             meta = {k: v for k, v in doc.items() if k != "traceEvents"}
         elif isinstance(doc, list):  # Chrome "JSON Array Format"
             events, meta = doc, {}
@@ -197,8 +198,8 @@ def _parse_whole(p: Path, gz: bool) -> Any:
         try:
             raw = gzip.decompress(raw)
         except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(f"{p} is not a readable gzip file (corrupt or truncated: {_short(e)}); "
-                             "re-export the trace from the profiler.") from None
+            raise TraceError(f"{p} is not a readable gzip file (corrupt or truncated: "
+                             f"{_short(e)}); re-export the trace from the profiler.") from None
         if not raw:
             raise TraceError(f"{p} decompresses to nothing; re-export the trace.")
     try:
@@ -417,7 +418,8 @@ def _build_loop(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
                          "pid, tid, correlation or External id); the file is corrupt, re-export "
                          "the trace.") from None
     if not ts:
-        what = "no traceEvents at all" if n_seen == 0 else f"{n_seen} traceEvents but no timed ('X') events"
+        what = ("no traceEvents at all" if n_seen == 0
+                else f"{n_seen} traceEvents but no timed ('X') events")
         raise TraceError(f"{p} holds {what}; with a profiler schedule, export the trace from "
                          "on_trace_ready (exporting after the `with` block gives an empty trace).")
     col = np.frombuffer  # zero-copy views of the array.array columns

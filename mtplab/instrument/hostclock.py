@@ -5,13 +5,13 @@ issuing each stage (the launch of a graph segment, the Python of `process_result
     ... decode steps ...
     clock.per_step()  -> {stage: host µs per decode step}, "step": the whole step
 
-A stage span (instrument/spans.py) with a clock attached reads `perf_counter_ns` at its
-entry and exit (about 0.1 µs each); when the iteration's step span closes, its spans are
-added to their stage names if it was a decode step. An iteration runs from its first span
-(`schedule`, which runs before the step span opens) to the end of its step span ("step"). A graphed span times the
-replay's launch (the host call), never the GPU work. Spans nest (e.g. `sync` inside
-`prepare` with zb_device_seq_lens off, `draft.step` inside an eager `draft`): a stage's
-figure includes what nests in it, and "stages" sums the outermost spans only.
+A stage span (instrument/spans.py) with a clock attached reads `perf_counter_ns` at its entry
+and exit (about 0.1 µs each); when the iteration's step span closes, its spans are added to
+their stage names if it was a decode step. An iteration runs from its first span (`schedule`,
+which runs before the step span opens) to the end of its step span ("step"). A graphed span
+times the replay's launch (the host call), never the GPU work. Spans nest (e.g. `sync` inside
+`prepare` with zb_device_seq_lens off, `draft.step` inside an eager `draft`): a stage's figure
+includes what nests in it, and "stages" sums the outermost spans only.
 
 `OpCounter` counts what the host issues per decode step: aten ops by name (a
 TorchDispatchMode: `copy_` into graph inputs, `fill_` of padding lanes, clones; view ops are

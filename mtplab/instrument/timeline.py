@@ -14,7 +14,7 @@ On CPU the events are no-ops and only host intervals are recorded (gpu columns N
 What a GPU interval holds: the stream's time from reaching the span's start event to reaching
 its end event. Against Kineto's gpu_user_annotation (first kernel start to last kernel end)
 it also holds (a) a fixed cost per pair, the stream's dispatch of the stage's first command
-(measured in docs/benchmarks.md, "Event timeline vs profiler"), and
+(measured in docs/results/meter_trust/), and
 (b) when the host is behind the GPU, the stream's waits for the launches inside the stage.
 With the stream backlogged the two agree to (a), slope 1.000; in a host-bound run (b) is the
 launch latency the analyser reports as bubbles.

@@ -1,6 +1,7 @@
 """Speculative stages as a few kernels each: tree organize, tree build, greedy accept walk,
-simulated-accept chain, verify-window slots and accept compaction moves. One program per request; every array of a request fits one block (BLOCK_C
-candidates, BLOCK_D tree nodes), so the kernels are plain loads, compares and reductions.
+simulated-accept chain, verify-window slots and accept compaction moves. One program per
+request; every array of a request fits one block (BLOCK_C candidates, BLOCK_D tree nodes), so
+the kernels are plain loads, compares and reductions.
 
 The semantics (and the plain-torch references the tests compare against) are the stage
 functions in mtplab/speculative/{tree,accept}.py; they call these kernels on CUDA and fall

@@ -105,7 +105,7 @@ def num_sms(device: torch.device) -> int:
 
 
 # Launch shape of the split kernel by head_dim: (BLOCK_N, num_warps, num_stages), from
-# benchmarks/bench_attention.py --sweep on the H100 (docs/benchmarks.md "Split-KV attention").
+# benchmarks/bench_attention.py --sweep on the H100 (docs/results/long_context/).
 SPLIT_LAUNCH = {64: (64, 4, 3), 128: (32, 4, 3), 256: (32, 4, 3),
                 512: (16, 4, 2)}     # Gemma-4's global layers: half the keys per tile, 2 stages
 

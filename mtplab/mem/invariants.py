@@ -61,7 +61,8 @@ def check_kv_invariants(allocator: PagedAllocator, pool: ReqToTokenPool,
             want = allocator.page_slots(kv.pages)
             got = pool.table[kv.row, : kv.kv_allocated_len].cpu().numpy()
             if (want != got).any():
-                problems.append(f"request {rid}: req_to_token row {kv.row} disagrees with its pages")
+                problems.append(f"request {rid}: req_to_token row {kv.row} disagrees with "
+                                "its pages")
     if problems:
         raise InvariantError("KV invariant violated: " + "; ".join(problems) + ".")
 

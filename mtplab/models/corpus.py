@@ -54,7 +54,8 @@ def encode_files(root: Path, files: list[str]) -> torch.Tensor:
     parts = []
     for rel in files:
         raw = bytearray((root / rel).read_bytes())
-        data = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.zeros(0, dtype=torch.uint8)
+        data = (torch.frombuffer(raw, dtype=torch.uint8) if raw
+                else torch.zeros(0, dtype=torch.uint8))
         parts += [torch.tensor([BOS], dtype=torch.int16), data.to(torch.int16) + BYTE0,
                   torch.tensor([EOS], dtype=torch.int16)]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int16)

@@ -87,11 +87,6 @@ class LlamaConfig:
         return self.num_key_value_heads, self.head_dim
 
     @property
-    def uniform_attn(self) -> bool:
-        """Every layer has the same (KV heads, head_dim): one stacked KV tensor."""
-        return len({self.attn_shape(i) for i in range(self.num_hidden_layers)}) == 1
-
-    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

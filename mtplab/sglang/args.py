@@ -24,12 +24,12 @@
                                    ids, models.write_token_map), where the kind's SGLang worker
                                    takes one (draft_kinds.py sglang_token_map: EAGLE in 0.5.17)
 
-Knobs SGLang has no equivalent for (spec_schedule, zero_bubble, ...) are refused (ConfigError, one sentence), and so are the
-FROZEN_KV_MTP combinations SGLang's own argument checks let through but its worker cannot run.
-`check_model_dirs` checks the model directories before anything starts: a target and a draft
-holding config.json, the draft of a FROZEN_KV_MTP kind a Frozen-KV assistant (the
-architectures SGLang's Frozen-KV worker runs) and the draft of any other kind not one (SGLang
-would run it as FROZEN_KV_MTP).
+Knobs SGLang has no equivalent for (spec_schedule, zero_bubble, ...) are refused (ConfigError,
+one sentence), and so are the FROZEN_KV_MTP combinations SGLang's own argument checks let
+through but its worker cannot run. `check_model_dirs` checks the model directories before
+anything starts: a target and a draft holding config.json, the draft of a FROZEN_KV_MTP kind a
+Frozen-KV assistant (the architectures SGLang's Frozen-KV worker runs) and the draft of any
+other kind not one (SGLang would run it as FROZEN_KV_MTP).
 """
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ Errors name the flag (`--draft-model`), not the field.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess

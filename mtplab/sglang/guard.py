@@ -7,7 +7,6 @@ the last, and no server outlives a sweep by more than that.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -37,7 +37,8 @@ def write_llama_eagle_dirs(root: PathLike, model: str = "random-medium", *,
 
 
 def write_gemma4_frozen_dirs(root: PathLike, *, model: str | None = None,
-                             draft: str = "frozen_kv_mtp", hidden_size: int = 256, layers: int = 4, heads: int = 4,
+                             draft: str = "frozen_kv_mtp", hidden_size: int = 256,
+                             layers: int = 4, heads: int = 4,
                              kv_heads: int = 1, head_dim: int = 64, vocab_size: int = 1024,
                              assistant_hidden_size: int = 128, assistant_layers: int = 2,
                              dtype: str = "bfloat16") -> tuple[Path, Path]:
@@ -107,7 +108,7 @@ def sglang_gemma4_problem(cfg, kv_layers: list | None = None) -> str | None:
                            sliding, one full, and the assistant reads only those
         MoE, RoPE scaling  not mirrored: mtplab's MoE FFN is not Gemma-4's MoE block, and
                            SGLang's Gemma-4 takes plain RoPE here"""
-    from ..models.llama_config import FULL, SLIDING
+    from ..models.llama_config import FULL
 
     L = cfg.num_hidden_layers
     if not cfg.has_sliding:

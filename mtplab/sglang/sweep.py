@@ -38,10 +38,6 @@ OTHER_KEYS = {"backend", "sglang_extra_args", "sglang_python", "sglang_idle_s", 
 SWEEP_KEYS = frozenset(SPEC_KEYS) | OTHER_KEYS
 
 
-def is_sglang(params: dict[str, Any]) -> bool:
-    return params.get("backend") == "sglang"
-
-
 def check_params(params: dict[str, Any]) -> str | None:
     """The reason a `backend: sglang` cell's extra keys are invalid, else None."""
     unknown = sorted(set(params) - SWEEP_KEYS)
@@ -116,8 +112,9 @@ def run_cell(cfg: RunConfig, batch_size: int, requests: int, prompt_len: int,
     check_cell(cfg, params)
     spec = spec_from_params(params)
     sl = server_launch(cfg, spec)
-    base, started, alive = ensure_server(sl, spec, state_dir, params.get("sglang_python", sys.executable),
-                                  float(params.get("sglang_idle_s", 120.0)))
+    base, started, alive = ensure_server(sl, spec, state_dir,
+                                         params.get("sglang_python", sys.executable),
+                                         float(params.get("sglang_idle_s", 120.0)))
     rng = np.random.default_rng(cfg.seed)
     vocab = int(params.get("sglang_vocab", 32000))
     prompts = rng.integers(10, vocab, size=(requests, prompt_len)).tolist()

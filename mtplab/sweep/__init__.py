@@ -62,7 +62,7 @@ column names (`_ms`, `_s`, `_us`, `_tokens`, `_frac`, `per_step`):
               host_copies_per_step, host_ops_per_step, host_views_per_step, replay_floor_us,
               host_floor_us (workload host_stages=True; mtplab/sweep/host.py)
   what-if     run_dir holds host_steps.parquet and whatif.json (workload step_profile=True;
-              sweep/step_profile.py), read by `mtplab whatif` and sweep/whatif_check.py;
+              sweep/step_profile.py), read by `mtplab whatif` and studies/whatif/check.py;
               host_period_us, host_busy_us_per_step (the host's own time per decode step:
               the iteration less its waits; host_busy_p50_us_per_step: the median step's),
               latency_us (the predictor's L and W)

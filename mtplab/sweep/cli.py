@@ -134,6 +134,6 @@ def main_sweep(argv: list[str] | None = None) -> int:
     for r in mine[mine["status"] != "ok"].itertuples() if len(mine) else []:
         print(f"  {r.cell_id} {r.status}: {r.error}")
     if len(mine):
-        from .report import results_table      # matplotlib: only once there is a table
+        from .results import results_table
         print(results_table(mine))
     return 1 if counts.get("failed") else 0

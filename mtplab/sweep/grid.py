@@ -17,12 +17,12 @@ A grid file (YAML) names settings; each setting is a `RunConfig` field, a `Workl
     exclude:                        # optional: a cell matching every key of an entry is dropped
       - {batch_size: 16, overlap: false}
 
-A cell's settings are `base` ⊕ one grid point ⊕ one arm (later wins; cells that resolve to
-the same id are run once). A `timeout_s` among a cell's settings overrides the file's for that
-cell (it is not part of the cell id: re-running with a longer limit resumes the same cell). Validity: the RunConfig
-is constructed here, in the parent; a `ConfigError` (or a workload that does not fit the
-config) makes the cell *dropped*, with the one-sentence reason recorded. `batch_size` is the
-concurrency: the default `max_running_requests` of the cell (an explicit value wins).
+A cell's settings are `base` ⊕ one grid point ⊕ one arm (later wins; cells that resolve to the
+same id are run once). A `timeout_s` among a cell's settings overrides the file's for that cell
+(it is not part of the cell id: re-running with a longer limit resumes the same cell). Validity:
+the RunConfig is constructed here, in the parent; a `ConfigError` (or a workload that does not
+fit the config) makes the cell *dropped*, with the one-sentence reason recorded. `batch_size` is
+the concurrency: the default `max_running_requests` of the cell (an explicit value wins).
 
 The cell id is a 12-hex-digit SHA-1 of the resolved settings (`asdict(RunConfig)` after
 defaults and 'auto' are resolved, minus the output location, plus the workload and notebook
@@ -293,7 +293,8 @@ def make_cell(settings: dict[str, Any], *, notebook: str | None = None,
     raw_id = _hash({"settings": kw, "notebook": nb})
     for rule in exclude or []:
         if all(k in settings and settings[k] == v for k, v in rule.items()):
-            return Cell(raw_id, settings, params=params, dropped=f"excluded by the grid file: {rule}")
+            return Cell(raw_id, settings, params=params,
+                        dropped=f"excluded by the grid file: {rule}")
     if notebook is None and params.get("backend") == "sglang":   # mtplab/sglang/sweep.py
         from ..sglang.sweep import check_params
         reason = check_params(params)

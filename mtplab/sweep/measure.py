@@ -9,13 +9,13 @@ write the run folder and derive the figures.
     figures:                tok/s, latency      stage times,       bubble fractions, launch
                                                 tok/s with spans   and sync counts (trace)
 This is the one measurement procedure of mtplab: `mtplab sweep`, `mtplab bench` (grid files in
-mtplab/bench_grids/) and the scripts in benchmarks/ all time engine runs through it, one cell
+mtplab/studies/<question>/) and the scripts in benchmarks/ all time engine runs through it, one cell
 per process (mtplab.sweep.runner).
 
 Latency: TPOT/ITL and the decode step time are `Engine.stats()` of the measured generate
 (per-request token arrival times, see mtplab.sweep's table schema), which neither the
 profiler (no collection, no trace export inside it) nor the spans (paused: an event pair per
-stage has a cost comparable to a small model's kernels, docs/benchmarks.md) touch.
+stage has a cost comparable to a small model's kernels, docs/results/meter_trust/) touch.
 The event-timeline figures use only the steps of the timeline generate; the trace covers
 profiled steps only, so no warm-up step is in it (`trace_skip_steps` = 0). With the workload's
 `host_stages`, two more runs of the workload give the host-stage columns ([host]: a

@@ -18,11 +18,14 @@ import logging
 import math
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from ..atomic import atomic_path, atomic_write_bytes
+from ..fmt import readable
+from .metrics import meter_name
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_PARQUET = "results.parquet"
@@ -129,3 +132,53 @@ def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
             if len(kinds) > 1 and not kinds <= {int, float}:
                 df[c] = df[c].map(lambda v: v if v is None else str(v))
     return df
+
+
+# -- the table `mtplab sweep` ends with --------------------------------------------------------
+# Settings that say where a cell wrote, or a test hook: never an axis of a figure or table.
+NOT_AXES = ("cfg.trace_dir", "cfg.run_name", "fail")
+# Columns of the table `mtplab sweep` prints at the end, after the cell's axes.
+TABLE_METRICS = ("tok_per_s", "accept_len", "bubble_frac")
+
+
+def varying(df: pd.DataFrame) -> list[str]:
+    """Columns of the settings the grid varied (as written in it) among ok rows: `cfg.<k>`
+    for RunConfig fields, the workload field, else `param.<k>`; derived values (e.g.
+    max_total_tokens following batch_size) are not settings."""
+    ok = df[df["status"] == "ok"]
+    written = pd.DataFrame([json.loads(s) for s in ok["settings_json"]])
+    keys = [k for k in written.columns if written[k].astype(str).nunique() > 1]
+    cols = [f"cfg.{k}" if f"cfg.{k}" in ok.columns else k if k in ok.columns else f"param.{k}"
+            for k in keys]
+    return [c for c in cols if c in ok.columns and c not in NOT_AXES]
+
+
+def text(v) -> str:
+    """A setting as written: 16 rather than 16.0 (a column holding NaN of a failed cell is
+    float), '-' for a missing value."""
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else str(int(v)) if v.is_integer() else f"{v:g}"
+    return str(v)
+
+
+def results_table(df: pd.DataFrame, metrics: Sequence[str] = TABLE_METRICS) -> str:
+    """The compact text table of a sweep: one row per cell (cell id, status, the varying
+    settings, tok/s, accept_len, bubble fraction); `-` where a value is missing (a failed
+    cell, no draft, no profile, no GPU)."""
+    if df.empty:
+        return "(no cells)"
+    axes = varying(df) if (df["status"] == "ok").any() else []
+    df = df.assign(**{m: float("nan") for m in metrics if m not in df.columns})
+    t = df[["cell_id", "status", *axes, *metrics]].copy()
+    cols = list(t.columns)
+    t[axes] = t[axes].map(text)
+    t.columns = [c.removeprefix("cfg.").removeprefix("param.") for c in cols]
+    if "bubble_frac" in t:
+        t["bubble_frac"] = [f"{v:.1%}" if v == v and v is not None else "-"
+                            for v in t["bubble_frac"]]
+    for m in ("tok_per_s", "accept_len"):
+        if m in t:
+            t[m] = [readable(v) for v in t[m]]
+    bubble = f"bubble ({meter_name(df['cfg.device'])})" if "cfg.device" in df else "bubble"
+    return t.rename(columns={"tok_per_s": "tok/s", "bubble_frac": bubble}).to_string(
+        index=False, na_rep="-")

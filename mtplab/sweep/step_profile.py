@@ -58,8 +58,8 @@ def host_figures(host: pd.DataFrame) -> dict[str, float]:
     """host_period_us: the mean iteration; host_busy_us_per_step: the same less the host's
     waits (`sync` spans, nested ones too): the host's own time per decode step;
     host_busy_p50_us_per_step: the median step's (the regime map's denominator,
-    sweep/regime.py: a few steps' page allocation, or a launch call blocked on a full device
-    queue when the GPU is the longer, do not move it)."""
+    studies/regime/ladder.py: a few steps' page allocation, or a launch call blocked on a full
+    device queue when the GPU is the longer, do not move it)."""
     if host.empty:
         return {"host_period_us": math.nan, "host_busy_us_per_step": math.nan,
                 "host_busy_p50_us_per_step": math.nan}

@@ -37,7 +37,7 @@ def test_analyze_help_names_every_cause(capsys):
 
 
 def test_bench_table_splits_by_every_cause():
-    from mtplab import bench
+    from mtplab.studies import bench
     src = Path(bench.__file__).read_text()
     assert "'/'.join(CAUSES)" in src and "for c in CAUSES" in src
 

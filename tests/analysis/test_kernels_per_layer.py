@@ -151,7 +151,7 @@ def test_bench_on_cpu_has_the_column_and_the_trace_has_the_layers(tmp_path):
     the verify's linears (all but the LM head's, per layer) start a layer every block."""
     import pandas as pd
 
-    from mtplab.bench import main_bench
+    from mtplab.studies.bench import main_bench
     from mtplab.sweep import RESULTS_PARQUET
 
     grid = tmp_path / "one.yaml"

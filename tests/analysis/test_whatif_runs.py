@@ -1,6 +1,6 @@
 """The what-if predictor on real (CPU) runs: the step profile's tables, `mtplab whatif`, and
-the validation table a sweep's cells give (sweep/whatif_check.py). Timing accuracy is a GPU
-claim (docs/benchmarks.md); on CPU these check the path and the tables' meaning."""
+the validation table a sweep's cells give (studies/whatif/check.py). Timing accuracy is a GPU
+claim (docs/results/); on CPU these check the path and the tables' meaning."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from mtplab.analysis.whatif import load_run, predict, replay, WhatIfError
 from mtplab.analysis.whatif_cli import main_whatif
 from mtplab.sweep import grid_from_dict, run_sweep
 from mtplab.sweep import step_profile
-from mtplab.sweep.whatif_check import validate, summary
+from mtplab.studies.whatif.check import validate, summary
 from mtplab.instrument.stepclock import StepClock
 from tests.helpers import random_prompts
 

@@ -78,7 +78,7 @@ DATA = Path(__file__).resolve().parents[2] / "docs" / "data"
     ("7e19970", 1, "0.48% [0.37, 0.61]", "0.60% [0.45, 0.70]", "0.61% [0.28, 0.94]"),
 ])
 def test_pool_of_the_recorded_h100_runs(bench, bs, overhead, from_step, over_engines, capsys):
-    """docs/benchmarks.md's pooled bs 1 rows come from these files by this command
+    """The pooled bs 1 rows of docs/results/meter_trust/ come from these files by this command
     (81bcc1f: three arms, 256-token generates; 7e19970: two arms, 128 tokens)."""
     files = [str(DATA / f"meter_overhead_bs{bs}_{bench}_run{i}.npz") for i in (1, 2)]
     assert main(["--pool", *files]) == 0

@@ -2,7 +2,7 @@
 torch.cuda.memory_allocated() to its baseline (KV pool, CUDA graphs and their pools, the
 future map, meter ring) for each of 10 successive engines, and 8B-sized engines
 (llama3-8b-like at its full 32 layers, about 16 GB each) build one after another in one
-process. Each engine's figures are printed (`pytest -s`): docs/benchmarks.md, "Engine
+process. Each engine's figures are printed (`pytest -s`): docs/results/health/, "Engine
 lifetime".
 
 cuBLAS keeps a workspace per stream it ran on (torch's cache, bounded by the stream pool and

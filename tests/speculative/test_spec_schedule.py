@@ -203,8 +203,8 @@ def test_refusals_name_the_problem_and_the_fix(kw, match):
 def test_bench_group_smoke_emits_a_schedule_the_knob_loads(tmp_path):
     """mtplab bench --groups schedule --smoke on CPU: the surface, the schedule file (loaded by
     the knob), the gain line; a second run with the same folder resumes (measures nothing)."""
-    from mtplab.bench import grid_doc
-    from mtplab.sweep.schedule_bench import run_group
+    from mtplab.studies.bench import grid_doc
+    from mtplab.studies.spec_schedule.runner import run_group
     text = run_group(grid_doc("schedule"), tmp_path, device="cpu", smoke=True)
     assert "| bs | off tok/s (vs off) | 1x1 tok/s (vs off) | best |" in text
     assert "gain on the varying workload" in text and "one round" in text
@@ -218,7 +218,7 @@ def test_bench_group_smoke_emits_a_schedule_the_knob_loads(tmp_path):
 
 
 def test_best_schedule_merges_equal_neighbours(tmp_path):
-    from mtplab.sweep.schedule_bench import _Group
+    from mtplab.studies.spec_schedule.runner import _Group
     doc = dict(models=[{"model": "random-tiny"}], arms=["off", [1, 1], [3, 1]],
                batch_sizes=[1, 2, 4, 8], surface={}, workload={})
     g = _Group(doc, tmp_path, device="cpu", smoke=False, quick=False, repeats=1, bs=None,
@@ -230,7 +230,7 @@ def test_best_schedule_merges_equal_neighbours(tmp_path):
 
 def test_best_schedule_keeps_the_static_setting_within_min_gain(tmp_path):
     """The best static setting (of the workload) stays where another beats it by <= 5%."""
-    from mtplab.sweep.schedule_bench import _Group
+    from mtplab.studies.spec_schedule.runner import _Group
     doc = dict(models=[{"model": "random-tiny"}], arms=["off", [3, 1], [5, 1]],
                batch_sizes=[1, 4, 32], surface={}, workload={}, min_gain=0.05)
     g = _Group(doc, tmp_path, device="cpu", smoke=False, quick=False, repeats=1, bs=None,

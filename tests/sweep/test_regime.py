@@ -1,5 +1,5 @@
-"""The regime map (sweep/regime.py) on results frames whose answers are known, and the bench's
---quick / --only / --budget-s (a subset of rungs within a time budget)."""
+"""The regime map (studies/regime/ladder.py) on results frames whose answers are known, and the
+bench's --quick / --only / --budget-s (a subset of rungs within a time budget)."""
 from __future__ import annotations
 
 import json
@@ -8,13 +8,13 @@ import math
 import pandas as pd
 import pytest
 
-from mtplab.bench import effective_doc, grid_doc, parse_only
+from mtplab.studies.bench import effective_doc, grid_doc, parse_only
 from mtplab.errors import ConfigError
 from mtplab.sweep import executors
 from mtplab.sweep.grid import grid_from_dict
 from mtplab.sweep.process import CellJob, CellOutcome
-from mtplab.sweep.regime import (arm_label, crossovers, plot_regime, regime_table, table_md,
-                                 validation_pairs)
+from mtplab.studies.regime.ladder import (arm_label, crossovers, plot_regime, regime_table,
+                                          table_md, validation_pairs)
 from tests.helpers import assert_drawn_png
 
 
@@ -95,7 +95,7 @@ def test_a_rung_has_one_x_from_its_reference_arm_and_a_resolved_name_once(tmp_pa
     assert set(t["effect"]) == {"overlap + zero_bubble (target)", "speculation: frozen_kv_mtp"}
     assert list(t["x"]) == pytest.approx([2000.0 / 400.0] * 2)
     assert set(t["rung"]) == {"llama3-8b-like@16 bs8 p512"}
-    from mtplab.sweep.regime import host_p50
+    from mtplab.studies.regime.ladder import host_p50
     ok = pd.DataFrame(recs)
     assert list(host_p50(ok, tmp_path)) == [400.0, 900.0, 500.0] * 2
     assert host_p50(ok).isna().sum() == 2                   # not found where it was
@@ -188,5 +188,17 @@ def test_crossover_where_an_effect_fades_into_the_noise():
     f = (0.2 - 0.95) / (0.2 - 0.97)                       # log-linear to the level 0.95
     assert c["x_cross"] == pytest.approx(math.exp(f * math.log(8.0)))
     assert "costs below and is within the noise above" in c["sentence"]
-    quiet = t.assign(ratio=[1.01, 0.99, 1.004])
+    quiet = t.assign(ratio=[1.01, 0.99, 1.004], verdict=["nothing"] * 3)
     assert "is within the noise at every rung" in crossovers(quiet).iloc[0]["sentence"]
+
+
+def test_crossover_sides_follow_each_rows_verdict():
+    """A ratio kept at a table's precision (1.020 at noise 2%) whose verdict, taken at full
+    precision, was 'nothing': the crossover sentence calls it within the noise, as its row
+    does."""
+    t = pd.DataFrame({"effect": ["zb"] * 2, "rung": ["a", "b"], "x": [1.0, 8.0],
+                      "ratio": [1.5, 1.020], "noise": [0.05, 0.02],
+                      "verdict": ["faster", "nothing"]})
+    s = crossovers(t).iloc[0]["sentence"]
+    assert "pays below and is within the noise above" in s and "pays at a;" not in s
+    assert s.endswith("it pays at a")

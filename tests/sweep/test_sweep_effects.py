@@ -1,4 +1,4 @@
-"""What an arm buys (mtplab/sweep/effects.py) on hand-made results: the verdict against the
+"""What an arm buys (mtplab/studies/effects.py) on hand-made results: the verdict against the
 rounds' noise, the sentence's numbers and reasons, the answer scalars, the figure, and the
 repeated cells (interleaved rounds, the probe in round 0 only)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from mtplab.sweep.effects import (MIN_NOISE, NO_VERDICT, arm_effects, effect_answer,
+from mtplab.studies.effects import (MIN_NOISE, NO_VERDICT, arm_effects, effect_answer,
                                   plot_effects, repeated_cells)
 from tests.helpers import assert_drawn_png
 
@@ -146,10 +146,10 @@ def test_a_smaller_bubble_with_less_busy_time_is_not_said_to_be_filled():
 
 
 def test_run_arms_refuses_an_arm_that_cannot_run_before_any_cell(tmp_path):
-    """The ablation notebooks' shared sweep (sweep/notebook.py) builds every arm's RunConfig
+    """The ablation notebooks' shared sweep (studies/notebook.py) builds every arm's RunConfig
     first: a bad arm fails with its reason and no cell runs."""
     from mtplab.config import ConfigError
-    from mtplab.sweep.notebook import run_arms
+    from mtplab.studies.notebook import run_arms
     base = {"device": "cpu", "model": "random-tiny", "draft": "frozen_kv_mtp"}
     with pytest.raises(ConfigError, match="page_size"):
         run_arms(base, [{"page_size": 1}, {"page_size": 3}], {}, tmp_path, repeats=2)

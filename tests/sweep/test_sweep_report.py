@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from mtplab.sweep import report
-from mtplab.sweep.report import bars, heatmap, label_color, notebook_out, results_table
+from mtplab.studies import figures
+from mtplab.studies.figures import bars, heatmap, label_color, notebook_out
+from mtplab.sweep.results import results_table
 
 
 def results() -> pd.DataFrame:
@@ -74,8 +75,8 @@ def test_notebook_out_resolves_from_the_repo_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     p = notebook_out(f"traces/_probe_{os.getpid()}")       # traces/ is in the repository
     try:
-        assert p == report.REPO_ROOT / "traces" / f"_probe_{os.getpid()}" and p.is_dir()
-        assert (report.REPO_ROOT / "pyproject.toml").is_file()
+        assert p == figures.REPO_ROOT / "traces" / f"_probe_{os.getpid()}" and p.is_dir()
+        assert (figures.REPO_ROOT / "pyproject.toml").is_file()
         assert not (tmp_path / "traces").exists()
     finally:
         p.rmdir()
@@ -88,7 +89,7 @@ def test_write_answer_is_strict_json(tmp_path, capsys):
 
     import numpy as np
 
-    from mtplab.sweep.report import write_answer
+    from mtplab.studies.figures import write_answer
     p = write_answer(tmp_path, {"a": float("nan"), "b": np.float64("inf"), "c": np.int64(3),
                                 "d": pd.NA, "e": {"x": np.nan}, "f": "ok"})
 
@@ -102,8 +103,8 @@ def test_write_answer_is_strict_json(tmp_path, capsys):
 def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
     """One bubble story on CPU: the meter stamps the host clock there, and the sweep table,
     the bars, the effect sentences and figure, and the bench header all say so."""
-    from mtplab.bench import table
-    from mtplab.sweep.effects import arm_effects, plot_effects
+    from mtplab.studies.bench import table
+    from mtplab.studies.effects import arm_effects, plot_effects
     from mtplab.sweep.metrics import meter_name
     assert meter_name(["cpu", "cpu"]) == "meter, host clock"
     assert meter_name(["cuda:0"]) == "meter" and meter_name(["cpu", "cuda"]).endswith("CPU cells")
@@ -132,7 +133,7 @@ def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
 def test_notebook_tables_name_the_meter_clock():
     """meter_labels, which the notebooks' tables go through: the meter's columns named with
     its clock, the others kept."""
-    from mtplab.sweep.report import meter_labels
+    from mtplab.studies.figures import meter_labels
     t = pd.DataFrame({"arm": ["a"], "bubble_frac": [0.1], "bubble_us_per_step": [5.0],
                       "bubble_frac_profiled": [float("nan")]})
     assert list(meter_labels(t, ["cpu"]).columns) == [

@@ -1,4 +1,4 @@
-"""The validation table on synthetic runs with known answers (sweep/whatif_check.py): each
+"""The validation table on synthetic runs with known answers (studies/whatif/check.py): each
 cell's run folder stands for a StepModel, so the measured tok/s are the replays' own."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from mtplab.analysis.whatif import Launch, Loop, StepModel, apply, replay
-from mtplab.sweep import whatif_check
+from mtplab.studies.whatif import check as whatif_check
 
 HOST = {"schedule": 10.0, "prepare": 20.0, "process_result": 30.0, "loop": 40.0}
 

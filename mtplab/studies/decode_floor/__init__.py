@@ -1,0 +1,17 @@
+"""Study `decode_floor`: how close a decode step is to its HBM floor (fused kernels, CUDA graphs).
+
+Grid: graphs.yaml here. Runner: `mtplab bench --groups graphs --dir D` (the sweep, one process
+per cell, arms interleaved over repeats). Report: `report(D/<group>, ...)` or `mtplab report
+decode_floor --from D/<group>`: each arm against the group's first arm at every grid point
+(studies/group.py). benchmarks/bench_kernels.py measures the floor ratios, kernels per layer and
+fusion.
+"""
+from functools import partial
+
+from .. import group, report as _report
+
+QUESTION = "decode_floor"
+GROUPS = ('graphs',)
+render = group.render
+results_doc = partial(group.results_doc, QUESTION)
+report = partial(_report, QUESTION)

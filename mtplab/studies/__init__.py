@@ -38,7 +38,7 @@ QUESTIONS = {
 }
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
-    "host_path", "moe")}
+    "host_path", "moe", "whatif")}
 
 
 def study(question: str):
@@ -51,14 +51,19 @@ def study(question: str):
 
 def report(question: str, sweep_dir, *, command: str, date: str, device=None, root=None,
            note: str = ""):
-    """Write the dated report of `question` from a run's folder (its results.parquet): the
-    results file and the Markdown beside it, under `root` (default docs/results). Returns the
-    report's path."""
+    """Write the dated report of `question` from a run's folder (its results.parquet; a list
+    of one folder, as `mtplab report --from` gives it, is that folder): the results file and
+    the Markdown beside it, under `root` (default docs/results). Returns the report's path."""
     import pandas as pd
 
     from ..errors import ConfigError
     from ..sweep.results import RESULTS_PARQUET
     from . import results
+    if not isinstance(sweep_dir, (str, Path)):
+        if len(sweep_dir) != 1:
+            raise ConfigError(f"a {question} report is written from one run's folder: give "
+                              "--from one folder.")
+        sweep_dir = sweep_dir[0]
     table = Path(sweep_dir) / RESULTS_PARQUET
     if not table.is_file():
         raise ConfigError(f"{table} does not exist: a report is written from a run's folder.")

@@ -5,6 +5,8 @@
     mtplab report all --check               # exit 1 naming each file that would change
     mtplab report regime --from SWEEP_DIR --command "mtplab bench --groups regime ..."
                                             # a new dated report from a regime sweep
+    mtplab report whatif --from RUN_A/regime RUN_B/regime --command "..."
+                                            # one what-if report from two regime runs
 """
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", type=Path, default=None, metavar="FILE",
                    help=f"the README whose headline the newest regime report writes "
                         f"(default: {results.README})")
-    p.add_argument("--from", dest="sweep", type=Path, default=None, metavar="SWEEP_DIR",
-                   help="write a new dated report from this sweep's results.parquet")
+    p.add_argument("--from", dest="sweep", type=Path, nargs="+", default=None,
+                   metavar="SWEEP_DIR",
+                   help="write a new dated report from this sweep's results.parquet (whatif: "
+                        "one or more regime runs' folders, one report)")
     p.add_argument("--command", default=None,
                    help="with --from: the command that ran the sweep, as the report names it")
     p.add_argument("--date", default=None, metavar="YYYY-MM-DD",
@@ -65,7 +69,7 @@ def run(args) -> int:
         if mod is None:
             raise ConfigError("--from writes one question's report: name the question.")
         path = mod.report(args.sweep, root=root, device=args.device,
-                          command=args.command or f"mtplab bench --groups {Path(args.sweep).name}",
+                          command=args.command or f"mtplab bench --groups {args.sweep[0].name}",
                           date=args.date or datetime.date.today().isoformat())
         print(f"wrote {path}")
     changed = [p for q in questions

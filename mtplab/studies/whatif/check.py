@@ -48,6 +48,7 @@ from ..effects import NO_VERDICT, arm_effects
 
 VALUE = "meter_tok_per_s"          # throughput with every host delay counted (the predictor's)
 GOAL = 0.10                        # |error| within 10% where the effect exceeds the noise
+SEVERAL = "several knobs"          # the direction of a what-if of more than one knob
 KNOB_COLUMNS = ("cfg.overlap", *(f"cfg.{k}" for k in ZB_SUBKNOBS), "cfg.fold_seed",
                 "host_delay_us")
 # settings that pick an arm, not a grid point (zero_bubble resolves to the sub-knobs)
@@ -165,16 +166,16 @@ def validate(df: pd.DataFrame, pairs: Optional[Sequence[tuple[str, str]]] = None
     return pd.DataFrame(rows, columns=_COLUMNS)
 
 
-_COLUMNS = ["where", "arm", "baseline", "whatif", "direction", "predicted", "ratio", "noise", "error",
-            "self_error", "judged", "n", "n_base", "note", "host_speed", "error_at_speed",
-            "judged_at_speed"]
+_COLUMNS = ["where", "arm", "baseline", "whatif", "direction", "predicted", "ratio", "noise",
+            "error", "self_error", "judged", "n", "n_base", "note", "host_speed",
+            "error_at_speed", "judged_at_speed"]
 
 
 def _direction(whatif: str) -> str:
     """A row's direction: the knob it flips and which way ("overlap on", "zb_async_d2h off",
     "host delay +"), or "several knobs" for a what-if of more than one."""
     if "," in whatif:
-        return "several knobs"
+        return SEVERAL
     if whatif.startswith("host:loop"):
         return f"host delay {whatif[len('host:loop')]}"
     return whatif.replace("=", " ")
@@ -336,7 +337,7 @@ def table_md(v: pd.DataFrame) -> str:
     head = ["where", "arm", "baseline", "what-if", "predicted", "measured", "noise", "error",
             "self error", "judged", "host speed", "error at speed"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    f = lambda x, spec: "-" if x != x else format(x, spec)
+    f = lambda x, spec: "-" if x != x else format(x, spec)                   # noqa: E731
     for r in v.to_dict("records"):
         out.append("| " + " | ".join([
             r["where"], r["arm"], r["baseline"], r["whatif"], f(r["predicted"], ".3f"),

@@ -2,16 +2,23 @@
 bs 1) and one GPU-bound shape (llama3-8b-like@16, bs 8), each with overlap + zero_bubble,
 overlap off, and overlap + zero_bubble with a host delay planted after every step longer than
 the GPU step; then an MoE target (gemma4-26b-a4b-like@4, bs 8) under uniform and zipf routing
-for the experts touched. Writes a dated Markdown report (date, device, commit, command,
-values, noise) into docs/results/health/<YYYY-MM-DD>_<device>_<commit>.md.
+for the experts touched. Writes the dated report of question `health` (mtplab/studies/health:
+the results file and the Markdown rendered from it) into the results folder --out-dir:
+
+    DIR/health/<YYYY-MM-DD>_<device>_<commit>.{json,md}     (DIR default docs/results)
 
     python -m benchmarks.bench_health                 # H200: about 4 minutes
     python -m benchmarks.bench_health --smoke --out-dir /tmp/h   # CPU: the path, in seconds
 
+The commit is MTP_GIT_COMMIT where set (a device's copy of a checkout), else this checkout's
+HEAD; a tree with uncommitted changes is refused before anything runs (a report names one
+commit). `mtplab report health` renders the report again from its results file.
+
 Each arm is one engine (bubble meter on, Frozen-KV MTP, simulated accept length 3.0): a
 warm-up generate, then `--repeats` measured generates (the figures: their median; the noise:
 their range), then, for the overlap arms, a profiled generate whose Kineto trace `mtplab
-analyze` reads (its run-ahead beside the meter's). What the report checks:
+analyze` reads (its run-ahead beside the meter's). What the report checks
+(mtplab/studies/health `checks`):
     overlap + zb at the GPU-bound shape      run-ahead >= 0.9 (close to 1)
     a host delay longer than the GPU step    run-ahead <= 0.1 (close to 0)
     overlap off                              run-ahead == 0 (the host waits for each step)
@@ -20,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
-REPORT_DIR = REPO / "docs" / "results" / "health"
-FIGURES = ("decode_tok_per_s", "meter_tok_per_s", "run_ahead_frac", "launch_lead_p10_us",
-           "launch_lead_p50_us", "launch_lead_p90_us", "bubble_frac", "draft_busy_frac",
-           "draft_waste_frac", "accept_len", "accept_alarm", "experts_per_verify",
-           "experts_per_verify_uniform")
+from mtplab.studies import health
+from mtplab.studies import results as R
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,12 @@ class Arm:
         xs = [float(x) for x in xs if x is not None and x == x]
         return statistics.median(xs) if xs else float("nan")
 
-    def spread(self, key: str) -> float:
-        xs = [float(r[key]) for r in self.repeats if r.get(key) is not None and r[key] == r[key]]
-        return max(xs) - min(xs) if len(xs) > 1 else float("nan")
+    def record(self) -> dict:
+        """The arm in the results file (mtplab/studies/health `arm_record`)."""
+        s = self.shape
+        return health.arm_record(shape=s.name, model=s.model, layers=s.layers, bs=s.bs,
+                                 regime=s.regime, arm=self.name, delay_us=self.delay_us,
+                                 repeats=self.repeats, trace=self.trace)
 
 
 SHAPES = (Shape("tiny-code", "tiny-code", None, 1, "host-bound"),
@@ -120,83 +128,8 @@ def gpu_step_us(arm: Arm) -> float:
     return arm.median("meter_wall_us_per_step") - arm.median("bubble_us_per_step")
 
 
-def _f(x, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
-
-
-def _verdict(x: float, ok: bool) -> str:
-    return "n/a (not measured)" if x != x else "PASS" if ok else "MISS"
-
-
-def checks(arms: list[Arm]) -> list[str]:
-    """The module doc's expectations, each a line with its verdict."""
-    out = []
-    for a in arms:
-        ra = a.median("run_ahead_frac")
-        if a.shape.regime == "GPU-bound" and a.name == "overlap+zb":
-            out.append(f"- {a.shape.name} {a.name}: run-ahead {_f(ra, '.3f')} (close to 1: "
-                       f">= 0.9) {_verdict(ra, ra >= 0.9)}")
-        if a.delay_us:
-            out.append(f"- {a.shape.name} {a.name} ({a.delay_us:.0f} µs > the GPU step): "
-                       f"run-ahead {_f(ra, '.3f')} (close to 0: <= 0.1) "
-                       f"{_verdict(ra, ra <= 0.1)}")
-        if a.name == "overlap off":          # every generate, not the median
-            top = max((r["run_ahead_frac"] for r in a.repeats), default=float("nan"))
-            out.append(f"- {a.shape.name} {a.name}: run-ahead at most {_f(top, '.3f')} (0 by "
-                       f"construction) {_verdict(top, top == 0)}")
-    return out
-
-
-def report(arms: list[Arm], meta: dict) -> str:
-    """The Markdown report: provenance, one row per arm (medians), the noise, the checks."""
-    head = [f"# Health figures, {meta['date']}", "",
-            f"- device: {meta['device']}", f"- commit: {meta['commit']}",
-            f"- command: `{meta['command']}`",
-            f"- workload: random prompts of {meta['prompt_len']} tokens, {meta['out_len']} new "
-            f"tokens per request, Frozen-KV MTP at a simulated accept length of 3.0, page 16, "
-            f"bubble meter on; each figure the median of {meta['repeats']} measured generates "
-            f"after a warm-up, its noise their range (max - min)", ""]
-    cols = ("| shape | regime | arm | bs | decode tok/s (meter) | run-ahead (meter) | launch lead "
-            "p10 / p50 / p90 µs | run-ahead (trace) | trace lead p50 µs | bubble (meter) | "
-            "draft busy | draft waste | accept len | alarm | experts / verify (uniform) |")
-    rows = [cols, "|" + "---|" * 15]
-    for a in arms:
-        t = a.trace
-        rows.append(
-            f"| {a.shape.name} | {a.shape.regime} | {a.name} | {a.shape.bs} | "
-            f"{_f(a.median('meter_tok_per_s'), '.0f')} | {_f(a.median('run_ahead_frac'), '.3f')} | "
-            f"{_f(a.median('launch_lead_p10_us'), '+.0f')} / "
-            f"{_f(a.median('launch_lead_p50_us'), '+.0f')} / "
-            f"{_f(a.median('launch_lead_p90_us'), '+.0f')} | "
-            f"{_f(t.get('run_ahead_frac'), '.3f')} | {_f(t.get('launch_lead_p50_us'), '+.0f')} | "
-            f"{_f(a.median('bubble_frac'), '.1%')} | {_f(a.median('draft_busy_frac'), '.1%')} | "
-            f"{_f(a.median('draft_waste_frac'), '.1%')} | {_f(a.median('accept_len'), '.2f')} | "
-            f"{any(r.get('accept_alarm') for r in a.repeats)} | "
-            f"{_f(a.median('experts_per_verify'), '.1f')} "
-            f"({_f(a.median('experts_per_verify_uniform'), '.1f')}) |")
-    noise = ["", "Noise (range over the measured generates):", "",
-             "| shape | arm | run-ahead | lead p50 µs | decode tok/s (meter) | planted delay µs |",
-             "|---|---|---|---|---|---|"]
-    for a in arms:
-        tps = a.median("meter_tok_per_s")
-        noise.append(f"| {a.shape.name} | {a.name} | {_f(a.spread('run_ahead_frac'), '.3f')} | "
-                     f"{_f(a.spread('launch_lead_p50_us'), '.0f')} | "
-                     f"{_f(a.spread('meter_tok_per_s') / tps if tps else float('nan'), '.1%')} | "
-                     f"{a.delay_us:.0f} |")
-    notes = [n for a in arms for n in {r.get("run_ahead_note") for r in a.repeats} if n]
-    tail = ["", "Checks:", ""] + checks(arms)
-    if notes:
-        tail += ["", "Notes: " + "; ".join(sorted(set(notes)))]
-    return "\n".join(head + rows + noise + tail) + "\n"
-
-
-def report_path(out_dir: Path, date: str, device: str, commit: str) -> Path:
-    """<out_dir>/<YYYY-MM-DD>_<device>_<commit>.md, the device as a lower-case slug."""
-    slug = "".join(c if c.isalnum() else "-" for c in device.lower()).strip("-")
-    return out_dir / f"{date}_{slug}_{commit[:7]}.md"
-
-
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_health",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true",
@@ -204,12 +137,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out-len", type=int, default=64, help="new tokens per request")
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--out-dir", default=str(REPORT_DIR), help="where the report goes")
+    ap.add_argument("--out-dir", default=str(R.RESULTS),
+                    help="the results folder: the report goes into DIR/health/ "
+                         "(default %(default)s)")
     ap.add_argument("--no-moe", action="store_true", help="leave out the MoE arms")
     a = ap.parse_args(argv)
     import torch
 
-    from mtplab.atomic import atomic_write_text
+    from mtplab.errors import ConfigError
     from mtplab.provenance import git_commit
 
     device = "cpu" if a.smoke else "cuda"
@@ -217,38 +152,49 @@ def main(argv=None) -> int:
         print("bench_health: no GPU here; run it on the GPU host, or --smoke for the path.",
               file=sys.stderr)
         return 2
+    try:                                   # refused before anything runs
+        commit = health.report_commit(git_commit())
+    except ConfigError as e:
+        print(f"bench_health: {e}", file=sys.stderr)
+        return 2
     shapes = (SMOKE,) if a.smoke else SHAPES
     prompt_len, out_len, repeats = ((8, 8, 2) if a.smoke else
                                     (a.prompt_len, a.out_len, a.repeats))
-    trace_dir = Path(a.out_dir) / "traces"
     zb = dict(overlap=True, zero_bubble=True)
     arms = []
     t0 = time.perf_counter()
-    for s in shapes:
-        base = run_arm(Arm(s, "overlap+zb", zb), device, prompt_len, out_len, repeats,
-                       not a.smoke, trace_dir)
-        arms.append(base)
-        arms.append(run_arm(Arm(s, "overlap off", dict(overlap=False)), device, prompt_len,
-                            out_len, repeats, False, trace_dir))
-        step = gpu_step_us(base)           # on CPU the meter's clock is the host's: no GPU step
-        delay = max(2000.0, 2.0 * step) if device == "cuda" and step == step else 2000.0
-        arms.append(run_arm(Arm(s, "overlap+zb + host delay", zb, delay), device, prompt_len,
-                            out_len, repeats, not a.smoke, trace_dir))
-        print(f"{s.name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
-    if not a.smoke and not a.no_moe:
-        for routing in ("uniform", "zipf:1.2"):
-            arms.append(run_arm(Arm(MOE, f"overlap+zb, {routing}",
-                                    dict(zb, moe_stats=True, moe_routing=routing)),
-                                device, prompt_len, out_len, repeats, False, trace_dir))
+    with tempfile.TemporaryDirectory(prefix="bench_health_") as traces:
+        trace_dir = Path(traces)           # the profiled generates' traces: read, not kept
+        for s in shapes:
+            base = run_arm(Arm(s, health.ZB, zb), device, prompt_len, out_len, repeats,
+                           not a.smoke, trace_dir)
+            arms.append(base)
+            arms.append(run_arm(Arm(s, health.OFF, dict(overlap=False)), device, prompt_len,
+                                out_len, repeats, False, trace_dir))
+            step = gpu_step_us(base)       # on CPU the meter's clock is the host's: no GPU step
+            delay = max(2000.0, 2.0 * step) if device == "cuda" and step == step else 2000.0
+            arms.append(run_arm(Arm(s, f"{health.ZB} + host delay", zb, delay), device,
+                                prompt_len, out_len, repeats, not a.smoke, trace_dir))
+            print(f"{s.name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
+        if not a.smoke and not a.no_moe:
+            for routing in ("uniform", "zipf:1.2"):
+                arms.append(run_arm(Arm(MOE, f"{health.ZB}, {routing}",
+                                        dict(zb, moe_stats=True, moe_routing=routing)),
+                                    device, prompt_len, out_len, repeats, False, trace_dir))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    commit = git_commit() or "unknown"
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": name, "commit": commit,
-            "command": "python -m benchmarks.bench_health " + " ".join(argv or sys.argv[1:]),
-            "prompt_len": prompt_len, "out_len": out_len, "repeats": repeats}
-    path = report_path(Path(a.out_dir), meta["date"], name, commit)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, report(arms, meta))
-    print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
+    software = f"torch {torch.__version__}"
+    if device == "cuda":
+        import triton
+        software += f"; triton {triton.__version__}"
+    doc = health.results_doc(
+        [arm.record() for arm in arms], date=time.strftime("%Y-%m-%d"),
+        device=R.device_slug(name), device_name=name if device == "cuda" else "",
+        commit=commit,
+        command=shlex.join(["python", "-m", "benchmarks.bench_health", *argv]),
+        prompt_len=prompt_len, out_len=out_len, repeats=repeats, software=software)
+    path = R.write(doc, health.render, Path(a.out_dir))
+    print(f"wrote {path} and its results {path.with_suffix('.json').name} "
+          f"({time.perf_counter() - t0:.0f} s)")
     return 0
 
 

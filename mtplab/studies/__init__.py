@@ -38,7 +38,7 @@ QUESTIONS = {
 }
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
-    "host_path", "moe", "whatif")}
+    "host_path", "moe", "whatif", "health")}
 
 
 def study(question: str):

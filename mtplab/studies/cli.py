@@ -68,6 +68,9 @@ def run(args) -> int:
     if args.sweep is not None:
         if mod is None:
             raise ConfigError("--from writes one question's report: name the question.")
+        if not hasattr(mod, "report"):
+            raise ConfigError(f"{args.question}'s reports are not written from a sweep's "
+                              f"folder: `{mod.WRITER}` writes them.")
         path = mod.report(args.sweep, root=root, device=args.device,
                           command=args.command or f"mtplab bench --groups {args.sweep[0].name}",
                           date=args.date or datetime.date.today().isoformat())

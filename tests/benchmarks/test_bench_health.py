@@ -1,42 +1,78 @@
-"""benchmarks/bench_health.py's report on arms with known figures (no engine): the table,
-the noise, the checks and the file name."""
+"""benchmarks/bench_health.py: the checks on arms with known figures (no engine), a tree with
+uncommitted changes refused before anything runs, and (slow) the CPU smoke run writing the
+report and its results, which `mtplab report health` renders again byte for byte."""
 from __future__ import annotations
 
-from pathlib import Path
+import json
+import time
 
-from benchmarks.bench_health import Arm, Shape, checks, report, report_path
+import pytest
 
-GPU = Shape("llama3-8b-like@16", "llama3-8b-like", 16, 8, "GPU-bound")
-
-
-def _arm(name, ras, delay=0.0, **extra):
-    return Arm(GPU, name, {}, delay, [dict(run_ahead_frac=r, launch_lead_p50_us=100.0 * r,
-                                           meter_tok_per_s=1000.0 + 10 * i, **extra)
-                                      for i, r in enumerate(ras)])
+from benchmarks import bench_health
+from mtplab.studies import health
+from mtplab.studies import results as R
+from mtplab.studies.cli import main_report
 
 
-def test_checks_and_report_of_known_arms():
+def _arm(name, ras, regime="GPU-bound", delay=0.0, **extra):
+    return health.arm_record(
+        shape="llama3-8b-like@16", model="llama3-8b-like", layers=16, bs=8, regime=regime,
+        arm=name, delay_us=delay, trace={},
+        repeats=[dict(run_ahead_frac=r, launch_lead_p50_us=100.0 * r,
+                      meter_tok_per_s=1000.0 + 10 * i, **extra) for i, r in enumerate(ras)])
+
+
+def _doc(arms):
+    return health.results_doc(arms, date="2026-11-29", device="h200", device_name="NVIDIA H200",
+                              commit="abc1234def", command="python -m benchmarks.bench_health",
+                              prompt_len=128, out_len=64, repeats=3)
+
+
+def test_checks_of_known_arms():
     arms = [_arm("overlap+zb", [0.98, 1.0, 0.99]), _arm("overlap off", [0.0, 0.0, 0.0]),
             _arm("overlap+zb + host delay", [0.5, 0.0, 0.02], delay=9000.0)]
-    lines = checks(arms)
-    assert lines[0].endswith("PASS") and "0.990" in lines[0]
-    assert lines[1].endswith("PASS")                             # overlap off: 0
-    assert "9000 µs" in lines[2] and lines[2].endswith("PASS")   # median 0.02 <= 0.1
-    arms[1].repeats[1]["run_ahead_frac"] = 0.1
-    assert checks(arms)[1].endswith("MISS")
-    md = report(arms, {"date": "2026-11-29", "device": "NVIDIA H200", "commit": "abc1234def",
-                       "command": "python -m benchmarks.bench_health", "prompt_len": 128,
-                       "out_len": 64, "repeats": 3})
-    assert md.startswith("# Health figures, 2026-11-29")
-    assert "- device: NVIDIA H200" in md and "- commit: abc1234def" in md
-    row = next(ln for ln in md.splitlines() if "| overlap+zb |" in ln)
-    assert "| 0.990 |" in row and "+99" in row                    # medians
-    noise = [ln for ln in md.splitlines() if ln.startswith("| llama3-8b-like@16 | overlap+zb |")]
-    assert "| 0.020 |" in noise[-1] and "| 2.0% |" in noise[-1]    # range, tok/s 20 / 1010
+    cs = health.checks(_doc(arms))
+    assert [c["verdict"] for c in cs] == ["PASS", "PASS", "PASS"]
+    assert cs[0]["value"] == 0.99                                 # the median
+    assert "9000 µs" in cs[2]["arm"]                              # median 0.02 <= 0.1
+    arms[1]["repeats"][1]["run_ahead_frac"] = 0.1                 # overlap off: every generate
+    assert [c["verdict"] for c in health.checks(_doc(arms))] == ["PASS", "MISS", "PASS"]
+    arms[0]["regime"] = "host-bound"                              # close to 1: GPU-bound only
+    assert len(health.checks(_doc(arms))) == 2
 
 
-def test_not_measured_reads_na_and_the_file_name():
+def test_not_measured_reads_na():
     arms = [_arm("overlap off", [float("nan")] * 2, run_ahead_note="not available on CPU")]
-    assert checks(arms)[0].endswith("n/a (not measured)")
-    assert report_path(Path("/x"), "2026-11-29", "NVIDIA H200", "abc1234def") == \
-        Path("/x/2026-11-29_nvidia-h200_abc1234.md")
+    doc = _doc(arms)
+    assert arms[0]["repeats"][0] == {"launch_lead_p50_us": None, "meter_tok_per_s": 1000.0,
+                                     "run_ahead_frac": None,
+                                     "run_ahead_note": "not available on CPU"}
+    assert health.checks(doc)[0]["verdict"] == health.NA
+    md = health.render(doc)
+    assert "Notes: not available on CPU" in md
+    assert "not measured: llama3-8b-like@16 overlap off." in md
+
+
+def test_a_tree_with_changes_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234-dirty")
+    assert bench_health.main(["--smoke", "--out-dir", str(tmp_path)]) == 2
+    assert "one commit of a clean tree" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*"))
+
+
+@pytest.mark.slow
+def test_the_smoke_run_writes_the_report_and_its_results(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def5678")
+    assert bench_health.main(["--smoke", "--out-dir", str(tmp_path)]) == 0
+    stem = f"{time.strftime('%Y-%m-%d')}_cpu_abc1234"
+    md, js = tmp_path / "health" / f"{stem}.md", tmp_path / "health" / f"{stem}.json"
+    assert md.is_file() and js.is_file()
+    doc = json.loads(js.read_text())
+    assert [a["arm"] for a in doc["arms"]] == ["overlap+zb", "overlap off",
+                                               "overlap+zb + host delay"]
+    assert all(len(a["repeats"]) == 2 for a in doc["arms"])
+    assert "- command: `python -m benchmarks.bench_health --smoke --out-dir " in md.read_text()
+    assert not (tmp_path / "traces").exists()
+    assert R.regenerate("health", health.render, tmp_path, check=True) == []
+    assert main_report(["health", "--root", str(tmp_path)]) == 0      # the index's row
+    assert f"[{stem}.md](health/{stem}.md)" in (tmp_path / R.INDEX).read_text()

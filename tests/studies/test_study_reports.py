@@ -108,3 +108,10 @@ def test_a_one_run_question_refuses_two_folders(tmp_path, capsys):
     assert main_report(["overlap", "--root", str(root), "--from", str(tmp_path),
                         str(tmp_path)]) == 2
     assert "give --from one folder" in capsys.readouterr().err
+
+
+def test_a_report_written_by_a_benchmark_is_not_taken_from_a_sweep(tmp_path, capsys):
+    root = tmp_path / "results"
+    root.mkdir()
+    assert main_report(["health", "--root", str(root), "--from", str(tmp_path)]) == 2
+    assert "python -m benchmarks.bench_health" in capsys.readouterr().err

@@ -153,7 +153,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:                                   # refused before anything runs
-        commit = health.report_commit(git_commit())
+        commit = R.report_commit(git_commit())
     except ConfigError as e:
         print(f"bench_health: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,21 @@
 """An MoE decode step against its floor: the split and the grouped MoE kernels (RunConfig
 `moe_kernels`, models/moe.py) side by side in one process on one GPU, with kernels per
-layer and where each microsecond goes; writes a dated Markdown report.
+layer and where each microsecond goes; writes the dated report of question `moe_floor`
+(mtplab/studies/moe/floor.py: the results file and the Markdown rendered from it) into the
+results folder --out-dir:
+
+    DIR/moe_floor/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     PYTHONUNBUFFERED=1 python -m benchmarks.bench_moe_floor --out-dir DIR [--layers 30]
         [--batches 1 8 32] [--repeats 3] [--tokens 48] [--budget-s 400]
 
+The commit is MTP_GIT_COMMIT where set (a device's copy of a checkout), else this checkout's
+HEAD; a tree with uncommitted changes is refused before anything runs. `mtplab report
+moe_floor` renders the report again from its results file.
+
 Phases, in this order, each in its own try (a failing phase prints ERROR with its traceback
-and the others still run), each printed as it is measured:
+and the others still run, the report says how each phase ended), each printed as it is
+measured:
   bandwidth  device-to-device copy, bytes read + written / time, 3 measurements (the floor's
              bandwidth: their median; their spread is reported)
   check      the grouped set at the Gemma-4 26B-A4B widths (bf16) against its torch
@@ -14,8 +23,9 @@ and the others still run), each printed as it is measured:
              gate; the alignment against torch's `align` of the same ids; the FFN output; the
              counters left zero; a CUDA-graph replay == eager
   ffn        one MoE layer's FFN at T = 1 / 8 / 32 tokens, split vs grouped: device µs per
-             call (the call captured 20x in a CUDA graph, median of replays) and kernels per
-             call (one captured call, torch.profiler)
+             call (the call captured 20x in a CUDA graph, median of replays; 3 captures per
+             arm, their spread the noise) and kernels per call (one captured call,
+             torch.profiler)
   decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
              bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
              engines built (together when the memory holds both, else one after the other)
@@ -29,7 +39,8 @@ and the others still run), each printed as it is measured:
              sliding:full period), the per-layer kernel table (count and µs per layer by
              kernel) and the whole step's (where each microsecond goes), the replay's wall
              time against the summed kernel time (the gaps)
-  report     DIR/moe_floor_<date>_<device>.md: date, device, commit, command, every figure
+  report     DIR/moe_floor/<date>_<device>_<commit>.{json,md}: every measurement, and the
+             ratios, noise, floors and verdicts computed from them
 
 Drives engines directly (as bench_moe does): it reads model internals (routers, the target
 worker's decode function) that a sweep row does not carry.
@@ -38,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shlex
 import statistics
 import sys
@@ -51,62 +61,65 @@ import torch
 from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
 from benchmarks.report import graph_us
 from mtplab import Engine, RunConfig
-from mtplab.atomic import atomic_write_text
+from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm
 from mtplab.kernels import moe_route as mr
 from mtplab.models.floor import expected_experts, step_bytes
 from mtplab.models.moe import MOE_KERNELS, record_experts, touched_per_layer
 from mtplab.nogc import gc_paused
 from mtplab.provenance import git_commit
+from mtplab.studies import results as R
+from mtplab.studies.moe import floor as study
 
 MOE = "gemma4-26b-a4b-like"
 PROMPT = 64
 PERIOD = 6                      # Gemma's 5:1 sliding:full pattern: one period of layers
+FFN_CAPTURES = 3                # graph_us captures per arm and token count (their spread)
+STEP_KERNELS = 25               # the whole step's kernel table: its busiest kernels
 
 
 class Log:
-    """Figures as (section, text) lines, printed as they come, and the report's body."""
+    """The run's results doc (studies/moe/floor.py), filled phase by phase under a time box;
+    each phase's section printed as it ends."""
 
-    def __init__(self, budget_s: float):
-        self.lines: list[tuple[str, str]] = []
+    def __init__(self, doc: dict, budget_s: float):
+        self.doc = doc
         self.deadline = time.perf_counter() + budget_s
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
-    def add(self, section: str, text: str) -> None:
-        self.lines.append((section, text))
-        print(f"[{section}] {text}", flush=True)
+    def note(self, text: str) -> None:
+        print(text, flush=True)
 
     def phase(self, name: str, fn, *args, reserve_s: float = 20.0):
-        """fn(*args) under a try: an exception is logged with its traceback, never raised."""
+        """fn(*args) under a try: an exception is recorded with its traceback printed, never
+        raised; the phase's section printed."""
+        phases = self.doc["phases"]
         if self.left() < reserve_s:
-            self.add(name, f"SKIPPED (time box: {self.left():.0f} s left)")
+            phases[name] = {"status": "skipped", "left_s": round(self.left(), 1)}
+            print(study.section(self.doc, name), flush=True)
             return None
         t0 = time.perf_counter()
         try:
             out = fn(*args)
-            self.add(name, f"done in {time.perf_counter() - t0:.1f} s")
+            phases[name] = {"status": "done", "seconds": round(time.perf_counter() - t0, 1)}
             return out
         except Exception as e:            # one phase failing must not hide the others
-            self.add(name, f"ERROR {type(e).__name__}: {e}")
+            phases[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
             traceback.print_exc()
             gc.collect()
             torch.cuda.empty_cache()
             return None
-
-
-def spread(xs) -> float:
-    return max(xs) / min(xs) - 1 if xs and min(xs) > 0 else float("nan")
+        finally:
+            if name in phases:
+                print(study.section(self.doc, name), flush=True)
 
 
 # -- bandwidth -------------------------------------------------------------------------------
 def phase_bandwidth(log: Log) -> float:
-    bws = [copy_bandwidth() for _ in range(3)]
-    bw = statistics.median(bws)
-    log.add("bandwidth", f"copy bandwidth {bw / 1e12:.3f} TB/s (3 runs, spread "
-            f"{spread(bws):.1%})")
-    return bw
+    log.doc["bandwidth"] = [float(copy_bandwidth()) for _ in range(3)]
+    return study.bandwidth(log.doc)
 
 
 # -- check ------------------------------------------------------------------------------------
@@ -143,12 +156,12 @@ def phase_check(log: Log) -> None:
         out = fm.moe_ffn_triton(x, wgu, wd, got, sgu, sd)
         ref = fm.moe_ffn_ref(x, wgu, wd, got, sgu, sd)
         err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-        ok = same_ids and dw < 1e-5 and dg < 1e-5 and aligned and err < 2e-2 \
-            and not counts.any()
-        log.add("check", f"T={T}: {'OK' if ok else 'FAIL'} (ids equal on {int(clear.sum())}"
-                f"/{T} clear rows: {same_ids}; max |dw| {dw:.1e}; max |dgate| {dg:.1e}; "
-                f"alignment == torch align: {aligned}; FFN max err / max |ref| {err:.1e}; "
-                f"counters zero: {not counts.any()})")
+        zero = not counts.any()
+        ok = same_ids and dw < 1e-5 and dg < 1e-5 and aligned and err < 2e-2 and zero
+        log.doc["check"]["cases"].append(
+            {"T": T, "ok": bool(ok), "clear": int(clear.sum()), "same_ids": bool(same_ids),
+             "dw": dw, "dg": dg, "aligned": bool(aligned), "err": err,
+             "counters_zero": bool(zero)})
     x, wr, wg, wgu, wd, sgu, sd = gemma_case(24, 5)
     counts = torch.zeros(mr.counts_len(24), dtype=torch.int32, device="cuda")
 
@@ -169,8 +182,9 @@ def phase_check(log: Log) -> None:
         static.copy_(fresh)
         graph.replay()
         same &= torch.equal(out, layer(fresh))
-    log.add("check", f"batch-invariant row: {invariant}; graph replays == eager: {same}; "
-            f"counters zero after: {not counts.any()}")
+    log.doc["check"]["graph"] = {"batch_invariant": bool(invariant),
+                                 "graph_eq_eager": bool(same),
+                                 "counters_zero": not bool(counts.any())}
 
 
 # -- ffn ---------------------------------------------------------------------------------------
@@ -217,16 +231,14 @@ def ffn_rows(log: Log, m) -> None:
     H = m.gate.weight.shape[1]
     for T in (1, 8, 32):
         h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-        row = {}
+        row = {"T": T}
         for kernels in MOE_KERNELS:
             m.kernels = kernels
             with torch.no_grad():
-                us = graph_us(lambda: m.forward_fused(h))
-            n, _, _, _ = graph_trace(lambda: m.forward_fused(h))
-            row[kernels] = (us, n)
-        (gu, gn), (su, sn) = row["grouped"], row["split"]
-        log.add("ffn", f"one MoE FFN, T={T}: split {su:.1f} µs in {sn} kernels, grouped "
-                f"{gu:.1f} µs in {gn} kernels -> split / grouped {su / gu:.2f}x")
+                row[f"{kernels}_us"] = [graph_us(lambda: m.forward_fused(h))
+                                        for _ in range(FFN_CAPTURES)]
+            row[f"{kernels}_kernels"] = graph_trace(lambda: m.forward_fused(h))[0]
+        log.doc["ffn"].append(row)
 
 
 def phase_ffn(log: Log) -> None:
@@ -280,9 +292,13 @@ def free_engines(engines: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def phase_decode(log: Log, a, bw: float, engines: dict) -> None:
-    """Fills `engines` ({kernels: Engine}, kept for the kernels phase)."""
-    steps: dict = {(k, bs): [] for k in MOE_KERNELS for bs in a.batches}
+def phase_decode(log: Log, a, engines: dict) -> None:
+    """Fills `engines` ({kernels: Engine}, kept for the kernels phase), the doc's decode
+    steps as they are measured, then the floor of each bs."""
+    d = log.doc["decode"]
+    runs = {(k, bs): {"kernels": k, "bs": bs, "ms": []} for k in MOE_KERNELS
+            for bs in a.batches}
+    d["steps"] = list(runs.values())
     max_bs = max(a.batches)
     together = True
     for kernels in MOE_KERNELS:                  # both in memory when they fit
@@ -296,20 +312,21 @@ def phase_decode(log: Log, a, bw: float, engines: dict) -> None:
         except Exception as e:                   # the second one does not fit: one at a time
             if not engines:
                 raise
-            log.add("decode", f"the second engine did not build ({type(e).__name__}); "
-                    "the arms run one after the other")
+            d["fallback"] = type(e).__name__
             together = False
             gc.collect()
             torch.cuda.empty_cache()
             break
-        log.add("decode", f"built the {kernels} engine in {time.perf_counter() - t0:.0f} s "
-                f"({free_gb:.0f} GB free before)")
+        d["built"].append({"kernels": kernels, "seconds": round(time.perf_counter() - t0, 1),
+                           "free_gb": round(free_gb, 1)})
+        log.note(f"built the {kernels} engine")
+    d["together"] = together
     if together:
         for rep in range(a.repeats):
             for bs in a.batches:
                 for kernels in (MOE_KERNELS if rep % 2 == 0 else MOE_KERNELS[::-1]):
                     if log.left() > 30:
-                        steps[(kernels, bs)].append(
+                        runs[(kernels, bs)]["ms"].append(
                             step_p50(engines[kernels], bs, a.tokens, rep))
     else:
         for kernels in MOE_KERNELS:
@@ -319,30 +336,18 @@ def phase_decode(log: Log, a, bw: float, engines: dict) -> None:
             for rep in range(a.repeats):
                 for bs in a.batches:
                     if log.left() > 30:
-                        steps[(kernels, bs)].append(
+                        runs[(kernels, bs)]["ms"].append(
                             step_p50(engines[kernels], bs, a.tokens, rep))
-    how = "together, arms interleaved" if together else "one after the other"
-    log.add("decode", f"engines {how}; {a.repeats} repeats")
     eng = engines.get("grouped") or next(iter(engines.values()))
     c = eng.model.config
     for bs in a.batches:
         touched = experts_touched(eng, bs)
         b = step_bytes(c, dtype_bytes=2, bs=bs, context=PROMPT + a.tokens / 2,
                        experts_touched=touched)
-        floor = 1e3 * b.total / bw
-        for kernels in MOE_KERNELS:
-            xs = steps[(kernels, bs)]
-            if not xs:
-                continue
-            step = statistics.median(xs)
-            log.add("floor", f"bs {bs} {kernels}: floor/step {floor / step:.3f} (step p50 "
-                    f"{step:.3f} ms, median of {len(xs)}, spread {spread(xs):.1%}; floor "
-                    f"{floor:.3f} ms = {b.total / 1e9:.2f} GB ({b.target_weights / 1e9:.2f} "
-                    f"GB weights) at {touched:.1f} experts/layer measured, uniform "
-                    f"{expected_experts(c, bs):.1f})")
-        if all(steps[(k, bs)] for k in MOE_KERNELS):
-            sp, gr = (statistics.median(steps[(k, bs)]) for k in ("split", "grouped"))
-            log.add("floor", f"bs {bs}: step split / grouped {sp / gr:.2f}x")
+        log.doc["floor"].append({"bs": bs, "bytes": float(b.total),
+                                 "weight_bytes": float(b.target_weights),
+                                 "touched": float(touched),
+                                 "uniform": float(expected_experts(c, bs))})
 
 
 def per_layer_table(full: dict, part: dict, n: int) -> list[tuple[str, float, float]]:
@@ -380,60 +385,22 @@ def phase_kernels(log: Log, engines: dict, a) -> None:
                 with depth(eng.model, short):
                     n_part, part, _ = gpu_activities(lambda: fn(**args))
             how = "eager (the trace showed no kernels inside the graph replay)"
-        busy = sum(us for _, us in full.values())
-        per = (n_full - n_part) / (L - short)
-        log.add("kernels", f"{kernels}: bs-1 decode forward {how}: {n_full} GPU "
-                f"activities, {per:.1f} per decoder layer ({n_full - L * per:.0f} outside "
-                f"the layers); replay {wall:.0f} µs, kernels busy {busy:.0f} µs, gaps "
-                f"{wall - busy:.0f} µs")
-        rows = per_layer_table(full, part, L - short)
-        layer_us = sum(r[2] for r in rows) or 1.0
-        log.add("kernels", f"{kernels}: one decoder layer (mean of a {L - short}-layer span): "
-                f"{sum(r[1] for r in rows):.1f} kernels, {layer_us:.1f} µs")
-        for name, c, us in rows:
-            log.add("kernels", f"  {kernels} layer | {name[:100]} | {c:.2f} | {us:.1f} | "
-                    f"{us / layer_us:.1%}")
-        total = busy or 1.0
-        for name, (c, us) in sorted(full.items(), key=lambda kv: -kv[1][1])[:25]:
-            log.add("kernels", f"  {kernels} step | {name[:100]} | {c} | {us:.1f} | "
-                    f"{us / total:.1%}")
-
-
-# -- report ------------------------------------------------------------------------------------
-def write_report(log: Log, out_dir: Path, argv: list) -> Path:
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
-    day = time.strftime("%Y-%m-%d")
-    import triton
-    head = [f"# MoE decode step at the floor: {MOE}, split vs grouped MoE kernels", "",
-            f"- date: {day} {time.strftime('%H:%M:%S %Z')}",
-            f"- device: {dev}; torch {torch.__version__}; triton {triton.__version__}",
-            f"- commit: {git_commit() or 'unknown'}",
-            f"- command: `{shlex.join([sys.executable, '-m', 'benchmarks.bench_moe_floor'] + argv)}`",
-            "- noise: each step figure is the median of the repeats' p50 steps, its spread "
-            "(max/min - 1) beside it; the bandwidth's spread over 3 runs in its line", ""]
-    body, section, in_table = [], None, False
-    for sec, text in log.lines:
-        if sec != section:
-            body += ["", f"## {sec}", ""]
-            section, in_table = sec, False
-        row = text.startswith("  ") and " | " in text     # a kernel-table row
-        if row and not in_table:
-            body += ["", "| arm, scope | kernel | count | µs | share |", "|---|---|---|---|---|"]
-        elif in_table and not row:
-            body.append("")
-        in_table = row
-        body.append(f"| {text.strip()} |" if row else f"- {text}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
-    path = out_dir / f"moe_floor_{day}_{slug}.md"
-    atomic_write_text(path, "\n".join(head + body) + "\n")
-    return path
+        log.doc["kernels"].append({
+            "kernels": kernels, "how": how, "activities": n_full, "layers": L,
+            "span": L - short, "per_layer": (n_full - n_part) / (L - short), "wall_us": wall,
+            "busy_us": sum(us for _, us in full.values()),
+            "layer": [[n, c, us] for n, c, us in per_layer_table(full, part, L - short)],
+            "step": [[n, c, us] for n, (c, us) in
+                     sorted(full.items(), key=lambda kv: -kv[1][1])[:STEP_KERNELS]]})
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_moe_floor",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=str(R.RESULTS),
+                    help="the results folder: the report goes into DIR/moe_floor/ "
+                         "(default %(default)s)")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--repeats", type=int, default=3)
@@ -443,22 +410,34 @@ def main(argv=None) -> int:
                     choices=["check", "ffn", "decode", "kernels"])
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_moe_floor needs CUDA.")
+        print("bench_moe_floor needs CUDA.", file=sys.stderr)
         return 2
-    log = Log(a.budget_s)
-    bw = log.phase("bandwidth", phase_bandwidth, log, reserve_s=0) or float("nan")
+    try:                                   # refused before anything runs
+        commit = R.report_commit(git_commit())
+    except ConfigError as e:
+        print(f"bench_moe_floor: {e}", file=sys.stderr)
+        return 2
+    log = Log(study.new_doc(model=MOE, layers=a.layers, batches=a.batches, repeats=a.repeats,
+                            tokens=a.tokens, prompt=PROMPT), a.budget_s)
+    log.phase("bandwidth", phase_bandwidth, log, reserve_s=0)
     if "check" in a.only:
         log.phase("check", phase_check, log)
     if "ffn" in a.only:
         log.phase("ffn", phase_ffn, log)
     engines: dict = {}
     if "decode" in a.only:
-        log.phase("decode", phase_decode, log, a, bw, engines, reserve_s=120)
+        log.phase("decode", phase_decode, log, a, engines, reserve_s=120)
     if "kernels" in a.only:
         log.phase("kernels", phase_kernels, log, engines, a, reserve_s=40)
     free_engines(engines)
-    path = write_report(log, Path(a.out_dir), argv)
-    print(f"report: {path}", flush=True)
+    import triton
+    name = torch.cuda.get_device_name()
+    doc = study.stamp(log.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
+                      device_name=name, commit=commit,
+                      command=shlex.join(["python", "-m", "benchmarks.bench_moe_floor", *argv]),
+                      software=f"torch {torch.__version__}; triton {triton.__version__}")
+    path = R.write(study.clean_doc(doc), study.render, Path(a.out_dir))
+    print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0
 
 

@@ -8,7 +8,8 @@ line's `mtplab report` entry, which names its module as a string. The core runs,
 pass, without this folder.
 
 QUESTIONS names every question the index (docs/results/README.md) has a row for, with what it
-asks; STUDIES the questions whose reports a study renders (`mtplab report QUESTION`).
+asks; STUDIES the questions whose reports a study renders (`mtplab report QUESTION`), each
+with the module holding its `render`.
 A folder of docs/results/ holding dated reports of a question not listed here still gets its
 row (a report written by another generator, following the naming rule).
 """
@@ -28,6 +29,8 @@ QUESTIONS = {
     "decode_floor": "how close a decode step is to its HBM floor (fused kernels, CUDA graphs)",
     "long_context": "how close a long-context step is to its HBM floor; where speculation pays",
     "moe": "what speculation buys on a MoE target",
+    "moe_floor": "how close an MoE decode step is to its HBM floor, split vs grouped MoE "
+                 "kernels",
     "spec_schedule": "which draft setting pays at which batch size",
     "meter_trust": "whether the bubble meter can be trusted, and what it costs",
     "whatif": "whether the what-if predictor gets the measured ratios right",
@@ -38,7 +41,7 @@ QUESTIONS = {
 }
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
-    "host_path", "moe", "whatif", "health")}
+    "host_path", "moe", "whatif", "health")} | {"moe_floor": "mtplab.studies.moe.floor"}
 
 
 def study(question: str):

@@ -69,6 +69,16 @@ class Stamp:
         return cls(*m.groups())
 
 
+def report_commit(commit: Optional[str]) -> str:
+    """The commit a report names (short) of provenance.git_commit's answer: a clean tree's;
+    ConfigError for none or "-dirty" (a report written by a benchmark script)."""
+    if not commit or commit.endswith("-dirty"):
+        raise ConfigError(f"commit {commit or 'unknown'}: a report names one commit of a clean "
+                          "tree; commit the changes, or set MTP_GIT_COMMIT to the commit a "
+                          "copied tree was made from.")
+    return commit[:7]
+
+
 def device_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100', '' or 'cpu' -> 'cpu'."""
     m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", name or "")

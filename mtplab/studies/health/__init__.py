@@ -50,24 +50,13 @@ def arm_record(*, shape: str, model: str, layers: Optional[int], bs: int, regime
             "trace": {k: _clean(trace.get(k)) for k in TRACE if trace.get(k) is not None}}
 
 
-def report_commit(commit: Optional[str]) -> str:
-    """The commit a report names (short): a clean tree's (provenance.git_commit); ConfigError
-    for none or "-dirty"."""
-    from ...errors import ConfigError
-    if not commit or commit.endswith("-dirty"):
-        raise ConfigError(f"commit {commit or 'unknown'}: a report names one commit of a clean "
-                          "tree; commit the changes, or set MTP_GIT_COMMIT to the commit a "
-                          "copied tree was made from.")
-    return commit[:7]
-
-
 def results_doc(arms: list[dict], *, date: str, device: str, device_name: str, commit: str,
                 command: str, prompt_len: int, out_len: int, repeats: int,
                 software: str = "", note: str = "") -> dict:
-    """A report's results: the stamp (`report_commit`), the workload and the arms
-    (`arm_record`)."""
+    """A report's results: the stamp (`commit`: results.report_commit), the workload and the
+    arms (`arm_record`)."""
     return {"question": QUESTION, "date": date, "device": device, "device_name": device_name,
-            "commit": report_commit(commit), "command": command, "software": software,
+            "commit": R.report_commit(commit), "command": command, "software": software,
             "note": note,
             "workload": {"prompt_len": prompt_len, "out_len": out_len, "repeats": repeats},
             "arms": arms}

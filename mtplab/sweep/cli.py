@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_bytes
 from ..errors import ConfigError
 from ..flags import FlagParser, out_dir, positive_int, positive_number
 from ..validate import check_out_dir
@@ -77,10 +77,11 @@ def _executor(args: argparse.Namespace, cells: Sequence[Cell]) -> contextlib.Abs
 
 
 def _copy_grid(src: str, dest: Path) -> None:
-    """Keep the grid file beside the results (re-running from that copy is fine)."""
+    """Keep the grid file beside the results (re-running from that copy is fine), written
+    atomically: a link at `dest` is replaced, never written through."""
     if dest.exists() and os.path.samefile(src, dest):
         return
-    shutil.copyfile(src, dest)
+    atomic_write_bytes(dest, Path(src).read_bytes())
 
 
 def main_sweep(argv: list[str] | None = None) -> int:

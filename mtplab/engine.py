@@ -61,7 +61,7 @@ from .speculative.schedule import build as build_schedule
 from .speculative.schedule import step_counts as schedule_step_counts
 from . import spec_schedule
 from .speculative.target_worker import TargetWorker
-from .validate import check_generate_args
+from .validate import check_generate_args, check_out_dir
 
 Prompt = Union[str, Sequence[int]]
 logger = logging.getLogger("mtplab")
@@ -105,7 +105,15 @@ class Engine:
     def __init__(self, cfg: RunConfig):
         self._closed = False              # first: close() (and __del__) on a partial build
         self._lock = threading.RLock()    # held by every public method (module doc: Threads)
+        if not isinstance(cfg, RunConfig):
+            raise ConfigError(f"Engine takes a RunConfig, got {type(cfg).__name__}; build one "
+                              "with RunConfig(model=..., ...).")
+        cfg.validate()                    # a field changed since construction is checked here
         self.cfg = cfg
+        self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
+            f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
+        if cfg.profile or cfg.event_timeline or cfg.bubble_meter:     # what finish() writes
+            check_out_dir(self.run_dir, "the run folder (trace_dir/run_name)")
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
@@ -244,8 +252,6 @@ class Engine:
     # -- profiling -----------------------------------------------------------------------
     def _start_profiling(self) -> None:
         cfg = self.cfg
-        self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
-            f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
         self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
         self.meter = BubbleMeter(self.device.torch_device) if cfg.bubble_meter else None
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
@@ -492,9 +498,12 @@ class Engine:
                           check_table=not self.device.is_cuda)
 
     @_serialised
-    def save_target(self, directory: Union[str, Path]) -> None:
-        """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
-        save_model(self.model, directory)
+    def save_target(self, directory: Union[str, Path]) -> Path:
+        """HF LlamaForCausalLM-compatible config.json + model.safetensors in `directory`
+        (made if missing; checked before anything is written: ConfigError); returns it."""
+        out = check_out_dir(directory, "save_target's folder")
+        save_model(self.model, out)
+        return out
 
 
 __all__ = ["Engine", "EngineClosedError", "RunConfig", "ConfigError"]

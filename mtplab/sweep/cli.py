@@ -13,8 +13,9 @@ from ..atomic import atomic_write_bytes
 from ..errors import ConfigError
 from ..flags import FlagParser, out_dir, positive_int, positive_number
 from ..validate import check_out_dir
+from ..yamlfile import load_yaml
 from .executors import DaskExecutor, LocalExecutor, visible_gpus
-from .grid import Cell, load_grid, load_yaml
+from .grid import Cell, load_grid
 from .lock import OutDirLocked, hold_out_dir
 from .results import RESULTS_JSONL, RESULTS_PARQUET, BadJournal, last_records
 from .runner import run_sweep
@@ -59,7 +60,7 @@ def _overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        out[key.strip()] = load_yaml(value, f"the value of --set {item!r}")
+        out[key.strip()] = load_yaml(value, f"the value of --set {item!r}", empty_ok=True)
     return out
 
 

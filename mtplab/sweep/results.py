@@ -78,7 +78,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     BadJournal: it was not written by a sweep, and guessing would skip or re-run cells."""
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadJournal(f"{path} is not a text file (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start} is not UTF-8), so it is no sweep's journal; move it "
+                         "away, or use another out folder.") from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()                             # the torn tail: set_aside_torn_tail's

@@ -48,6 +48,8 @@ CASES = [
     (["demo", "--device", "cpu", "--max-new-tokens", "0"],
      "argument --max-new-tokens: must be a positive integer, got '0'"),
     (["demo", "--device", "tpu"], "device='tpu' is not a device"),
+    (["demo", "--device", "cpu", "--max-new-tokens", "1", "--trace-dir", "{tmp}/t"],
+     "--max-new-tokens 1 is too few for the demo"),
     # -- bench
     (["bench", "--smoke", "--dir", "{file}"], "argument --dir: folder {file}: {file} is a file"),
     (["bench", "--smoke", "--out", "/proc/nope/x.md"], "/proc/nope does not exist"),

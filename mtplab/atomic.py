@@ -4,6 +4,10 @@ Data is written to a temporary file in the destination's folder (same file syste
 fsynced, then moved over the destination with `os.replace`. On any error the temporary file is
 removed and the destination is left untouched. The file gets the mode a plain `open()` gives
 (0666 less the umask), whatever mode the writer chose (safetensors creates its files 0600).
+
+No write follows a symbolic link out of its folder: an atomic write onto a link replaces the
+link itself (`os.replace` renames over the link, never through it), and a file written in
+place (appended, truncated: `open_in_place`) is refused when it is a link (LinkedFileError).
 """
 from __future__ import annotations
 
@@ -26,6 +30,39 @@ def _umask() -> int:
 
 FILE_MODE = 0o666 & ~_umask()          # what open(path, "w") would create
 
+# the modes of `open_in_place` (binary, or text with an encoding) -> os.open flags
+_IN_PLACE = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+             "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+             "r+": os.O_RDWR}
+
+
+class LinkedFileError(OSError):
+    """A file to be written in place is a symbolic link."""
+
+
+def open_fd_in_place(path: PathLike, flags: int, mode: int = FILE_MODE) -> int:
+    """`os.open(path, flags, mode)` for a file written in place, refused with LinkedFileError
+    when `path` is a symbolic link: the write would land wherever the link points."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError:
+        if os.path.islink(path):
+            raise LinkedFileError(f"{path} is a symbolic link (to {os.readlink(path)}); "
+                                  "mtplab writes this file in place and never through a link: "
+                                  "remove the link or choose another folder.") from None
+        raise
+
+
+def open_in_place(path: PathLike, mode: str = "ab", encoding: Optional[str] = None):
+    """`open(path, mode)` for a file written in place (appended "a", truncated "w" or
+    rewritten "r+"; binary with a "b", else text), refused as `open_fd_in_place` refuses."""
+    flags = _IN_PLACE.get(mode.replace("b", ""))
+    if flags is None:
+        raise ValueError(f"open_in_place takes the modes {list(_IN_PLACE)} (with 'b' for "
+                         f"binary), got {mode!r}.")
+    return os.fdopen(open_fd_in_place(path, flags), mode,
+                     encoding=None if "b" in mode else (encoding or "utf-8"))
+
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
@@ -35,6 +72,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     The temporary name ends with `path`'s suffix (e.g. `.png`, `.svg`), so writers that infer a
     format from the extension work unchanged. Parent folders are created. The body must create
     the file; if it does not, the `FileNotFoundError` propagates and `path` is untouched.
+    A symbolic link at `path` is replaced by the new file; what it pointed to is untouched.
     """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from .fmt import readable
 from .version import __version__
 
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, x):"]
+DEMO_MIN_TOKENS = 3      # engine steps the demo's profiler needs: wait 1, warm-up 1, record 1
 # Subcommands with their own argument parser: name -> (module, function(argv) -> exit code, help)
 EXTERNAL = {
     "bench": ("mtplab.studies.bench", "main_bench", "the standard arms side by side (ratio table)"),
@@ -180,7 +181,12 @@ def cmd_demo(args) -> int:
     from .analysis.plots import plot_event_timeline, plot_timeline
     from .config import RunConfig
     from .engine import Engine
+    from .errors import ConfigError
 
+    if args.max_new_tokens < DEMO_MIN_TOKENS:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} is too few for the demo: its "
+                          "profiler skips one engine step and warms up for one before it "
+                          f"records; give at least {DEMO_MIN_TOKENS}.")
     cfg = RunConfig(model=args.model, draft=args.draft, device=args.device, profile=True,
                     event_timeline=True, trace_dir=args.trace_dir,
                     run_name=time.strftime("demo-%Y%m%d-%H%M%S"),
@@ -189,6 +195,9 @@ def cmd_demo(args) -> int:
     outs = eng.generate(DEMO_PROMPTS, max_new_tokens=args.max_new_tokens, ignore_eos=True)
     eng.check_invariants()
     files = eng.finish()
+    if "trace0" not in files:        # a draft that took fewer steps than its tokens
+        raise ConfigError(f"{eng.profile_note.rstrip('.')} (the demo's --max-new-tokens "
+                          f"{args.max_new_tokens}); give more --max-new-tokens.")
     print(f"mtplab demo on {cfg.device} ({cfg.dtype}), model {cfg.model}, draft {cfg.draft}, "
           f"attention {cfg.attention_backend}, cuda_graphs={cfg.cuda_graphs}")
     for p, o in zip(DEMO_PROMPTS, outs):

@@ -1,6 +1,6 @@
 """RunConfig: every knob of an mtplab run, validated at construction, plus the manifest.
 
-Construction resolves every 'auto' to what is in force on this machine (device, dtype,
+Construction (and `validate()`, which `Engine()` calls again) resolves every 'auto' to what is in force on this machine (device, dtype,
 attention backend, CUDA graphs, context length, KV budget), so `asdict(cfg)` *is* the resolved
 configuration. Invalid values raise `ConfigError` with one sentence naming the fix: first
 every field against its declared type (one generic check, mtplab/validate.py: a new knob is
@@ -130,6 +130,12 @@ class RunConfig(ZeroBubbleKnobs):
     debug_syncs: bool = knob(False, "list host syncs per step (CUDA sync debug mode)")
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Every check of construction, again (resolving is idempotent): `Engine()` calls it,
+        so a field changed after construction (`cfg.topk = 0`) is refused there as it would
+        be here."""
         check_fields(self)
         check_min(self, _MIN)
         self._validate_static()
@@ -220,7 +226,7 @@ class RunConfig(ZeroBubbleKnobs):
     def _resolve(self):
         from . import lazy_triton
         from .device import resolve_device
-        from .models.zoo import model_config, with_layers
+        from .models.zoo import check_draft_shipped, model_config, with_layers
 
         try:
             dev = resolve_device(self.device)
@@ -273,6 +279,11 @@ class RunConfig(ZeroBubbleKnobs):
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None
         self._check_moe_routing(mcfg)
+        if self.speculative:
+            try:
+                check_draft_shipped(self.model, self.draft)
+            except ValueError as e:
+                raise ConfigError(f"draft={self.draft!r}: {e}.") from None
         self._check_draft_vocab(mcfg.vocab_size)
         need = DRAFT_KINDS[self.draft].min_target_layers if self.speculative else 1
         if mcfg.num_hidden_layers < need:

@@ -14,6 +14,8 @@ floor, the CLI and the SGLang adapter read (`RunConfig.draft` is a key of it, or
     sglang_token_map   SGLang's worker for it takes                 sglang adapter
                        --speculative-token-map (a hot vocabulary)
     min_target_layers  the fewest target layers it can ride on      config
+    weights            the folder a trained preset ships it in      config, zoo
+                       (<preset>/<weights>/model.safetensors)
     module             the kind's module, imported when a draft     engine, memory, zoo
                        is built or counted: `Worker` (a DraftWorker,
                        speculative/draft_worker.py), `build(target, seed) -> draft model`
@@ -41,6 +43,7 @@ class DraftSpec:
     sglang_algorithm: str
     sglang_token_map: bool
     module: str
+    weights: str                # a trained preset ships this kind in <preset>/<weights>/
     min_target_layers: int = 1
 
     def _module(self):
@@ -69,15 +72,16 @@ DRAFT_KINDS: dict[str, DraftSpec] = {s.name: s for s in (
     DraftSpec("frozen_kv_mtp", "assistant reading the target's KV (no KV of its own)",
               owns_kv=False, seed_forward=True, extend_forward=False,
               sglang_algorithm="FROZEN_KV_MTP", sglang_token_map=False,
-              module="mtplab.speculative.draft_frozen"),
+              module="mtplab.speculative.draft_frozen", weights="assistant"),
     DraftSpec("eagle", "one-layer draft with its own KV, rewritten by draft_extend",
               owns_kv=True, seed_forward=False, extend_forward=True,
               sglang_algorithm="EAGLE", sglang_token_map=True,
-              module="mtplab.speculative.draft_eagle"),
+              module="mtplab.speculative.draft_eagle", weights="eagle"),
     DraftSpec("gemma4_assistant", "Gemma-4's 4-layer Frozen-KV assistant (layers n-2 / n-1, "
               "own tied head)", owns_kv=False, seed_forward=True, extend_forward=False,
               sglang_algorithm="FROZEN_KV_MTP", sglang_token_map=False,
-              module="mtplab.speculative.draft_gemma4", min_target_layers=2),
+              module="mtplab.speculative.draft_gemma4", weights="gemma4_assistant",
+              min_target_layers=2),
 )}
 
 NO_DRAFT = "none"

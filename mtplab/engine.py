@@ -9,6 +9,13 @@ holds; so does `del eng`, at once: nothing the engine owns refers back to it (th
 calls a StepHooks object and an invariant-check partial, not engine methods), so reference
 counting frees it without waiting for the cyclic garbage collector, and `__del__` closes it,
 breaking the cycles inside its parts (a graph's function holds its worker).
+
+Threads: one Engine may be shared between threads. Every public method that reads or changes
+the engine's state holds the engine's one re-entrant lock, `generate` for its whole call: calls
+from several threads run one after another, each returning what it would return alone.
+Interleaved `step()` calls run whole steps, each advancing every request held, whichever
+thread added it. A hook (`on_step`) runs under the lock on the stepping thread and may call
+the engine (the lock is re-entrant).
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import contextlib
 import functools
 import json
 import logging
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -60,7 +68,7 @@ from .speculative.schedule import build as build_schedule
 from .speculative.schedule import step_counts as schedule_step_counts
 from . import spec_schedule
 from .speculative.target_worker import TargetWorker
-from .validate import check_generate_args
+from .validate import check_generate_args, check_out_dir
 
 Prompt = Union[str, Sequence[int]]
 RUN_AHEAD_CPU = ("not available on CPU: the host runs every stage itself, so no launch can "
@@ -85,12 +93,21 @@ def _bounds_checked(attn, q, k_cache, v_cache, meta, *args, **kwargs):
     return attn(q, k_cache, v_cache, meta, *args, **kwargs)
 
 
+def _serialised(method):
+    """`method` run holding the engine's lock (the module doc's "Threads")."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class EngineClosedError(RuntimeError):
     """The engine was closed (close(), the end of its `with` block)."""
 
 
 # what close() keeps: the figures a caller may still read (cfg, stats(), the run folder)
-_KEPT_AFTER_CLOSE = ("cfg", "run_dir", "_last_stats", "profile_note", "_closed")
+_KEPT_AFTER_CLOSE = ("cfg", "run_dir", "_last_stats", "profile_note", "_closed", "_lock")
 
 
 def _check_invariants(scheduler: Scheduler, *, allocator: PagedAllocator,
@@ -106,8 +123,17 @@ def _check_invariants(scheduler: Scheduler, *, allocator: PagedAllocator,
 class Engine:
     def __init__(self, cfg: RunConfig):
         self._closed = False              # first: close() (and __del__) on a partial build
+        self._lock = threading.RLock()    # held by every public method (module doc: Threads)
+        if not isinstance(cfg, RunConfig):
+            raise ConfigError(f"Engine takes a RunConfig, got {type(cfg).__name__}; build one "
+                              "with RunConfig(model=..., ...).")
+        cfg.validate()                    # a field changed since construction is checked here
         self.cfg = cfg
         self._hot: Optional[np.ndarray] = None     # a hot draft vocabulary, as a token mask
+        self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
+            f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
+        if cfg.profile or cfg.event_timeline or cfg.bubble_meter:     # what finish() writes
+            check_out_dir(self.run_dir, "the run folder (trace_dir/run_name)")
         self.device = resolve_device(cfg.device)
         check_memory(cfg, log=logger.info)        # fails with one sentence before allocating
         dev = self.device.torch_device
@@ -151,6 +177,7 @@ class Engine:
         self._alarms: list = []             # acceptance alarm stretches of every generate
 
     # -- lifetime --------------------------------------------------------------------------
+    @_serialised
     def close(self) -> None:
         """Free what the engine holds: requests still held are aborted (device synchronized),
         the profiler session is stopped (its trace written if its active window began), the
@@ -254,8 +281,6 @@ class Engine:
     # -- profiling -----------------------------------------------------------------------
     def _start_profiling(self) -> None:
         cfg = self.cfg
-        self.run_dir = Path(cfg.trace_dir) / (cfg.run_name or time.strftime(
-            f"%Y%m%d-%H%M%S-{Path(cfg.model).name}-{cfg.draft}"))
         self.timeline = EventTimeline(self.device.is_cuda) if cfg.event_timeline else None
         self.meter = BubbleMeter(self.device.torch_device) if cfg.bubble_meter else None
         self.spans = Spans(enabled=cfg.profile or cfg.event_timeline, timeline=self.timeline,
@@ -271,6 +296,7 @@ class Engine:
         # on_step hooks, then the profiler's step boundary (no reference to the engine)
         self._hooks = StepHooks(self.profiler)
 
+    @_serialised
     def finish(self) -> dict:
         """Stop profiling and write the run folder: manifest.json, health.json (when the
         acceptance alarm fired: its stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
@@ -304,12 +330,14 @@ class Engine:
                     {"accept_alarm_steps": self._alarms}))
         return written
 
+    @_serialised
     def timeline_frame(self):
         """The event timeline so far (pandas DataFrame; see instrument/timeline.py)."""
         if self.timeline is None:
             raise RuntimeError("the event timeline is off; construct with event_timeline=True.")
         return self.timeline.to_frame()
 
+    @_serialised
     def meter_frame(self, stages: bool = False):
         """The bubble meter's table so far: one row per step (wall_us, busy_us, bubble_us,
         bubble_frac, launch_lead_us, draft_share, ...; with moe_stats `experts`, the distinct
@@ -326,6 +354,7 @@ class Engine:
             df.loc[dec, "experts"] = self._expert_steps    # moe_stats: per verify, per layer
         return df
 
+    @_serialised
     def on_step(self, fn) -> HookHandle:
         """Call `fn(step_index)` after every engine step (the scheduler's iteration that
         launched work), e.g. to plant a host delay or sample a figure per step; the index
@@ -353,6 +382,7 @@ class Engine:
                                           **self.cfg.zb_options("loop")))
 
     # -- requests: the step-level API -----------------------------------------------------
+    @_serialised
     def add_request(self, prompt: Prompt, max_new_tokens: int = 32, *, temperature: float = 0.0,
                     top_p: float = 1.0, seed: Optional[int] = None,
                     stop_ids: Optional[Sequence[int]] = None, ignore_eos: bool = False) -> Req:
@@ -367,6 +397,7 @@ class Engine:
         self.scheduler.add(req)
         return req
 
+    @_serialised
     def step(self) -> list[Req]:
         """One scheduler iteration (a prefill or a decode step); returns the requests it
         finished (`.rid`, `.output_ids`, `.finished_reason`). An error or Ctrl-C inside the
@@ -400,6 +431,7 @@ class Engine:
                 f"being finite at the output of {part} (the largest weight is {name} = "
                 f"{size:.3g}); check the model's weights and dtype.")
 
+    @_serialised
     def abort(self, req: Union[Req, int]) -> bool:
         """End a request now and free its KV (its output so far stays): its handle (what
         add_request returned) or its rid. False once it is finished or gone."""
@@ -409,6 +441,7 @@ class Engine:
         return self.scheduler.abort(req)
 
     @property
+    @_serialised
     def idle(self) -> bool:
         """No request waiting, running or in flight."""
         return self.scheduler.idle
@@ -444,6 +477,7 @@ class Engine:
         return Req(rid, ids, max_new_tokens, SamplingParams(temperature, top_p, seed),
                    frozenset(stops))
 
+    @_serialised
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 32, *,
                  temperature: float = 0.0, top_p: float = 1.0, seed: Optional[int] = None,
                  stop_ids: Optional[Sequence[int]] = None, ignore_eos: bool = False,
@@ -541,20 +575,27 @@ class Engine:
         logger.warning(msg)
         warnings.warn(msg, AcceptanceAlarm, stacklevel=3)
 
+
+    @_serialised
     def stats(self) -> dict:
         """Figures of the last `generate` (tokens, steps, tok_per_s, ...); with the bubble
         meter also its figures (bubble_frac, ...) and `meter_clock`, the clock it stamped:
         `device`, or `host` on CPU (no device to stamp: time between stage spans)."""
         return dict(self._last_stats)
 
+    @_serialised
     def check_invariants(self) -> None:
         """Raise InvariantError naming the leak; silent when clean."""
         _check_invariants(self.scheduler, allocator=self.allocator, pool=self.pool,
                           check_table=not self.device.is_cuda)
 
-    def save_target(self, directory: Union[str, Path]) -> None:
-        """HF LlamaForCausalLM-compatible config.json + model.safetensors."""
-        save_model(self.model, directory)
+    @_serialised
+    def save_target(self, directory: Union[str, Path]) -> Path:
+        """HF LlamaForCausalLM-compatible config.json + model.safetensors in `directory`
+        (made if missing; checked before anything is written: ConfigError); returns it."""
+        out = check_out_dir(directory, "save_target's folder")
+        save_model(self.model, out)
+        return out
 
 
 __all__ = ["Engine", "EngineClosedError", "RunConfig", "ConfigError"]

@@ -30,6 +30,7 @@ from typing import Union
 import yaml
 
 from .errors import ConfigError
+from .yamlfile import load_yaml, read_yaml
 
 OFF = "off"
 Setting = Union[tuple, str]          # (num_steps, topk) or OFF
@@ -69,7 +70,7 @@ def _pairs(value) -> list[tuple]:
     if text.endswith((".yaml", ".yml")):
         return _pairs(load_file(text))
     if text.startswith("{"):
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text, f"spec_schedule {text!r}")
         if not isinstance(doc, dict):
             raise _fail(f"{text!r} is not a mapping")
         return list(doc.items())
@@ -88,10 +89,7 @@ def load_file(path: Union[str, Path]) -> dict:
     if not p.is_file():
         raise ConfigError(f"spec_schedule: no file {str(p)!r}; give the YAML file that "
                           "`mtplab bench --groups schedule` wrote, or an inline mapping.")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"spec_schedule: {p} is not valid YAML ({e}).") from None
+    doc = read_yaml(p, f"spec_schedule file {p}")
     if isinstance(doc, dict) and "spec_schedule" in doc:
         doc = doc["spec_schedule"]
     if not isinstance(doc, dict) or not doc:

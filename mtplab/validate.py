@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import re
+import tempfile
 import types
 import typing
 from dataclasses import fields
@@ -25,6 +26,7 @@ from typing import Any, Optional, Sequence
 from .errors import ConfigError
 
 SEED_LIMIT = 2 ** 32          # seeds are in [0, SEED_LIMIT)
+NAME_MAX = 255                # bytes in one file name (Linux, macOS and Windows file systems)
 
 
 # -- types ------------------------------------------------------------------------------------
@@ -171,6 +173,9 @@ def check_run_name(run_name: Optional[str]) -> None:
         raise ConfigError(f"run_name={run_name!r} must be a plain folder name under trace_dir "
                           "(no '/', '\\', '..' or absolute path); set trace_dir for the "
                           "location.")
+    if len(os.fsencode(run_name)) > NAME_MAX:
+        raise ConfigError(f"run_name {run_name[:40]!r}... has {len(os.fsencode(run_name))} bytes "
+                          f"and a folder name holds at most {NAME_MAX}; pass a shorter name.")
 
 
 # -- Engine.generate ---------------------------------------------------------------------------
@@ -231,36 +236,82 @@ def check_port(port) -> int:
     return int(port)
 
 
+def _exists(q: Path) -> bool:
+    try:
+        return q.exists()
+    except OSError:            # a name too long, a permission: answered by the checks below
+        return False
+
+
 def _nearest_existing(path: Path) -> Path:
     for q in (path, *path.parents):
-        if q.exists():
+        if _exists(q):
             return q
     return Path(".")
 
 
+def _short(p: Path) -> str:
+    s = str(p)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _check_names(p: Path, what: str) -> None:
+    """Every part of `p` short enough for the file system (NAME_MAX, PATH_MAX)."""
+    q = _nearest_existing(p)
+    try:
+        name_max = os.pathconf(q if q.is_dir() else q.parent, "PC_NAME_MAX")
+        path_max = os.pathconf(q if q.is_dir() else q.parent, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = NAME_MAX, 4096
+    long = [part for part in p.parts if len(os.fsencode(part)) > name_max]
+    if long:
+        raise ConfigError(f"{what} {_short(p)}: the name {_short(Path(long[0][:40]))}... has "
+                          f"{len(os.fsencode(long[0]))} bytes and this file system allows "
+                          f"{name_max}; pass a shorter name.")
+    if len(os.fsencode(str(p.absolute()))) >= path_max:
+        raise ConfigError(f"{what} {_short(p)}: the path is longer than this file system's "
+                          f"{path_max} bytes; pass a shorter path.")
+
+
+def _check_creatable(folder: Path, what: str, p: Path) -> None:
+    """Something can be made in the existing `folder` (a folder made and removed at once):
+    permissions, a read-only mount, /proc or /sys, all answered before any work starts."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mtplab-probe-", dir=folder))
+    except OSError as e:
+        raise ConfigError(f"{what} {p}: nothing can be written in {folder} "
+                          f"({e.strerror or e}); pass another path.") from None
+
+
 def check_out_dir(path, what: str = "the output folder") -> Path:
     """A folder a command may write into (made later, by the writer): it is a folder or does
-    not exist yet, no part of it is a file, and the nearest existing folder is writable."""
+    not exist yet, no part of it is a file, every name fits the file system, and the nearest
+    existing folder takes new entries. The one check of every output folder: the command
+    line's flags (flags.out_dir), the engine's run folder, save_target."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(f"{what} is {path!r}; pass a folder path.")
     p = Path(path)
+    _check_names(p, what)
     q = _nearest_existing(p)
     if not q.is_dir():
         raise ConfigError(f"{what} {p}: {q} is a file, not a folder; pass a folder path.")
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {p}: the folder {q} is not writable; pass another path.")
+    _check_creatable(q, what, p)
     return p
 
 
 def check_out_file(path, what: str = "the output file") -> Path:
-    """A file a command may write (atomically, replacing it): not a folder, in an existing
-    writable folder (no folder is made for it)."""
+    """A file a command may write (atomically, replacing it): not a folder, every name fits
+    the file system, in an existing folder that takes new entries (no folder is made for it)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(f"{what} is {path!r}; pass a file name.")
     p = Path(path)
+    _check_names(p, what)
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a folder; pass a file name.")
     parent = p.parent
     if not parent.is_dir():
         q = _nearest_existing(parent)
-        why = f"{q} is a file" if q.exists() and not q.is_dir() else f"{parent} does not exist"
+        why = f"{q} is a file" if _exists(q) and not q.is_dir() else f"{parent} does not exist"
         raise ConfigError(f"{what} {p}: {why}; pass a path in an existing folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {p}: the folder {parent} is not writable; pass another path.")
+    _check_creatable(parent, what, p)
     return p

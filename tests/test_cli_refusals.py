@@ -48,6 +48,8 @@ CASES = [
     (["demo", "--device", "cpu", "--max-new-tokens", "0"],
      "argument --max-new-tokens: must be a positive integer, got '0'"),
     (["demo", "--device", "tpu"], "device='tpu' is not a device"),
+    (["demo", "--device", "cpu", "--max-new-tokens", "1", "--trace-dir", "{tmp}/t"],
+     "--max-new-tokens 1 is too few for the demo"),
     # -- bench
     (["bench", "--smoke", "--dir", "{file}"], "argument --dir: folder {file}: {file} is a file"),
     (["bench", "--smoke", "--out", "/proc/nope/x.md"], "/proc/nope does not exist"),
@@ -58,6 +60,20 @@ CASES = [
     (["bench", "--smoke", "--timeout", "-5"], "argument --timeout: must be a positive finite"),
     (["bench", "--smoke", "--timeout", "0"], "argument --timeout: must be a positive finite"),
     (["bench", "--groups", "{grid}", "--dir", "{tmp}/b"], "group g: every cell is dropped"),
+    # -- output paths, every command (validate.check_out_dir / check_out_file)
+    (["run", "--trace-dir", "/proc/nope"], "folder /proc/nope: nothing can be written in /proc"),
+    (["run", "--trace-dir", "/sys/nope/x"], "nothing can be written in /sys"),
+    (["run", "--trace-dir", "{tmp}/" + "a" * 300], "has 300 bytes and this file system allows"),
+    (["run", "--trace-dir", "{tmp}", "--run-name", "a" * 300], "has 300 bytes and a folder name"),
+    (["run", "--out", "/proc/nope"], "folder /proc/nope: nothing can be written in /proc"),
+    (["run", "--out", "{file}/x"], "{file} is a file, not a folder"),
+    (["demo", "--trace-dir", "/proc/nope"], "nothing can be written in /proc"),
+    (["bench", "--smoke", "--dir", "/proc/nope"], "nothing can be written in /proc"),
+    (["bench", "--smoke", "--out", "/proc/nope.md"], "nothing can be written in /proc"),
+    (["bench", "--smoke", "--out", "{tmp}"], "file {tmp} is a folder"),
+    (["bench", "--smoke", "--out", "{tmp}/" + "a" * 300], "has 300 bytes"),
+    (["sglang", "models", "--out", "/proc/nope"], "nothing can be written in /proc"),
+    (["sglang", "models", "--out", "{file}/x"], "{file} is a file, not a folder"),
 ]
 
 

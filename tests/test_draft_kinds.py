@@ -14,7 +14,7 @@ from tests.helpers import random_prompts
 
 PROBE = DraftSpec("probe", "test-only two-layer assistant", owns_kv=False, seed_forward=True,
                   extend_forward=False, sglang_algorithm="FROZEN_KV_MTP",
-                  sglang_token_map=False, module="tests.draft_probe")
+                  sglang_token_map=False, module="tests.draft_probe", weights="probe")
 
 
 @pytest.mark.parametrize("name", sorted(DRAFT_KINDS))

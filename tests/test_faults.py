@@ -163,9 +163,9 @@ def test_no_progress_raises_instead_of_spinning():
 
 def test_unwritable_trace_folder_frees_kv(tmp_path):
     blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
     eng = Engine(RunConfig(model="random-tiny", profile=True, profile_wait=0, profile_warmup=0,
                            profile_active=1, trace_dir=str(blocker), run_name="r"))
+    blocker.write_text("not a folder")        # after Engine(), which checks the run folder
     with pytest.raises(OSError):
         eng.generate(PROMPTS, max_new_tokens=6, ignore_eos=True)
     assert_all_free(eng)

@@ -10,7 +10,8 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
-              spec_schedule (only errors: the schedule knob's forms and checks)
+              yamlfile (only errors: the one YAML loader)
+              spec_schedule (errors, yamlfile: the schedule knob's forms and checks)
               flags (validate: the command line's argparse types)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels)   never speculative or models
@@ -47,7 +48,8 @@ ALLOWED = {
                                    #   acceptance alarm, the experts' uniform expectation
     "core": {"errors"},
     "validate": {"errors"},
-    "spec_schedule": {"errors"},   # the batch-aware schedule knob (torch-free)
+    "yamlfile": {"errors"},        # the one YAML loader (safe, bounded, one-sentence errors)
+    "spec_schedule": {"errors", "yamlfile"},   # the batch-aware schedule knob (torch-free)
     "flags": {"validate"},
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},

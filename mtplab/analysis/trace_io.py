@@ -10,11 +10,15 @@ Integer columns use -1 for "absent": `stream` and `device` are filled for GPU-la
 (`args.stream` / `args.device`, else the lane's `tid` / `pid`), `correlation` from
 `args.correlation` (links a launch call to its kernels; every kernel replayed by one
 `cudaGraphLaunch` shares that call's correlation), `external_id` from `args["External id"]`.
+Times are JSON numbers and args ids integers, as Kineto writes them; a string there (`"ts":
+"12.5"`, `"device": "0"`) is refused, not read as a number (lane names in `tid`/`pid`, such as
+old traces' "stream 7", are read for their trailing integer).
 
 Two readers: `load_trace` parses the whole document with orjson (fast; memory about 10x the
 JSON size) and fills the columns one field at a time for all events; with `streaming=True`
 (automatic above `STREAM_ABOVE_BYTES` on disk) it iterates `traceEvents` items with ijson (C
-backend when available) and never holds the whole document. Both pause Python's cyclic garbage
+backend when available) and never holds the whole document. A gzip file inflating past
+`STREAM_ABOVE_BYTES` is streamed too, and past `MAX_TRACE_BYTES` refused (a gzip bomb). Both pause Python's cyclic garbage
 collector while they read (a parsed trace holds no reference cycles; the collector's repeated
 scans of the growing document cost more than the parse itself) and restore it afterwards.
 Every way a file can be unreadable raises `TraceError` with one sentence saying what is wrong
@@ -52,6 +56,10 @@ WARMUP_STEPS = 1    # leading steps bubbles.analyze_run leaves out when there ar
 MAX_ABS_US = 2.0 ** 63 / 1e3          # |ts|, dur beyond this are not times (int64 ns overflow)
 STREAM_ABOVE_BYTES = 1 << 30          # plain JSON larger than this is streamed by default
 STREAM_ABOVE_GZ_BYTES = 128 << 20      # gzip files larger than this are streamed by default
+# A gzip file is decompressed whole up to STREAM_ABOVE_BYTES (beyond it, the automatic reader
+# streams it; an explicit whole read refuses it), and never beyond MAX_TRACE_BYTES: no trace
+# is that large, so a small file expanding past it is corrupt or a gzip bomb.
+MAX_TRACE_BYTES = 64 << 30
 _GZIP_MAGIC = b"\x1f\x8b"
 _TRAILING_INT = re.compile(r"(-?\d+)\s*$")
 
@@ -109,6 +117,7 @@ def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
     """
     p = _check_file(path)
     gz = _is_gzip(p)
+    explicit = streaming is not None
     if streaming is None:
         streaming = p.stat().st_size > (STREAM_ABOVE_GZ_BYTES if gz else STREAM_ABOVE_BYTES)
     # The parse allocates one dict per event and no reference cycles: the cyclic GC would only
@@ -117,7 +126,14 @@ def load_trace(path: PathLike, *, streaming: bool | None = None) -> Trace:
     with gc_paused():
         if streaming:
             return _build(p, iter_events(p), {})
-        doc = _parse_whole(p, gz)
+        try:
+            doc = _parse_whole(p, gz)
+        except _TooLarge:
+            if explicit:
+                raise TraceError(f"{p} decompresses to more than {_gib(STREAM_ABOVE_BYTES)}, "
+                                 "beyond what the whole-document reader holds; read it with "
+                                 "streaming=True.") from None
+            return _build(p, iter_events(p), {})
         if isinstance(doc, dict):
             events = doc.get("traceEvents")
             if not isinstance(events, list):
@@ -148,13 +164,17 @@ def iter_events(path: PathLike) -> Iterator[dict]:
     try:
         import ijson
     except ImportError:
-        doc = _parse_whole(p, gz)
+        try:
+            doc = _parse_whole(p, gz)
+        except _TooLarge:
+            raise TraceError(f"{p} decompresses to more than {_gib(STREAM_ABOVE_BYTES)}, and "
+                             "reading it in a stream needs the ijson package; pip install "
+                             "ijson.") from None
         events = doc.get("traceEvents") if isinstance(doc, dict) else doc
         yield from events if isinstance(events, list) else ()
         return
-    opener = gzip.open if gz else open
     try:
-        with opener(p, "rb") as f:
+        with (_BoundedGzip(p) if gz else open(p, "rb")) as f:
             yield from ijson.items(f, "traceEvents.item", use_float=True)
     except (ijson.JSONError, ijson.IncompleteJSONError) as e:
         if "integer overflow" in str(e):     # yajl parses integers as int64
@@ -169,6 +189,31 @@ def iter_events(path: PathLike) -> Iterator[dict]:
 
 
 # --------------------------------------------------------------------------- internals
+
+class _TooLarge(Exception):
+    """A gzip trace decompresses beyond STREAM_ABOVE_BYTES (the whole-document reader's bound)."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):g} GiB"
+
+
+class _BoundedGzip(gzip.GzipFile):
+    """A gzip file read in a stream that refuses to decompress beyond MAX_TRACE_BYTES."""
+
+    def __init__(self, p: Path):
+        super().__init__(p, "rb")
+        self._path, self._out = p, 0
+
+    def read(self, size=-1):
+        data = super().read(size)
+        self._out += len(data)
+        if self._out > MAX_TRACE_BYTES:
+            raise TraceError(f"{self._path} decompresses to more than "
+                             f"{_gib(MAX_TRACE_BYTES)} (MAX_TRACE_BYTES); no trace is that "
+                             "large: the file is corrupt or a gzip bomb, re-export the trace.")
+        return data
+
 
 def _short(e: BaseException) -> str:
     s = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -193,15 +238,19 @@ def _is_gzip(p: Path) -> bool:
 
 
 def _parse_whole(p: Path, gz: bool) -> Any:
-    raw = p.read_bytes()
     if gz:
         try:
-            raw = gzip.decompress(raw)
+            with gzip.open(p, "rb") as f:      # at most one byte past the bound in memory
+                raw = f.read(STREAM_ABOVE_BYTES + 1)
         except (EOFError, OSError, zlib.error) as e:
             raise TraceError(f"{p} is not a readable gzip file (corrupt or truncated: "
                              f"{_short(e)}); re-export the trace from the profiler.") from None
         if not raw:
             raise TraceError(f"{p} decompresses to nothing; re-export the trace.")
+        if len(raw) > STREAM_ABOVE_BYTES:
+            raise _TooLarge
+    else:
+        raw = p.read_bytes()
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -227,15 +276,26 @@ def _as_int(v: Any) -> int:
 
 
 def _as_float(v: Any, what: str, idx: int, p: Path) -> float:
+    """A time as Kineto writes it: a JSON number (a string, even "12.5", is refused: a trace
+    whose times are text was not written by a profiler)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            pass
-    raise TraceError(f"{p} event #{idx} has a non-numeric {what} ({v!r}); the file is not a "
-                     "well-formed Kineto trace, re-export it.")
+    kind = "a string" if isinstance(v, str) else f"{type(v).__name__}"
+    raise TraceError(f"{p} event #{idx} has a {what} that is {kind}, not a number ({v!r}); the "
+                     "file is not a well-formed Kineto trace, re-export it.")
+
+
+def _arg_id(v: Any, what: str, idx: int, p: Path) -> int:
+    """An id in an event's args (stream, device, correlation, External id): Kineto writes
+    integers; absent (None) is -1, anything else (a string, a bool, 1.5) is refused."""
+    if v is None:
+        return -1
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise TraceError(f"{p} event #{idx} has args.{what} = {v!r} ({type(v).__name__}), not an "
+                     "integer id; the file is not a well-formed Kineto trace, re-export it.")
 
 
 class _NotSimple(Exception):
@@ -255,6 +315,14 @@ def _ints(vals: Sequence[Any]) -> np.ndarray:
         except OverflowError:
             pass
     return np.array([_as_int(v) for v in vals], dtype=np.int64)
+
+
+def _ids(vals: Sequence[Any]) -> np.ndarray:
+    """int64 column of args ids, plain ints only; anything else goes to the per-event reader
+    (which reads integral floats and refuses the rest)."""
+    if not set(map(type, vals)) <= _INT:
+        raise _NotSimple
+    return np.fromiter(vals, dtype=np.int64, count=len(vals))
 
 
 def _floats(vals: Sequence[Any]) -> np.ndarray:
@@ -348,7 +416,7 @@ def _build_columns(p: Path, events: list, meta: dict[str, Any]) -> Trace:
         args = [a if isinstance(a, dict) else _EMPTY for a in args]
         corr = [a.get("correlation", -1) for a in args]
         ext = [a.get("External id", -1) for a in args]
-    corr, ext = _ints(corr), _ints(ext)
+    corr, ext = _ids(corr), _ids(ext)
     lane = np.isin(cat, [code for c, code in cat_codes.items() if c in GPU_LANE_CATS])
     stream = np.full(n, -1, dtype=np.int64)
     device = np.full(n, -1, dtype=np.int64)
@@ -360,7 +428,7 @@ def _build_columns(p: Path, events: list, meta: dict[str, Any]) -> Trace:
             if None in v:
                 missing = np.fromiter((x is None for x in v), dtype=bool, count=len(v))
                 v = [0 if x is None else x for x in v]
-            vals = _ints(v)
+            vals = _ids(v)
             if missing is not None:
                 vals[missing] = fallback[lane][missing]
             col[lane] = vals
@@ -405,14 +473,14 @@ def _build_loop(p: Path, events: Iterable[Any], meta: dict[str, Any]) -> Trace:
             tid.append(_as_int(e.get("tid")))
             if c in gpu_lane:
                 s = args.get("stream")
-                stream.append(_as_int(s) if s is not None else tid[-1])
+                stream.append(_arg_id(s, "stream", idx, p) if s is not None else tid[-1])
                 dv = args.get("device")
-                device.append(_as_int(dv) if dv is not None else pid[-1])
+                device.append(_arg_id(dv, "device", idx, p) if dv is not None else pid[-1])
             else:
                 stream.append(-1)
                 device.append(-1)
-            corr.append(_as_int(args.get("correlation", -1)))
-            ext.append(_as_int(args.get("External id", -1)))
+            corr.append(_arg_id(args.get("correlation", -1), "correlation", idx, p))
+            ext.append(_arg_id(args.get("External id", -1), "External id", idx, p))
     except OverflowError:  # array('q') refuses it
         raise TraceError(f"{p} event #{idx} holds an integer beyond int64 (a stream, device, "
                          "pid, tid, correlation or External id); the file is corrupt, re-export "

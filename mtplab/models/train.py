@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..atomic import atomic_path, atomic_write_text
 from ..provenance import git_commit
 from .corpus import Corpus, load_corpus, token_counts
 from .drafts import EagleDraft, FrozenKVAssistant
@@ -377,8 +378,9 @@ def evaluate(target, asst, eagle, stream: torch.Tensor, cfg: TrainConfig, dev) -
 def _save_state(module: torch.nn.Module, directory: Path, config: dict, dtype) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in module.state_dict().items()}
-    save_file(sd, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    with atomic_path(directory / "model.safetensors") as tmp:
+        save_file(sd, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True))
 
 
 def write_token_counts(out: Path, corpus: Corpus, vocab: int) -> None:
@@ -387,7 +389,7 @@ def write_token_counts(out: Path, corpus: Corpus, vocab: int) -> None:
     doc = {"split": "train", "python_version": corpus.python_version,
            "train_tokens": int(corpus.train.numel()),
            "counts": token_counts(corpus.train, vocab)}
-    (out / "token_counts.json").write_text(json.dumps(doc))
+    atomic_write_text(out / "token_counts.json", json.dumps(doc))
 
 
 def tokenizer_description(vocab: int) -> dict:
@@ -431,7 +433,8 @@ def run(cfg: TrainConfig) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tokenizer.json").write_text(json.dumps(tokenizer_description(cfg.vocab), indent=2))
+    atomic_write_text(out / "tokenizer.json",
+                      json.dumps(tokenizer_description(cfg.vocab), indent=2))
     dtype = getattr(torch, cfg.save_dtype)
     corpus: Corpus = load_corpus(cfg.corpus_root, max_files=cfg.max_files)
     write_token_counts(out, corpus, cfg.vocab)
@@ -446,7 +449,7 @@ def run(cfg: TrainConfig) -> dict:
         stages[name], models[name] = res, module
         timings[f"{name}_s"] = res.seconds
         save()
-        (out / "manifest.json").write_text(json.dumps(
+        atomic_write_text(out / "manifest.json", json.dumps(
             _manifest(cfg, corpus, dev, stages, models, None, timings), indent=1))
 
     tcfg = cfg.target_config()
@@ -485,7 +488,7 @@ def run(cfg: TrainConfig) -> dict:
     timings["eval_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
     manifest = _manifest(cfg, corpus, dev, stages, models, heldout, timings)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=1))
     print(json.dumps({"heldout": heldout, "timings": manifest["timings"]}), flush=True)
     return manifest
 

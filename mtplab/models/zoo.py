@@ -45,6 +45,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file
 
+from ..draft_kinds import DRAFT_KINDS
 from ..nogc import import_on_bare_thread
 from .drafts import AssistantConfig, last_layer_of_type
 from .llama import LlamaForCausalLM
@@ -319,19 +320,32 @@ def token_counts(target: LlamaForCausalLM) -> torch.Tensor | None:
     return torch.tensor(json.loads(f.read_text())["counts"], dtype=torch.long)
 
 
-def trained_draft_dir(target: LlamaForCausalLM, sub: str) -> Path | None:
-    """The shipped weights of draft `sub` (e.g. "assistant", "eagle") when the target was
-    built from a trained preset (its `trained_dir` mark), else None (random init). A trained
+def shipped_draft(trained: Path | None, kind: str) -> Path | None:
+    """The folder of draft `kind`'s shipped weights in the trained preset folder `trained`
+    (<preset>/<DraftSpec.weights>/), None for a random preset (`trained` None). A trained
     preset that ships no such draft is one clear error."""
-    trained = getattr(target, "trained_dir", None)
     if trained is None:
         return None
-    d = trained / sub
+    d = trained / DRAFT_KINDS[kind].weights
     if not (d / "model.safetensors").is_file():
-        raise ValueError(f"the trained preset in {trained} ships no {sub!r} draft ({d} has no "
-                         f"model.safetensors); train it (python -m mtplab.models.train) or "
-                         "pick a draft the preset ships.")
+        shipped = [k for k, s in DRAFT_KINDS.items()
+                   if (trained / s.weights / "model.safetensors").is_file()]
+        raise ValueError(f"the trained preset in {trained} ships no {kind!r} draft ({d} has no "
+                         f"model.safetensors); pick a draft it ships ({shipped}) or train one "
+                         "(python -m mtplab.models.train)")
     return d
+
+
+def check_draft_shipped(name: str, kind: str) -> None:
+    """Model `name` can run draft `kind`: a random preset builds any, a trained preset only
+    the kinds it ships (RunConfig checks this before an engine is built)."""
+    shipped_draft(_trained_dir(name), kind)
+
+
+def trained_draft_dir(target: LlamaForCausalLM, kind: str) -> Path | None:
+    """The shipped weights of draft `kind` when the target was built from a trained preset
+    (its `trained_dir` mark), else None (random init): `shipped_draft`."""
+    return shipped_draft(getattr(target, "trained_dir", None), kind)
 
 
 def build_draft(target: LlamaForCausalLM, make: Callable[[], torch.nn.Module], seed: int,

@@ -61,6 +61,13 @@ ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", 
                       "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
                       "dual_chunk_flash_attn", "hpc_ops", "aiter", "wave", "intel_amx", "ascend",
                       "intel_xpu")
+# Server flags the adapter owns whether or not this launch sets them (the server's identity,
+# the speculation and the loop); with every flag a launch does set, --extra-args may not
+# repeat them (SGLang's argparse keeps the last: the run would not be what mtplab reports).
+OWNED_FLAGS = ("--model-path", "--host", "--port", "--speculative-algorithm",
+               "--speculative-draft-model-path", "--speculative-num-steps",
+               "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+               "--speculative-token-map", "--disable-overlap-schedule")
 # Draft architectures SGLang's Frozen-KV worker runs (models/gemma4_mtp.py's EntryClass).
 FROZEN_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 
@@ -195,7 +202,11 @@ def _architectures(path: str, what: str) -> list:
 
 
 def check_model_dirs(cfg: RunConfig, spec: ServerSpec) -> None:
-    """The target and draft directories, before a server starts (see the module docstring)."""
+    """The target and draft directories and the token map file, before a server starts (see
+    the module docstring)."""
+    if spec.token_map is not None and not Path(spec.token_map).is_file():
+        raise ConfigError(f"token_map {spec.token_map} is not a file; write one with "
+                          "mtplab.sglang.models.write_token_map and pass its path.")
     _architectures(spec.model_path, "model_path")
     if not cfg.speculative or spec.draft_model_path is None:
         return
@@ -257,5 +268,17 @@ def server_launch(cfg: RunConfig, spec: ServerSpec) -> ServerLaunch:
         a += ["--context-length", str(spec.context_len)]
     if spec.max_total_tokens is not None:
         a += ["--max-total-tokens", str(spec.max_total_tokens)]
+    _refuse_owned(spec.extra_args, {w for w in a if w.startswith("--")} | set(OWNED_FLAGS))
     a += list(spec.extra_args)
     return ServerLaunch(argv=tuple(a), env=env)
+
+
+def _refuse_owned(extra: tuple, owned: set) -> None:
+    """ConfigError when extra_args sets a flag the adapter sets (or owns): `--port 1` and
+    `--port=1` alike."""
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if flag in owned:
+            raise ConfigError(f"extra_args sets {flag}, which the adapter sets itself from "
+                              "mtplab's own flags (--model, --port, --draft-model, the RunConfig "
+                              "knobs); set it there, not in extra_args.")

@@ -195,15 +195,15 @@ def launch(args) -> int:
     run_name = args.run_name or time.strftime("sglang-%Y%m%d-%H%M%S")
     check_run_name(run_name)
     out = check_out_dir(Path(args.trace_dir or "traces") / run_name, "--trace-dir/--run-name")
+    if shutil.which(args.python) is None:
+        raise ConfigError(f"--python {args.python} is not an executable; pass the python that "
+                          "has sglang installed.")
+    client.check_port_free(spec.host, spec.port)      # a dry run says so too
     if args.dry_run:
         for k, v in sorted(sl.env.items()):
             print(f"export {k}={v}")
         print(sl.shell_line(args.python))
         return 0
-    if shutil.which(args.python) is None:
-        raise ConfigError(f"--python {args.python} is not an executable; pass the python that "
-                          "has sglang installed.")
-    client.check_port_free(spec.host, spec.port)
     base = f"http://{spec.host}:{spec.port}"
     rng = np.random.default_rng(cfg.seed)
     prompts = rng.integers(VOCAB_FLOOR, args.vocab, size=(args.prompts, args.prompt_len)).tolist()

@@ -93,11 +93,9 @@ def generate_one(base_url: str, input_ids: Sequence[int], max_new_tokens: int,
                 body = line[5:].strip()
                 if body == "[DONE]":
                     break
-                chunk = json.loads(body)
-                meta = chunk.get("meta_info", {})
+                meta, out = _chunk(json.loads(body), base_url, meta, out)
                 times.append(time.perf_counter())
-                counts.append(int(meta.get("completion_tokens", 0)))
-                out = chunk.get("output_ids", out)
+                counts.append(meta["completion_tokens"])
     except (OSError, http.client.HTTPException, ValueError) as e:   # URLError is an OSError
         raise ServerError(f"{base_url}/generate failed: {type(e).__name__}: {e}") from None
     if not times:
@@ -105,6 +103,36 @@ def generate_one(base_url: str, input_ids: Sequence[int], max_new_tokens: int,
     return RequestStats(tokens=counts[-1], e2e_s=times[-1] - t0, ttft_s=times[0] - t0,
                         itl_s=chunk_itl(times, counts),
                         verify_ct=meta.get("spec_verify_ct"), output_ids=list(out))
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _chunk(chunk, base_url: str, meta: dict, out: list) -> tuple[dict, list]:
+    """(meta_info, output_ids) of one streamed /generate chunk, checked against SGLang's shape:
+    an object; meta_info an object with completion_tokens and spec_verify_ct counts (a count
+    absent: the previous chunk's, 0 at first); output_ids a list of token ids (absent: the
+    previous chunk's). Anything else is one ServerError sentence naming what was wrong."""
+    def bad(what: str) -> ServerError:
+        return ServerError(f"{base_url}/generate streamed a chunk that is not SGLang's: "
+                           f"{what}; is an SGLang server listening there?")
+
+    if not isinstance(chunk, dict):
+        kind = "null" if chunk is None else type(chunk).__name__
+        raise bad(f"a JSON {kind} where an object belongs ({str(chunk)[:60]})")
+    m = chunk.get("meta_info", {})
+    if not isinstance(m, dict):
+        raise bad(f"meta_info is {m!r}, not an object")
+    meta = {"completion_tokens": m.get("completion_tokens", meta.get("completion_tokens", 0)),
+            "spec_verify_ct": m.get("spec_verify_ct", meta.get("spec_verify_ct"))}
+    for key, v in meta.items():
+        if not (_is_count(v) or (v is None and key == "spec_verify_ct")):
+            raise bad(f"meta_info.{key} is {v!r}, not a count")
+    ids = chunk.get("output_ids", out)
+    if not isinstance(ids, list) or not all(_is_count(t) for t in ids):
+        raise bad(f"output_ids is {str(ids)[:60]}, not a list of token ids")
+    return meta, ids
 
 
 def chunk_itl(times: Sequence[float], counts: Sequence[int]) -> list[float]:

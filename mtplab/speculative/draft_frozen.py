@@ -105,7 +105,7 @@ Worker = FrozenDraftWorker
 def build(target, seed: int = 0) -> FrozenKVAssistant:
     """The assistant of `target`: one layer per attention type (zoo.assistant_config), or the
     trained preset's shipped assistant with the shapes of its config.json."""
-    trained = trained_draft_dir(target, "assistant")
+    trained = trained_draft_dir(target, "frozen_kv_mtp")
     acfg = assistant_config(target.config) if trained is None else AssistantConfig.read(trained)
     return build_draft(target, lambda: FrozenKVAssistant(acfg, target), seed + 1, trained)
 

@@ -32,7 +32,6 @@ from ..models.zoo import build_draft, trained_draft_dir
 from .draft_frozen import FrozenDraftWorker
 
 LAYERS = 4          # layers 0..2 read the target's layer n-2, layer 3 reads n-1
-SUBDIR = "gemma4_assistant"
 
 
 def gemma4_config(tcfg: LlamaConfig) -> AssistantConfig:
@@ -80,7 +79,7 @@ Worker = FrozenDraftWorker
 
 
 def build(target, seed: int = 0) -> Gemma4Assistant:
-    trained = trained_draft_dir(target, SUBDIR)
+    trained = trained_draft_dir(target, "gemma4_assistant")
     acfg = gemma4_config(target.config) if trained is None else AssistantConfig.read(trained)
     return build_draft(target, lambda: Gemma4Assistant(acfg, target), seed + 3, trained)
 

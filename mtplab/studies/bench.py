@@ -112,12 +112,12 @@ def _axes(doc: dict, quick: bool) -> set:
 def grid_doc(group: str) -> dict:
     """The grid file of a group name (mtplab/studies/<question>/<group>.yaml) or a path."""
     from ..errors import ConfigError
-    from ..sweep.grid import load_yaml
+    from ..yamlfile import read_yaml
     path = (Path(group) if group.endswith((".yaml", ".yml"))
             else STUDIES / GROUPS.get(group, "-") / f"{group}.yaml")
     if not path.is_file():
         raise ConfigError(f"no bench group {group!r}: use one of {list(GROUPS)} or a grid file.")
-    doc = load_yaml(path.read_text(), f"grid file {path}") or {}
+    doc = read_yaml(path, f"grid file {path}")
     if not isinstance(doc, dict) or not doc.get("arms"):
         raise ConfigError(f"{path} has no `arms`: a bench group compares arms side by side.")
     for d in (doc, doc.get("quick") or {}):
@@ -189,12 +189,13 @@ def parse_only(items: list[str]) -> dict:
     """`--only layers=4,16 batch_size=8` -> {"layers": [4, 16], "batch_size": [8]} (values
     read as YAML scalars: null, numbers, booleans, strings)."""
     from ..errors import ConfigError
+    from ..yamlfile import load_yaml
     out: dict = {}
     for it in items:
         k, eq, v = it.partition("=")
         if not eq or not k or not v:
             raise ConfigError(f"--only {it!r}: write AXIS=VALUE[,VALUE...], e.g. layers=4,16.")
-        out[k] = [yaml.safe_load(x) for x in v.split(",")]
+        out[k] = [load_yaml(x, f"--only {it!r}", empty_ok=True) for x in v.split(",")]
     return out
 
 

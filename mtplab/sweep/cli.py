@@ -4,17 +4,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_bytes
 from ..errors import ConfigError
 from ..flags import FlagParser, out_dir, positive_int, positive_number
 from ..validate import check_out_dir
+from ..yamlfile import load_yaml
 from .executors import DaskExecutor, LocalExecutor, visible_gpus
-from .grid import Cell, load_grid, load_yaml
+from .grid import Cell, load_grid
 from .lock import OutDirLocked, hold_out_dir
 from .results import RESULTS_JSONL, RESULTS_PARQUET, BadJournal, last_records
 from .runner import run_sweep
@@ -59,7 +60,7 @@ def _overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        out[key.strip()] = load_yaml(value, f"the value of --set {item!r}")
+        out[key.strip()] = load_yaml(value, f"the value of --set {item!r}", empty_ok=True)
     return out
 
 
@@ -77,10 +78,11 @@ def _executor(args: argparse.Namespace, cells: Sequence[Cell]) -> contextlib.Abs
 
 
 def _copy_grid(src: str, dest: Path) -> None:
-    """Keep the grid file beside the results (re-running from that copy is fine)."""
+    """Keep the grid file beside the results (re-running from that copy is fine), written
+    atomically: a link at `dest` is replaced, never written through."""
     if dest.exists() and os.path.samefile(src, dest):
         return
-    shutil.copyfile(src, dest)
+    atomic_write_bytes(dest, Path(src).read_bytes())
 
 
 def main_sweep(argv: list[str] | None = None) -> int:

@@ -38,11 +38,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..validate import check_fields, check_finite, check_min, is_real
+from ..yamlfile import read_yaml
 
 GRID_KEYS = ("out", "timeout_s", "base", "arms", "grid", "exclude")
 # The most cells one grid file may expand to (axes' product x arms), checked before expanding.
@@ -171,66 +170,9 @@ class Grid:
 
 
 def load_grid(path: str | Path, overrides: dict[str, Any] | None = None) -> Grid:
-    """Read a grid file; `overrides` (e.g. from `--set key=value`) update `base`."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read grid file {path}: {e.strerror or e}.") from None
-    return grid_from_dict(load_yaml(text, f"grid file {path}") or {}, overrides)
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps
-    the last one silently: `page_size` twice, or two `base:` blocks, would drop settings)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line
-                try:
-                    if key in seen:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"key {key!r} is given twice in one mapping (first on "
-                            f"line {seen[key] + 1}); keep one", key_node.start_mark)
-                    seen[key] = line
-                except TypeError:              # unhashable: PyYAML's own error follows
-                    continue
-        return super().construct_mapping(node, deep)
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """YAML as grid files use it: duplicate keys and self-containing aliases are refused,
-    each with one ConfigError sentence naming `where`."""
-    try:
-        doc = yaml.load(text, Loader=_StrictLoader)   # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise ConfigError(f"cannot read {where}: {yaml_problem(e)}; fix the YAML.") from None
-    _refuse_cycles(doc, where, "", [])
-    return doc
-
-
-def _refuse_cycles(obj: Any, where: str, at: str, open_ids: list[int]) -> None:
-    """An alias inside the node it names (`a: &x [*x]`) makes a structure that contains
-    itself; no setting can hold one."""
-    if not isinstance(obj, (dict, list)):
-        return
-    if id(obj) in open_ids:
-        raise ConfigError(f"cannot read {where}: the alias at {at or 'the top'} refers to a "
-                          "node that contains it; give the value itself.")
-    open_ids.append(id(obj))
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-    for k, v in items:
-        _refuse_cycles(v, where, f"{at}.{k}" if at else str(k), open_ids)
-    open_ids.pop()
-
-
-def yaml_problem(e: yaml.YAMLError) -> str:
-    """A YAML error on one line: the problem and where (the parser's text spans lines)."""
-    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
-        return (f"{e.problem or e.context} (line {e.problem_mark.line + 1}, "
-                f"column {e.problem_mark.column + 1})")
-    return " ".join(str(e).split())
+    """Read a grid file (yamlfile.read_yaml: one safe loader, one sentence per problem);
+    `overrides` (e.g. from `--set key=value`) update `base`."""
+    return grid_from_dict(read_yaml(path, f"grid file {path}"), overrides)
 
 
 def grid_from_dict(doc: dict[str, Any], overrides: dict[str, Any] | None = None) -> Grid:

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..atomic import atomic_write_text
+
 KERNEL_NAME = "mtplab-python"
 
 
@@ -20,7 +22,7 @@ def local_kernel(root: str | Path, name: str = KERNEL_NAME,
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": f"mtplab ({sys.executable})", "language": "python",
             "metadata": {"debugger": False}}
-    (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    atomic_write_text(spec_dir / "kernel.json", json.dumps(spec, indent=1))
     env = dict(os.environ if env is None else env)
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(Path(root).resolve()),
                                                       env.get("JUPYTER_PATH", "")) if p)

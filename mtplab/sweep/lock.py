@@ -40,7 +40,7 @@ class OutDirLocked(RuntimeError):
 def hold_out_dir(out: str | Path) -> Iterator[str]:
     """Hold `<out>/.lock` exclusively; yield this driver's token. Raise OutDirLocked at once
     (no waiting) when another process holds it."""
-    path = (Path(out) / LOCK_NAME).resolve()
+    path = Path(out).resolve() / LOCK_NAME        # the lock file itself: never a link's target
     if path in _held:
         fd, token, depth = _held[path]
         _held[path] = (fd, token, depth + 1)
@@ -51,7 +51,10 @@ def hold_out_dir(out: str | Path) -> Iterator[str]:
             _held[path] = (fd, token, depth - 1)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if path.is_symlink():          # the holder's info would be written where the link points
+        raise OutDirLocked(f"{path} is a symbolic link; the sweep writes its lock file in "
+                           "place, never through a link: remove the link.")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

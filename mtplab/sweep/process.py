@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..atomic import atomic_write_text
+from ..atomic import atomic_write_text, open_in_place
 from .lock import driver_alive
 
 POLL_S = 1.0          # how often a Dask-run cell checks that its driver is still there
@@ -109,7 +109,7 @@ def run_process(argv: list[str], log: Path, timeout_s: float, env: dict[str, str
     `alive()` turned False). Its stdin is a pipe held open here until it ends: the child's
     watchdog sees EOF when this process dies."""
     deadline = time.monotonic() + timeout_s
-    with open(log, "wb") as f:
+    with open_in_place(log, "wb") as f:
         p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                              env=env, start_new_session=True)
         try:

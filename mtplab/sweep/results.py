@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..atomic import atomic_path, atomic_write_bytes
+from ..atomic import atomic_path, atomic_write_bytes, open_in_place
 from ..fmt import readable
 from .metrics import meter_name
 
@@ -47,14 +47,14 @@ def set_aside_torn_tail(path: Path) -> Path | None:
     except ValueError:
         whole = False
     if whole:                                   # killed between the record and its newline
-        with open(path, "ab") as f:
+        with open_in_place(path, "ab") as f:
             f.write(b"\n")
             f.flush()
             os.fsync(f.fileno())
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     dest = atomic_write_bytes(path.with_name(f"{path.name}.torn-{stamp}"), tail)
-    with open(path, "rb+") as f:
+    with open_in_place(path, "rb+") as f:
         f.truncate(cut)
         os.fsync(f.fileno())
     logger.warning("%s ended in a torn line (%d bytes, a write cut short by a kill); set aside "
@@ -65,7 +65,7 @@ def set_aside_torn_tail(path: Path) -> Path | None:
 def append_record(path: Path, row: dict[str, Any]) -> None:
     """Append one JSON line and make it durable (flush + fsync) before returning."""
     line = json.dumps(row, default=str)
-    with open(path, "a", encoding="utf-8") as f:
+    with open_in_place(path, "a") as f:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -81,7 +81,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     BadJournal: it was not written by a sweep, and guessing would skip or re-run cells."""
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadJournal(f"{path} is not a text file (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start} is not UTF-8), so it is no sweep's journal; move it "
+                         "away, or use another out folder.") from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()                             # the torn tail: set_aside_torn_tail's

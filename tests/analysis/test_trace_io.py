@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -78,6 +79,14 @@ BAD = {
     "item_not_object": b'{"traceEvents": [1, 2, 3]}',
     "bad_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}',
     "scalar": b"42",
+    "string_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "12.5", '
+                 b'"dur": 1}]}',
+    "string_device": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, '
+                     b'"tid": 7, "ts": 1, "dur": 1, "args": {"device": "0", "stream": 7}}]}',
+    "string_stream": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, '
+                     b'"tid": 7, "ts": 1, "dur": 1, "args": {"device": 0, "stream": "7"}}]}',
+    "string_correlation": b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "k", "pid": 0, '
+                          b'"tid": 7, "ts": 1, "dur": 1, "args": {"correlation": "5"}}]}',
 }
 
 
@@ -158,3 +167,28 @@ def test_a_negative_duration_is_refused_in_one_line(tmp_path, streaming):
         load_trace(p, streaming=streaming)
     msg = str(e.value)
     assert str(p) in msg and "1 events with a negative duration" in msg and "\n" not in msg
+
+
+def _bomb(tmp_path, payload: int) -> Path:
+    """A valid trace padded with `payload` bytes of whitespace: tiny on disk, large inflated."""
+    event = b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1}'
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": [' + event + b" " * payload + b"]}", 9))
+    return p
+
+
+def test_a_gzip_bomb_is_refused_naming_the_bound(tmp_path, monkeypatch):
+    from mtplab.analysis import trace_io
+    monkeypatch.setattr(trace_io, "STREAM_ABOVE_BYTES", 1 << 20)
+    monkeypatch.setattr(trace_io, "MAX_TRACE_BYTES", 4 << 20)
+    big = _bomb(tmp_path, 2 << 20)           # past the whole-read bound, within the stream's
+    assert big.stat().st_size < 64 << 10
+    assert len(load_trace(big)) == 1                            # automatic: streamed
+    with pytest.raises(TraceError, match=r"decompresses to more than 0.000976562 GiB, beyond "
+                                         r"what the whole-document reader holds"):
+        load_trace(big, streaming=False)
+    bomb = _bomb(tmp_path, 8 << 20)
+    for streaming in (None, True):
+        with pytest.raises(TraceError, match=r"decompresses to more than 0.00390625 GiB "
+                                             r"\(MAX_TRACE_BYTES\).*gzip bomb"):
+            load_trace(bomb, streaming=streaming)

@@ -446,6 +446,15 @@ def _frozen_dirs(tmp_path):
 LAUNCH_REFUSALS = [   # (argv after launch; {t}/{d} = target/draft dirs, {file} a file; message)
     (["--extra-args", "--foo 'x"], "--extra-args: \"--foo 'x\" is not a shell-quoted list"),
     (["--python", "/nonexistent"], "--python /nonexistent is not an executable"),
+    (["--python", "{file}"], "--python {file} is not an executable"),
+    (["--extra-args", "--host 0.0.0.0"], "--extra-args sets --host, which the adapter sets"),
+    (["--extra-args=--port=31000"], "--extra-args sets --port, which the adapter sets"),
+    (["--extra-args", "--mem-fraction-static 0.5 --model-path /x"],
+     "--extra-args sets --model-path, which the adapter sets"),
+    (["--extra-args", "--page-size 64"], "--extra-args sets --page-size, which the adapter"),
+    (["--extra-args", "--speculative-algorithm EAGLE"], "--extra-args sets --speculative-algo"),
+    (["--draft", "eagle", "--draft-model", "{d}", "--draft-vocab", "hot:64", "--token-map",
+      "{file}.missing"], "--token-map {file}.missing is not a file"),
     (["--vocab", "5"], "--vocab: must be above 10"),
     (["--prompt-len", "-3"], "--prompt-len: must be a positive integer"),
     (["--trace-dir", "{file}"], "is a file, not a folder"),
@@ -471,8 +480,6 @@ LAUNCH_REFUSALS = [   # (argv after launch; {t}/{d} = target/draft dirs, {file} 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
 def test_launch_refusals_are_one_line_and_make_nothing(tmp_path, capsys, model_dirs, argv,
                                                        message, dry):
-    if dry and argv[0] == "--python":
-        pytest.skip("a dry run prints the command for any python")
     afile = tmp_path / "afile"
     afile.write_text("x")
     fill = dict(t=model_dirs[0], d=model_dirs[1], file=str(afile))
@@ -484,6 +491,19 @@ def test_launch_refusals_are_one_line_and_make_nothing(tmp_path, capsys, model_d
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message.format(**fill) in err, err
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
+def test_a_port_something_listens_on_is_refused(model_dirs, capsys, dry):
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        so.listen()
+        port = so.getsockname()[1]
+        argv = ["launch", "--model", model_dirs[0], "--port", str(port)]
+        assert main_sglang(argv + (["--dry-run"] if dry else [])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"port {port} on 127.0.0.1 is already in use" in err, err
 
 
 def test_frozen_and_eagle_drafts_are_checked_against_their_directory(tmp_path, capsys):

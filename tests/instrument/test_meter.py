@@ -263,8 +263,10 @@ def test_planted_host_delay_rises_the_bubble_cpu(overlap, tmp_path):
     eng.check_invariants()
     # every step after a hook call holds the whole sleep (CPU: nothing runs while it sleeps)
     assert (slept["bubble_us"] >= d_ms * 1e3).all(), slept
+    # the rise over the undelayed run, within that run's own spread (a busy host's jitter)
     rise = slept["bubble_us"].median() - base["bubble_us"].median()
-    assert d_ms * 1e3 * 0.95 <= rise <= d_ms * 1e3 + 20e3, rise
+    jitter = base["bubble_us"].max() - base["bubble_us"].min()
+    assert d_ms * 1e3 * 0.95 - jitter <= rise <= d_ms * 1e3 + 20e3 + jitter, (rise, jitter)
     st = eng.stats()
     assert st["bubble_us_per_step"] >= d_ms * 1e3 and 0 < st["bubble_frac"] < 1
     written = eng.finish()

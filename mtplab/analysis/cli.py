@@ -371,6 +371,10 @@ def wall_line(sm: dict[str, Any]) -> str:
     """The summary's wall / busy / bubble line, printed alike by `analyze` and `plot`."""
     u, sc = time_unit([sm["wall_us"]])
     frac = sm["bubble_frac"]
+    if sm.get("device") is None:     # a CPU trace: busy is the host's time inside ops
+        share = sm["busy_us"] / sm["wall_us"] if sm["wall_us"] > 0 else float("nan")
+        return (f"wall    {_t(sm['wall_us'], sc)} {u}   host in ops {_t(sm['busy_us'], sc)} {u} "
+                f"({'n/a' if math.isnan(share) else f'{share:.1%}'})   no GPU: no device bubbles")
     return (f"wall    {_t(sm['wall_us'], sc)} {u}   busy {_t(sm['busy_us'], sc)} {u}   bubble "
             f"{_t(sm['bubble_us'], sc)} {u} ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
             f"in {sm['n_gaps']} gaps")
@@ -392,8 +396,10 @@ def format_report(res: "Analysis", path: Path, max_rows: int = 20,
     lines = [f"trace   {path}",
              f"steps   {sm['n_steps']} from {sm['step_source']}{skipped}"
              + (f", device {sm['device']}" if sm["device"] is not None else ""),
-             wall_line(sm),
-             "causes  " + "   ".join(f"{c} {_t(us, sc)} {u}" for c, us in cause_split(sm).items())]
+             wall_line(sm)]
+    if sm["device"] is not None:         # a CPU trace has no bubble to split
+        lines.append("causes  " + "   ".join(f"{c} {_t(us, sc)} {u}"
+                                            for c, us in cause_split(sm).items()))
     st = res.steps
     if len(st):
         rows = st.head(max_rows)

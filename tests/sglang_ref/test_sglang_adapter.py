@@ -355,6 +355,26 @@ def test_llama_eagle_config_only_dirs(tmp_path, capsys):
     assert (c.hidden_size, c.num_key_value_heads, c.vocab_size) == (1024, 4, 32000)
 
 
+def test_models_and_run_take_both_depth_spellings(tmp_path, capsys):
+    """`--model X@N` and `--model X --layers N` name one model in `sglang models` and in
+    `mtplab run` alike; two different depths are one error."""
+    for argv in (["--model", "llama3-8b-like@2"], ["--model", "llama3-8b-like", "--layers", "2"]):
+        out = tmp_path / "_".join(argv).replace("@", "-")
+        assert main_sglang(["models", "--out", str(out), *argv]) == 0, capsys.readouterr().err
+        t = json.loads((out / "target" / "config.json").read_text())
+        assert t["num_hidden_layers"] == 2
+    assert RunConfig(model="llama3-8b-like@2", device="cpu").model == "llama3-8b-like@2"
+    assert RunConfig(model="llama3-8b-like", layers=2, device="cpu").model == "llama3-8b-like@2"
+    assert RunConfig(model="llama3-8b-like@2", layers=2, device="cpu").model == "llama3-8b-like@2"
+    with pytest.raises(ConfigError, match="names 6 layers and layers=2"):
+        RunConfig(model="llama3-8b-like@6", layers=2, device="cpu")
+    capsys.readouterr()
+    assert main_sglang(["models", "--out", str(tmp_path / "x"), "--model", "llama3-8b-like@6",
+                        "--layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names 6 layers" in err
+
+
 # ------------------------------------------------------------------ only the server it started
 @pytest.fixture
 def stub_server():

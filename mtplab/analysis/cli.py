@@ -61,6 +61,7 @@ class _UsageError(Exception):
 # a run folder's own JSON files (mtplab run --out DIR, a sweep cell): never its trace
 RUN_JSON = ("manifest.json", "summary.json", "results.json", "whatif.json")
 METER_STAGES = "meter_stages.parquet"
+EXAMPLE_PLOT = Path("traces") / "example" / "timeline.png"     # `plot --example` without --out
 
 
 def resolve_trace(arg: str) -> Path:
@@ -133,7 +134,7 @@ def _parser_plot() -> FlagParser:
                          "the run when it has more)")
     ap.add_argument("--out", metavar="FILE", default=None,
                     help="output .png/.svg/.pdf (default: timeline.png beside the input; "
-                         "example_timeline.png here with --example)")
+                         f"{EXAMPLE_PLOT} with --example); the last line printed names it")
     ap.add_argument("--device", type=int, default=None, help="GPU index (default: busiest)")
     return ap
 
@@ -205,8 +206,10 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
     try:
         arg = Path(_input(ns.path, ns.example, "a run folder, a trace or a timeline .parquet"))
         steps = _step_range(ns.steps)
-        out = (Path(ns.out) if ns.out else Path("example_timeline.png") if ns.example
+        out = (Path(ns.out) if ns.out else EXAMPLE_PLOT if ns.example
                else (arg if arg.is_dir() else arg.parent) / "timeline.png")
+        if out == EXAMPLE_PLOT:       # the default's own folder, made on first use
+            out.parent.mkdir(parents=True, exist_ok=True)
         check_out_file(out, "--out")
         fig = plot_source(arg, steps=steps, device=ns.device, path=out)
     except (TraceError, _UsageError, ValueError, OSError) as e:

@@ -45,11 +45,20 @@ TABLE_METRICS = ("tok_per_s", "accept_len", "bubble_frac")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+# Notebook tables show every column, unwrapped (pandas' defaults elide the middle columns of
+# a wide table and wrap its text form at 80 characters).
+TABLE_DISPLAY = {"display.max_columns": None, "display.width": None,
+                 "display.max_colwidth": 120}
+
+
 def notebook_out(out_dir: str | Path) -> Path:
     """A notebook's output folder, created: an absolute `out_dir` as given, a relative one
     under the repository root of this checkout whatever the working directory (papermill runs
     a kernel in the caller's folder unless given --cwd), or under the working directory when
-    mtplab is installed outside a checkout."""
+    mtplab is installed outside a checkout. Every notebook opens with it, so it also sets
+    pandas' display options for the notebook's tables (TABLE_DISPLAY)."""
+    for key, value in TABLE_DISPLAY.items():
+        pd.set_option(key, value)
     p = Path(out_dir).expanduser()
     if not p.is_absolute():
         root = REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()

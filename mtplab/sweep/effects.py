@@ -298,7 +298,7 @@ def plot_effects(eff: pd.DataFrame, *, path: str | Path | None = None, title: st
 
     pairs = list(dict.fromkeys(f"{a} vs {b}" for a, b in zip(eff["arm"], eff["baseline"])))
     wheres = list(dict.fromkeys(eff["where"]))
-    fig, axs = plt.subplots(1, 2, figsize=(max(7.0, 1.6 * len(wheres) * 2 + 3), 3.4),
+    fig, axs = plt.subplots(1, 2, figsize=(max(9.0, 1.6 * len(wheres) * 2 + 3), 3.6),
                             layout="constrained")
     width = 0.8 / max(1, len(pairs))
     x = np.arange(len(wheres))
@@ -321,9 +321,9 @@ def plot_effects(eff: pd.DataFrame, *, path: str | Path | None = None, title: st
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, wheres, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-    axs[0].set_title("tok/s gain; (=): within the noise, (?): one repeat, no verdict",
+    axs[0].set_title("tok/s gain\n(=): within the noise, (?): one repeat, no verdict",
                      fontsize=9)
-    axs[1].set_title("bubble change; < 0: less idle", fontsize=9)
+    axs[1].set_title("bubble change\n< 0: less idle", fontsize=9)
     axs[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     one = (eff["verdict"] == NO_VERDICT).all()
     what = (f"one repeat: no noise measured, no verdict; grey band: the ±{MIN_NOISE:.0%} floor"

@@ -110,10 +110,11 @@ def _list(cols: Cols) -> list[str]:
 
 
 def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
-         ax: Axes | None = None) -> Axes:
+         ax: Axes | None = None, empty_note: str = "") -> Axes:
     """Grouped bars: mean of `value` per `x`, one bar colour per `hue` combination. Bars and
     colours keep the rows' order (the first arm, usually the baseline, comes first); the
-    legend's title names the hue settings and its entries list their values."""
+    legend's title names the hue settings and its entries list their values. A chart with
+    no bar to draw (every mean 0 or missing) says so in the plot, with `empty_note` (why)."""
     hue = _list(hue)
     ok = ok_rows(df)
     ok = ok.assign(_hue=ok[hue].map(_text).agg(", ".join, axis=1) if hue else "all")
@@ -129,6 +130,12 @@ def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
         ax.legend(fontsize=7, title=", ".join(c.removeprefix("cfg.") for c in hue),
                   title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(f"{ax.get_ylabel()} by {x.removeprefix('cfg.')}", fontsize=9)
+    vals = table.to_numpy(dtype=float)
+    if not (np.isfinite(vals) & (vals != 0)).any():
+        what = "0" if np.isfinite(vals).any() else "not measured"
+        ax.text(0.5, 0.5, f"no bar to draw: {value} is {what} in every cell"
+                + (f"\n{empty_note}" if empty_note else ""), transform=ax.transAxes,
+                ha="center", va="center", fontsize=8, wrap=True)
     return ax
 
 

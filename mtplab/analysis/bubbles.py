@@ -17,7 +17,11 @@ Device gaps (bubbles)
 Steps
     Step spans are host `user_annotation` ranges, in this order of preference: names starting
     with `step[` (mtplab `step[decode bs=B]` / `step[prefill bs=B]`; SGLang model-runner spans
-    `step[VERIFY ...]`, `step[DRAFT_EXTEND ...]`, ... where each forward is one row), else
+    `step[DRAFT_LOOP ...]`, `step[TARGET_VERIFY ...]`, `step[DRAFT_EXTEND ...]`, one per
+    forward, grouped into decode iterations where the trace holds a draft span followed by a
+    verify: a draft loop, its verify and any draft extend after it are one step named
+    `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]`, `step_source` says so; otherwise each
+    forward is one row), else
     `ProfilerStep#N` (plain PyTorch, vLLM), else fixed windows of `window_us` (the summary's
     `step_source` says which). Nested step spans count once (the outermost).
     Each GPU activity belongs to the step whose span contains its launch call (runtime/driver
@@ -415,8 +419,66 @@ def _step_spans(tr: Trace, host: np.ndarray) -> tuple[str, list[str], np.ndarray
             if idx.size > 1:
                 outer[1:] = ts[1:] >= np.maximum.accumulate(end)[:-1]
             idx = idx[outer]
-            return source, [tr.name_of(i) for i in idx], tr.ts[idx], tr.end[idx]
+            names, ts, end = [tr.name_of(i) for i in idx], tr.ts[idx], tr.end[idx]
+            if source == "step spans":
+                grouped = _sglang_decode_steps(names, ts, end)
+                if grouped is not None:
+                    return grouped
+            return source, names, ts, end
     return "windows", [], np.zeros(0), np.zeros(0)
+
+
+_DRAFT_MODES = frozenset({"DRAFT", "DRAFT_LOOP"})
+_VERIFY_MODES = frozenset({"VERIFY", "TARGET_VERIFY"})
+_BS = re.compile(r"\bbs=(\d+)")
+
+
+def _sglang_decode_steps(names: list[str], ts: np.ndarray, end: np.ndarray
+                         ) -> tuple[str, list[str], np.ndarray, np.ndarray] | None:
+    """SGLang's forward spans grouped into decode iterations, or None when the trace holds no
+    draft span followed by a verify (then each forward stays a step).
+
+    A decode step opens at a draft span (`DRAFT` / `DRAFT_LOOP`; consecutive ones are one
+    draft loop) and takes the verify that follows and any `DRAFT_EXTEND*` after that verify;
+    a verify with no draft before it (the draft fell before the profiler's window) is a step
+    of its own, as is every other forward (prefill `EXTEND`, a target-only `DECODE`). A step
+    is named `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]` (its forwards; B the verify's
+    batch), its host span from its first forward's start to its last one's end."""
+    modes = [m.group("mode") if (m := _SGLANG_STEP.match(n)) else None for n in names]
+    pairs = any(a in _DRAFT_MODES and b in _VERIFY_MODES for a, b in zip(modes, modes[1:]))
+    if not pairs:
+        return None
+    groups: list[list[int]] = []
+    state = None         # the open group's phase: "draft", "verify", or None (no open group)
+    for i, m in enumerate(modes):
+        if m in _DRAFT_MODES:
+            if state != "draft":
+                groups.append([])
+            state = "draft"
+        elif m in _VERIFY_MODES:
+            if state != "draft":
+                groups.append([])
+            state = "verify"
+        elif m is not None and m.startswith("DRAFT_EXTEND") and state == "verify":
+            pass
+        else:
+            groups.append([])
+            state = None
+        groups[-1].append(i)
+    out_names, g0, g1 = [], [], []
+    for g in groups:
+        gm = [modes[i] for i in g]
+        if not any(m in _DRAFT_MODES or m in _VERIFY_MODES for m in gm):
+            out_names.append(names[g[0]])
+        else:
+            bs = next((b.group(1) for i in g if modes[i] in _VERIFY_MODES
+                       and (b := _BS.search(names[i]))), None) \
+                or next((b.group(1) for i in g if (b := _BS.search(names[i]))), "?")
+            out_names.append(f"step[decode bs={bs}: {'+'.join(dict.fromkeys(gm))}]")
+        g0.append(float(ts[g[0]]))
+        g1.append(float(np.max(end[g])))
+    return ("SGLang forward spans grouped into decode steps (a draft loop, its verify and "
+            "any draft extend after it: one step)", out_names, np.array(g0), np.array(g1))
 
 
 def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,

@@ -200,9 +200,13 @@ def test_sglang_spans(tmp_path):
     s.gpu(s.launch(51), 60, 10)
     s.gpu_ann("step[VERIFY bs=2]", 60, 10)
     res = analyze(s.write(tmp_path / "sgl.json"))
-    assert list(res.steps["name"]) == ["step[DRAFT_LOOP raw_bs=2 bs=2 topk=1]", "step[VERIFY bs=2]"]
+    # a draft loop and its verify are one decode step, and the source says so
+    assert list(res.steps["name"]) == ["step[decode bs=2: DRAFT_LOOP+VERIFY]"]
+    assert res.summary["step_source"].startswith("SGLang forward spans grouped into decode")
+    assert res.steps["host_start_us"].tolist() == [s.t(20)]
+    assert res.steps["host_dur_us"].tolist() == [40.0]
     (g,) = res.device_gaps.itertuples()
-    assert (g.step, g.cause, g.before, g.after) == (1, "host_prep", "draft", "verify")
+    assert (g.step, g.cause, g.before, g.after) == (0, "host_prep", "draft", "verify")
     assert stage_of("step[DRAFT_EXTEND bs=4]") == "draft_extend"
     assert stage_of("step[decode bs=4]") is None and stage_of("draft.seed") == "draft.seed"
 

@@ -315,9 +315,31 @@ def test_sglang_span_names_map_to_stages(name, stage):
 
 
 def test_analyser_reads_sglang_step_spans(tmp_path):
+    """SGLang's forward spans become decode iterations: a draft and the verify after it are
+    one step; a verify whose draft fell before the profiler window is one alone; a trace with
+    no draft-then-verify pair keeps one step per forward."""
     res = analyze(sglang_steps_trace(tmp_path / "s.trace.json.gz"))
-    assert list(res.steps["name"]) == ["step[TARGET_VERIFY bs=2]", "step[DRAFT bs=2]",
-                                       "step[TARGET_VERIFY bs=2]"]
+    assert list(res.steps["name"]) == ["step[decode bs=2: TARGET_VERIFY]",
+                                       "step[decode bs=2: DRAFT+TARGET_VERIFY]"]
+    assert res.summary["step_source"].startswith("SGLang forward spans grouped into decode")
+    assert res.steps["host_dur_us"].tolist() == [100.0, 220.0]
+    s = Synth()
+    for k, name in enumerate(("step[EXTEND bs=2]", "step[DRAFT_LOOP raw_bs=2 bs=2 topk=1]",
+                              "step[TARGET_VERIFY bs=2]", "step[DRAFT_EXTEND_V2 bs=2]",
+                              "step[DRAFT_LOOP raw_bs=2 bs=2 topk=1]",
+                              "step[TARGET_VERIFY bs=2]")):
+        s.host(name, 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "v2.json"))
+    assert list(res.steps["name"]) == ["step[EXTEND bs=2]",
+                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY+DRAFT_EXTEND_V2]",
+                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY]"]
+    s = Synth()
+    for k in range(3):
+        s.host("step[DECODE bs=2]", 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "target.json"))
+    assert list(res.steps["name"]) == ["step[DECODE bs=2]"] * 3
     assert res.summary["step_source"] == "step spans"
 
 

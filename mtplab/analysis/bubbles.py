@@ -19,7 +19,8 @@ Steps
     with `step[` (mtplab `step[decode bs=B]` / `step[prefill bs=B]`; SGLang model-runner spans
     `step[DRAFT_LOOP ...]`, `step[TARGET_VERIFY ...]`, `step[DRAFT_EXTEND ...]`, one per
     forward, grouped into decode iterations where the trace holds a draft span followed by a
-    verify: a draft loop, its verify and any draft extend after it are one step named
+    verify (or a verify followed by a draft extend): a draft loop, its verify and any draft
+    extend after it are one step named
     `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]`, `step_source` says so; otherwise each
     forward is one row), else
     `ProfilerStep#N` (plain PyTorch, vLLM), else fixed windows of `window_us` (the summary's
@@ -436,7 +437,8 @@ _BS = re.compile(r"\bbs=(\d+)")
 def _sglang_decode_steps(names: list[str], ts: np.ndarray, end: np.ndarray
                          ) -> tuple[str, list[str], np.ndarray, np.ndarray] | None:
     """SGLang's forward spans grouped into decode iterations, or None when the trace holds no
-    draft span followed by a verify (then each forward stays a step).
+    draft span followed by a verify and no verify followed by a draft extend (then each
+    forward stays a step; 0.5.17 runs its draft forwards in a CUDA graph without a span).
 
     A decode step opens at a draft span (`DRAFT` / `DRAFT_LOOP`; consecutive ones are one
     draft loop) and takes the verify that follows and any `DRAFT_EXTEND*` after that verify;
@@ -445,7 +447,9 @@ def _sglang_decode_steps(names: list[str], ts: np.ndarray, end: np.ndarray
     is named `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]` (its forwards; B the verify's
     batch), its host span from its first forward's start to its last one's end."""
     modes = [m.group("mode") if (m := _SGLANG_STEP.match(n)) else None for n in names]
-    pairs = any(a in _DRAFT_MODES and b in _VERIFY_MODES for a, b in zip(modes, modes[1:]))
+    pairs = any((a in _DRAFT_MODES and b in _VERIFY_MODES)
+                or (a in _VERIFY_MODES and b is not None and b.startswith("DRAFT_EXTEND"))
+                for a, b in zip(modes, modes[1:]))
     if not pairs:
         return None
     groups: list[list[int]] = []

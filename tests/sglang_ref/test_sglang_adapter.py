@@ -334,6 +334,12 @@ def test_analyser_reads_sglang_step_spans(tmp_path):
     assert list(res.steps["name"]) == ["step[EXTEND bs=2]",
                                        "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY+DRAFT_EXTEND_V2]",
                                        "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY]"]
+    s = Synth()                     # 0.5.17 EAGLE: the draft runs in a graph, no span
+    for k, name in enumerate(["step[TARGET_VERIFY bs=2]", "step[DRAFT_EXTEND_V2 bs=2]"] * 2):
+        s.host(name, 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "v17.json"))
+    assert list(res.steps["name"]) == ["step[decode bs=2: TARGET_VERIFY+DRAFT_EXTEND_V2]"] * 2
     s = Synth()
     for k in range(3):
         s.host("step[DECODE bs=2]", 100.0 * k, 80.0)

@@ -2,7 +2,9 @@
 
 A text bar redraws in place in Jupyter (carriage returns in the stream output), and an
 executed notebook (papermill) keeps its last state. A widget bar (tqdm.auto in a kernel) is
-saved as its first frame ("0/6") because executed notebooks store no widget state.
+saved as its first frame ("0/6") because executed notebooks store no widget state. In a
+Jupyter kernel the bars write to stdout (a plain output; JupyterLab shows stderr as an error
+box), in a terminal to stderr as tqdm does.
 
     bar = TokenProgress(n_tokens_target=8 * 32, n_requests=8)
     bar.update(tokens_done=40, requests_done=1)     # absolute counts, any order of calls
@@ -10,9 +12,28 @@ saved as its first frame ("0/6") because executed notebooks store no widget stat
 """
 from __future__ import annotations
 
-from tqdm.std import tqdm
+import sys
+
+from tqdm.std import tqdm as _tqdm
 
 __all__ = ["TokenProgress", "tqdm"]
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's ZMQ shell)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") \
+        else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class tqdm(_tqdm):
+    """tqdm's text bar, on stdout in a Jupyter kernel (module doc), unless `file` is given."""
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("file") is None and in_kernel():
+            kwargs["file"] = sys.stdout
+        super().__init__(*args, **kwargs)
 
 
 class TokenProgress:

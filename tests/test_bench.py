@@ -82,16 +82,20 @@ def test_ratio_is_against_the_first_arm_of_the_same_grid_point():
     assert got[("1", "draft=none")][4] == "1.00x"
     assert got[("1", "draft=frozen_kv_mtp")][4] == f"{220 / 110:.2f}x"
     assert got[("8", "draft=frozen_kv_mtp")][4] == "1.00x"       # 400 vs 400, not vs bs 1
+    # the noise verdict of the notebooks: beyond the repeats' spread, or within it
+    assert got[("1", "draft=frozen_kv_mtp")][5] == "faster (±18%)"
+    assert got[("8", "draft=frozen_kv_mtp")][5] == "within the noise (±50%)"
+    assert got[("1", "draft=none")][5] == "-"                      # the baseline itself
     r = got[("8", "draft=none")]
-    assert r[2] == "2" and r[7] == "1.00"                          # n repeats; accept len 1
-    assert r[8] == "25.0 (10.0/5.0/10.0/2.0/0.0)"                  # meter bubble %; causes
-    assert r[9] == "1.500" and r[10] == "75%"                      # bound ms, achieved
-    assert r[13] == "230"                                          # kernels per decode step
-    assert r[14] == "12"                                           # kernels per decoder layer
-    assert r[15] == "3.0000"                     # (4e9 + 2e9 KV) B / 2e12 B/s, per token
-    assert r[16] == "3.000 (1.000)"              # floor per step (its KV term)
-    assert r[17] == "1.50"                       # floor / step: 3 ms / 2 ms
-    assert got[("8", "draft=frozen_kv_mtp")][18] == "1.00x"       # step / the first arm's
+    assert r[2] == "2" and r[8] == "1.00"                          # n repeats; accept len 1
+    assert r[9] == "25.0 (10.0/5.0/10.0/2.0/0.0)"                  # meter bubble %; causes
+    assert r[10] == "1.500" and r[11] == "75%"                     # bound ms, achieved
+    assert r[14] == "230"                                          # kernels per decode step
+    assert r[15] == "12"                                           # kernels per decoder layer
+    assert r[16] == "3.0000"                     # (4e9 + 2e9 KV) B / 2e12 B/s, per token
+    assert r[17] == "3.000 (1.000)"              # floor per step (its KV term)
+    assert r[18] == "1.50"                       # floor / step: 3 ms / 2 ms
+    assert got[("8", "draft=frozen_kv_mtp")][19] == "1.00x"       # step / the first arm's
 
 
 def test_an_arm_whose_settings_another_arm_extends_keeps_its_own_rows():
@@ -102,6 +106,7 @@ def test_an_arm_whose_settings_another_arm_extends_keeps_its_own_rows():
     rows = rows_of(table(pd.DataFrame(recs), doc))
     assert [(r[0], r[3]) for r in rows] == [("overlap=False", "1.00x"), ("overlap=True", "1.50x"),
                                             ("overlap=True zero_bubble=True", "3.00x")]
+    assert [r[4] for r in rows] == ["-", "no verdict: one repeat", "no verdict: one repeat"]
 
 
 def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_out():
@@ -116,7 +121,7 @@ def test_failed_and_dropped_cells_show_their_reason_and_excluded_ones_are_left_o
     # a grid point without its baseline arm has no ratio, and missing figures print "-"
     row = rows_of(table(pd.DataFrame([_record({"repeat": 0, "overlap": True},
                                               decode_tok_per_s=5.0)]), doc))[0]
-    assert row[2] == "5 / 5 / 5" and row[3] == "-" and row[7] == "- (-)"
+    assert row[2] == "5 / 5 / 5" and row[3] == "-" and row[8] == "- (-)"
 
 
 def test_unknown_group_is_one_sentence(capsys):
@@ -347,3 +352,28 @@ def test_regime_report_names_the_cells_whose_clocks_disagree():
     (line,) = _suspect_cells(df)        # c: a planted delay; d: not ok
     assert line.startswith("suspect: 1 cell(s)") and line.endswith(": b 1.90x")
     assert _suspect_cells(df[df["cell_id"] != "b"]) == []
+    # on CPU the meter stamps the host clock: no GPU whose results the host could read early
+    assert _suspect_cells(df.assign(**{"cfg.device": "cpu"})) == []
+    assert _suspect_cells(df.assign(**{"cfg.device": ["cpu", "cuda", "cuda", "cuda"]}))
+
+
+def test_bench_labels_each_groups_bar_and_closes_over_every_group(tmp_path, monkeypatch):
+    """Each group's progress bar names its group, and the closing line counts the cells of
+    every group, not the last one's."""
+    from mtplab import bench
+    seen = []
+
+    def fake_sweep(cells, out, **kw):
+        seen.append(kw["label"])
+        status = ["ok", "failed"] if out.name == "a" else ["ok", "dropped", "ok"]
+        return pd.DataFrame({"cell_id": [c.cell_id for c in cells][:len(status)],
+                             "status": status})
+
+    monkeypatch.setattr("mtplab.sweep.run_sweep", fake_sweep)
+    cell = lambda i: type("C", (), {"cell_id": f"c{i}"})()      # noqa: E731
+    doc = {"grid": {REPEAT: [0]}, "arms": [{}]}
+    frames = {g: bench.run_group(doc, [cell(i) for i in range(3)], tmp_path / g, None)
+              for g in ("a", "b")}
+    assert seen == ["bench a", "bench b"]
+    line = bench.closing_line(frames, tmp_path)
+    assert line.startswith("2 group(s) (a, b): 3 ok, 1 failed, 1 dropped;")

@@ -38,3 +38,39 @@ def test_generate_drives_the_bar_with_tokens(monkeypatch):
     steps = calls[2:]                       # [1] is the constructor's update(0, 0)
     assert steps[-1] == (10, 2)             # every token, both requests
     assert [t for t, _ in steps] == sorted(t for t, _ in steps) and steps[0][0] < 10
+
+
+def test_bars_write_to_stdout_in_a_jupyter_kernel(monkeypatch, capsys):
+    """JupyterLab shows a kernel's stderr as an error box: there the bars go to stdout; in a
+    terminal they stay on stderr."""
+    import sys
+    import types
+
+    from mtplab.progress import in_kernel, tqdm
+
+    def bar_output():
+        bar = TokenProgress(n_tokens_target=4, n_requests=1)
+        bar.update(4, 1)
+        bar.close()
+        with tqdm(total=2, desc="bench x (local)") as t:
+            t.update(2)
+        return capsys.readouterr()
+
+    got = bar_output()
+    assert not in_kernel() and "bench x" in got.err and got.out == ""
+    ZMQInteractiveShell = type("ZMQInteractiveShell", (), {})
+    shell = ZMQInteractiveShell()
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    got = bar_output()
+    assert in_kernel() and "bench x" in got.out and "generate:" in got.out and got.err == ""
+
+
+def test_notebook_tables_show_every_column(tmp_path):
+    import pandas as pd
+
+    from mtplab.sweep.report import notebook_out
+    with pd.option_context("display.max_columns", 20, "display.width", 80):
+        notebook_out(tmp_path / "nb")
+        wide = pd.DataFrame([range(40)], columns=[f"column_{i}" for i in range(40)])
+        assert "..." not in repr(wide) and "column_39" in wide.to_html()
+        assert "..." not in wide.to_html()

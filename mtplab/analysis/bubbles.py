@@ -17,7 +17,12 @@ Device gaps (bubbles)
 Steps
     Step spans are host `user_annotation` ranges, in this order of preference: names starting
     with `step[` (mtplab `step[decode bs=B]` / `step[prefill bs=B]`; SGLang model-runner spans
-    `step[VERIFY ...]`, `step[DRAFT_EXTEND ...]`, ... where each forward is one row), else
+    `step[DRAFT_LOOP ...]`, `step[TARGET_VERIFY ...]`, `step[DRAFT_EXTEND ...]`, one per
+    forward, grouped into decode iterations where the trace holds a draft span followed by a
+    verify (or a verify followed by a draft extend): a draft loop, its verify and any draft
+    extend after it are one step named
+    `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]`, `step_source` says so; otherwise each
+    forward is one row), else
     `ProfilerStep#N` (plain PyTorch, vLLM), else fixed windows of `window_us` (the summary's
     `step_source` says which). Nested step spans count once (the outermost).
     Each GPU activity belongs to the step whose span contains its launch call (runtime/driver
@@ -83,8 +88,11 @@ n_activities); `summary` (wall_us, busy_us, bubble_us, bubble_frac, n_steps, n_g
 split, `bubble_by_cause_us` (every cause, `host:<stage>` ones apart), step_source, device,
 skip_steps, consecutive_kernel_delay_us, notes). Times are absolute trace µs (`ts` units).
 
-No device activity (a CPU-only profile): steps keep their host spans as windows, busy and
-bubble are 0, `bubble_frac` is NaN and the summary's `notes` say so; nothing is invented.
+No device activity (a CPU-only profile): steps are the host step spans (without any, fixed
+windows over the host's ops, cut in the gaps between them), `busy_us` is the host's time inside
+profiled ops (`cpu_op`, union over the threads), `bubble_us` is 0, `bubble_frac` is NaN and the
+summary's `notes` say what such a trace can and cannot show (`CPU_TRACE_NOTE`); nothing is
+invented.
 """
 from __future__ import annotations
 
@@ -125,6 +133,11 @@ _SGLANG_MODE_STAGE = {"VERIFY": "verify", "TARGET_VERIFY": "verify", "DECODE": "
                       "MIXED": "prefill", "SPLIT_PREFILL": "prefill"}
 _STAGE_SET = frozenset(STAGES)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+CPU_TRACE_NOTE = (
+    "no GPU activity (kernel/gpu_memcpy/gpu_memset) in the trace: a CPU trace shows the host "
+    "alone -- its steps, the ops of each thread (busy = time inside profiled ops) and the host "
+    "time outside every op (Python, untraced code); it cannot show GPU work, device bubbles or "
+    "their causes (bubble 0): profile on a GPU for those")
 
 STEP_COLUMNS = ["step", "name", "start_us", "dur_us", "busy_us", "bubble_us", "bubble_frac",
                 "n_gaps", *(f"bubble_{c}_us" for c in CAUSES), "host_start_us", "host_dur_us",
@@ -310,16 +323,23 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
     ctx = _context(tr, act, device)
     steps_src, step_name, host_ts, host_end = _step_spans(tr, ctx.host)
     if ctx.s.size == 0:
-        notes.append("no GPU activity (kernel/gpu_memcpy/gpu_memset) in the trace: a CPU-only "
-                     "profile has no device bubbles; steps show host span times, busy and bubble 0")
+        notes.append(CPU_TRACE_NOTE)
+        ops = ctx.host & tr.cat_mask("cpu_op")
+        ous, oue = union_intervals(tr.ts[ops], tr.end[ops])
         if steps_src == "windows":
-            step_name = ["trace"]
-            host_ts, host_end = np.array([tr.ts.min()]), np.array([tr.end.max()])
-            steps_src = "whole trace (no step spans, no ProfilerStep#N)"
+            if ous.size:
+                b_lo, bounds, step_name = _window_bounds(ous, oue, window_us)
+                host_ts = np.concatenate(([b_lo], bounds[:-1]))
+                host_end = bounds
+                steps_src = f"fixed windows of {window_us:g} us (no step spans, no ProfilerStep#N)"
+            else:
+                step_name = ["trace"]
+                host_ts, host_end = np.array([tr.ts.min()]), np.array([tr.end.max()])
+                steps_src = "whole trace (no step spans, no ProfilerStep#N)"
         _check_skip(skip_steps, len(step_name), steps_src)
-        return _cpu_only(step_name, host_ts, host_end, skip_steps, steps_src, notes)
+        return _cpu_only(step_name, host_ts, host_end, (ous, oue), skip_steps, steps_src, notes)
     if steps_src == "windows":
-        b_lo, bounds, step_name = _window_bounds(ctx, window_us)
+        b_lo, bounds, step_name = _window_bounds(ctx.s, ctx.e, window_us)
         host_ts = np.full(bounds.size, np.nan)
         host_end = host_ts
         leads = host_ts
@@ -418,8 +438,69 @@ def _step_spans(tr: Trace, host: np.ndarray) -> tuple[str, list[str], np.ndarray
             if idx.size > 1:
                 outer[1:] = ts[1:] >= np.maximum.accumulate(end)[:-1]
             idx = idx[outer]
-            return source, [tr.name_of(i) for i in idx], tr.ts[idx], tr.end[idx]
+            names, ts, end = [tr.name_of(i) for i in idx], tr.ts[idx], tr.end[idx]
+            if source == "step spans":
+                grouped = _sglang_decode_steps(names, ts, end)
+                if grouped is not None:
+                    return grouped
+            return source, names, ts, end
     return "windows", [], np.zeros(0), np.zeros(0)
+
+
+_DRAFT_MODES = frozenset({"DRAFT", "DRAFT_LOOP"})
+_VERIFY_MODES = frozenset({"VERIFY", "TARGET_VERIFY"})
+_BS = re.compile(r"\bbs=(\d+)")
+
+
+def _sglang_decode_steps(names: list[str], ts: np.ndarray, end: np.ndarray
+                         ) -> tuple[str, list[str], np.ndarray, np.ndarray] | None:
+    """SGLang's forward spans grouped into decode iterations, or None when the trace holds no
+    draft span followed by a verify and no verify followed by a draft extend (then each
+    forward stays a step; 0.5.17 runs its draft forwards in a CUDA graph without a span).
+
+    A decode step opens at a draft span (`DRAFT` / `DRAFT_LOOP`; consecutive ones are one
+    draft loop) and takes the verify that follows and any `DRAFT_EXTEND*` after that verify;
+    a verify with no draft before it (the draft fell before the profiler's window) is a step
+    of its own, as is every other forward (prefill `EXTEND`, a target-only `DECODE`). A step
+    is named `step[decode bs=B: DRAFT_LOOP+TARGET_VERIFY]` (its forwards; B the verify's
+    batch), its host span from its first forward's start to its last one's end."""
+    modes = [m.group("mode") if (m := _SGLANG_STEP.match(n)) else None for n in names]
+    pairs = any((a in _DRAFT_MODES and b in _VERIFY_MODES)
+                or (a in _VERIFY_MODES and b is not None and b.startswith("DRAFT_EXTEND"))
+                for a, b in zip(modes, modes[1:]))
+    if not pairs:
+        return None
+    groups: list[list[int]] = []
+    state = None         # the open group's phase: "draft", "verify", or None (no open group)
+    for i, m in enumerate(modes):
+        if m in _DRAFT_MODES:
+            if state != "draft":
+                groups.append([])
+            state = "draft"
+        elif m in _VERIFY_MODES:
+            if state != "draft":
+                groups.append([])
+            state = "verify"
+        elif m is not None and m.startswith("DRAFT_EXTEND") and state == "verify":
+            pass
+        else:
+            groups.append([])
+            state = None
+        groups[-1].append(i)
+    out_names, g0, g1 = [], [], []
+    for g in groups:
+        gm = [modes[i] for i in g]
+        if not any(m in _DRAFT_MODES or m in _VERIFY_MODES for m in gm):
+            out_names.append(names[g[0]])
+        else:
+            bs = next((b.group(1) for i in g if modes[i] in _VERIFY_MODES
+                       and (b := _BS.search(names[i]))), None) \
+                or next((b.group(1) for i in g if (b := _BS.search(names[i]))), "?")
+            out_names.append(f"step[decode bs={bs}: {'+'.join(dict.fromkeys(gm))}]")
+        g0.append(float(ts[g[0]]))
+        g1.append(float(np.max(end[g])))
+    return ("SGLang forward spans grouped into decode steps (a draft loop, its verify and "
+            "any draft extend after it: one step)", out_names, np.array(g0), np.array(g1))
 
 
 def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
@@ -451,12 +532,15 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
     return b_lo, bounds, leads
 
 
-def _window_bounds(ctx: _Ctx, window_us: float) -> tuple[float, np.ndarray, list[str]]:
+def _window_bounds(s: np.ndarray, e: np.ndarray, window_us: float
+                   ) -> tuple[float, np.ndarray, list[str]]:
+    """Fixed windows over the busy intervals (s, e) (sorted by start): (start, window ends,
+    names); a cut that would split an idle gap moves back to the gap's start."""
     if not window_us > 0:
         raise ValueError(f"window_us must be > 0, got {window_us}")
-    t0, t1 = float(ctx.s[0]), float(ctx.e.max())
+    t0, t1 = float(s[0]), float(e.max())
     cuts = t0 + window_us * np.arange(1, int(np.ceil((t1 - t0) / window_us)))
-    g0, g1, _, _ = _gaps(ctx.s, ctx.e)
+    g0, g1, _, _ = _gaps(s, e)
     j = np.searchsorted(g0, cuts, side="right") - 1  # gap starting at or before the cut
     in_gap = (j >= 0) & (cuts < g1[np.clip(j, 0, None)]) if g0.size else np.zeros(cuts.size, bool)
     cuts = np.where(in_gap, g0[np.clip(j, 0, None)] if g0.size else cuts, cuts)
@@ -631,13 +715,17 @@ def _by_cause(steps: pd.DataFrame, gaps: pd.DataFrame) -> dict[str, float]:
     return {str(k): float(v) for k, v in by.items()}
 
 
-def _cpu_only(names: list[str], host_ts: np.ndarray, host_end: np.ndarray, skip: int,
-              source: str, notes: list[str]) -> Analysis:
+def _cpu_only(names: list[str], host_ts: np.ndarray, host_end: np.ndarray,
+              ops: tuple[np.ndarray, np.ndarray], skip: int, source: str,
+              notes: list[str]) -> Analysis:
+    """Steps of a trace without GPU activity: host windows, `busy_us` the host's time inside
+    profiled ops (`ops`: their union over the analysed threads), no bubble."""
     n = len(names)
     zeros = np.zeros(n)
+    busy = _busy_until(*ops, host_end) - _busy_until(*ops, host_ts)
     steps = pd.DataFrame({
         "step": np.arange(n, dtype=np.int64), "name": names, "start_us": host_ts,
-        "dur_us": host_end - host_ts, "busy_us": zeros, "bubble_us": zeros,
+        "dur_us": host_end - host_ts, "busy_us": busy, "bubble_us": zeros,
         "bubble_frac": np.full(n, np.nan), "n_gaps": np.zeros(n, np.int64),
         **{f"bubble_{c}_us": zeros for c in CAUSES},
         "host_start_us": host_ts, "host_dur_us": host_end - host_ts,

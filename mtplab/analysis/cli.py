@@ -62,6 +62,7 @@ class _UsageError(Exception):
 # a run folder's own JSON files (mtplab run --out DIR, a sweep cell): never its trace
 RUN_JSON = ("manifest.json", "summary.json", "health.json", "results.json", "whatif.json")
 METER_STAGES = "meter_stages.parquet"
+EXAMPLE_PLOT = Path("traces") / "example" / "timeline.png"     # `plot --example` without --out
 
 
 def resolve_trace(arg: str) -> Path:
@@ -134,7 +135,7 @@ def _parser_plot() -> FlagParser:
                          "the run when it has more)")
     ap.add_argument("--out", metavar="FILE", default=None,
                     help="output .png/.svg/.pdf (default: timeline.png beside the input; "
-                         "example_timeline.png here with --example)")
+                         f"{EXAMPLE_PLOT} with --example); the last line printed names it")
     ap.add_argument("--device", type=int, default=None, help="GPU index (default: busiest)")
     return ap
 
@@ -206,8 +207,10 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
     try:
         arg = Path(_input(ns.path, ns.example, "a run folder, a trace or a timeline .parquet"))
         steps = _step_range(ns.steps)
-        out = (Path(ns.out) if ns.out else Path("example_timeline.png") if ns.example
+        out = (Path(ns.out) if ns.out else EXAMPLE_PLOT if ns.example
                else (arg if arg.is_dir() else arg.parent) / "timeline.png")
+        if out == EXAMPLE_PLOT:       # the default's own folder, made on first use
+            out.parent.mkdir(parents=True, exist_ok=True)
         check_out_file(out, "--out")
         fig = plot_source(arg, steps=steps, device=ns.device, path=out)
     except (TraceError, _UsageError, ValueError, OSError) as e:
@@ -385,6 +388,10 @@ def wall_line(sm: dict[str, Any]) -> str:
     """The summary's wall / busy / bubble line, printed alike by `analyze` and `plot`."""
     u, sc = time_unit([sm["wall_us"]])
     frac = sm["bubble_frac"]
+    if sm.get("device") is None:     # a CPU trace: busy is the host's time inside ops
+        share = sm["busy_us"] / sm["wall_us"] if sm["wall_us"] > 0 else float("nan")
+        return (f"wall    {_t(sm['wall_us'], sc)} {u}   host in ops {_t(sm['busy_us'], sc)} {u} "
+                f"({'n/a' if math.isnan(share) else f'{share:.1%}'})   no GPU: no device bubbles")
     return (f"wall    {_t(sm['wall_us'], sc)} {u}   busy {_t(sm['busy_us'], sc)} {u}   bubble "
             f"{_t(sm['bubble_us'], sc)} {u} ({'n/a' if math.isnan(frac) else f'{frac:.1%}'}) "
             f"in {sm['n_gaps']} gaps")
@@ -418,9 +425,11 @@ def format_report(res: "Analysis", path: Path, max_rows: int = 20,
     lines = [f"trace   {path}",
              f"steps   {sm['n_steps']} from {sm['step_source']}{skipped}"
              + (f", device {sm['device']}" if sm["device"] is not None else ""),
-             wall_line(sm),
-             "causes  " + "   ".join(f"{c} {_t(us, sc)} {u}" for c, us in cause_split(sm).items()),
-             run_ahead_line(sm)]
+             wall_line(sm)]
+    if sm["device"] is not None:         # a CPU trace has no bubble to split
+        lines.append("causes  " + "   ".join(f"{c} {_t(us, sc)} {u}"
+                                            for c, us in cause_split(sm).items()))
+    lines.append(run_ahead_line(sm))
     st = res.steps
     if len(st):
         rows = st.head(max_rows)

@@ -10,8 +10,10 @@ launch lead (bubbles.py "Run-ahead") as a bar from the next step's first launch 
 step's last GPU work, green when the host ran ahead, red when the GPU waited. Lanes are named by
 role (`lanes.py`: `host`, and `forward` / `schedule` / `copy` on mtplab's streams, `compute`
 / `copy` / `nccl` / `side` on any other program's), with the stream id. A CPU-only trace has
-no GPU lanes and no bubbles: its lanes are the host threads that carry stage spans. The x
-axis is µs from the start of the first step drawn; the title gives the bubble figure of
+no GPU lanes and no bubbles: its lanes are the host threads that carry stage spans or ops, its
+ops drawn as grey boxes (`host op`). The x axis is the time from the start of the first step
+drawn, in µs, ms or s by its span, as plain numbers (`time_axis`); the legend stands right of
+the plot, in as many columns as keep it no taller (`fit_legend`); the title gives the bubble figure of
 `mtplab analyze` (`timeline_title`). `plot_event_timeline` draws the same kind of lanes from
 an mtplab event timeline (timeline.parquet). Every function returns the Figure and, given
 `path`, saves it atomically as PNG / SVG / PDF by extension.
@@ -30,6 +32,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from ..atomic import atomic_path  # noqa: E402
 from .bubbles import SYNC_CALLS, SYNC_OPS, Analysis, analyze_run, stage_of  # noqa: E402
@@ -42,6 +45,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 ACTIVITY_COLORS = {"kernel": "#303030", "gpu_memcpy": "#4b4b9a", "gpu_memset": "#7a7a30"}
 LEAD_COLORS = {"> 0 (ahead)": "#2ca02c", "<= 0 (GPU waited)": "#d62728"}
 ALARM_COLOR = "#ff00ff"          # an acceptance alarm's stretch (event timeline)
+HOST_OP_COLOR = "#404040"       # a CPU trace's ops (cpu_op) on its host lanes
 
 
 def save_figure(fig: Figure, path: PathLike, dpi: int = 120) -> Path:
@@ -97,10 +101,16 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     seen: set[str] = set()
     ua, rt = tr.cat_mask("user_annotation"), tr.cat_mask(*RUNTIME_CATS, "cpu_op")
     syncs = tr.name_mask(lambda n: n in SYNC_CALLS or n in SYNC_OPS)
+    ops = tr.cat_mask("cpu_op") if device is None else np.zeros(len(tr), bool)
     for (pid, tid), label in hosts.items():
         lane_y = y[label]
         on = in_win & (tr.pid == pid) & (tr.tid == tid)
         _spans(ax, tr, on & ua, t0, lane_y + 0.05, eps, seen, stages)
+        op_sel = np.flatnonzero(on & ops)       # a CPU trace: the thread's ops are its work
+        if op_sel.size:
+            ax.broken_barh(_boxes(tr.ts[op_sel] - t0, tr.dur[op_sel], eps), (lane_y - 0.4, 0.4),
+                           facecolors=HOST_OP_COLOR)
+            seen.add("cpu_op")
         steps_sel = np.flatnonzero(on & ua & tr.name_mask(lambda n: n.startswith("step[")
                                                           or n.startswith("ProfilerStep#")))
         ax.broken_barh(_boxes(tr.ts[steps_sel] - t0, tr.dur[steps_sel], 0.0), (lane_y - 0.45, 0.9),
@@ -143,18 +153,20 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
     ax.set_yticks([y[lane] for lane in lanes], lanes)
     ax.set_ylim(-0.6, len(lanes) - 0.2)
     ax.set_xlim(0, t1 - t0)
+    unit = time_axis(ax, t1 - t0)
     shown = [f">= {min_gap_us:g} µs"] if min_gap_us > 0 else []
     if causes is not None:
         shown.append("causes " + ", ".join(c for c in CAUSES if c in causes))
-    ax.set_xlabel(f"µs from the start of step {int(st['step'].iloc[0])}"
+    ax.set_xlabel(f"{unit} from the start of step {int(st['step'].iloc[0])}"
                   + (f"; bubbles drawn: {', '.join(shown)}" if shown else ""))
     ax.set_title(f"{Path(tr.path).name}: {timeline_title(res, st)}", fontsize=9)
     handles = [Patch(color=STAGE_COLORS[s], label=s) for s in STAGE_COLORS if s in seen]
     handles += [Patch(color=c, label=k) for k, c in ACTIVITY_COLORS.items() if k in seen]
+    handles += [Patch(color=HOST_OP_COLOR, label="host op")] if "cpu_op" in seen else []
     handles += [Patch(facecolor=CAUSE_COLORS[c], alpha=0.3, label=f"bubble: {c}")
                 for c in causes_drawn]
     handles += [Patch(color=LEAD_COLORS[k], label=f"launch lead {k}") for k in leads_drawn]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fit_legend(ax, handles)
     if path is not None:
         save_figure(fig, path)
     return fig
@@ -178,6 +190,30 @@ def _launch_leads(ax, st: pd.DataFrame, t0: float, y: float) -> list[str]:
         if kind not in drawn:
             drawn.append(kind)
     return drawn
+
+
+def time_axis(ax, span_us: float) -> str:
+    """Label the x axis (µs data) in the unit its span calls for -- µs below 2 ms, ms below
+    2 s, else s -- as plain numbers (no offset, no 1eN multiplier); returns the unit."""
+    unit, scale = (("µs", 1.0) if span_us < 2e3 else ("ms", 1e3) if span_us < 2e6
+                   else ("s", 1e6))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / scale:g}"))
+    return unit
+
+
+def fit_legend(ax, handles: list, fontsize: float = 7):
+    """The legend right of `ax`, in as few columns as keep it no taller than the axes
+    (None when there is nothing to list)."""
+    if not handles:
+        return None
+    renderer = ax.figure.canvas.get_renderer()
+    height = ax.get_window_extent(renderer).height
+    for ncol in range(1, len(handles) + 1):
+        leg = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                        fontsize=fontsize, ncol=ncol, borderaxespad=0.3)
+        if leg.get_window_extent(renderer).height <= height:
+            break
+    return leg
 
 
 def _lane_labels(tr: Trace, device: int | None) -> tuple[dict, dict]:
@@ -205,7 +241,8 @@ def timeline_title(res: Analysis, st: pd.DataFrame) -> str:
     shown = f"{f'step {a}' if a == b else f'steps {a}–{b}'} of {len(res.steps)}"
     skipped = f" (first {sm['skip_steps']} skipped as warm-up)" if sm["skip_steps"] else ""
     if sm.get("device") is None:
-        return f"{shown}, host spans only (CPU trace: no GPU lanes, so no device bubbles)"
+        return (f"{shown}, host lanes only (CPU trace: host spans and ops; no GPU lanes, so "
+                "no device bubbles)")
     run = f"bubble {sm['bubble_frac']:.1%} of device wall time{skipped}, coloured by cause"
     if sm.get("run_ahead_steps"):
         run += f"; run-ahead {sm['run_ahead_frac']:.0%} (launch lead p50 " \
@@ -225,9 +262,11 @@ def _launch_threads(tr: Trace, act: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _span_threads(tr: Trace) -> list[tuple[int, int]]:
-    """(pid, tid) of host threads holding stage or step spans (the lanes of a CPU trace)."""
+    """(pid, tid) of host threads holding stage or step spans or ops (the lanes of a CPU
+    trace)."""
     named = tr.cat_mask("user_annotation") & tr.name_mask(
         lambda n: stage_of(n) is not None or n.startswith("step[") or n.startswith("ProfilerStep#"))
+    named |= tr.cat_mask("cpu_op")
     pairs = {(int(p), int(t)) for p, t in zip(tr.pid[named], tr.tid[named])}
     return sorted(pairs, key=lambda pt: (pt[1], pt[0]))
 
@@ -391,8 +430,8 @@ def plot_event_timeline(df: pd.DataFrame, *, steps: tuple[int, int] | None = Non
     handles = [Patch(color=STAGE_COLORS.get(s, "#cccccc"), label=s) for s in legend]
     if alarmed:
         handles.append(Patch(color=ALARM_COLOR, alpha=0.15, label="acceptance alarm"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
+    fit_legend(ax, handles)
     if path is not None:
         save_figure(fig, path)
     return fig

@@ -87,7 +87,6 @@ run's): `mtplab whatif` warns above SELF_ERROR_WARN and names the stage that dif
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace

@@ -131,11 +131,16 @@ TRAINED = {"tiny-code": ZOO_DIR / "tiny-code"}
 
 
 def with_layers(name: str, layers: int) -> str:
-    """The model name of shape preset `name` at depth `layers` ("llama3-8b-like@8")."""
-    base = name.split("@")[0]
+    """The model name of shape preset `name` at depth `layers` ("llama3-8b-like@8"); `name`
+    may carry the same depth already (`X@8` with layers 8), never another."""
+    base, _, depth = name.partition("@")
     if base not in SHAPES:
         raise ValueError(f"layers can be chosen for the shape presets {sorted(SHAPES)} only; "
                          f"{name!r} has a fixed depth.")
+    if depth and depth != str(layers):
+        raise ValueError(f"model {name!r} names {depth} layers and layers={layers} names "
+                         f"{layers}; give the depth once ({base}@{layers}, or {base} with "
+                         f"layers={layers}).")
     SHAPES[base].config(layers)                       # validates the depth
     return f"{base}@{layers}"
 

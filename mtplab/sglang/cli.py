@@ -148,6 +148,9 @@ def build_parser() -> FlagParser:
                         "layers, for FROZEN_KV_MTP one with Gemma's sliding/full pattern "
                         f"(default: {MODELS_DEFAULT['eagle']}, for the Frozen-KV kinds "
                         f"{MODELS_DEFAULT['frozen']})")
+    m.add_argument("--layers", type=positive_int, default=None, metavar="N",
+                   help="depth of a shape preset, as `mtplab run --layers` (--model X --layers "
+                        "N is --model X@N)")
     m.add_argument("--draft-layers", type=positive_int, default=None, metavar="N",
                    help="layers of the EAGLE draft (default: 1); a Frozen-KV assistant mirrors "
                         "mtplab's assistant of that kind")
@@ -251,10 +254,13 @@ def launch(args) -> int:
 def write_models(args) -> int:
     """`mtplab sglang models`: a target and its EAGLE draft or Frozen-KV assistant (by the
     kind's SGLang algorithm), config only."""
+    from ..models.zoo import with_layers
     from .models import write_gemma4_frozen_dirs, write_llama_eagle_dirs
     frozen = args.draft in kinds_where(sglang_algorithm=FROZEN)
     model = args.model or MODELS_DEFAULT["frozen" if frozen else "eagle"]
     try:
+        if args.layers is not None:
+            model = with_layers(model, args.layers)
         if not frozen:
             t, d = write_llama_eagle_dirs(args.out, model, draft_layers=args.draft_layers or 1)
         elif args.draft_layers is not None:

@@ -19,6 +19,9 @@ stopped.
 The table (`table`), one row per grid point and arm, from results.parquet alone:
     tok/s            decode tok/s, min / median / max over the repeats
     vs baseline      median tok/s / the median tok/s of the first arm at the same grid point
+    verdict (noise)  `faster` / `slower` when that ratio is beyond 1 ± the repeats' noise,
+                     `within the noise`, or `no verdict: one repeat` (the notebooks' rule,
+                     sweep/effects.py ratio_verdict); the noise in parentheses
     TPOT, step ms    TPOT p50 / p90 and the decode step p50 of the timed generate (medians)
     accept len       tokens committed per verify, bonus included (1 without a draft)
     bubble %         the bubble meter's device bubble fraction of the unprofiled timed
@@ -213,8 +216,9 @@ def group_cells(name: str, doc: dict) -> list:
 
 def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
               progress: bool = True, deadline: Optional[float] = None) -> pd.DataFrame:
-    """Run (or resume) one group's cells, none started past `deadline` (time.monotonic());
-    return its results table (`not_started`: cells the budget left out)."""
+    """Run (or resume) one group's cells, none started past `deadline` (time.monotonic()),
+    its progress bar labelled with the group (the folder's name); return its results table
+    (`not_started`: cells the budget left out)."""
     from ..atomic import atomic_write_text
     from ..sweep import grid_from_dict, run_sweep
     from ..sweep.executors import LocalExecutor
@@ -223,7 +227,7 @@ def run_group(doc: dict, cells: list, out: Path, timeout_s: Optional[float],
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(doc, sort_keys=False))
     ex = LocalExecutor(deadline)
     df = run_sweep(cells, out, timeout_s=timeout_s or grid_from_dict(doc).timeout_s,
-                   progress=progress, executor=ex)
+                   progress=progress, executor=ex, label=f"bench {out.name}")
     if "cell_id" not in df:            # no cell ran (the budget spent before the first)
         df = pd.DataFrame({"cell_id": pd.Series(dtype=str), "status": pd.Series(dtype=str)})
     df = df[df["cell_id"].isin({c.cell_id for c in cells})]    # not older runs' cells
@@ -400,7 +404,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
     meter = meter_name(df["cfg.device"]) if "cfg.device" in df else "meter"
     head = ([SHORT.get(a, a) for a in point_axes] +
             ["arm", "n", "tok/s (min/med/max)", SMOKE_RATIO if smoke else "vs baseline",
-             "TPOT p50 / p90 ms", "step ms",
+             "verdict (noise)", "TPOT p50 / p90 ms", "step ms",
              "accept len", f"bubble % {meter} (profiled: {'/'.join(CAUSES)})", "bound ms",
              "achieved",
              "stage sum ms", "draft ms / launches", "kernels/step", "kernels/layer",
@@ -422,7 +426,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
             med = statistics.median(tps)
             busy, step = _med(ok, "device_busy_step_ms"), _med(ok, "decode_step_time_p50_ms")
             if i == 0:
-                base, base_step = med, step
+                base, base_step, base_tps = med, step, tps
             acc = _med(ok, "accept_len") or 1.0
             bub = _med(ok, "bubble_frac")
             causes = "-" if _med(ok, "bubble_frac_profiled") is None else "/".join(
@@ -437,6 +441,7 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
                 str(len(ok)),
                 " / ".join(readable(x) for x in (min(tps), med, max(tps))),
                 "-" if not base else f"{med / base:.2f}x",
+                "-" if i == 0 or not base else _verdict(tps, base_tps),
                 f"{_fmt(_med(ok, 'tpot_p50_ms'), '.2f')} / {_fmt(_med(ok, 'tpot_p90_ms'), '.2f')}",
                 _fmt(step, ".2f"), f"{acc:.2f}",
                 f"{_fmt(bub, '.1f', 100)} ({causes})",
@@ -451,6 +456,31 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
                 "-" if floor_step is None or not step else f"{floor_step / step:.2f}",
                 "-" if not base_step or not step else f"{step / base_step:.2f}x"]) + " |")
     return "\n".join(out)
+
+
+def _verdict(tps: list[float], base: list[float]) -> str:
+    """The arm's tok/s against its baseline's, judged as the notebooks judge it
+    (sweep/effects.py ratio_verdict): `faster` / `slower` beyond the repeats' noise, `within
+    the noise`, or no verdict from one repeat; the noise in parentheses."""
+    from .sweep.effects import NO_VERDICT, ratio_verdict
+    v, noise = ratio_verdict(tps, base)
+    if v == NO_VERDICT:
+        return v
+    return f"{'within the noise' if v == 'nothing' else v} (±{noise:.0%})"
+
+
+def closing_line(frames: dict[str, pd.DataFrame], root: Path) -> str:
+    """One line over every group's cells: how many ok / failed / dropped / not started."""
+    counts = {"ok": 0, "failed": 0, "dropped": 0}
+    for f in frames.values():
+        st = f["status"].value_counts() if "status" in f else {}
+        for k in counts:
+            counts[k] += int(st.get(k, 0))
+    left = sum(f.attrs.get("not_started", 0) or 0 for f in frames.values())
+    return (f"{len(frames)} group(s) ({', '.join(frames)}): "
+            + ", ".join(f"{n} {k}" for k, n in counts.items())
+            + (f", {left} not started" if left else "")
+            + f"; results: {root}/<group>/results.parquet")
 
 
 def header(frames: dict[str, pd.DataFrame], smoke: bool, bw: Optional[float]) -> str:
@@ -566,7 +596,7 @@ def main_bench(argv=None) -> int:
             body += f"\n\nbudget: {left} cell(s) not started; `--dir {root}` resumes them"
         parts.append(f"### {g} (repeats {len(docs[g]['grid'][REPEAT])})\n\n{body}")
     text = "\n\n".join(parts)
-    text += f"\n\nresults: {root}/<group>/results.parquet"
+    text += "\n\n" + closing_line(frames, root)
     print(text)
     if a.out:
         from ..atomic import atomic_write_text

@@ -32,12 +32,13 @@ Per arm and baseline at one grid point (the `by` columns), over ok rows:
     bubble_noise_pts        the same spread rule in points, at least `min_bubble_noise_pts`
     busy_us, busy_us_base   device busy time per decode step by the meter (step wall time
                             minus bubble), median
-    verdict                 "faster" or "slower" when |ratio - 1| > noise, else "nothing";
+    verdict                 (`ratio_verdict`, also `mtplab bench`'s tables)
+                            "faster" or "slower" when |ratio - 1| > noise, else "nothing";
                             NO_VERDICT when either side ran one repeat (no spread measured:
                             the floor alone would judge the arm, so nothing is judged)
     clocks                  of the two arms' cells without a planted host delay, the decode
                             tok/s on the host clock over the meter's farthest from 1
-                            (`clock_ratios`); beyond CLOCKS_LIMIT either way the sentence
+                            (`clock_ratios`; GPU cells only); beyond CLOCKS_LIMIT either way the sentence
                             calls the ratio suspect: the host's steps and the GPU's disagree,
                             as when the host reads results the GPU has not written yet
     sentence                the numbers in one sentence; for "nothing" also why, from the
@@ -90,6 +91,20 @@ def _spread(xs: pd.Series) -> float:
     return float(xs.max() - xs.min()) / abs(med) if med else 0.0
 
 
+def ratio_verdict(values: Sequence[float], base: Sequence[float],
+                  min_noise: float = MIN_NOISE) -> tuple[str, float]:
+    """(verdict, noise) of the median of `values` over the median of `base`, repeats of one
+    arm and its baseline: noise is the larger spread ((max - min) / median) of the two, at
+    least `min_noise`; the verdict "faster" / "slower" when the ratio is beyond 1 ± noise,
+    "nothing" within it, NO_VERDICT when either side ran one repeat (no spread measured)."""
+    a, b = pd.Series(values, dtype=float).dropna(), pd.Series(base, dtype=float).dropna()
+    noise = max(min_noise, _spread(a), _spread(b))
+    if min(len(a), len(b)) < 2:
+        return NO_VERDICT, noise
+    d = float(a.median()) / float(b.median()) - 1.0 if float(b.median()) else math.nan
+    return ("nothing" if not abs(d) > noise else "faster" if d > 0 else "slower"), noise
+
+
 def _spread_pts(xs: pd.Series) -> float:
     xs = xs.dropna()
     return 100.0 * float(xs.max() - xs.min()) if len(xs) >= 2 else 0.0
@@ -103,12 +118,15 @@ def _med(rows: pd.DataFrame, col: str) -> float:
 
 
 def clock_ratios(rows: pd.DataFrame) -> pd.Series:
-    """Per ok row without a planted host delay: decode tok/s on the host clock over the
-    meter's (the meter counts the delay, the host clock's steps do not: those rows differ by
-    design). Empty where a column is missing."""
+    """Per ok row run on a GPU without a planted host delay: decode tok/s on the host clock
+    over the meter's (the meter counts the delay, the host clock's steps do not: those rows
+    differ by design). A CPU row has no GPU whose results the host could read early (its
+    meter stamps the host clock too): left out. Empty where a column is missing."""
     if "decode_tok_per_s" not in rows or "meter_tok_per_s" not in rows:
         return pd.Series(dtype=float)
     ok = rows[rows["status"] == "ok"] if "status" in rows else rows
+    if "cfg.device" in ok:
+        ok = ok[~ok["cfg.device"].astype(str).str.startswith("cpu")]
     if "host_delay_us" in ok:
         ok = ok[~(pd.to_numeric(ok["host_delay_us"], errors="coerce").fillna(0) > 0)]
     r = pd.to_numeric(ok["decode_tok_per_s"], errors="coerce") / \
@@ -175,10 +193,9 @@ def arm_effects(df: pd.DataFrame, arm: str, pairs: Sequence[tuple[str, str]], *,
             for c in extra:
                 row[c], row[f"{c}_base"] = _med(ra, c), _med(rb, c)
             row["clocks"] = _farthest(clock_ratios(pd.concat([ra, rb])))
-            d = row["ratio"] - 1.0
-            row["verdict"] = (NO_VERDICT if min(row["n"], row["n_base"]) < 2
-                              else "nothing" if not abs(d) > row["noise"]
-                              else "faster" if d > 0 else "slower")
+            row["verdict"] = ratio_verdict(pd.to_numeric(ra[value], errors="coerce"),
+                                           pd.to_numeric(rb[value], errors="coerce"),
+                                           min_noise)[0]
             row["sentence"] = sentence(row, value)
             rows.append(row)
     cols = [*by, "where", "arm", "baseline", "verdict", "ratio", "noise", "tok_s", "tok_s_base",
@@ -281,7 +298,7 @@ def plot_effects(eff: pd.DataFrame, *, path: str | Path | None = None, title: st
 
     pairs = list(dict.fromkeys(f"{a} vs {b}" for a, b in zip(eff["arm"], eff["baseline"])))
     wheres = list(dict.fromkeys(eff["where"]))
-    fig, axs = plt.subplots(1, 2, figsize=(max(7.0, 1.6 * len(wheres) * 2 + 3), 3.4),
+    fig, axs = plt.subplots(1, 2, figsize=(max(9.0, 1.6 * len(wheres) * 2 + 3), 3.6),
                             layout="constrained")
     width = 0.8 / max(1, len(pairs))
     x = np.arange(len(wheres))
@@ -304,9 +321,9 @@ def plot_effects(eff: pd.DataFrame, *, path: str | Path | None = None, title: st
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, wheres, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-    axs[0].set_title("tok/s gain; (=): within the noise, (?): one repeat, no verdict",
+    axs[0].set_title("tok/s gain\n(=): within the noise, (?): one repeat, no verdict",
                      fontsize=9)
-    axs[1].set_title("bubble change; < 0: less idle", fontsize=9)
+    axs[1].set_title("bubble change\n< 0: less idle", fontsize=9)
     axs[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     one = (eff["verdict"] == NO_VERDICT).all()
     what = (f"one repeat: no noise measured, no verdict; grey band: the ±{MIN_NOISE:.0%} floor"

@@ -39,11 +39,20 @@ STANDARD_METRICS = ("tok_per_s", "tpot_p50_ms", "itl_p99_ms", "decode_step_time_
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+# Notebook tables show every column, unwrapped (pandas' defaults elide the middle columns of
+# a wide table and wrap its text form at 80 characters).
+TABLE_DISPLAY = {"display.max_columns": None, "display.width": None,
+                 "display.max_colwidth": 120}
+
+
 def notebook_out(out_dir: str | Path) -> Path:
     """A notebook's output folder, created: an absolute `out_dir` as given, a relative one
     under the repository root of this checkout whatever the working directory (papermill runs
     a kernel in the caller's folder unless given --cwd), or under the working directory when
-    mtplab is installed outside a checkout."""
+    mtplab is installed outside a checkout. Every notebook opens with it, so it also sets
+    pandas' display options for the notebook's tables (TABLE_DISPLAY)."""
+    for key, value in TABLE_DISPLAY.items():
+        pd.set_option(key, value)
     p = Path(out_dir).expanduser()
     if not p.is_absolute():
         root = REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()
@@ -75,10 +84,11 @@ def _list(cols: Cols) -> list[str]:
 
 
 def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
-         ax: Axes | None = None) -> Axes:
+         ax: Axes | None = None, empty_note: str = "") -> Axes:
     """Grouped bars: mean of `value` per `x`, one bar colour per `hue` combination. Bars and
     colours keep the rows' order (the first arm, usually the baseline, comes first); the
-    legend's title names the hue settings and its entries list their values."""
+    legend's title names the hue settings and its entries list their values. A chart with
+    no bar to draw (every mean 0 or missing) says so in the plot, with `empty_note` (why)."""
     hue = _list(hue)
     ok = ok_rows(df)
     ok = ok.assign(_hue=ok[hue].map(text).agg(", ".join, axis=1) if hue else "all")
@@ -94,6 +104,12 @@ def bars(df: pd.DataFrame, x: str, value: str, hue: Cols = None, *,
         ax.legend(fontsize=7, title=", ".join(c.removeprefix("cfg.") for c in hue),
                   title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(f"{ax.get_ylabel()} by {x.removeprefix('cfg.')}", fontsize=9)
+    vals = table.to_numpy(dtype=float)
+    if not (np.isfinite(vals) & (vals != 0)).any():
+        what = "0" if np.isfinite(vals).any() else "not measured"
+        ax.text(0.5, 0.5, f"no bar to draw: {value} is {what} in every cell"
+                + (f"\n{empty_note}" if empty_note else ""), transform=ax.transAxes,
+                ha="center", va="center", fontsize=8, wrap=True)
     return ax
 
 

@@ -10,6 +10,8 @@ generate (the measured workload once more, with spans on; see measure.py):
                              estimate of the bubble-free step time, since an event pair also
                              spans the dispatch latency before its stage's first kernel
     sync_spans_per_step      mean number of host `sync` spans (blocking waits) per decode step
+`stage_shares` splits a decode step's time among its stages and `OTHER_STAGE` (shares that
+add up to 1; notebook 00's table).
 
 From the bubble meter (measure.py; instrument/meter.py), over the measured generate's
 decode steps, unprofiled: the headline
@@ -81,6 +83,72 @@ def stage_metrics(tl: pd.DataFrame, first_step: int, end_step: int | None = None
                                if dev.any() else NAN)
     out["sync_spans_per_step"] = float((d["stage"] == "sync").sum() / len(dec_steps))
     return out
+
+
+OTHER_STAGE = "other / between stages"
+
+
+def stage_shares(tl: pd.DataFrame, first_step: int, end_step: int | None = None) -> pd.DataFrame:
+    """Where a decode step's time goes, over the decode steps [first_step, end_step) of an
+    event timeline: one row per stage plus `OTHER_STAGE`, columns `ms_per_decode_step` (mean
+    over the steps) and `share_of_step`; the shares add up to 1 and the ms to the mean step.
+
+    One clock: with GPU times, the device lanes on the GPU clock (a step runs from its first
+    device stage's start to its last one's end; host stages run beside it and are not in the
+    table), else every lane on the host clock (a CPU run: one thread runs everything in
+    series; a step is its `step[decode ...]` span). Each instant of a step goes to the
+    outermost stage span covering it (a span inside another of its lane, e.g. `draft.step`
+    inside `draft`, is part of that one), split evenly where spans of several lanes overlap,
+    and to `OTHER_STAGE` where none does (scheduling, Python between stages, waits).
+    Empty when the range holds no decode step."""
+    tl = tl[(tl["step"] >= first_step) & (tl["step"] < (end_step if end_step is not None
+                                                          else float("inf")))]
+    is_step = tl["stage"].str.startswith("step[decode")
+    steps = tl.loc[is_step, "step"].unique()
+    cols = ["ms_per_decode_step", "share_of_step"]
+    if len(steps) == 0:
+        return pd.DataFrame(columns=cols)
+    gpu = bool(tl["gpu_start_us"].notna().any())
+    clock = "gpu" if gpu else "host"
+    st = tl[tl["step"].isin(steps) & tl["stage"].isin(STAGES)]
+    if gpu:
+        st = st[(st["stream"] != "host") & st["gpu_start_us"].notna()]
+        by = st.groupby("step")
+        dom = pd.DataFrame({"s": by["gpu_start_us"].min(), "e": by["gpu_end_us"].max()})
+    else:
+        sp = tl[is_step]
+        dom = pd.DataFrame({"s": sp["host_start_us"].to_numpy(), "e": sp["host_end_us"].to_numpy()})
+    s0 = st[f"{clock}_start_us"].to_numpy(float)
+    s1 = st[f"{clock}_end_us"].to_numpy(float)
+    names = st["stage"].to_numpy(object)
+    lane = st["stream"].to_numpy(object)
+    # outermost spans only: drop a span inside another span of its lane
+    inner = np.zeros(len(st), bool)
+    for ln in np.unique(lane):
+        idx = np.flatnonzero(lane == ln)
+        idx = idx[np.lexsort((-s1[idx], s0[idx]))]
+        reach = np.maximum.accumulate(s1[idx])
+        inner[idx[1:]] = s1[idx[1:]] <= reach[:-1]
+    s0, s1, names = s0[~inner], s1[~inner], names[~inner]
+    ds, de = union_intervals(dom["s"].to_numpy(float), dom["e"].to_numpy(float))
+    cuts = np.unique(np.concatenate((s0, s1, ds, de)))
+    a, b = cuts[:-1], cuts[1:]
+    mid = 0.5 * (a + b)
+    k = np.searchsorted(ds, mid, side="right") - 1
+    in_dom = (k >= 0) & (mid < de[np.clip(k, 0, None)])
+    cover = (s0[None, :] <= a[:, None]) & (s1[None, :] >= b[:, None]) & in_dom[:, None]
+    n_cover = cover.sum(axis=1)
+    seg = np.where(in_dom, b - a, 0.0)
+    weight = np.divide(seg, n_cover, out=np.zeros_like(seg), where=n_cover > 0)
+    per_span = weight @ cover
+    total = float(seg.sum())
+    ms = pd.Series(per_span, index=names).groupby(level=0).sum()
+    ms = ms[ms > 0].sort_values(ascending=False)
+    ms[OTHER_STAGE] = float(seg[n_cover == 0].sum())
+    ms = ms / 1e3 / len(steps)
+    return pd.DataFrame({"ms_per_decode_step": ms,
+                         "share_of_step": ms / (total / 1e3 / len(steps)) if total > 0 else NAN},
+                        columns=cols)
 
 
 def meter_name(devices) -> str:

@@ -56,9 +56,10 @@ __all__ = ["RESULTS_JSONL", "RESULTS_PARQUET", "run_sweep", "base_row", "cell_ro
 def run_sweep(cells: Sequence[Cell], out_dir: str | Path, *, notebook: str | None = None,
               timeout_s: float = 600.0, kernel_name: str | None = None,
               retry_failed: bool = True, progress: bool = True,
-              executor: Executor | None = None) -> pd.DataFrame:
+              executor: Executor | None = None, label: str = "sweep") -> pd.DataFrame:
     """Run every cell not done yet; return the results table (also in results.parquet).
-    Raises lock.OutDirLocked when another driver holds `out_dir`."""
+    The progress bar reads `<label> (<executor>)`. Raises lock.OutDirLocked when another
+    driver holds `out_dir`."""
     out = Path(out_dir).resolve()
     executor = executor or LocalExecutor()
     with hold_out_dir(out) as token:
@@ -81,7 +82,7 @@ def run_sweep(cells: Sequence[Cell], out_dir: str | Path, *, notebook: str | Non
         jobs = [executor.adapt(make_job(c, out, notebook=notebook, timeout_s=timeout_s,
                                         kernel_name=kernel_name, env=env), token)
                 for c in todo.values()]
-        bar = tqdm(total=len(jobs), desc=f"sweep ({executor.name})", unit="cell",
+        bar = tqdm(total=len(jobs), desc=f"{label} ({executor.name})", unit="cell",
                    disable=not progress)
         if executor.dashboard_link:
             bar.write(f"mtplab sweep: Dask dashboard {executor.dashboard_link}")

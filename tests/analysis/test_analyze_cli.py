@@ -1,6 +1,7 @@
 """`mtplab analyze` / `mtplab plot` through the module entry point (subprocess) and in-process."""
 from __future__ import annotations
 
+from pathlib import Path
 import subprocess
 import sys
 
@@ -131,6 +132,15 @@ def test_example_run_is_shipped_with_its_analysis(tmp_path):
     legend = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
     assert {"bubble: sync", "bubble: host"} <= legend
     assert main_analyze(["--example", str(EXAMPLE_TRACE)]) == 2     # one or the other
+
+
+def test_plot_example_writes_under_traces_not_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main_plot(["--example"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["traces"]
+    out = tmp_path / "traces" / "example" / "timeline.png"
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out.splitlines()[-1] == str(Path("traces", "example", "timeline.png"))
 
 
 def test_example_has_steps_enough_for_a_slider_and_is_a_faithful_cut(tmp_path):

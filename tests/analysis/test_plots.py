@@ -178,3 +178,41 @@ def test_timeline_marks_each_steps_launch_lead(trace_and_result):
     assert spans == pytest.approx([ends[0], ends[0] + 30, ends[1], ends[1] + 7])
     labels = {t.get_text() for t in ax.get_legend().get_texts()}
     assert "launch lead <= 0 (GPU waited)" in labels and "launch lead > 0 (ahead)" not in labels
+
+
+def _cpu_run_trace(tmp_path, n_steps: int = 4, step_us: float = 2e6):
+    """A CPU run's trace: mtplab step spans seconds long, every stage span on the host."""
+    from mtplab.stages import STAGE_COLORS
+    s = Synth()
+    stages = list(STAGE_COLORS)
+    for k in range(n_steps):
+        t = k * step_us
+        s.host("step[decode bs=2]", t, step_us - 10)
+        for j, stage in enumerate(stages):
+            s.host(stage, t + j * step_us / len(stages), step_us / len(stages) - 20)
+            s.host("aten::mm", t + j * step_us / len(stages) + 5, 100, cat="cpu_op")
+    return s.write(tmp_path / "cpu_run.json")
+
+
+def test_cpu_run_timeline_axis_in_seconds_and_legend_fits(tmp_path):
+    """Seconds-long CPU steps: the x axis reads in s as plain numbers (no 1eN multiplier),
+    and the legend of every stage is no taller than the plot (more columns instead)."""
+    ax = plot_timeline(_cpu_run_trace(tmp_path)).axes[0]
+    fig = ax.figure
+    fig.canvas.draw()
+    assert ax.get_xlabel().startswith("s from the start of step")
+    assert ax.xaxis.get_offset_text().get_text() == ""
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks[:3] == ["0", "1", "2"]
+    leg = ax.get_legend()
+    assert len(leg.get_texts()) >= 10
+    assert leg.get_window_extent().height <= ax.get_window_extent().height
+
+
+def test_event_timeline_legend_fits_a_one_lane_plot():
+    from mtplab.stages import STAGE_COLORS
+    rows = [(0, s, "host", 100.0 * i, 100.0 * i + 90) for i, s in enumerate(STAGE_COLORS)]
+    df = pd.DataFrame(rows, columns=["step", "stage", "stream", "host_start_us", "host_end_us"])
+    ax = plot_event_timeline(df.assign(gpu_start_us=float("nan"), gpu_end_us=float("nan"))).axes[0]
+    ax.figure.canvas.draw()
+    assert ax.get_legend().get_window_extent().height <= ax.get_window_extent().height

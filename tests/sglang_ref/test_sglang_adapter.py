@@ -315,9 +315,37 @@ def test_sglang_span_names_map_to_stages(name, stage):
 
 
 def test_analyser_reads_sglang_step_spans(tmp_path):
+    """SGLang's forward spans become decode iterations: a draft and the verify after it are
+    one step; a verify whose draft fell before the profiler window is one alone; a trace with
+    no draft-then-verify pair keeps one step per forward."""
     res = analyze(sglang_steps_trace(tmp_path / "s.trace.json.gz"))
-    assert list(res.steps["name"]) == ["step[TARGET_VERIFY bs=2]", "step[DRAFT bs=2]",
-                                       "step[TARGET_VERIFY bs=2]"]
+    assert list(res.steps["name"]) == ["step[decode bs=2: TARGET_VERIFY]",
+                                       "step[decode bs=2: DRAFT+TARGET_VERIFY]"]
+    assert res.summary["step_source"].startswith("SGLang forward spans grouped into decode")
+    assert res.steps["host_dur_us"].tolist() == [100.0, 220.0]
+    s = Synth()
+    for k, name in enumerate(("step[EXTEND bs=2]", "step[DRAFT_LOOP raw_bs=2 bs=2 topk=1]",
+                              "step[TARGET_VERIFY bs=2]", "step[DRAFT_EXTEND_V2 bs=2]",
+                              "step[DRAFT_LOOP raw_bs=2 bs=2 topk=1]",
+                              "step[TARGET_VERIFY bs=2]")):
+        s.host(name, 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "v2.json"))
+    assert list(res.steps["name"]) == ["step[EXTEND bs=2]",
+                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY+DRAFT_EXTEND_V2]",
+                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY]"]
+    s = Synth()                     # 0.5.17 EAGLE: the draft runs in a graph, no span
+    for k, name in enumerate(["step[TARGET_VERIFY bs=2]", "step[DRAFT_EXTEND_V2 bs=2]"] * 2):
+        s.host(name, 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "v17.json"))
+    assert list(res.steps["name"]) == ["step[decode bs=2: TARGET_VERIFY+DRAFT_EXTEND_V2]"] * 2
+    s = Synth()
+    for k in range(3):
+        s.host("step[DECODE bs=2]", 100.0 * k, 80.0)
+        s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
+    res = analyze(s.write(tmp_path / "target.json"))
+    assert list(res.steps["name"]) == ["step[DECODE bs=2]"] * 3
     assert res.summary["step_source"] == "step spans"
 
 
@@ -353,6 +381,26 @@ def test_llama_eagle_config_only_dirs(tmp_path, capsys):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     c = transformers.AutoConfig.from_pretrained(tmp_path / "target")
     assert (c.hidden_size, c.num_key_value_heads, c.vocab_size) == (1024, 4, 32000)
+
+
+def test_models_and_run_take_both_depth_spellings(tmp_path, capsys):
+    """`--model X@N` and `--model X --layers N` name one model in `sglang models` and in
+    `mtplab run` alike; two different depths are one error."""
+    for argv in (["--model", "llama3-8b-like@2"], ["--model", "llama3-8b-like", "--layers", "2"]):
+        out = tmp_path / "_".join(argv).replace("@", "-")
+        assert main_sglang(["models", "--out", str(out), *argv]) == 0, capsys.readouterr().err
+        t = json.loads((out / "target" / "config.json").read_text())
+        assert t["num_hidden_layers"] == 2
+    assert RunConfig(model="llama3-8b-like@2", device="cpu").model == "llama3-8b-like@2"
+    assert RunConfig(model="llama3-8b-like", layers=2, device="cpu").model == "llama3-8b-like@2"
+    assert RunConfig(model="llama3-8b-like@2", layers=2, device="cpu").model == "llama3-8b-like@2"
+    with pytest.raises(ConfigError, match="names 6 layers and layers=2"):
+        RunConfig(model="llama3-8b-like@6", layers=2, device="cpu")
+    capsys.readouterr()
+    assert main_sglang(["models", "--out", str(tmp_path / "x"), "--model", "llama3-8b-like@6",
+                        "--layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names 6 layers" in err
 
 
 # ------------------------------------------------------------------ only the server it started

@@ -205,6 +205,43 @@ def test_stage_metrics_per_decode_step():
     assert json.dumps(m)
 
 
+def test_stage_shares_add_up_with_the_time_between_stages():
+    """Notebook 00's table: each instant of a decode step goes to one outermost stage (split
+    where lanes overlap) or to `other / between stages`, so the shares add up to 1; a span
+    inside another of its lane (draft.step in draft) is that one's time."""
+    from mtplab.sweep.metrics import OTHER_STAGE, stage_shares
+    cols = ["step", "stage", "stream", "host_start_us", "host_end_us", "gpu_start_us",
+            "gpu_end_us"]
+    rows = [(0, "step[prefill bs=2]", "host", 0.0, 500.0, np.nan, np.nan),
+            (0, "verify", "forward", 0.0, 400.0, np.nan, np.nan)]      # before the range
+    for k in (1, 2):                                                  # CPU: the host clock
+        t = 1000.0 * k
+        rows += [(k, "step[decode bs=2]", "host", t, t + 1000, np.nan, np.nan),
+                 (k, "schedule", "host", t, t + 100, np.nan, np.nan),
+                 (k, "draft", "forward", t + 200, t + 400, np.nan, np.nan),
+                 (k, "draft.step", "forward", t + 250, t + 350, np.nan, np.nan),
+                 (k, "verify", "forward", t + 400, t + 800, np.nan, np.nan),
+                 (k, "d2h", "copy", t + 700, t + 800, np.nan, np.nan),   # beside verify
+                 (k, "process_result", "host", t + 900, t + 950, np.nan, np.nan)]
+    tab = stage_shares(pd.DataFrame(rows, columns=cols), first_step=1)
+    ms = tab["ms_per_decode_step"]
+    assert math.isclose(tab["share_of_step"].sum(), 1.0)
+    assert math.isclose(ms.sum(), 1.0)                               # the 1 ms step
+    assert list(tab.index)[-1] == OTHER_STAGE and "draft.step" not in tab.index
+    assert math.isclose(ms["draft"], 0.2) and math.isclose(ms["schedule"], 0.1)
+    assert math.isclose(ms["verify"], 0.35) and math.isclose(ms["d2h"], 0.05)
+    assert math.isclose(ms[OTHER_STAGE], 0.25)           # 100-200, 800-900, 950-1000
+    # with GPU times: the device lanes on the GPU clock, host stages beside them left out
+    gpu = [(1, "step[decode bs=2]", "host", 0.0, 50.0, np.nan, np.nan),
+           (1, "schedule", "host", 0.0, 40.0, np.nan, np.nan),
+           (1, "verify", "forward", 0.0, 1.0, 100.0, 400.0),
+           (1, "accept", "forward", 0.0, 1.0, 500.0, 600.0)]
+    g = stage_shares(pd.DataFrame(gpu, columns=cols), first_step=1)
+    assert "schedule" not in g.index and math.isclose(g["share_of_step"].sum(), 1.0)
+    assert math.isclose(g.loc[OTHER_STAGE, "ms_per_decode_step"], 0.1)
+    assert stage_shares(pd.DataFrame(gpu, columns=cols), first_step=2).empty
+
+
 def test_profiled_cell_measures_outside_the_profiler(tmp_path):
     """tok/s comes from a generate the profiler never touched; the trace holds exactly the
     profiled steps of the extra generates (none of the warm-up or measured ones)."""

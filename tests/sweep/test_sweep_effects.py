@@ -123,6 +123,30 @@ def test_plot_effects_saves_a_figure(tmp_path):
     assert [t.get_text() for t in bubble.get_legend().get_texts()] == ["ov vs off", "zb vs ov"]
     assert [t.get_text() for t in gain.get_xticklabels()] == list(dict.fromkeys(eff["where"]))
     plt.close(fig)
+    # one batch size and notebook 04's many arms: the two panels' titles stay apart
+    arms = ["overlap only", "device_seq_lens", "async_d2h", "draft_preexec", "zero_bubble (all)"]
+    eff = arm_effects(frame({a: [(100 + i, 0.4 - 0.05 * i, 1000)] for i, a in enumerate(arms)}),
+                      "arm", [(a, arms[0]) for a in arms[1:]], by=["batch_size"])
+    fig = plot_effects(eff, title="zero-bubble sub-knobs")
+    fig.canvas.draw()
+    left, right = (ax.title.get_window_extent() for ax in fig.axes)
+    assert left.x0 >= 0 and left.x1 < right.x0
+    plt.close(fig)
+
+
+def test_bars_with_nothing_to_draw_say_so(tmp_path):
+    """A CPU sweep's host syncs are 0 in every cell: the chart says it has no bar and why."""
+    from mtplab.sweep.report import bars
+    df = pd.DataFrame({"status": "ok", "arm": ["a", "b"], "host_syncs_per_step": [0.0, 0.0],
+                       "x": [math.nan, math.nan]})
+    ax = bars(df, "arm", "host_syncs_per_step", empty_note="on CPU nothing waits for a device")
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["no bar to draw: host_syncs_per_step is 0 in every cell\n"
+                     "on CPU nothing waits for a device"]
+    assert [t.get_text() for t in bars(df, "arm", "x").texts] == [
+        "no bar to draw: x is not measured in every cell"]
+    assert len(bars(df.assign(x=[1.0, 0.0]), "arm", "x").texts) == 0
+    plt.close("all")
 
 
 def test_repeated_cells_interleave_rounds_with_the_probe_first():

@@ -462,7 +462,7 @@ def _verdict(tps: list[float], base: list[float]) -> str:
     """The arm's tok/s against its baseline's, judged as the notebooks judge it
     (sweep/effects.py ratio_verdict): `faster` / `slower` beyond the repeats' noise, `within
     the noise`, or no verdict from one repeat; the noise in parentheses."""
-    from .sweep.effects import NO_VERDICT, ratio_verdict
+    from .effects import NO_VERDICT, ratio_verdict
     v, noise = ratio_verdict(tps, base)
     if v == NO_VERDICT:
         return v

@@ -38,7 +38,8 @@ target: HTA / mtplab >= 4x on a ~60 MB JSON real trace of a transformers program
 External id and flow ids shifted per copy); the output says so.
 
     python -m benchmarks.bench_analyzer --cli --trace plain.pt.trace.json --repeats 5
-    python -m benchmarks.bench_analyzer --cli --replicate tests/data/gpu_frozen_overlap.pt.trace.json.gz
+    python -m benchmarks.bench_analyzer --cli \\
+        --replicate tests/data/gpu_frozen_overlap.pt.trace.json.gz
 """
 from __future__ import annotations
 
@@ -70,21 +71,28 @@ PIN_TID = 3907                # a second host thread (pin-memory / sampler work)
 DEV = 0
 S_MAIN, S_DRAFT, S_COPY = 7, 20, 24
 
-_GEMM = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
+_GEMM = ("void cutlass::Kernel2<"
+         "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
          "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)")
 _KERNELS = (
     _GEMM,
-    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_"
+     "execute_segment_k_off_kernel__5x_cublas"),
+    ("void at::native::vectorized_elementwise_kernel<4, "
+     "at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >"
+     "(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
      "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
-     "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4> >(at::native::ReduceOp<c10::BFloat16, "
+     "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4> >"
+     "(at::native::ReduceOp<c10::BFloat16, "
      "at::native::ArgMaxOps<c10::BFloat16>, unsigned int, long, 4>)"),
-    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
-     "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(c10::BFloat16)#1}, "
-     "at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, "
+    ("void at::native::unrolled_elementwise_kernel<"
+     "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const"
+     "::{lambda(c10::BFloat16)#1}, "
+     "at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, "
+     "TrivialOffsetCalculator<1, "
      "unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >"),
     "_fwd_kernel_tree_attention_0d1d2d3d4d5d6d7d8d9d10d11d12d13d14d15",
     "triton_poi_fused_add_mul_rsqrt_pow_mean_0",
@@ -106,15 +114,19 @@ class TraceBuilder:
         self.rng = random.Random(seed)
         self.every = profiler_step_every
         self.ev: list[dict] = [
-            {"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": "python3"}},
+            {"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0,
+             "args": {"name": "python3"}},
             {"ph": "M", "name": "process_name", "pid": DEV, "tid": 0, "args": {"name": "python3"}},
-            {"ph": "M", "name": "process_labels", "pid": DEV, "tid": 0, "args": {"labels": "GPU 0"}},
-            *({"ph": "M", "name": "thread_name", "pid": DEV, "tid": s, "args": {"name": f"stream {s}"}}
+            {"ph": "M", "name": "process_labels", "pid": DEV, "tid": 0,
+             "args": {"labels": "GPU 0"}},
+            *({"ph": "M", "name": "thread_name", "pid": DEV, "tid": s,
+               "args": {"name": f"stream {s}"}}
               for s in (S_MAIN, S_DRAFT, S_COPY)),
             {"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": SCHED_TID,
              "args": {"name": "thread 3812 (python3)"}},
         ]
-        self.corr = 150_000    # > int16: HTA (pandas 3) fails when correlations fit int16 but rows do not
+        # > int16: HTA (pandas 3) fails when correlations fit int16 but rows do not
+        self.corr = 150_000
         self.ext = 500
         self.ev_idx = 0
         self.free = {S_MAIN: 0.0, S_DRAFT: 0.0, S_COPY: 0.0}  # when each stream is next free
@@ -160,7 +172,9 @@ class TraceBuilder:
     def gpu(self, corr: int, ext: int, launch_x: float, dur: float, stream: int,
             cat: str = "kernel", name: str | None = None, not_before: float = 0.0,
             flow: bool = True) -> tuple[float, float]:
-        """Place one activity on `stream` after its launch (+ driver latency); return (start, end)."""
+        """Place one activity on `stream` after its launch (+ driver latency).
+
+        Returns (start, end)."""
         r = self.rng
         gap = r.choice((0.6, 0.9, 1.3, 2.2)) if r.random() < 0.85 else r.uniform(3.0, 60.0)
         x = max(launch_x + r.uniform(4.0, 9.0), self.free[stream] + gap, not_before)
@@ -169,7 +183,8 @@ class TraceBuilder:
                 "correlation": corr}
         if cat == "kernel":
             args.update({"registers per thread": r.choice((32, 64, 128)), "shared memory": 0,
-                         "blocks per SM": 0.5, "warps per SM": 2.0, "grid": [r.choice((8, 32, 132)), 1, 1],
+                         "blocks per SM": 0.5, "warps per SM": 2.0,
+                         "grid": [r.choice((8, 32, 132)), 1, 1],
                          "block": [128, 1, 1], "est. achieved occupancy %": 6})
             name = name or r.choice(_KERNELS)
         else:
@@ -280,23 +295,26 @@ class TraceBuilder:
             x = self.step(k, x)
             if k % self.every == self.every - 1 or k == steps - 1:  # torch.profiler's step span
                 self.span(f"ProfilerStep#{k // self.every}", x_group - 1.0, x - x_group)
-        self.ev.insert(0, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
-                           "tid": "PyTorch Profiler", "ts": self._t(0.0), "dur": round(x + 1000.0, 3),
-                           "args": {"Op count": 0}})
+        self.ev.insert(0, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)",
+                           "pid": "Spans", "tid": "PyTorch Profiler", "ts": self._t(0.0),
+                           "dur": round(x + 1000.0, 3), "args": {"Op count": 0}})
         return {"schemaVersion": 1,
-                "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045477376,
-                                      "computeMajor": 9, "computeMinor": 0, "numSms": 132}],
+                "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3",
+                                      "totalGlobalMem": 85045477376, "computeMajor": 9,
+                                      "computeMinor": 0, "numSms": 132}],
                 "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
                 "cuda_runtime_version": 12080, "with_flops": False, "record_shapes": True,
                 "with_stack": False, "profile_memory": False, "with_modules": False,
-                "trace_id": "0A1B2C3D4E5F", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000,
+                "trace_id": "0A1B2C3D4E5F", "displayTimeUnit": "ms",
+                "baseTimeNanoseconds": 1700000000000000000,
                 "traceEvents": self.ev}
 
 
 def write_trace(folder: Path, steps: int, seed: int, profiler_step_every: int = 1) -> Path:
     doc = TraceBuilder(seed, profiler_step_every).build(steps)
     path = folder / "rank0.pt.trace.json"
-    path.write_bytes(orjson.dumps(doc))  # one line, like orjson writers; Kineto writes one event a line
+    # one line, like orjson writers; Kineto writes one event a line
+    path.write_bytes(orjson.dumps(doc))
     return path
 
 
@@ -415,7 +433,7 @@ def run_orjson_gc_paused(path: Path):
 
 
 def exact_hta_definition(path: Path) -> dict[int, float]:
-    """HTA's per-stream idle (sum of `ts - previous end`, kernels+memcpy+memset) without rounding."""
+    """HTA's per-stream idle (sum of `ts - previous end`, kernels+memcpy+memset), unrounded."""
     tr = load_trace(path)
     act = tr.cat_mask("kernel", "gpu_memcpy", "gpu_memset")
     out = {}
@@ -437,7 +455,8 @@ def main(argv=None) -> int:
                     help="time this trace (.json; needs distributedInfo.rank for HTA) instead of "
                          "the synthetic one")
     ap.add_argument("--steps", type=int, default=1500,
-                    help="engine steps in the synthetic trace (~180 events, ~54 KB each; 1500 -> 81 MB)")
+                    help="engine steps in the synthetic trace "
+                         "(~180 events, ~54 KB each; 1500 -> 81 MB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profiler-step-every", type=int, default=1, metavar="K",
                     help="one ProfilerStep#N span per K engine steps (default 1: one per step, as "
@@ -515,8 +534,9 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 fn()
                 times[k].append(time.perf_counter() - t0)
-            print(f"round {r + 1}/{a.repeats}: " + ", ".join(
-                f"{v[-1]:.2f}s" for v in times.values()) + f"  ({', '.join(times)})", file=sys.stderr)
+            print(f"round {r + 1}/{a.repeats}: "
+                  + ", ".join(f"{v[-1]:.2f}s" for v in times.values())
+                  + f"  ({', '.join(times)})", file=sys.stderr)
         med = {k: statistics.median(v) for k, v in times.items()}
         mt = med["mtplab (orjson reader)"]
 
@@ -552,21 +572,26 @@ def _idle_table(res, hta_df, exact: dict[int, float]) -> list[str]:
     hta_cat = hta_df.pivot_table(index="stream", columns="idle_category", values="idle_time",
                                  aggfunc="sum").fillna(0.0)
     out = [("Per-stream idle time, µs (mtplab exact float µs; 'exact HTA def.' = sum of `ts - "
-            "previous end` over the same activities without rounding; HTA rounds ts up, end down):"),
+            "previous end` over the same activities without rounding; "
+            "HTA rounds ts up, end down):"),
            "", ("| stream | mtplab idle | exact HTA def. | HTA idle | HTA bias | "
-                "mtplab host/kernel/other | HTA host/kernel/other |"), "|---|---|---|---|---|---|---|"]
+                "mtplab host/kernel/other | HTA host/kernel/other |"),
+           "|---|---|---|---|---|---|---|"]
+    cats = ("host_wait", "kernel_wait", "other")
     tot = [0.0, 0.0, 0.0]
     for sid in sorted(set(st.index.tolist()) | {int(s) for s in hta.index}):
         m = float(st.loc[sid, "idle_us"]) if sid in st.index else float("nan")
         h = float(hta.get(sid, float("nan")))
         x = exact.get(sid, float("nan"))
         tot = [tot[0] + m, tot[1] + x, tot[2] + h]
-        mc = "/".join(f"{st.loc[sid, f'idle_{c}_us']:.0f}" for c in ("host_wait", "kernel_wait", "other")) \
-            if sid in st.index else "-"
-        hc = "/".join(f"{hta_cat.loc[sid].get(c, 0.0):.0f}" for c in ("host_wait", "kernel_wait", "other")) \
-            if sid in hta_cat.index else "-"
-        out.append(f"| {sid} | {m:.1f} | {x:.1f} | {h:.1f} | {100 * (h / m - 1):+.2f}% | {mc} | {hc} |")
-    out.append(f"| all | {tot[0]:.1f} | {tot[1]:.1f} | {tot[2]:.1f} | {100 * (tot[2] / tot[0] - 1):+.2f}% | | |")
+        mc = ("/".join(f"{st.loc[sid, f'idle_{c}_us']:.0f}" for c in cats)
+              if sid in st.index else "-")
+        hc = ("/".join(f"{hta_cat.loc[sid].get(c, 0.0):.0f}" for c in cats)
+              if sid in hta_cat.index else "-")
+        out.append(f"| {sid} | {m:.1f} | {x:.1f} | {h:.1f} | {100 * (h / m - 1):+.2f}% "
+                   f"| {mc} | {hc} |")
+    out.append(f"| all | {tot[0]:.1f} | {tot[1]:.1f} | {tot[2]:.1f} "
+               f"| {100 * (tot[2] / tot[0] - 1):+.2f}% | | |")
     return out
 
 

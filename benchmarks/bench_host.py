@@ -133,8 +133,9 @@ def phase_ratios(arms: Arms, a, log) -> list[str]:
                         base = med
                     ratio = f"{med / base:.3f}x" if base and lp != "off" else "-"
                     rows.append(
-                        f"| {d} | {g} | {bs} | {lp} | {med:,.0f} [{min(tps):,.0f}-{max(tps):,.0f}] | "
-                        f"{ratio} | {statistics.median(s['decode_step_p50_ms'] for s in sts):.3f} | "
+                        f"| {d} | {g} | {bs} | {lp} | {med:,.0f} "
+                        f"[{min(tps):,.0f}-{max(tps):,.0f}] | {ratio} | "
+                        f"{statistics.median(s['decode_step_p50_ms'] for s in sts):.3f} | "
                         f"{statistics.median(s['meter_wall_us_per_step'] for s in sts):.0f} | "
                         f"{100 * statistics.median(s['bubble_frac'] for s in sts):.1f} | "
                         f"{statistics.median(s.get('accept_len', 1.0) or 1.0 for s in sts):.2f} |")

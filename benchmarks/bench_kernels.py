@@ -13,7 +13,8 @@ Figures (each printed as it is measured, then one table: figure | value | target
                gemma4-31b-like@8
   frozen       frozen_kv_mtp (fold_seed, S=3) with simulated accept 3.0 on llama3-8b-like@16:
                floor per token = the spec step's bytes (models/floor.py: target, S x (assistant
-               + LM head), the KV both read) / accept_len / bandwidth; ratio = floor / measured ms per token (target >= 0.80)
+               + LM head), the KV both read) / accept_len / bandwidth;
+               ratio = floor / measured ms per token (target >= 0.80)
   layers       (measured on the llama3-8b-like@16 engine of `floor`)
                kernels (GPU activities: kernels, memcpy, memset) per decoder layer per forward,
                from torch.profiler traces of one eager decode forward at two depths:

@@ -3,7 +3,8 @@ figures; docs/results/moe/ and docs/results/drafts/).
 
     python -m benchmarks.bench_moe --out FILE [--budget-s 420] [--layers 30] [--only NAME ...]
 
-Figures, in this order (the costliest last), each under a shared time budget (a figure not reached prints SKIPPED):
+Figures, in this order (the costliest last), each under a shared time budget (a figure not
+reached prints SKIPPED):
   experts   gemma4-26b-a4b-like at full depth (bf16, eager so the routers can be counted,
             models/moe.py record_experts): distinct experts touched per layer by one verify
             forward of bs x D tokens, bs 1 / 8 / 32 / 64, D = verify tokens 1 / 4 / 8 (a

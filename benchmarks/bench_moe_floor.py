@@ -128,10 +128,10 @@ def gemma_case(T: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s, fan: (torch.randn(*s, generator=g, device="cuda")       # noqa: E731
                          / fan ** 0.5).to(torch.bfloat16)
-    H, E, I, Is = (c.hidden_size, c.num_experts, c.moe_intermediate_size,
-                   c.shared_expert_intermediate_size)
-    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * I, H, fan=H),
-            r(E, H, I, fan=I), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
+    H, E, Im, Is = (c.hidden_size, c.num_experts, c.moe_intermediate_size,
+                    c.shared_expert_intermediate_size)
+    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * Im, H, fan=H),
+            r(E, H, Im, fan=Im), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
 
 
 def zoo_config(layers: int):
@@ -235,9 +235,9 @@ def ffn_rows(log: Log, m) -> None:
         for kernels in MOE_KERNELS:
             m.kernels = kernels
             with torch.no_grad():
-                row[f"{kernels}_us"] = [graph_us(lambda: m.forward_fused(h))
+                row[f"{kernels}_us"] = [graph_us(lambda h=h: m.forward_fused(h))
                                         for _ in range(FFN_CAPTURES)]
-            row[f"{kernels}_kernels"] = graph_trace(lambda: m.forward_fused(h))[0]
+            row[f"{kernels}_kernels"] = graph_trace(lambda h=h: m.forward_fused(h))[0]
         log.doc["ffn"].append(row)
 
 
@@ -371,19 +371,23 @@ def phase_kernels(log: Log, engines: dict, a) -> None:
         L = eng.model.config.num_hidden_layers
         short = L - PERIOD if L > PERIOD else max(1, L // 2)
         dev = eng.device.torch_device
-        z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)   # noqa: E731
+        z = lambda dt=torch.long, dev=dev: torch.zeros(1, dtype=dt, device=dev)   # noqa: E731
         fn = eng.target_worker._decode_fn(PROMPT)
         args = dict(input_ids=z(), rows=z(), kv_lens=z() + PROMPT, temperature=z(torch.float32),
                     top_p=z(torch.float32) + 1, seeds=z())
-        n_full, full, _, wall = graph_trace(lambda: fn(**args))
+
+        def call(fn=fn, args=args):
+            return fn(**args)
+
+        n_full, full, _, wall = graph_trace(call)
         with depth(eng.model, short):
-            n_part, part, _, _ = graph_trace(lambda: fn(**args))
+            n_part, part, _, _ = graph_trace(call)
         how = "as one graph"
         if n_full == 0:                 # a profiler that sees no kernels inside graph replays
             with torch.no_grad():
-                n_full, full, _ = gpu_activities(lambda: fn(**args))
+                n_full, full, _ = gpu_activities(call)
                 with depth(eng.model, short):
-                    n_part, part, _ = gpu_activities(lambda: fn(**args))
+                    n_part, part, _ = gpu_activities(call)
             how = "eager (the trace showed no kernels inside the graph replay)"
         log.doc["kernels"].append({
             "kernels": kernels, "how": how, "activities": n_full, "layers": L,

@@ -523,7 +523,8 @@ def check_args(a) -> Optional[str]:
         if getattr(a, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}."
     if a.new_tokens < 2:
-        return f"--new-tokens must be >= 2 (TPOT needs a token after the first), got {a.new_tokens}."
+        return (f"--new-tokens must be >= 2 (TPOT needs a token after the first), "
+                f"got {a.new_tokens}.")
     if a.profile_steps < 0:
         return f"--profile-steps must be >= 0, got {a.profile_steps}."
     if not 0 < a.mem_fraction < 1:
@@ -583,7 +584,8 @@ def main(argv=None) -> int:
 
     def start_arm(side, g, launch, knobs):
         config = {"knobs": knobs} if side == "mtplab" else {"argv": list(launch.argv)}
-        return WorkerArm(side, config, worker_env(side, launch), out / "logs" / f"{g.name}.{side}.log")
+        return WorkerArm(side, config, worker_env(side, launch),
+                         out / "logs" / f"{g.name}.{side}.log")
 
     def stop(signum, frame):        # the caller's timeout: stop like at the deadline
         raise Deadline(f"stopped by signal {signum}")

@@ -156,7 +156,8 @@ def pair_costs(rows: list, n: int = 100) -> dict:
             cmd = float(np.median(tr.dur[m]))
         costs[kind] = profiled - cmd
         text.append(f"around one {kind} {plain:.2f} µs unprofiled, {profiled:.2f} µs profiled, "
-                    f"the {kind}'s CUPTI duration {cmd:.2f} µs: fixed cost **{costs[kind]:.2f} µs**")
+                    f"the {kind}'s CUPTI duration {cmd:.2f} µs: "
+                    f"fixed cost **{costs[kind]:.2f} µs**")
     rows += ["", f"Event pair on a backlogged stream ({n} pairs each, medians): "
              + "; ".join(text) + "."]
     return costs

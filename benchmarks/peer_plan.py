@@ -243,7 +243,8 @@ def sglang_launch(g: Group, wl: Workload, models: Path, mem_fraction: float) -> 
     (ConfigError for knobs SGLang lacks: args.refuse_unsupported)."""
     target, draft = model_dirs(models, g.shape, g.draft)
     cfg = RunConfig(**group_knobs(g, wl), device="cpu")     # mapping only: resolved on no GPU
-    spec = ServerSpec(model_path=str(target), draft_model_path=None if draft is None else str(draft),
+    spec = ServerSpec(model_path=str(target),
+                      draft_model_path=None if draft is None else str(draft),
                       device="cuda", attention_backend="triton", dummy_weights=True,
                       cuda_graphs=True, mem_fraction_static=mem_fraction,
                       extra_args=SGLANG_ARGS + sglang_graph_args(g, wl))

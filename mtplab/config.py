@@ -1,10 +1,11 @@
 """RunConfig: every knob of an mtplab run, validated at construction, plus the manifest.
 
-Construction (and `validate()`, which `Engine()` calls again) resolves every 'auto' to what is in force on this machine (device, dtype,
-attention backend, CUDA graphs, context length, KV budget), so `asdict(cfg)` *is* the resolved
-configuration. Invalid values raise `ConfigError` with one sentence naming the fix: first
-every field against its declared type (one generic check, mtplab/validate.py: a new knob is
-covered by its annotation), then ranges (`_MIN`), then the relations between knobs.
+Construction (and `validate()`, which `Engine()` calls again) resolves every 'auto' to what is
+in force on this machine (device, dtype, attention backend, CUDA graphs, context length, KV
+budget), so `asdict(cfg)` *is* the resolved configuration. Invalid values raise `ConfigError`
+with one sentence naming the fix: first every field against its declared type (one generic
+check, mtplab/validate.py: a new knob is covered by its annotation), then ranges (`_MIN`), then
+the relations between knobs.
 """
 from __future__ import annotations
 

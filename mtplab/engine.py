@@ -299,8 +299,8 @@ class Engine:
     @_serialised
     def finish(self) -> dict:
         """Stop profiling and write the run folder: manifest.json, health.json (when the
-        acceptance alarm fired: its stretches), the Kineto trace(s) and timeline.parquet, meter.parquet +
-        meter_stages.parquet (atomically). Returns
+        acceptance alarm fired: its stretches), the Kineto trace(s) and timeline.parquet,
+        meter.parquet + meter_stages.parquet (atomically). Returns
         {name: path} of what was written."""
         written = {}
         self.profile_note = None

@@ -302,8 +302,9 @@ def report() -> None:
     try:
         import torch
         if torch.cuda.is_available():
+            sm = "".join(map(str, torch.cuda.get_device_capability(0)))
             print(f"torch {torch.__version__} cuda {torch.version.cuda}: "
-                  f"{torch.cuda.get_device_name(0)} sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}")
+                  f"{torch.cuda.get_device_name(0)} sm_{sm}")
         else:
             print(f"torch {torch.__version__}: no CUDA device")
     except Exception as e:  # noqa: BLE001
@@ -313,7 +314,8 @@ def report() -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fake-cuda", action="store_true",
-                    help="CPU emulation: torch.cuda looks like one H100, sgl_kernel's .so not loaded")
+                    help="CPU emulation: torch.cuda looks like one H100, "
+                         "sgl_kernel's .so not loaded")
     ap.add_argument("--list-loaded", help="write the sorted sglang/sgl_kernel modules loaded here")
     args = ap.parse_args(argv)
     rec = Recorder()

@@ -170,7 +170,8 @@ BASE = 4463232744698.19  # a real Kineto-sized µs origin with a fractional part
 
 
 class Synth:
-    """Builds a Kineto-shaped trace: host spans, launch calls, GPU activity, GPU-lane annotations."""
+    """Builds a Kineto-shaped trace: host spans, launch calls, GPU activity, GPU-lane
+    annotations."""
 
     def __init__(self, base: float = BASE, pid: int = 4242, tid: int = 4242, device: int = 0):
         self.base, self.pid, self.tid, self.device = base, pid, tid, device
@@ -236,7 +237,7 @@ def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, planted: str | None = 
     t = 0.0
     for k in range(steps):
         step0 = t
-        for j in range(ops):
+        for _ in range(ops):
             s.host("nn.Module: Linear", t + 1, 38, cat="python_function")
             s.host("aten::linear", t + 4, 30, cat="cpu_op")
             corr = s.launch(t + 20)

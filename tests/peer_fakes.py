@@ -31,8 +31,9 @@ class FakeSide:
         self._maybe_hang("run")
         self.runs += 1
         bs = len(prompts)
-        return {"wall_s": bs * new_tokens / self.c.get("tok_s", 1000.0), "tokens": [new_tokens] * bs,
-                "decode_steps": max(1, new_tokens - 1), "accept_len": None}
+        return {"wall_s": bs * new_tokens / self.c.get("tok_s", 1000.0),
+                "tokens": [new_tokens] * bs, "decode_steps": max(1, new_tokens - 1),
+                "accept_len": None}
 
     def profile(self, prompts: list, new_tokens: int, warmup_tokens: int, dir: str,
                 steps: int) -> dict:

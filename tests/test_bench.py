@@ -224,7 +224,8 @@ def test_benchmarks_readme_lists_every_script():
     assert not missing, f"benchmarks/README.md does not list {missing}"
 
 
-OUTSIDE = "../" + "shared"          # the path a clone does not have (split: this file is checked too)
+# the path a clone does not have (split: this file is checked too)
+OUTSIDE = "../" + "shared"
 
 
 def test_gpu_check_lists_its_phases_and_refuses_an_unknown_one(tmp_path):
@@ -292,7 +293,8 @@ def test_stage_sum_and_bubble_columns_of_the_bench_table():
                           **{f"bubble_{c}_us": [100.0, 300.0]
                              for c in CAUSES}})
     b = bubble_columns(steps, has_device=True)
-    assert b["bubble_frac_profiled"] == pytest.approx(0.4) and b["bubble_sync_frac"] == pytest.approx(0.1)
+    assert b["bubble_frac_profiled"] == pytest.approx(0.4)
+    assert b["bubble_sync_frac"] == pytest.approx(0.1)
     assert b["device_busy_step_ms"] == pytest.approx(1.2) and b["step_profiled_ms"] == 2.0
     assert b["bubble_steps"] == 2
     off = bubble_columns(steps, has_device=False)            # a CPU trace: no device figures
@@ -329,10 +331,10 @@ def test_host_table_gives_stage_us_counts_and_the_floor_per_arm():
     for r in (0, 1):
         for ov, step in ((False, 300.0), (True, 200.0)):
             recs.append(_record({"host_stages": True, "batch_size": 1, "overlap": ov, REPEAT: r},
-                                host_step_us=step + 2 * r, host_schedule_us=10.0, host_verify_us=20.0,
-                                host_draft_us=0.0, host_loop_us=50.0, host_replays_per_step=2.0,
-                                host_copies_per_step=1.0, host_ops_per_step=3.0,
-                                host_floor_us=10.0))
+                                host_step_us=step + 2 * r, host_schedule_us=10.0,
+                                host_verify_us=20.0, host_draft_us=0.0, host_loop_us=50.0,
+                                host_replays_per_step=2.0, host_copies_per_step=1.0,
+                                host_ops_per_step=3.0, host_floor_us=10.0))
     text = table(pd.DataFrame(recs), doc)
     rows = rows_of(text)
     head = [c.strip() for c in text.splitlines()[0].strip("|").split("|")]

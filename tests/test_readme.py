@@ -31,7 +31,8 @@ def test_no_tracked_file_refers_outside_the_repo():
     root = Path(__file__).resolve().parent.parent
     files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True).stdout
     outside = "../" + "shared"
-    bad = [f for f in files.split() if (root / f).is_file() and not f.endswith((".gz", ".safetensors", ".png"))
+    bad = [f for f in files.split() if (root / f).is_file()
+           and not f.endswith((".gz", ".safetensors", ".png"))
            and outside in (root / f).read_text(errors="ignore")]
     assert not bad, bad
 

@@ -54,6 +54,7 @@ def test_installed_version_is_inside_the_range_and_in_the_docs(name):
 def test_every_extra_the_tests_install_has_a_tested_versions_row():
     """The packages the README's test command installs ([dev,distributed]) beyond the test
     tools each have a row naming the version tested."""
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     names = {Requirement(r).name for r in extras["distributed"]}
     assert names <= set(cpu_column()), names - set(cpu_column())

@@ -13,10 +13,10 @@ role (`lanes.py`: `host`, and `forward` / `schedule` / `copy` on mtplab's stream
 no GPU lanes and no bubbles: its lanes are the host threads that carry stage spans or ops, its
 ops drawn as grey boxes (`host op`). The x axis is the time from the start of the first step
 drawn, in µs, ms or s by its span, as plain numbers (`time_axis`); the legend stands right of
-the plot, in as many columns as keep it no taller (`fit_legend`); the title gives the bubble figure of
-`mtplab analyze` (`timeline_title`). `plot_event_timeline` draws the same kind of lanes from
-an mtplab event timeline (timeline.parquet). Every function returns the Figure and, given
-`path`, saves it atomically as PNG / SVG / PDF by extension.
+the plot, in as many columns as keep it no taller (`fit_legend`); the title gives the bubble
+figure of `mtplab analyze` (`timeline_title`). `plot_event_timeline` draws the same kind of
+lanes from an mtplab event timeline (timeline.parquet). Every function returns the Figure and,
+given `path`, saves it atomically as PNG / SVG / PDF by extension.
 """
 from __future__ import annotations
 

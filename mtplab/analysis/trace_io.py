@@ -18,9 +18,10 @@ Two readers: `load_trace` parses the whole document with orjson (fast; memory ab
 JSON size) and fills the columns one field at a time for all events; with `streaming=True`
 (automatic above `STREAM_ABOVE_BYTES` on disk) it iterates `traceEvents` items with ijson (C
 backend when available) and never holds the whole document. A gzip file inflating past
-`STREAM_ABOVE_BYTES` is streamed too, and past `MAX_TRACE_BYTES` refused (a gzip bomb). Both pause Python's cyclic garbage
-collector while they read (a parsed trace holds no reference cycles; the collector's repeated
-scans of the growing document cost more than the parse itself) and restore it afterwards.
+`STREAM_ABOVE_BYTES` is streamed too, and past `MAX_TRACE_BYTES` refused (a gzip bomb). Both
+pause Python's cyclic garbage collector while they read (a parsed trace holds no reference
+cycles; the collector's repeated scans of the growing document cost more than the parse
+itself) and restore it afterwards.
 Every way a file can be unreadable raises `TraceError` with one sentence saying what is wrong
 and what to do.
 """

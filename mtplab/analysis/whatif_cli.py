@@ -80,7 +80,9 @@ def main_whatif(argv: Sequence[str] | None = None) -> int:
         print(f"mtplab whatif: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if ns.json:
-        nan = lambda df: json.loads(df.to_json(orient="records"))
+        def nan(df):
+            return json.loads(df.to_json(orient="records"))
+
         base = replay(model)
         err, warning = self_check(model, base)
         print(json.dumps({"measured_period_us": model.measured_period_us,

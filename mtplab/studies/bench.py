@@ -26,10 +26,10 @@ The table (`table`), one row per grid point and arm, from results.parquet alone:
     accept len       tokens committed per verify, bonus included (1 without a draft)
     bubble %         the bubble meter's device bubble fraction of the unprofiled timed
                      generate (instrument/meter.py; on CPU cells the meter runs on the host
-                     clock and the header says so: sweep/metrics.py meter_name), then in parentheses the profiled decode
-                     steps' cause split (the causes of analysis/causes.py in their order,
-                     shares of the profiled step time; the profiler's per-launch cost
-                     inflates host time)
+                     clock and the header says so: sweep/metrics.py meter_name), then in
+                     parentheses the profiled decode steps' cause split (the causes of
+                     analysis/causes.py in their order, shares of the profiled step time;
+                     the profiler's per-launch cost inflates host time)
     bound ms         the bubble-free step time: device busy time per profiled decode step
     achieved         bound / the unprofiled decode step p50 (1 - achieved: the unprofiled
                      bubble estimate)
@@ -66,10 +66,11 @@ written as YAML the knob loads, and its gain over the best static setting on a w
 batch varies (--quick, --repeats, --bs, --budget-s and --dir apply; --only does not).
 A group whose cells measure host stages (`host_stages: true`, the `host` group) prints the
 host-stage table instead (`host_table`), one row per grid point and arm, medians over the
-repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule, prepare, each segment's launch,
-d2h, sync, process_result; mtplab/sweep/host.py), the loop's own Python between them, the
-whole step, replays / copy_ / other aten ops per step, and the step against its replay floor
-(replays per step x one replay's host µs, measured in the cell's process).
+repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule,
+prepare, each segment's launch, d2h, sync, process_result; mtplab/sweep/host.py), the loop's
+own Python between them, the whole step, replays / copy_ / other aten ops per step, and the
+step against its replay floor (replays per step x one replay's host µs, measured in the cell's
+process).
 """
 from __future__ import annotations
 
@@ -298,7 +299,8 @@ def host_table(df: pd.DataFrame, doc: dict) -> str:
                 [str(v) for v in pt] + [arm_label(arm), str(len(d)), _fmt(step, ".0f"),
                                         _fmt(_med(d, "host_step_p50_us"), ".0f")] +
                 [_fmt(_med(d, f"host_{s}_us"), ".1f") for s in stages] +
-                [_fmt(_med(d, "host_loop_us"), ".1f"), _fmt(_med(d, "host_replays_per_step"), ".2f"),
+                [_fmt(_med(d, "host_loop_us"), ".1f"),
+                 _fmt(_med(d, "host_replays_per_step"), ".2f"),
                  _fmt(_med(d, "host_copies_per_step"), ".2f"),
                  _fmt(_med(d, "host_ops_per_step"), ".2f"), _fmt(floor, ".1f"),
                  "-" if not floor or not step or floor != floor else f"{step / floor:.1f}x"])
@@ -420,7 +422,8 @@ def table(df: pd.DataFrame, doc: dict, bw: Optional[float] = None, smoke: bool =
             ok = pd.DataFrame([r for r in recs if r["status"] == "ok"])
             if ok.empty:
                 why = "; ".join(dict.fromkeys(f"{r['status']}: {r['error']}" for r in recs))
-                out.append("| " + " | ".join(lead + ["0", why]) + " |" * (len(head) - len(lead) - 1))
+                out.append("| " + " | ".join(lead + ["0", why])
+                           + " |" * (len(head) - len(lead) - 1))
                 continue
             tps = [float(x) for x in ok["decode_tok_per_s"]]
             med = statistics.median(tps)

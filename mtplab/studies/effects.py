@@ -38,9 +38,10 @@ Per arm and baseline at one grid point (the `by` columns), over ok rows:
                             the floor alone would judge the arm, so nothing is judged)
     clocks                  of the two arms' cells without a planted host delay, the decode
                             tok/s on the host clock over the meter's farthest from 1
-                            (`clock_ratios`; GPU cells only); beyond CLOCKS_LIMIT either way the sentence
-                            calls the ratio suspect: the host's steps and the GPU's disagree,
-                            as when the host reads results the GPU has not written yet
+                            (`clock_ratios`; GPU cells only); beyond CLOCKS_LIMIT either way
+                            the sentence calls the ratio suspect: the host's steps and the
+                            GPU's disagree, as when the host reads results the GPU has not
+                            written yet
     sentence                the numbers in one sentence; for "nothing" also why, from the
                             numbers: the bubble did not move, or it moved and the device busy
                             time took its place, or the baseline had little bubble to remove;

@@ -140,7 +140,8 @@ def test_plot_example_writes_under_traces_not_the_current_folder(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["traces"]
     out = tmp_path / "traces" / "example" / "timeline.png"
     assert out.read_bytes()[:4] == b"\x89PNG"
-    assert capsys.readouterr().out.splitlines()[-1] == str(Path("traces", "example", "timeline.png"))
+    assert (capsys.readouterr().out.splitlines()[-1]
+            == str(Path("traces", "example", "timeline.png")))
 
 
 def test_example_has_steps_enough_for_a_slider_and_is_a_faithful_cut(tmp_path):

@@ -122,7 +122,8 @@ def _independent_stream_idle(s: Synth, delay_us: float = 30.0) -> dict[int, dict
               and "correlation" in e.get("args", {})}
     out = {}
     for sid in sorted({a["args"]["stream"] for a in s.activities}):
-        acts = sorted((a for a in s.activities if a["args"]["stream"] == sid), key=lambda a: a["ts"])
+        acts = sorted((a for a in s.activities if a["args"]["stream"] == sid),
+                      key=lambda a: a["ts"])
         tot = {"idle": 0.0, "host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0, "busy": 0.0}
         for prev, nxt in zip(acts, acts[1:]):
             gap = nxt["ts"] - end(prev)

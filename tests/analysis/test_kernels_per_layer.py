@@ -194,7 +194,7 @@ def test_the_block_equals_the_two_depth_difference_on_cpu_ops():
 
     eng = Engine(RunConfig(model="random-tiny", device="cpu", max_running_requests=1))
     got = layer_counts(eng, cats=("cpu_op",))
-    for fused, (per, outside, (k, reps), _) in got.items():
+    for fused, (per, outside, (k, _reps), _) in got.items():
         assert k > 0 and per == k and outside > 0, (fused, per, k)
     assert got[True][2][1] == 3 and got[False][2][1] == 4
     assert got[True][0] != got[False][0]

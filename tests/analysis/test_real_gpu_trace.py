@@ -60,7 +60,8 @@ def test_kernels_per_step_counts_the_gpu_activities_of_each_decode_step():
     steps = steps[steps["name"].str.startswith("step[decode")]
     tr = load_trace(str(TRACE))
     ts = tr.ts[tr.cat_mask(*GPU_ACTIVITY_CATS)]
-    per = [int(((ts >= s) & (ts < s + d)).sum()) for s, d in zip(steps["start_us"], steps["dur_us"])]
+    per = [int(((ts >= s) & (ts < s + d)).sum())
+           for s, d in zip(steps["start_us"], steps["dur_us"])]
     assert m["kernels_per_step"] == float(np.median(per)) and m["kernels_per_step"] > 0
 
 

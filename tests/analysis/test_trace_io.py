@@ -47,7 +47,8 @@ def test_columns_exact_and_interned(synth_files):
 def test_gzip_and_streaming_agree(synth_files):
     _, plain, gz = synth_files
     a = load_trace(plain)
-    for other in (load_trace(gz), load_trace(gz, streaming=True), load_trace(plain, streaming=True)):
+    for other in (load_trace(gz), load_trace(gz, streaming=True),
+                  load_trace(plain, streaming=True)):
         for col in ("ts", "dur", "pid", "tid", "stream", "device", "correlation"):
             assert np.array_equal(getattr(a, col), getattr(other, col)), col
         assert [a.name_of(i) for i in range(len(a))] == [other.name_of(i) for i in range(len(a))]
@@ -77,7 +78,8 @@ BAD = {
     "no_trace_events": b'{"schemaVersion": 1, "events": []}',
     "no_timed_events": b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}',
     "item_not_object": b'{"traceEvents": [1, 2, 3]}',
-    "bad_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}',
+    "bad_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", '
+              b'"dur": 1}]}',
     "scalar": b"42",
     "string_ts": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "12.5", '
                  b'"dur": 1}]}',
@@ -90,8 +92,9 @@ BAD = {
 }
 
 
+# streaming reads items only: a scalar document is not streamed
 @pytest.mark.parametrize("kind,streaming", [(k, st) for k in sorted(BAD) for st in (False, True)
-                                             if not (st and k == "scalar")])  # streaming: items only
+                                             if not (st and k == "scalar")])
 def test_bad_files_raise_one_clear_trace_error(tmp_path, kind, streaming):
     p = tmp_path / f"{kind}.json"
     p.write_bytes(BAD[kind])

@@ -31,7 +31,9 @@ def simple(verify_gpu=100.0, *, overlap=False, async_d2h=True, L=0.0, cpu=False,
 
 def spec(**loop) -> StepModel:
     """A draft step: resolve, draft, tree, verify, accept, commit+publish graphs, d2h."""
-    g = lambda name, host, *st: Launch(name, host, "forward", st)
+    def g(name, host, *st):
+        return Launch(name, host, "forward", st)
+
     return StepModel(
         host=dict(HOST),
         launches=(g("resolve", 3.0, ("resolve", 2.0)), g("draft", 5.0, ("draft", 50.0)),
@@ -113,9 +115,11 @@ def test_cpu_runs_everything_in_series():
 
 
 def test_eager_launch_overlaps_its_own_kernels():
-    one = lambda eager: StepModel(host={}, launches=(Launch("draft.seed", 200.0, "forward",
-                                                            (("draft.seed", 60.0),), eager),),
-                                  loop=Loop(overlap=False, async_d2h=False))
+    def one(eager):
+        return StepModel(host={}, launches=(Launch("draft.seed", 200.0, "forward",
+                                                   (("draft.seed", 60.0),), eager),),
+                         loop=Loop(overlap=False, async_d2h=False))
+
     assert replay(one(True)).period_us == pytest.approx(200.0)    # ends with its last launch
     assert replay(one(False)).period_us == pytest.approx(260.0)   # a graph starts after it
     # its last kernel runs L after the call issued it (200 + 5), the read wakes W later:
@@ -135,14 +139,14 @@ def test_host_and_gpu_whatifs():
 
 def test_preexec_moves_the_draft_after_commit():
     m = apply(spec(), "zb_draft_preexec=on")
-    assert [l.stage for l in m.launches] == ["resolve", "tree", "verify", "accept", "commit",
+    assert [la.stage for la in m.launches] == ["resolve", "tree", "verify", "accept", "commit",
                                              "draft", "d2h"]
     assert m.loop.draft_preexec
     # overlap off: resolve (launched at 33) runs 2 µs, tree's launch ends at 36, then the
     # device chain tree 5, verify 100, accept 5, commit 12, draft 50, d2h 3, then 30 + 40
     assert replay(m).period_us == pytest.approx(36 + 172 + 3 + 70)
     back = apply(m, "zb_draft_preexec=off")
-    assert [l.stage for l in back.launches] == [l.stage for l in spec().launches]
+    assert [la.stage for la in back.launches] == [la.stage for la in spec().launches]
 
 
 def test_preexec_gpu_bound_keeps_the_device_chain():
@@ -173,7 +177,7 @@ def test_fold_seed_with_graphs_estimates_the_seed_from_the_draft_graph():
     seed = Launch("draft.seed", 200.0, "forward", (("draft.seed", 60.0),), True)
     m = StepModel(**{**base.__dict__, "launches": base.launches[:1] + (seed,) + base.launches[1:]})
     f = apply(m, "fold_seed=on")
-    assert [l.stage for l in f.launches] == [l.stage for l in base.launches]
+    assert [la.stage for la in f.launches] == [la.stage for la in base.launches]
     # the unfolded draft graph holds S-1 = 2 steps of 25 µs: the seed adds one
     assert dict(f.launches[1].stages)["draft"] == pytest.approx(75.0)
     assert f.loop.fold_seed and "fold_seed=on" in f.notes[0]
@@ -216,7 +220,7 @@ def test_host_speed_scales_every_host_time_and_keeps_the_device():
     m = replace(m, launches=(replace(m.launches[0], host_dev=(2.0, -2.0)), m.launches[1]))
     s = apply(m, "host:all*0.5")
     assert s.host == {k: v / 2 for k, v in HOST.items()}
-    assert [l.host_us for l in s.launches] == [2.5, 1.0]
+    assert [la.host_us for la in s.launches] == [2.5, 1.0]
     assert s.host_dev == {"loop": (5.0, -5.0)} and s.loop_before_read_us == 4.0
     assert s.launches[0].host_dev == (1.0, -1.0)
     assert s.nested == {"draft.seed@draft": (3.0, 40.0)} and s.launch_latency_us == 5.0
@@ -260,8 +264,10 @@ def tables(n=6):
         s, t = 10 + i, 300.0 * i
         rows += [(s, "resolve", "forward", t, t + 2), (s, "draft.seed", "forward", t + 5, t + 65),
                  (s, "draft.step", "forward", t + 10, t + 20),
-                 (s, "draft", "forward", t + 70, t + 120), (s, "verify", "forward", t + 121, t + 221),
-                 (s, "commit", "forward", t + 222, t + 232), (s, "publish", "forward", t + 233, t + 235),
+                 (s, "draft", "forward", t + 70, t + 120),
+                 (s, "verify", "forward", t + 121, t + 221),
+                 (s, "commit", "forward", t + 222, t + 232),
+                 (s, "publish", "forward", t + 233, t + 235),
                  (s, "stash", "forward", t + 235, t + 238), (s, "d2h", "copy", t + 239, t + 242)]
         host.append({"step": s, "period_us": 300.0, "schedule": 11.0, "prepare": 25.0,
                      "sync@prepare": 4.0, "resolve": 3.0, "draft.seed": 150.0,
@@ -278,7 +284,7 @@ def test_from_tables_builds_launches_and_host_work():
            "draft": "frozen_kv_mtp", "num_steps": 3}
     m = from_tables(cfg, st, host, anchor_tok_s=500.0, latency_us=4.0, seed_forward=True,
                     eager=("draft.seed",))
-    assert [(l.stage, l.lane) for l in m.launches] == [
+    assert [(la.stage, la.lane) for la in m.launches] == [
         ("resolve", "forward"), ("draft.seed", "forward"), ("draft", "forward"),
         ("verify", "forward"), ("commit", "forward"), ("d2h", "copy")]
     commit = m.launches[4]
@@ -405,14 +411,14 @@ def test_from_tables_keeps_each_steps_host_deviation():
     # the loop (the period less every outermost span) about its mean, and each launch
     # call's own deviation: verify's 16 and -4 about 6 (the loop absorbs them, as measured)
     assert m.host_dev["loop"] == pytest.approx((0.0, 40.0, -40.0, 0.0, 10.0, -10.0))
-    assert [l for l in m.launches if l.stage == "verify"][0].host_dev == pytest.approx(
+    assert [la for la in m.launches if la.stage == "verify"][0].host_dev == pytest.approx(
         (0.0, 0.0, 0.0, 0.0, 10.0, -10.0))
     assert "schedule" not in m.host_dev                    # steady: nothing kept
     assert from_tables(cfg, st, host, jitter=False).n_steps == 0
     # the gap before each launch, from its first stage's start to the end of the one before
     st, host = tables()
     m = from_tables({"device": "cuda", "overlap": True}, st, host)
-    assert [l.gap_us for l in m.launches] == pytest.approx([0.0, 3.0, 5.0, 1.0, 1.0, 1.0])
+    assert [la.gap_us for la in m.launches] == pytest.approx([0.0, 3.0, 5.0, 1.0, 1.0, 1.0])
 
 
 def busy_cpu_tables(noise=(31000.0, -9000.0, 12000.0, -9000.0, 5000.0, -30000.0, 0.0)):

@@ -52,7 +52,7 @@ def test_load_run_replays_the_run_itself(run_dir):
     m = load_run(run_dir[0])
     assert m.loop.overlap and m.loop.draft_preexec and m.loop.host_runs_device
     # the launches are the zero-bubble plan's: the draft runs after commit
-    stages = [l.stage for l in m.launches]
+    stages = [la.stage for la in m.launches]
     assert stages.index("draft") > stages.index("commit")
     # on CPU everything runs in series: the replay is the measured period but for the sync
     # spans' own time (the replay recomputes waits, and nothing waits on CPU)

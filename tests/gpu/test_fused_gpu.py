@@ -57,9 +57,9 @@ def test_rope_kv(dtype, nq, nkv, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,I", [(1, 14336), (9, 21504), (3, 100)])
-def test_silu_mul(dtype, T, I):
-    gu = rnd(T, 2 * I, dtype=dtype) * 3
+@pytest.mark.parametrize("T,Im", [(1, 14336), (9, 21504), (3, 100)])
+def test_silu_mul(dtype, T, Im):
+    gu = rnd(T, 2 * Im, dtype=dtype) * 3
     torch.testing.assert_close(fo.silu_mul_triton(gu), fo.silu_mul_ref(gu), **TOL[dtype])
 
 

@@ -114,7 +114,7 @@ def test_future_map_kernels_carry_their_stages_stamps(draft, extra):
     assert st["step"].nunique() > 5 and (st["dur_us"] >= 0).all()
     for _, s in st.groupby("step"):
         assert (s["stage"] == "resolve").sum() == 1
-        ends = lambda *names: set(s.loc[s["stage"].isin(names), "end_us"])   # noqa: E731
+        ends = lambda *names, s=s: set(s.loc[s["stage"].isin(names), "end_us"])   # noqa: E731
         # a handover: the tail's first stage begins where the segment's stage before it ends
         assert set(s.loc[s["stage"] == "publish", "start_us"]) <= ends("verify", "commit")
         assert set(s.loc[s["stage"] == "stash", "start_us"]) <= ends("publish", "draft_extend",

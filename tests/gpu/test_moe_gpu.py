@@ -17,12 +17,12 @@ from tests.helpers import make_agreeable, random_prompts
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def case(T, E=128, k=8, H=2816, I=704, dtype=torch.bfloat16, seed=0):
+def case(T, E=128, k=8, H=2816, Im=704, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda")          # noqa: E731
     w, ids = fm.route(r(T, E), k, dtype)
-    return (r(T, H).to(dtype), (r(E, 2 * I, H) / H ** 0.5).to(dtype),
-            (r(E, H, I) / I ** 0.5).to(dtype), w, ids, r(T, H).to(dtype))
+    return (r(T, H).to(dtype), (r(E, 2 * Im, H) / H ** 0.5).to(dtype),
+            (r(E, H, Im) / Im ** 0.5).to(dtype), w, ids, r(T, H).to(dtype))
 
 
 @pytest.mark.parametrize("T", [1, 8, 33, 256])
@@ -50,13 +50,13 @@ def test_compiled_kernels_are_batch_invariant_and_capturable():
     torch.testing.assert_close(out, fm.fused_moe_triton(*fresh), atol=0, rtol=0)
 
 
-def grouped_case(T, E=128, k=8, H=2816, I=704, Is=2112, seed=0):
+def grouped_case(T, E=128, k=8, H=2816, Im=704, Is=2112, seed=0):
     """(x, router, shared gate, w_gate_up, w_down, shared gate_up, shared down), bf16."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s, fan: (torch.randn(*s, generator=g, device="cuda")       # noqa: E731
                          / fan ** 0.5).to(torch.bfloat16)
-    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * I, H, fan=H),
-            r(E, H, I, fan=I), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
+    return (r(T, H, fan=1), r(E, H, fan=H), r(1, H, fan=H), r(E, 2 * Im, H, fan=H),
+            r(E, H, Im, fan=Im), r(2 * Is, H, fan=H), r(H, Is, fan=Is))
 
 
 def route(x, wr, wg, T):

@@ -139,7 +139,8 @@ def test_frame_windows_busy_and_bubble():
     us = 1000
     _synthetic(m, [(0, "verify", "forward", 0, 10 * us), (0, "stash", "forward", 12 * us, 14 * us),
                    (0, "d2h", "copy", 15 * us, 20 * us),
-                   (1, "verify", "forward", 18 * us, 30 * us), (1, "d2h", "copy", 35 * us, 36 * us)])
+                   (1, "verify", "forward", 18 * us, 30 * us),
+                   (1, "d2h", "copy", 35 * us, 36 * us)])
     m.collect()
     df = m.frame()
     # step 0: window [0, 20]: covered 10 + 2 + 5 -> bubble 3 (10..12, 14..15)

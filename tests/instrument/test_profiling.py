@@ -38,7 +38,8 @@ def test_profiled_run_writes_trace_timeline_and_manifest(tmp_path, draft):
     names = {e.get("name") for e in events}
     want = {"schedule", "prepare", "resolve", "draft", "tree", "verify", "accept", "commit",
             "stash", "d2h", "sync", "process_result"}
-    want |= {"draft.seed", "draft.step"} if draft == "frozen_kv_mtp" else {"draft.step", "draft_extend"}
+    want |= ({"draft.seed", "draft.step"} if draft == "frozen_kv_mtp"
+             else {"draft.step", "draft_extend"})
     assert want <= names, want - names
     assert any(n.startswith("step[decode bs=") for n in names if n)
     # the analyser reads the engine's own trace

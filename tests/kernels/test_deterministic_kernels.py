@@ -164,7 +164,9 @@ def _attn_case(S: int, window: int, Hq=4, Hkv=2, d=32, dtype=torch.float32):
         qs.append(qseq[S + r:S + r + 1])
         pos.append(S + r)
         if r == 1:
-            lanes.append((3, 17, 1)); qs.append(torch.randn(1, Hq, d, generator=g)); pos.append(16)
+            lanes.append((3, 17, 1))
+            qs.append(torch.randn(1, Hq, d, generator=g))
+            pos.append(16)
     out = run(table, lanes, k, v, torch.cat(qs), torch.tensor(pos))
     res["decode"] = out[torch.tensor([0, 1, 3, 4])]
     alone = run(table, [(0, S + 3, 1)], k, v, qseq[S + 2:S + 3], torch.tensor([S + 2]))

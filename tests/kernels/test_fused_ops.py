@@ -92,12 +92,12 @@ def test_rope_kv_reference_is_the_unfused_arithmetic():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,I", [(1, 40), (3, 1500)])
-def test_silu_mul_triton_matches_reference(dtype, T, I):
-    gu = rnd(T, 2 * I, dtype=dtype) * 4
+@pytest.mark.parametrize("T,Im", [(1, 40), (3, 1500)])
+def test_silu_mul_triton_matches_reference(dtype, T, Im):
+    gu = rnd(T, 2 * Im, dtype=dtype) * 4
     want = fo.silu_mul_ref(gu)
     torch.testing.assert_close(fo.silu_mul_triton(gu), want, **TOL[dtype])
-    assert torch.equal(want, F.silu(gu[:, :I]) * gu[:, I:])
+    assert torch.equal(want, F.silu(gu[:, :Im]) * gu[:, Im:])
 
 
 def test_dispatch_uses_the_reference_off_cuda():

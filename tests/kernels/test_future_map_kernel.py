@@ -85,7 +85,7 @@ def test_publish_stash_scatter_matches_reference_with_its_split_stamp(H):
                          torch.tensor([t], device=DEVICE))
     rr, rc = torch.zeros(8, 2, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
     for t in (T, T + 1):
-        move_rows_ref(rows, ref, False, 1, (rr, rc, (40, 41, 42)), lambda: t)
+        move_rows_ref(rows, ref, False, 1, (rr, rc, (40, 41, 42)), lambda t=t: t)
     for a, b in zip(k, ref):
         assert torch.equal(a.dst.cpu(), b.dst)
     assert torch.equal(ref[1].dst[rows], bonus.long()) and ref[1].dst[0] == -1

@@ -87,7 +87,7 @@ def check(case, window=0, atol=1e-4, splits=(None,)):
         out = paged_attention_triton(q, k, v, meta, scale, window, **kw)
         assert out.shape == ref.shape and out.dtype == q.dtype
         torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol,
-                                   msg=lambda m: f"{kw}: {m}")
+                                   msg=lambda m, kw=kw: f"{kw}: {m}")
 
 
 # ---- decode (max_q == 1) ------------------------------------------------------------------

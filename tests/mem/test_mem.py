@@ -49,14 +49,16 @@ def test_kv_manager_admit_extend_release_and_table():
     assert pool.pending and not pool.table[kv.row].any()     # queued, issued by flush
     pool.flush()
     assert not pool.pending
-    assert torch.equal(pool.table[kv.row, :16], torch.tensor(a.page_slots(kv.pages), dtype=torch.int32))
+    assert torch.equal(pool.table[kv.row, :16],
+                       torch.tensor(a.page_slots(kv.pages), dtype=torch.int32))
     check_kv_invariants(a, pool, {0: kv}, check_table=True, allocated=m.allocated)
     m.allocated[kv.row] += 4           # the row array out of step with the pages
     with pytest.raises(InvariantError, match="row array says 20"):
         check_kv_invariants(a, pool, {0: kv}, allocated=m.allocated)
     m.allocated[kv.row] -= 4
     big = m.admit(4)
-    assert not m.reserve_rows([kv, big], np.array([kv.row, big.row]), np.array([32, 32]))  # 12 pages, 11 free
+    # 12 pages, 11 free
+    assert not m.reserve_rows([kv, big], np.array([kv.row, big.row]), np.array([32, 32]))
     assert kv.kv_allocated_len == 16 and big.kv_allocated_len == 4   # all-or-nothing
     m.release([big])
     with pytest.raises(RowOverflowError, match="rows are 32 wide"):

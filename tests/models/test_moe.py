@@ -28,24 +28,24 @@ from tests.helpers import make_agreeable, random_prompts
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
-def case(T, E, k, H, I, dtype=torch.float32, seed=0, shared=True):
+def case(T, E, k, H, Im, dtype=torch.float32, seed=0, shared=True):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)                        # noqa: E731
     x = r(T, H).to(dtype)
-    wgu = (r(E, 2 * I, H) / H ** 0.5).to(dtype)
-    wd = (r(E, H, I) / I ** 0.5).to(dtype)
+    wgu = (r(E, 2 * Im, H) / H ** 0.5).to(dtype)
+    wd = (r(E, H, Im) / Im ** 0.5).to(dtype)
     w, ids = fm.route(r(T, E), k, dtype)
     return x, wgu, wd, w, ids, (r(T, H).to(dtype) if shared else None)
 
 
 def loop_reference(x, wgu, wd, w, ids, shared):
     """Qwen2-MoE's formula token by token, slot by slot (fp32)."""
-    I = wgu.shape[1] // 2
+    Im = wgu.shape[1] // 2
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = ids[t, j]
-            act = F.silu(x[t] @ wgu[e, :I].T) * (x[t] @ wgu[e, I:].T)
+            act = F.silu(x[t] @ wgu[e, :Im].T) * (x[t] @ wgu[e, Im:].T)
             out[t] += w[t, j] * (act @ wd[e].T)
         if shared is not None:
             out[t] += shared[t]
@@ -73,17 +73,17 @@ def test_align_sorts_every_slot_once_into_single_expert_blocks(T, E, k, bm):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 32, 16), (6, 16, 4, 64, 48), (9, 5, 3, 40, 24)])
-def test_reference_is_the_per_token_formula(T, E, k, H, I, shared):
-    args = case(T, E, k, H, I, shared=shared)
+@pytest.mark.parametrize("T,E,k,H,Im", [(1, 8, 2, 32, 16), (6, 16, 4, 64, 48), (9, 5, 3, 40, 24)])
+def test_reference_is_the_per_token_formula(T, E, k, H, Im, shared):
+    args = case(T, E, k, H, Im, shared=shared)
     torch.testing.assert_close(fm.fused_moe_ref(*args), loop_reference(*args),
                                **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 32, 16), (6, 16, 4, 64, 48), (9, 5, 3, 40, 72)])
-def test_triton_kernels_match_the_reference(dtype, T, E, k, H, I):
-    args = case(T, E, k, H, I, dtype=dtype, seed=T)
+@pytest.mark.parametrize("T,E,k,H,Im", [(1, 8, 2, 32, 16), (6, 16, 4, 64, 48), (9, 5, 3, 40, 72)])
+def test_triton_kernels_match_the_reference(dtype, T, E, k, H, Im):
+    args = case(T, E, k, H, Im, dtype=dtype, seed=T)
     got = fm.fused_moe_triton(*args)
     assert got.dtype == dtype and got.shape == (T, H)
     torch.testing.assert_close(got, fm.fused_moe_ref(*args), **TOL[dtype])
@@ -101,13 +101,13 @@ def test_triton_rows_are_batch_invariant():
         assert torch.equal(fm.fused_moe_triton(x[s], wgu, wd, w[s], ids[s], sh[s]), full[s])
 
 
-def grouped_case(T, E, k, H, I, Is, dtype=torch.float32, seed=0, bm=4):
+def grouped_case(T, E, k, H, Im, Is, dtype=torch.float32, seed=0, bm=4):
     """(x, w_gate_up, w_down, routing, shared_gate_up [2Is, H], shared_down [H, Is])."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)                        # noqa: E731
     x = r(T, H).to(dtype)
-    wgu = (r(E, 2 * I, H) / H ** 0.5).to(dtype)
-    wd = (r(E, H, I) / I ** 0.5).to(dtype)
+    wgu = (r(E, 2 * Im, H) / H ** 0.5).to(dtype)
+    wd = (r(E, H, Im) / Im ** 0.5).to(dtype)
     wr = (r(E, H) / H ** 0.5).to(dtype)
     wg = (r(1, H) / H ** 0.5).to(dtype) if Is else None
     routing = mr.route_align_ref(x, wr, None, wg, k, True, bm)
@@ -120,9 +120,9 @@ GROUPED = [(1, 8, 2, 32, 16, 48), (6, 16, 4, 64, 48, 40), (9, 5, 3, 40, 24, 0),
            (5, 6, 2, 36, 72, 24)]
 
 
-@pytest.mark.parametrize("T,E,k,H,I,Is", GROUPED)
-def test_grouped_reference_is_the_per_token_formula(T, E, k, H, I, Is):
-    x, wgu, wd, r, sgu, sd = grouped_case(T, E, k, H, I, Is, seed=T)
+@pytest.mark.parametrize("T,E,k,H,Im,Is", GROUPED)
+def test_grouped_reference_is_the_per_token_formula(T, E, k, H, Im, Is):
+    x, wgu, wd, r, sgu, sd = grouped_case(T, E, k, H, Im, Is, seed=T)
     want = loop_reference(x, wgu, wd, r.weights, r.ids, None)
     if Is:
         g, u = (x @ sgu.T).split(Is, dim=-1)
@@ -132,10 +132,10 @@ def test_grouped_reference_is_the_per_token_formula(T, E, k, H, I, Is):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,E,k,H,I,Is", GROUPED)
-def test_grouped_kernels_match_the_reference(dtype, T, E, k, H, I, Is):
+@pytest.mark.parametrize("T,E,k,H,Im,Is", GROUPED)
+def test_grouped_kernels_match_the_reference(dtype, T, E, k, H, Im, Is):
     """Shared widths above, below and between the routed width and the column tile."""
-    args = grouped_case(T, E, k, H, I, Is, dtype=dtype, seed=T + 1)
+    args = grouped_case(T, E, k, H, Im, Is, dtype=dtype, seed=T + 1)
     got = fm.moe_ffn_triton(*args)
     assert got.dtype == dtype and got.shape == (T, H)
     torch.testing.assert_close(got, fm.moe_ffn_ref(*args), **TOL[dtype])

@@ -76,7 +76,8 @@ CASES = [  # (id, corrupt(d), file the message names, problem the message states
      "model.safetensors", r"unexpected tensor model.layers.1.input_layernorm.weight \(\+8 more\)"),
     ("shape-mismatch", lambda d: _edit_config(d, intermediate_size=48),
      "model.safetensors",
-     r"model.layers.0.mlp.down_proj.weight has shape \[32, 64\] but config.json implies \[32, 48\]"),
+     r"model.layers.0.mlp.down_proj.weight has shape \[32, 64\] "
+     r"but config.json implies \[32, 48\]"),
     ("heads-mismatch", lambda d: _edit_config(d, num_key_value_heads=2),
      "model.safetensors", r"k_proj.weight has shape \[16, 32\] but config.json implies \[32, 32\]"),
     ("nan", lambda d: _edit_weights(d, _poison("model.layers.0.self_attn.q_proj.weight", math.nan)),

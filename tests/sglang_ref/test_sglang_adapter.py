@@ -3,7 +3,6 @@ installed), refusals, `mtplab sglang launch` (dry run, and a full run against a 
 speaking SGLang's endpoints), and the analyser's SGLang span names."""
 from __future__ import annotations
 
-import gzip
 import http.server
 import json
 import os
@@ -224,7 +223,8 @@ def test_launch_drives_a_fake_server_end_to_end(tmp_path, monkeypatch, capsys, m
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SERVER)
     py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                  f"{shlex.quote(str(script))} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
     rc = main_sglang(["launch", "--model", model_dirs[0], "--draft", "eagle",
@@ -249,7 +249,8 @@ def fake_python(tmp_path) -> Path:
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SERVER)
     py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                  f"{shlex.quote(str(script))} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     return py
 
@@ -331,9 +332,10 @@ def test_analyser_reads_sglang_step_spans(tmp_path):
         s.host(name, 100.0 * k, 80.0)
         s.gpu(s.launch(100.0 * k + 5), 100.0 * k + 10, 60.0)
     res = analyze(s.write(tmp_path / "v2.json"))
-    assert list(res.steps["name"]) == ["step[EXTEND bs=2]",
-                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY+DRAFT_EXTEND_V2]",
-                                       "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY]"]
+    assert list(res.steps["name"]) == [
+        "step[EXTEND bs=2]",
+        "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY+DRAFT_EXTEND_V2]",
+        "step[decode bs=2: DRAFT_LOOP+TARGET_VERIFY]"]
     s = Synth()                     # 0.5.17 EAGLE: the draft runs in a graph, no span
     for k, name in enumerate(["step[TARGET_VERIFY bs=2]", "step[DRAFT_EXTEND_V2 bs=2]"] * 2):
         s.host(name, 100.0 * k, 80.0)
@@ -633,8 +635,10 @@ def test_server_knobs_are_what_sglang_parses(model_dirs):
 
 
 @pytest.mark.parametrize("message,flags", [
-    ("page_size=3 is not a power of two; use 1, 2, 4.", "--page-size 3 is not a power of two; use 1, 2, 4."),
-    ("set fold_seed=True to compare like with like.", "set --fold-seed true to compare like with like."),
+    ("page_size=3 is not a power of two; use 1, 2, 4.",
+     "--page-size 3 is not a power of two; use 1, 2, 4."),
+    ("set fold_seed=True to compare like with like.",
+     "set --fold-seed true to compare like with like."),
     ("draft='eagle' needs a draft model directory; pass draft_model_path.",
      "--draft eagle needs a draft model directory; pass --draft-model."),
     ("with topk=1 the draft is a chain of num_steps+1 tokens, so num_draft_tokens must be 4.",

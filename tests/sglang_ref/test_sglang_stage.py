@@ -56,8 +56,8 @@ def test_pack_receive_install_roundtrip(tmp_path):
     work.mkdir(), carry.mkdir()
     payload = work / "sglang-site.tar.xz"
     blob = fake_payload(payload)
-    env = {"MTP_SGL_WORK": str(work), "MTP_SGL_CARRY_ROOT": str(carry), "MTP_SGL_PART_BYTES": "2000",
-           "MTP_SGL_TMP": str(dev), "OUT": str(tmp_path / "out")}
+    env = {"MTP_SGL_WORK": str(work), "MTP_SGL_CARRY_ROOT": str(carry),
+           "MTP_SGL_PART_BYTES": "2000", "MTP_SGL_TMP": str(dev), "OUT": str(tmp_path / "out")}
     sh("pack", str(payload), env=env)
     folders = sorted(carry.glob(".sgl_c*"), key=lambda p: int(p.name[6:]))
     n = -(-payload.stat().st_size // 2000)
@@ -156,7 +156,7 @@ def test_arms_are_what_sglang_parses(tmp_path):
     sa = sglang_module("sglang.srt.server_args")
     subprocess.run([sys.executable, "-m", "mtplab.cli", "sglang", "models", "--out",
                     str(tmp_path / "models")], check=True, capture_output=True, cwd=REPO)
-    for name, a in arm_lines(tmp_path).items():
+    for _name, a in arm_lines(tmp_path).items():
         flags = a["argv"][a["argv"].index("sglang.launch_server") + 1:]
         flags[flags.index("--device") + 1] = "cpu"
         s = sa.prepare_server_args(flags)

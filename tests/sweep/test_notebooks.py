@@ -18,12 +18,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-papermill = pytest.importorskip("papermill")
-pytest.importorskip("ipykernel")
-
 from mtplab.analysis.causes import CAUSES
 from mtplab.config import ConfigError, RunConfig
 from mtplab.sweep.kernel import local_kernel
+
+papermill = pytest.importorskip("papermill")
+pytest.importorskip("ipykernel")
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9]*.ipynb"))
 # knobs a notebook needs, tried at their non-default value before running it

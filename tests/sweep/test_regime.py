@@ -2,7 +2,6 @@
 bench's --quick / --only / --budget-s (a subset of rungs within a time budget)."""
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd

@@ -119,7 +119,8 @@ def test_lock_holder_is_named_in_one_line(tmp_path, capsys):
         import sys
         sys.path.insert(0, {str(REPO)!r})
         import importlib.util
-        spec = importlib.util.spec_from_file_location("lock", {str(REPO / 'mtplab/sweep/lock.py')!r})
+        spec = importlib.util.spec_from_file_location(
+            "lock", {str(REPO / 'mtplab/sweep/lock.py')!r})
         lock = importlib.util.module_from_spec(spec); spec.loader.exec_module(lock)
         with lock.hold_out_dir({str(out)!r}):
             print("held", flush=True); sys.stdin.read()

@@ -122,7 +122,8 @@ def test_the_meter_on_cpu_is_named_the_host_clock_meter_everywhere():
     why = arm_effects(low, "arm", [("ov", "off")])["sentence"].iloc[0]
     assert "step is outside every stage (host clock) only 2.0%" in why
     assert "stage busy per decode step 980 -> 980 us" in why and "device" not in why
-    assert plot_effects(eff).axes[1].get_ylabel() == "bubble (meter, host clock) vs baseline (points)"
+    assert (plot_effects(eff).axes[1].get_ylabel()
+            == "bubble (meter, host clock) vs baseline (points)")
     doc = {"base": {"device": "cpu"}, "grid": {"repeat": [0]}, "arms": [{"overlap": False}]}
     rec = {"status": "ok", "settings_json": json.dumps({"device": "cpu", "overlap": False,
                                                         "repeat": 0}),

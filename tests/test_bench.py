@@ -362,7 +362,7 @@ def test_regime_report_names_the_cells_whose_clocks_disagree():
 def test_bench_labels_each_groups_bar_and_closes_over_every_group(tmp_path, monkeypatch):
     """Each group's progress bar names its group, and the closing line counts the cells of
     every group, not the last one's."""
-    from mtplab import bench
+    from mtplab.studies import bench
     seen = []
 
     def fake_sweep(cells, out, **kw):

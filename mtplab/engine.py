@@ -47,7 +47,8 @@ from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
-from .speculative.worker import SpecParams, SpecWorker
+from .speculative.plan import SpecParams
+from .speculative.worker import SpecWorker
 from .speculative.schedule import ScheduleWorker
 from .speculative.schedule import build as build_schedule
 from .speculative.schedule import step_counts as schedule_step_counts

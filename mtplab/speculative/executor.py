@@ -162,7 +162,7 @@ class Executor:
         order, `marks(i)` beginning segment i (a graph's stamps or an eager twin's spans)
         and its `finish()` ending it."""
         fns = [c.make(c, max_kv) for c in plan]
-        fm = self.future_map
+        future_map = self.future_map
 
         def step(marks, **v):
             for i, (c, fn) in enumerate(zip(plan, fns)):
@@ -171,7 +171,7 @@ class Executor:
                 out = fn(**args) if c.plain else fn(**args, mark=m)
                 m.finish()
                 if not m.captured and "publish" in c.stages:
-                    fm.mark_published()
+                    future_map.mark_published()
                 for vals, o in zip(c.writes, out):
                     for val in vals:
                         v[val] = o

@@ -4,33 +4,37 @@ runs it (speculative/segments.py). The executor (speculative/executor.py) runs a
 as stage graphs or as one step graph; the stage of each segment: docs/design.md
 "Stage → file map".
 
-    segment       stages                          reads -> writes (value names = buffers)
-    resolve       resolve                         rows -> seq_lens, d_seq, bonus, draft
-                                                  inputs | pre-drafted candidates
-    draft.seed    draft.seed (unfolded frozen)    bonus, d_hidden -> d_hidden, d_topk_*
-    draft         draft (+ stash if preexec)      d_seq, bonus / d_hidden, d_topk_* ->
-                                                  scores, cand_tokens, cand_parents
-    tree          tree                            seq_lens, bonus, candidates -> the tree
-    verify        verify                          seq_lens, tokens, positions, mask ->
-                                                  logits, hidden_all, finite
-    accept        accept                          the tree, logits (, seeds), finite ->
-                                                  accept_index, accept_lens, acc_tokens,
-                                                  bonus (the next round's root), host_tokens
-                                                  (acc_tokens, NONFINITE_TOKEN rows where
-                                                  the verify was not finite: the host's copy)
-    commit        commit, publish (+ stash)       ... -> d_seq (new lengths), hidden_path,
-                                                  d_hidden (frozen: the next seed)
-    draft_extend  draft_extend, stash (eagle)     ... -> d_hidden, d_topk_*
-    draft         (preexec: the next round's draft on the values commit/extend wrote)
+    segment       stages                       reads -> writes (value names = buffers)
+    resolve       resolve                      rows -> seq_lens, draft_seq_lens, bonus, the
+                                               draft's inputs | pre-drafted candidates
+    draft.seed    draft.seed (unfolded         bonus, draft_hidden -> draft_hidden,
+                  Frozen-KV)                   draft_topk_*
+    draft         draft (+ stash if preexec)   draft_seq_lens, bonus / draft_hidden,
+                                               draft_topk_* -> scores, cand_tokens,
+                                               cand_parents
+    tree          tree                         seq_lens, bonus, candidates -> the tree
+    verify        verify                       seq_lens, tokens, positions, mask -> logits,
+                                               hidden_all, finite
+    accept        accept                       the tree, logits (, seeds), finite ->
+                                               accept_index, accept_lens, acc_tokens, bonus
+                                               (the next round's root), host_tokens
+                                               (acc_tokens, NONFINITE_TOKEN rows where the
+                                               verify was not finite: the host's copy)
+    commit        commit, publish (+ stash)    ... -> draft_seq_lens (new lengths),
+                                               hidden_path, draft_hidden (Frozen-KV: the
+                                               next seed)
+    draft_extend  draft_extend, stash (EAGLE)  ... -> draft_hidden, draft_topk_*
+    draft         (preexec: the next round's draft on the values commit / extend wrote)
 An off step (num_steps 0: a speculation schedule's bucket without speculation,
-speculative/schedule.py) runs resolve (seq_lens, bonus), `tree.root` (the tree is the root),
+speculative/arms.py) runs resolve (seq_lens, bonus), `tree.root` (the tree is the root),
 verify over that one node, accept (the target's token), commit and the draft's extend with
 accept_len 1: the next draft inputs are stashed as after any verify (Frozen-KV: the token and
 its target hidden, a selection; EAGLE: one draft_extend forward, its KV kept current).
 A target-only step (`target_plan`, no draft) is resolve and a one-node verify that picks its
 token (an argmax, or the sampler) and publishes and stashes it in the same segment.
-`bonus`, `d_seq` and `d_hidden` are overwritten in the step (after their last reader of the
-old value): what the pre-executed draft reads is what the next round's draft would.
+`bonus`, `draft_seq_lens` and `draft_hidden` are overwritten in the step (after their last
+reader of the old value): what the pre-executed draft reads is what the next round's draft
+would.
 """
 from __future__ import annotations
 
@@ -115,11 +119,11 @@ VALUES = {
     # the host's (staged when the batch changes, sched/prepare.py)
     "rows": Value((), _L, 0), "seeds": Value((), _L, 0),
     "temperature": Value((), _F, 0), "top_p": Value((), _F, 1),
-    "seq_lens": Value((), _L, 1, "seq_lens"), "d_seq": Value((), _L, 1, "seq_lens"),
+    "seq_lens": Value((), _L, 1, "seq_lens"), "draft_seq_lens": Value((), _L, 1, "seq_lens"),
     "kv_lens": Value((), _L, 1, "seq_lens", 1),      # target-only: the fed token's KV counted
-    "bonus": Value((), _L, 0, "bonus"), "d_hidden": Value(("H",), "hidden", 0, "hidden"),
-    "d_topk_logp": Value(("Ks",), _F, 0, "topk_logp"),
-    "d_topk_index": Value(("Ks",), _L, 0, "topk_index"),
+    "bonus": Value((), _L, 0, "bonus"), "draft_hidden": Value(("H",), "hidden", 0, "hidden"),
+    "draft_topk_logp": Value(("Ks",), _F, 0, "topk_logp"),
+    "draft_topk_index": Value(("Ks",), _L, 0, "topk_index"),
     "scores": Value(("C",), _F, 0, "pre_scores"), "cand_tokens": Value(("C",), _L, 0, "pre_tokens"),
     "cand_parents": Value(("C",), _L, -1, "pre_parents"),
     # the tree (speculative/tree.py DraftTree, in its field order)
@@ -169,8 +173,8 @@ def resolve(seg, predrafted: bool, off: bool, eagle: bool) -> Call:
     the candidates the last round pre-drafted (an off step reads neither)."""
     vals = ("seq_lens", "bonus") + (() if off else
                                     ("scores", "cand_tokens", "cand_parents") if predrafted
-                                    else ("d_seq", "d_hidden") +
-                                    (("d_topk_logp", "d_topk_index") if eagle else ()))
+                                    else ("draft_seq_lens", "draft_hidden") +
+                                    (("draft_topk_logp", "draft_topk_index") if eagle else ()))
     return Call("resolve.pre" if predrafted else "resolve", ("resolve",), (MOVE_ROWS, MOVE_ROWS),
                 (("rows", "rows"),), _each(vals), seg.resolve)
 
@@ -178,16 +182,16 @@ def resolve(seg, predrafted: bool, off: bool, eagle: bool) -> Call:
 def draft_segments(seg, p: SpecParams, draft, stage_graphs: bool) -> tuple[Call, ...]:
     """The draft: the unfolded Frozen-KV seed (eager between stage graphs), then the S steps;
     with zb_draft_preexec the candidates are stashed for the next round."""
-    rows = (("rows", "rows"), ("seq_lens", "d_seq"))
+    rows = (("rows", "rows"), ("seq_lens", "draft_seq_lens"))
     out = []
     if draft.seed_forward and not p.fold_seed:
         out.append(Call("draft.seed", ("draft.seed",), NODES,
-                        rows + (("bonus", "bonus"), ("hidden", "d_hidden")),
-                        (("d_hidden",), ("d_topk_logp",), ("d_topk_index",)), seg.seed,
+                        rows + (("bonus", "bonus"), ("hidden", "draft_hidden")),
+                        (("draft_hidden",), ("draft_topk_logp",), ("draft_topk_index",)), seg.seed,
                         graphed=not stage_graphs))
-    inputs = ((("bonus", "bonus"), ("hidden", "d_hidden")) if p.fold_seed else
-              (("hidden", "d_hidden"), ("topk_logp", "d_topk_logp"),
-               ("topk_index", "d_topk_index")))
+    inputs = ((("bonus", "bonus"), ("hidden", "draft_hidden")) if p.fold_seed else
+              (("hidden", "draft_hidden"), ("topk_logp", "draft_topk_logp"),
+               ("topk_index", "draft_topk_index")))
     preexec = p.draft_preexec
     out.append(Call("draft", ("draft", "stash") if preexec else ("draft",),
                     (None, MOVE_ROWS if preexec else None), rows + inputs,
@@ -241,7 +245,8 @@ def commit(seg, eagle: bool) -> Call:
                 ("window_slots", MOVE_ROWS),
                 ROWS + (("accept_index", "accept_index"), ("accept_lens", "accept_lens"),
                         ("hidden", "hidden_all")) + extra,
-                (("d_seq",), ("hidden_path",), () if eagle else ("d_hidden",)), seg.commit)
+                (("draft_seq_lens",), ("hidden_path",), () if eagle else ("draft_hidden",)),
+                seg.commit)
 
 
 def draft_extend(seg) -> Call:
@@ -249,7 +254,7 @@ def draft_extend(seg) -> Call:
     return Call("draft_extend", ("draft_extend", "stash"), (None, MOVE_ROWS),
                 ROWS + (("tokens", "acc_tokens"), ("hidden_path", "hidden_path"),
                         ("accept_lens", "accept_lens"), ("bonus", "bonus")),
-                (("d_hidden",), ("d_topk_logp",), ("d_topk_index",)), seg.draft_extend)
+                (("draft_hidden",), ("draft_topk_logp",), ("draft_topk_index",)), seg.draft_extend)
 
 
 # -- the target-only step ---------------------------------------------------------------------

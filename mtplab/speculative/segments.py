@@ -54,12 +54,12 @@ class Segments:
         self.target = Target(target.model, target.kv, target.table, target.attn_fn)
         self.future_map, self.params, self.draft_worker = future_map, params, draft
         self.spans = target.spans
-        p, fm = params, future_map
+        p, topk_logp = params, future_map.topk_logp
         # the sizes VALUES' shapes name: H hidden, Ks the stashed top-k's width (EAGLE: the
         # run's topk, this worker reads its first topk), C draft candidates, D tree nodes,
         # E = S+1 path lanes, V vocabulary
-        self.sizes = {"H": fm.hidden.shape[1],
-                      "Ks": p.topk if fm.topk_logp is None else fm.topk_logp.shape[1],
+        self.sizes = {"H": future_map.hidden.shape[1],
+                      "Ks": p.topk if topk_logp is None else topk_logp.shape[1],
                       "C": num_candidates(p.num_steps, p.topk) if p.num_steps else 0,
                       "D": p.num_draft_tokens, "E": p.num_steps + 1,
                       "V": target.model.config.vocab_size}
@@ -72,25 +72,28 @@ class Segments:
         stamps, writing into `dst` (the stage graphs' buffers) or fresh tensors (a step
         graph); padding lanes (row 0) get the values' pads. Eager: the future map's gathers
         (with the consume-once checks of debug_future_map)."""
-        fm, size = self.future_map, self.sizes
+        future_map, size = self.future_map, self.sizes
         names = tuple(vals[0] for vals in c.writes)
 
         def fn(rows, mark, dst=None):
             if not mark.captured:
-                seq, inp = fm.resolve_seq_lens(rows), fm.gather(rows)
-                pre = fm.gather_predraft(rows, size["C"]) if "scores" in names else (None,) * 3
-                got = dict(seq_lens=seq, d_seq=seq, bonus=inp.bonus, d_hidden=inp.hidden,
-                           d_topk_logp=inp.topk_logp, d_topk_index=inp.topk_index,
+                seq, inp = future_map.resolve_seq_lens(rows), future_map.gather(rows)
+                pre = (future_map.gather_predraft(rows, size["C"]) if "scores" in names
+                       else (None,) * 3)
+                got = dict(seq_lens=seq, draft_seq_lens=seq, bonus=inp.bonus,
+                           draft_hidden=inp.hidden, draft_topk_logp=inp.topk_logp,
+                           draft_topk_index=inp.topk_index,
                            scores=pre[0], cand_tokens=pre[1], cand_parents=pre[2])
                 return tuple(seq + 1 if k == "kv_lens" else got[k] for k in names)
             bs = rows.shape[0]
             out = []
             for k in names:      # this worker's widths (a schedule arm may read fewer columns)
-                f = getattr(fm, VALUES[k].field)
+                f = getattr(future_map, VALUES[k].field)
                 out.append(dst[k][:bs] if dst is not None else
                            f.new_empty((bs,) + tuple(size[d] for d in VALUES[k].shape)))
-            fm.resolve_into(rows, [(o, VALUES[k].field, VALUES[k].pad, VALUES[k].add)
-                                   for o, k in zip(out, names)], mark.carry("resolve"))
+            future_map.resolve_into(
+                rows, [(o, VALUES[k].field, VALUES[k].pad, VALUES[k].add)
+                       for o, k in zip(out, names)], mark.carry("resolve"))
             return tuple(out)
         return fn
 
@@ -106,8 +109,8 @@ class Segments:
     def draft(self, c: Call, max_kv: int):
         """-> the S steps' candidates concatenated: (scores, tokens, parents) [B, C]
         (+ stash of them as the pre-drafted candidates with zb_draft_preexec)."""
-        draft, fold, fm, spans = self.draft_worker, self.params.fold_seed, self.future_map, \
-            self.spans
+        draft, fold, spans = self.draft_worker, self.params.fold_seed, self.spans
+        future_map = self.future_map
 
         def fn(rows, seq_lens, mark=None, **fields):
             inp = DraftInputs(fields.pop("bonus", None), **fields)
@@ -119,7 +122,7 @@ class Segments:
                      torch.cat([s.tokens for s in steps], 1),
                      torch.cat([s.parents for s in steps], 1))
             if mark is not None:
-                fm.write(rows, mark, predraft=cands)
+                future_map.write(rows, mark, predraft=cands)
             return cands
         return fn
 
@@ -188,7 +191,7 @@ class Segments:
 
     def commit(self, c: Call, max_kv: int):
         """commit -> publish (-> the draft's selection -> stash, frozen)."""
-        p, fm, draft, target = self.params, self.future_map, self.draft_worker, self.target
+        p, future_map, draft, target = self.params, self.future_map, self.draft_worker, self.target
 
         def fn(rows, seq_lens, accept_index, accept_lens, hidden, mark, tokens=None,
                bonus=None):
@@ -198,18 +201,18 @@ class Segments:
             # no draft_extend forward: extend is a selection (no device work)
             nxt = None if draft.extend_forward else draft.extend(
                 rows, seq_lens, tokens, bonus, hidden_path, hidden_last, accept_lens, max_kv)
-            fm.write(rows, mark, seq_lens=new_seq, inputs=nxt)
+            future_map.write(rows, mark, seq_lens=new_seq, inputs=nxt)
             return new_seq, hidden_path, hidden_last
         return fn
 
     def draft_extend(self, c: Call, max_kv: int):
         """EAGLE's draft extend -> stash of the next draft inputs."""
-        fm, draft = self.future_map, self.draft_worker
+        future_map, draft = self.future_map, self.draft_worker
 
         def fn(rows, seq_lens, tokens, hidden_path, accept_lens, bonus, mark):
             out = draft.extend(rows, seq_lens, tokens, None, hidden_path, None, accept_lens,
                                max_kv)
-            fm.write(rows, mark, inputs=DraftInputs(bonus, out.hidden, out.topk_logp,
+            future_map.write(rows, mark, inputs=DraftInputs(bonus, out.hidden, out.topk_logp,
                                                     out.topk_index))
             return out.hidden, out.topk_logp, out.topk_index
         return fn
@@ -221,7 +224,7 @@ class Segments:
         sampling kernels left out), publish (kv_lens) and stash (the token) ->
         (the token for the host [B, 1]: NONFINITE_TOKEN where the logits were not finite,
         accept lengths of ones)."""
-        target, fm, ones = self.target, self.future_map, self._ones
+        target, future_map, ones = self.target, self.future_map, self._ones
         table = target.table
         width = table.shape[1]
 
@@ -239,7 +242,7 @@ class Segments:
             tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,
                                                               kv_lens)
             report = flag_nonfinite(tok, finite_rows(logits, hidden, B))
-            fm.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
+            future_map.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
             return report[:, None], ones[:B]
         return fn
 

@@ -118,7 +118,7 @@ class SpecWorker:
 
     def forget_predrafts(self, rows=None) -> None:
         """Rows (all when None) hold no candidates this worker pre-drafted: prefilled, or
-        decoded by another setting's worker since (speculative/schedule.py)."""
+        decoded by another setting's worker since (speculative/arms.py)."""
         self._drafted[slice(None) if rows is None else rows] = False
         self._last_rows = None
 

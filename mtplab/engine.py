@@ -49,9 +49,9 @@ from .sched.scheduler import LoopOptions, Scheduler, StepStats
 from .stats import collect_stats
 from .speculative.plan import SpecParams
 from .speculative.worker import SpecWorker
-from .speculative.schedule import ScheduleWorker
-from .speculative.schedule import build as build_schedule
-from .speculative.schedule import step_counts as schedule_step_counts
+from .speculative.arms import ScheduleWorker
+from .speculative.arms import build as build_schedule
+from .speculative.arms import step_counts as schedule_step_counts
 from . import spec_schedule
 from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args
@@ -195,8 +195,8 @@ class Engine:
                           graph_max_bs, cfg.graph_granularity)
 
     def _schedule_worker(self, draft, graph_max_bs: int) -> ScheduleWorker:
-        """One arm per setting of cfg.spec_schedule, all captured now (speculative/
-        schedule.py). A simulated mean accept length becomes one per-position rate at the
+        """One arm per setting of cfg.spec_schedule, all captured now (speculative/arms.py).
+        A simulated mean accept length becomes one per-position rate at the
         run's num_steps (spec_schedule.geometric_rate): a bucket of fewer steps accepts less."""
         cfg = self.cfg
         rates = cfg.simulate_accept_rates

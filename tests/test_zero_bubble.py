@@ -84,7 +84,7 @@ except SystemExit:
     pass
 # the engine's loop options
 eng = Engine(RunConfig(overlap=True, zero_bubble=True, max_running_requests=2))
-assert eng.scheduler.opt.probe is True
+assert eng.scheduler.loop.probe is True
 assert len(eng.generate([[1, 5, 6]], 4, ignore_eos=True)[0]) == 4
 eng.check_invariants()
 # the what-if predictor takes its name and refuses to guess its effect

@@ -42,7 +42,7 @@ from .instrument.meter import BubbleMeter, meter_throughput
 from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
-from .core import Req, SamplingParams
+from .core import Req, SamplingParams, Worker
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
 from .sched.scheduler import LoopOptions, Scheduler, StepStats
@@ -118,7 +118,7 @@ class Engine:
                 cfg.cuda_graphs and not cfg.speculative,
                 min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
                 self.spans, cfg.graph_granularity)
-            self.worker = self.target_worker
+            self.worker: Worker = self.target_worker
             self.draft_model = None
             if cfg.speculative:
                 self.worker = self._spec_worker(num_slots, attn)

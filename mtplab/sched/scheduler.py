@@ -42,7 +42,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..core import Req
+from ..core import Req, Worker
 from ..device import Device
 from ..instrument.spans import NO_SPANS, Spans
 from ..instrument.syncs import SyncRecorder
@@ -51,6 +51,7 @@ from ..mem.kv_manager import KVManager
 from ..stages import step_name
 from .admission import KVAdmission
 from .d2h import Pending, Readback
+from .future_map import FutureMap
 from .prepare import DecodePrepare, prepare_prefill
 from .process_result import append_decode, append_prefill
 from .rows import Batch
@@ -91,7 +92,8 @@ class StepStats:
 
 
 class Scheduler:
-    def __init__(self, worker, kv: KVManager, future_map, device: Device, *, max_running: int,
+    def __init__(self, worker: Worker, kv: KVManager, future_map: FutureMap, device: Device, *,
+                 max_running: int,
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
                  chunked_prefill_size: Optional[int] = None,

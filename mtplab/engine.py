@@ -45,7 +45,8 @@ from .models.draft_vocab import set_draft_vocab
 from .core import Req, SamplingParams, Worker
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
-from .sched.scheduler import LoopOptions, Scheduler, StepStats
+from .loop_options import LoopOptions
+from .sched.scheduler import Scheduler, StepStats
 from .stats import collect_stats
 from .speculative.plan import SpecParams
 from .speculative.worker import SpecWorker

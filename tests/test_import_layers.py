@@ -6,15 +6,17 @@ RunConfig); and no chain of imports, module- or function-level, leads from a mod
 itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topological order).
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
-              zero_bubble  version  provenance
+              zero_bubble  version  provenance  loop_options
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
               spec_schedule (only errors: the schedule knob's forms and checks)
               flags (validate: the command line's argparse types)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
-              sched (core, mem, device, instrument, kernels)   never speculative or models
-              instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
+              sched (core, mem, device, instrument, kernels, loop_options)   never speculative
+              or models
+              instrument (spans, timeline, session, syncs)   analysis (+ validate, zero_bubble,
+              loop_options; never torch)
               config (+ validate, draft_kinds, zero_bubble, version, provenance, spec_schedule;
               models and mem inside its resolution)  <- engine, stats  <- cli, bench, sweep, sglang
 """
@@ -29,7 +31,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt", "zero_bubble", "version", "provenance"}
+          "draft_kinds", "fmt", "zero_bubble", "version", "provenance", "loop_options"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -40,6 +42,7 @@ ALLOWED = {
     "zero_bubble": set(),          # the zero-bubble sub-knobs and their owners
     "version": set(),              # __version__ (the package root re-exports it)
     "provenance": set(),           # git_commit: the checkout the code runs from (manifests)
+    "loop_options": set(),         # the scheduler loop's options and its length-read rule
     "core": {"errors"},
     "validate": {"errors"},
     "spec_schedule": {"errors"},   # the batch-aware schedule knob (torch-free)
@@ -47,7 +50,7 @@ ALLOWED = {
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
-                 "zero_bubble"},                                     # the what-if's knobs
+                 "zero_bubble", "loop_options"},                     # the what-if's knobs, loop
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc"},
     "mem": {"core", "device"},
@@ -59,7 +62,7 @@ ALLOWED = {
                     "stages", "draft_kinds"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
-              "lazy_triton"},
+              "lazy_triton", "loop_options"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
                "draft_kinds", "zero_bubble", "version", "provenance", "spec_schedule"},
 }

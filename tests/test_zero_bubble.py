@@ -126,8 +126,8 @@ print(json.dumps(sorted(f.name for f in fields(RunConfig))))
 
 def test_a_new_sub_knob_is_one_field_and_its_owner(tmp_path):
     """A copy of the package plus a test-only loop sub-knob, `zb_probe`: one field in
-    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (its mechanism, a
-    branch in the loop, is left out). Nothing else is edited, and it reaches RunConfig's
+    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (loop_options.py; its
+    mechanism, a branch in the loop, is left out). Nothing else is edited, and it reaches RunConfig's
     resolution, validation and help, the engine's loop options, the what-if predictor (which
     refuses it by name: `_knob` has no model of it), its sweep check, the regime map's effect
     and leave-one-out arm, the SGLang adapter and notebook 04's arms. The README's knobs row
@@ -145,7 +145,7 @@ def test_a_new_sub_knob_is_one_field_and_its_owner(tmp_path):
     pkg = tmp_path / "mtplab"
     shutil.copytree(ROOT / "mtplab", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for path, anchor, line in ((pkg / "zero_bubble.py", "\n\nZB_SUBKNOBS", PROBE_FIELD),
-                               (pkg / "sched" / "scheduler.py", "    debug_syncs: bool",
+                               (pkg / "loop_options.py", "    debug_syncs: bool",
                                 PROBE_OPTION)):
         text = path.read_text()
         assert text.count(anchor) == 1, (path, anchor)

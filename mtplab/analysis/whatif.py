@@ -78,17 +78,20 @@ from typing import Iterable, Optional, Sequence
 
 import pandas as pd
 
+from ..loop_options import LoopOptions, reads_lengths
+from ..stages import HOST_PREP_STAGES as HOST_WORK
 from ..zero_bubble import ZB_SUBKNOBS
+from .causes import HOST_PREP as PREP_CAUSE, HOST_PYTHON, LAUNCH as LAUNCH_CAUSE, \
+    SYNC as SYNC_CAUSE, host_label
 
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
 JITTER_WARMUP = 16                # iterations before the measured steps' jitter is averaged
 GAP_Q = 0.1                       # a launch's device gap: this quantile over the run's steps
-HOST_WORK = ("schedule", "prepare", "process_result")
 LOOP = "loop"                     # host time outside every stage span in an iteration
 HOST_NAMES = HOST_WORK + (LOOP,)
 ALL = "all"                       # host:all*F: every host time at once (the host's speed)
-PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
+PYTHON_CAUSE = host_label(HOST_PYTHON)
 KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
 DRAFT_LAUNCHES = ("draft.seed", "draft")
 AFTER_COMMIT = ("commit", "draft_extend")
@@ -122,10 +125,10 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Loop:
-    """The loop options in force (config.py's resolved knobs)."""
-    overlap: bool
-    async_d2h: bool = True
+class Loop(LoopOptions):
+    """The loop options in force (config.py's resolved knobs): the scheduler's, and the
+    worker's that change the loop's shape. A model built by hand reads its lengths on the
+    host unless it says otherwise."""
     device_seq_lens: bool = False
     draft_preexec: bool = False
     fold_seed: bool = False
@@ -222,7 +225,7 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
     for k in range(steps):
         f = scale[k % len(scale)]                  # this iteration's host work, stretched
         host_seg(k, "schedule", "host", f * m.host.get("schedule", 0.0))
-        if lp.overlap and not lp.device_seq_lens and m.draft != "none" and k > 0 and pub_end:
+        if reads_lengths(lp, m.draft != "none") and k > 0 and pub_end:
             wait_until(k, pub_end[-1] + W)
         host_seg(k, "prepare", "host", f * m.host.get("prepare", 0.0))
         if lp.async_d2h and d2h_end:
@@ -274,7 +277,7 @@ def _cause_of(name: str, kind: str) -> str:
     if kind == "sync":
         return SYNC_CAUSE
     if kind == "launch":
-        return f"host:{name}"
+        return host_label(name)
     return PYTHON_CAUSE if name == LOOP else PREP_CAUSE
 
 

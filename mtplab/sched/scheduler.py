@@ -46,6 +46,7 @@ from ..core import Req, Worker
 from ..device import Device
 from ..instrument.spans import NO_SPANS, Spans
 from ..instrument.syncs import SyncRecorder
+from ..loop_options import LoopOptions, reads_lengths
 from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
 from ..stages import step_name
@@ -61,18 +62,6 @@ STALL_STEPS = 3     # consecutive iterations with nothing launched or processed 
 
 class SchedulerStallError(RuntimeError):
     """Requests wait but nothing can run (e.g. a prompt larger than the whole KV budget)."""
-
-
-@dataclass(frozen=True)
-class LoopOptions:
-    """The loop's knobs; async_d2h and device_seq_lens are the zero-bubble sub-knobs the loop
-    owns (zero_bubble.py: the engine builds them from that table)."""
-    overlap: bool = False
-    async_d2h: bool = True         # results -> pinned buffers on the copy stream (else the host
-                                   #   waits for the forward stream, then .tolist())
-    device_seq_lens: bool = True   # False: the host reads resolved seq_lens each speculative
-                                   #   decode under overlap (a sync)
-    debug_syncs: bool = False      # list host syncs per decode step (CUDA sync debug mode)
 
 
 @dataclass
@@ -104,13 +93,9 @@ class Scheduler:
         # reference counting): on_step is the engine's StepHooks (sched/hooks.py),
         # on_iteration gets this scheduler as its argument (the invariant checker).
         self.worker, self.kv, self.future_map, self.device = worker, kv, future_map, device
-        # The host reads the published lengths (a sync) only where it cannot know them: a
-        # speculative decode advances each request by its accept length, which the host
-        # learns a step late. A target-only decode advances every request by one token, so
-        # the host's own lengths + lag are exact (SGLang's resolve_seq_lens_cpu returns at
-        # once without a draft). The future map's `publish_ready` is waited on only by that read.
-        self.reads_lengths = (loop.overlap and not loop.device_seq_lens
-                              and alloc_len_per_decode > 1)
+        # The future map's `publish_ready` is waited on only by the host's read of the lengths
+        # (loop_options.py reads_lengths).
+        self.reads_lengths = reads_lengths(loop, speculative=alloc_len_per_decode > 1)
         future_map.host_reads = self.reads_lengths
         self.spans, self.loop = spans, loop
         self.on_step = on_step              # after every iteration that launched work

@@ -1,6 +1,7 @@
 """A file name names one module: no two modules of the package share a file name (a folder's
-entry points `__init__.py`, `cli.py` and `runner.py` excepted), and a module named after a
-stage is that stage's file in docs/design.md's "Stage → file map"."""
+entry points `__init__.py`, `cli.py` and `runner.py` excepted), a module named after a stage
+is that stage's file in docs/design.md's "Stage → file map", and every file that map names
+exists."""
 from __future__ import annotations
 
 import re
@@ -43,3 +44,9 @@ def test_a_module_named_after_a_stage_is_that_stages_file():
     wrong = [str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py"))
              if p.stem in STAGES and f"`{p.relative_to(PKG)}`" not in rows[p.stem]]
     assert wrong == []
+
+
+def test_every_file_the_stage_map_names_exists():
+    named = {f for files in stage_map().values() for f in re.findall(r"`([\w/]+\.py)`", files)}
+    assert named and sorted(f for f in named if not (PKG / f).is_file()) == []
+

@@ -126,13 +126,13 @@ print(json.dumps(sorted(f.name for f in fields(RunConfig))))
 
 def test_a_new_sub_knob_is_one_field_and_its_owner(tmp_path):
     """A copy of the package plus a test-only loop sub-knob, `zb_probe`: one field in
-    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (loop_options.py; its
-    mechanism, a branch in the loop, is left out). Nothing else is edited, and it reaches RunConfig's
-    resolution, validation and help, the engine's loop options, the what-if predictor (which
-    refuses it by name: `_knob` has no model of it), its sweep check, the regime map's effect
-    and leave-one-out arm, the SGLang adapter and notebook 04's arms. The README's knobs row
-    is the third edit (tests/test_readme.py requires it): the copy's RunConfig has exactly
-    that one field more."""
+    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (loop_options.py;
+    its mechanism, a branch in the loop, is left out). Nothing else is edited, and it reaches
+    RunConfig's resolution, validation and help, the engine's loop options, the what-if
+    predictor (which refuses it by name: `_knob` has no model of it), its sweep check, the
+    regime map's effect and leave-one-out arm, the SGLang adapter and notebook 04's arms. The
+    README's knobs row is the third edit (tests/test_readme.py requires it): the copy's
+    RunConfig has exactly that one field more."""
     import json
     import os
     import shutil

@@ -24,7 +24,7 @@ the next decode is launched (the scheduler copies them out before).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 

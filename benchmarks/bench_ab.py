@@ -16,6 +16,9 @@ and loop, the ratio old / new (>= 1: the working tree's host is no slower), medi
 alternating sweeps.
 
     python -m benchmarks.bench_ab --commit 5349b33 --group host [--repeats 3] [--out FILE]
+
+`--old-tree DIR`: COMMIT's files already extracted there (a machine without the git history:
+`git archive COMMIT | tar -x -C DIR` beforehand); COMMIT then only labels the table.
 """
 from __future__ import annotations
 
@@ -83,17 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--group", choices=("decode", "host"), default="decode")
+    ap.add_argument("--old-tree", default=None)
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
     if a.group == "host":
         return host_main(a, here)
     res: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
-        old = Path(d) / "old"
-        old.mkdir()
-        arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
-                              capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+        old = old_tree(a, here, d)
         grid = Path(d) / "ab.yaml"
         grid.write_text(yaml.safe_dump(GRID, sort_keys=False))
         trees = {a.commit: old, "working tree": here}
@@ -117,16 +117,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def old_tree(a, here: Path, d: str) -> Path:
+    """COMMIT's files: --old-tree, or a git archive of it under `d`."""
+    if a.old_tree:
+        return Path(a.old_tree).resolve()
+    old = Path(d) / "old"
+    old.mkdir()
+    arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
+                          capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+    return old
+
+
 def host_main(a, here: Path) -> int:
     """--group host (module doc)."""
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
     with tempfile.TemporaryDirectory() as d:
-        old = Path(d) / "old"
-        old.mkdir()
-        arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
-                              capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+        old = old_tree(a, here, d)
         grid = Path(d) / "host.yaml"
         grid.write_text(yaml.safe_dump(host_grid(here), sort_keys=False))
         trees = {a.commit: old, "working tree": here}

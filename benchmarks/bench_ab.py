@@ -8,6 +8,17 @@ cell is a fresh process. The grid uses only settings every tree with `mtplab swe
 (random-token prompts), so COMMIT must have `mtplab sweep`.
 
     python -m benchmarks.bench_ab --commit b0a315c [--repeats 3] [--out FILE]
+
+`--group host`: the host-stage grid of `mtplab bench --groups host` (mtplab/bench_grids/
+host.yaml, the working tree's, one repeat per sweep) instead, compared on the host µs of a
+decode step (`host_step_us`, mtplab/sweep/host.py): per draft, graph granularity, batch size
+and loop, the ratio old / new (>= 1: the working tree's host is no slower), median over the
+alternating sweeps.
+
+    python -m benchmarks.bench_ab --commit 5349b33 --group host [--repeats 3] [--out FILE]
+
+`--old-tree DIR`: COMMIT's files already extracted there (a machine without the git history:
+`git archive COMMIT | tar -x -C DIR` beforehand); COMMIT then only labels the table.
 """
 from __future__ import annotations
 
@@ -37,6 +48,22 @@ GRID = {"timeout_s": 600,
         "arms": ARMS}
 
 
+HOST_AXES = ("cfg.draft", "cfg.graph_granularity", "batch_size", "cfg.overlap")
+
+
+def host_grid(tree: Path) -> dict:
+    """`mtplab bench --groups host`'s grid, one repeat (the sweeps alternate instead)."""
+    doc = yaml.safe_load((tree / "mtplab" / "bench_grids" / "host.yaml").read_text())
+    doc["grid"]["repeat"] = [0]
+    return doc
+
+
+def host_label(row) -> str:
+    draft, gran, bs, overlap = (row[k] for k in HOST_AXES)
+    loop = "overlap+zb" if str(overlap).lower() in ("true", "1") else "overlap off"
+    return f"{'target-only' if draft == 'none' else 'frozen'} {gran} bs{bs} {loop}"
+
+
 def label(arm: dict) -> str:
     return f"{'target-only' if arm['draft'] == 'none' else 'frozen'} bs{arm['batch_size']}"
 
@@ -58,15 +85,15 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--group", choices=("decode", "host"), default="decode")
+    ap.add_argument("--old-tree", default=None)
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
+    if a.group == "host":
+        return host_main(a, here)
     res: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
-        old = Path(d) / "old"
-        old.mkdir()
-        arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
-                              capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+        old = old_tree(a, here, d)
         grid = Path(d) / "ab.yaml"
         grid.write_text(yaml.safe_dump(GRID, sort_keys=False))
         trees = {a.commit: old, "working tree": here}
@@ -86,6 +113,52 @@ def main(argv=None) -> int:
         mo, mn = statistics.median(o), statistics.median(n)
         rows.append(f"| {label(arm)} | {mo:.0f} [{min(o):.0f}-{max(o):.0f}] | {mn:.0f} "
                     f"[{min(n):.0f}-{max(n):.0f}] | {mn / mo:.2f}x |")
+    emit("\n".join(rows), a.out)
+    return 0
+
+
+def old_tree(a, here: Path, d: str) -> Path:
+    """COMMIT's files: --old-tree, or a git archive of it under `d`."""
+    if a.old_tree:
+        return Path(a.old_tree).resolve()
+    old = Path(d) / "old"
+    old.mkdir()
+    arch = subprocess.run(["git", "-C", str(here), "archive", a.commit], check=True,
+                          capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+    return old
+
+
+def host_main(a, here: Path) -> int:
+    """--group host (module doc)."""
+    res: dict[tuple[str, str], list[float]] = {}
+    order: list[str] = []
+    with tempfile.TemporaryDirectory() as d:
+        old = old_tree(a, here, d)
+        grid = Path(d) / "host.yaml"
+        grid.write_text(yaml.safe_dump(host_grid(here), sort_keys=False))
+        trees = {a.commit: old, "working tree": here}
+        for r in range(a.repeats):
+            for name, tree in trees.items():
+                df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
+                for row in df.to_dict("records"):
+                    if row["status"] == "dropped":
+                        continue
+                    if row["status"] != "ok":
+                        raise RuntimeError(f"{name} {host_label(row)}: {row.get('error')}")
+                    key = host_label(row)
+                    if key not in order:
+                        order.append(key)
+                    res.setdefault((name, key), []).append(row["host_step_us"])
+    rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
+            f"host`'s grid; {a.repeats} alternating sweeps, one process per cell; median "
+            "[min-max]; ratio = old / new, >= 1: no slower)", "",
+            f"| cell | {a.commit} | working tree | ratio |", "|---|---|---|---|"]
+    for key in order:
+        o, n = res[(a.commit, key)], res[("working tree", key)]
+        mo, mn = statistics.median(o), statistics.median(n)
+        rows.append(f"| {key} | {mo:.1f} [{min(o):.1f}-{max(o):.1f}] | {mn:.1f} "
+                    f"[{min(n):.1f}-{max(n):.1f}] | {mo / mn:.3f}x |")
     emit("\n".join(rows), a.out)
     return 0
 

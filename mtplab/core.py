@@ -5,6 +5,8 @@
                   DecodeOut                                       worker -> scheduler (d2h)
                   DraftInputs                                     one iteration -> the next,
                                                                   through the future map
+    seam          Worker: what the scheduler drives (the twin of speculative/draft_worker.py
+                  DraftWorker, what the spec worker drives)
     errors        ConfigError (defined in the torch-free leaf errors.py)
 
 Live-request identity (checked in every engine test): len(prompt_ids) + len(output_ids) ==
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -179,3 +181,28 @@ class DraftInputs:
     hidden: Optional[torch.Tensor] = None
     topk_logp: Optional[torch.Tensor] = None
     topk_index: Optional[torch.Tensor] = None
+
+
+# -- the scheduler's seam -----------------------------------------------------------------------
+@runtime_checkable
+class Worker(Protocol):
+    """What the scheduler drives: speculative/target_worker.py TargetWorker (target-only),
+    speculative/worker.py SpecWorker, speculative/arms.py ScheduleWorker (a spec_schedule).
+
+    prefill(x)   the forward of one prefill batch (prefill, publish, stash) -> the tokens
+                 [B] for the host (NONFINITE_TOKEN where the logits were not finite)
+    decode(x)    one decode step (resolve .. stash) -> DecodeOut; graphed, its tensors are
+                 graph buffers, valid until the next decode is launched
+    runners()    its captured graph runners (graphs/runner.py; instrument/hostclock.py counts
+                 their replays)
+    close()      releases the captured graphs (each graph's function holds the worker's parts)
+    """
+
+    def prefill(self, x: PrefillInputs) -> torch.Tensor: ...
+
+    def decode(self, x: DecodeInputs) -> DecodeOut: ...
+
+    def runners(self) -> list: ...
+
+    def close(self) -> None: ...
+

@@ -57,15 +57,17 @@ from .models.zoo import build_target, token_counts
 from .draft_kinds import DRAFT_KINDS, parse_draft_vocab
 from .models.draft_vocab import set_draft_vocab
 from .models.moe import attach_recorder
-from .core import Req, SamplingParams
+from .core import Req, SamplingParams, Worker
 from .sched.future_map import FutureMap
 from .sched.hooks import HookHandle, StepHooks
-from .sched.scheduler import LoopOptions, Scheduler, StepStats
+from .loop_options import LoopOptions
+from .sched.scheduler import Scheduler, StepStats
 from .stats import collect_stats
-from .speculative.worker import SpecParams, SpecWorker
-from .speculative.schedule import ScheduleWorker
-from .speculative.schedule import build as build_schedule
-from .speculative.schedule import step_counts as schedule_step_counts
+from .speculative.plan import SpecParams
+from .speculative.worker import SpecWorker
+from .speculative.arms import ScheduleWorker
+from .speculative.arms import build as build_schedule
+from .speculative.arms import step_counts as schedule_step_counts
 from . import spec_schedule
 from .speculative.target_worker import TargetWorker
 from .validate import check_generate_args, check_out_dir
@@ -167,7 +169,7 @@ class Engine:
                 cfg.cuda_graphs and not cfg.speculative,
                 min(cfg.cuda_graph_max_bs, cfg.max_running_requests), self.future_map,
                 self.spans, cfg.graph_granularity)
-            self.worker = self.target_worker
+            self.worker: Worker = self.target_worker
             self.draft_model = None
             if cfg.speculative:
                 self.worker = self._spec_worker(num_slots, attn)
@@ -250,8 +252,8 @@ class Engine:
                           graph_max_bs, cfg.graph_granularity)
 
     def _schedule_worker(self, draft, graph_max_bs: int) -> ScheduleWorker:
-        """One arm per setting of cfg.spec_schedule, all captured now (speculative/
-        schedule.py). A simulated mean accept length becomes one per-position rate at the
+        """One arm per setting of cfg.spec_schedule, all captured now (speculative/arms.py).
+        A simulated mean accept length becomes one per-position rate at the
         run's num_steps (spec_schedule.geometric_rate): a bucket of fewer steps accepts less."""
         cfg = self.cfg
         rates = cfg.simulate_accept_rates

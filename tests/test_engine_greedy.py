@@ -68,19 +68,25 @@ def test_bad_requests_raise_clear_errors():
 def test_greedy_decode_steps_skip_the_sampler(monkeypatch):
     """An all-greedy decode step ends in an argmax (its own captured graph on CUDA); the
     sampler runs only for prefill and for batches with temperature > 0. Tokens are the same."""
+    import mtplab.speculative.segments as seg
     import mtplab.speculative.target_worker as tw
     eng = Engine(RunConfig(model="random-tiny", max_running_requests=2))
     calls = []
     real = tw.sample
-    monkeypatch.setattr(tw, "sample", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    for mod in (tw, seg):                  # prefill's sampler, the decode step's
+        monkeypatch.setattr(mod, "sample", spy)
     greedy = eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True)
     st = eng.stats()
     assert len(calls) == st["prefill_steps"] and st["decode_steps"] > 0
     calls.clear()
-    monkeypatch.setattr(tw, "sample", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     eng.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True, temperature=0.7)
     assert len(calls) == eng.stats()["prefill_steps"] + eng.stats()["decode_steps"]
-    monkeypatch.setattr(tw, "sample", real)
+    for mod in (tw, seg):
+        monkeypatch.setattr(mod, "sample", real)
     assert Engine(RunConfig(model="random-tiny", max_running_requests=2)).generate(
         [[5, 6, 7], [8, 9]], max_new_tokens=6, ignore_eos=True) == greedy
     eng.check_invariants()

@@ -6,7 +6,7 @@ RunConfig); and no chain of imports, module- or function-level, leads from a mod
 itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topological order).
 
     leaf      errors  stages  atomic  nogc  lossless  progress  lazy_triton  draft_kinds  fmt
-              zero_bubble  version  provenance  health
+              zero_bubble  version  provenance  health  loop_options
               (import nothing of mtplab; draft_kinds names its kinds' modules, imported when
               a draft is built or counted)
               core (only errors: it re-exports ConfigError)   validate (only errors)
@@ -14,8 +14,10 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               spec_schedule (errors, yamlfile: the schedule knob's forms and checks)
               flags (validate: the command line's argparse types)
               device  <- kernels  <- models, mem  <- graphs  <- speculative
-              sched (core, mem, device, instrument, kernels)   never speculative or models
-              instrument (spans, timeline, session, syncs)   analysis (+ validate, never torch)
+              sched (core, mem, device, instrument, kernels, loop_options)   never speculative
+              or models
+              instrument (spans, timeline, session, syncs)   analysis (+ validate, zero_bubble,
+              loop_options; never torch)
               config (+ validate, draft_kinds, zero_bubble, version, provenance, spec_schedule;
               models and mem inside its resolution)  <- engine, stats  <- cli, sweep, sglang
     studies   may import any of the above; nothing outside mtplab/studies/ imports it (the
@@ -33,7 +35,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "mtplab"
 
 LEAVES = {"errors", "stages", "atomic", "nogc", "lossless", "progress", "lazy_triton",
-          "draft_kinds", "fmt", "zero_bubble", "version", "provenance", "health"}
+          "draft_kinds", "fmt", "zero_bubble", "version", "provenance", "health",
+          "loop_options"}
 # component -> the components it may import (itself always allowed)
 ALLOWED = {
     "errors": set(), "stages": set(), "atomic": set(), "nogc": set(), "progress": set(),
@@ -46,6 +49,7 @@ ALLOWED = {
     "provenance": set(),           # git_commit: the checkout the code runs from (manifests)
     "health": set(),               # health figures from tables (numpy only): run-ahead, the
                                    #   acceptance alarm, the experts' uniform expectation
+    "loop_options": set(),         # the scheduler loop's options and its length-read rule
     "core": {"errors"},
     "validate": {"errors"},
     "yamlfile": {"errors"},        # the one YAML loader (safe, bounded, one-sentence errors)
@@ -54,7 +58,7 @@ ALLOWED = {
     "device": {"core"},
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
-                 "zero_bubble", "draft_kinds",             # the what-if's knobs and drafts
+                 "zero_bubble", "draft_kinds", "loop_options",  # the what-if's knobs, loop
                  "health"},                                 # run-ahead of a trace
     # instrument -> kernels: the bubble meter launches the stamp kernel (kernels/stamp.py)
     "instrument": {"core", "stages", "atomic", "device", "kernels", "nogc", "health"},
@@ -67,7 +71,7 @@ ALLOWED = {
                     "stages", "draft_kinds"},
     # sched -> kernels: the d2h stage's one self-stamped copy kernel (kernels/stamp.py)
     "sched": {"core", "errors", "device", "mem", "instrument", "stages", "kernels",
-              "lazy_triton"},
+              "lazy_triton", "loop_options"},
     "config": {"core", "errors", "validate", "device", "models", "mem", "lazy_triton",
                "draft_kinds", "zero_bubble", "version", "provenance", "spec_schedule"},
 }

@@ -86,7 +86,7 @@ except SystemExit:
     pass
 # the engine's loop options
 eng = Engine(RunConfig(overlap=True, zero_bubble=True, max_running_requests=2))
-assert eng.scheduler.opt.probe is True
+assert eng.scheduler.loop.probe is True
 assert len(eng.generate([[1, 5, 6]], 4, ignore_eos=True)[0]) == 4
 eng.check_invariants()
 # the what-if predictor takes its name and refuses to guess its effect
@@ -128,13 +128,13 @@ print(json.dumps(sorted(f.name for f in fields(RunConfig))))
 
 def test_a_new_sub_knob_is_one_field_and_its_owner(tmp_path):
     """A copy of the package plus a test-only loop sub-knob, `zb_probe`: one field in
-    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (its mechanism, a
-    branch in the loop, is left out). Nothing else is edited, and it reaches RunConfig's
-    resolution, validation and help, the engine's loop options, the what-if predictor (which
-    refuses it by name: `_knob` has no model of it), its sweep check, the regime map's effect
-    and leave-one-out arm, the SGLang adapter and notebook 04's arms. The README's knobs row
-    is the third edit (tests/test_readme.py requires it): the copy's RunConfig has exactly
-    that one field more."""
+    ZeroBubbleKnobs (zero_bubble.py) and its owner's field in LoopOptions (loop_options.py;
+    its mechanism, a branch in the loop, is left out). Nothing else is edited, and it reaches
+    RunConfig's resolution, validation and help, the engine's loop options, the what-if
+    predictor (which refuses it by name: `_knob` has no model of it), its sweep check, the
+    regime map's effect and leave-one-out arm, the SGLang adapter and notebook 04's arms. The
+    README's knobs row is the third edit (tests/test_readme.py requires it): the copy's
+    RunConfig has exactly that one field more."""
     import json
     import os
     import shutil
@@ -147,7 +147,7 @@ def test_a_new_sub_knob_is_one_field_and_its_owner(tmp_path):
     pkg = tmp_path / "mtplab"
     shutil.copytree(ROOT / "mtplab", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for path, anchor, line in ((pkg / "zero_bubble.py", "\n\nZB_SUBKNOBS", PROBE_FIELD),
-                               (pkg / "sched" / "scheduler.py", "    debug_syncs: bool",
+                               (pkg / "loop_options.py", "    debug_syncs: bool",
                                 PROBE_OPTION)):
         text = path.read_text()
         assert text.count(anchor) == 1, (path, anchor)

@@ -110,7 +110,8 @@ import pandas as pd
 from ..atomic import atomic_path, atomic_write_bytes
 from ..health import launch_leads, run_ahead
 from ..stages import HOST_PREP_STAGES, STAGES
-from .causes import CAUSES, HOST_PYTHON, HOST_UNTRACED, cause_group
+from .causes import (CAUSES, HOST_PREP, HOST_PYTHON, HOST_UNTRACED, LAUNCH, OTHER, SYNC,
+                     cause_group)
 from .trace_io import (CONSECUTIVE_KERNEL_DELAY_US, DEFAULT_WINDOW_US, GPU_ACTIVITY_CATS,
                        RUNTIME_CATS, WARMUP_STEPS, Trace, load_trace)
 
@@ -605,11 +606,13 @@ def _classify(ctx: _Ctx, g0: np.ndarray, g1: np.ndarray, after: np.ndarray,
             host[idx[m]] = [f"host:{st}" if st is not None else
                             f"host:{HOST_PYTHON}" if b else f"host:{HOST_UNTRACED}"
                             for st, b in zip(stage, busy)]
-    out = np.full(g0.size, "other", dtype=object)
+    out = np.full(g0.size, OTHER, dtype=object)
     has_host = host != None  # noqa: E711 (elementwise)
     out[has_host] = host[has_host]
-    for mask, name in ((launched, "launch"), (prep, "host_prep"), (sync, "sync")):
-        out[mask] = name         # lowest priority first: a later assignment wins
+    masks = {LAUNCH: launched, HOST_PREP: prep, SYNC: sync}
+    for name in reversed(CAUSES):        # the table's lowest priority first: the first wins
+        if name in masks:
+            out[masks[name]] = name
     return out
 
 

@@ -52,9 +52,15 @@ CAUSE_TABLE = (
 )
 
 CAUSES = tuple(c.name for c in CAUSE_TABLE)
+SYNC, HOST_PREP, LAUNCH, HOST, OTHER = CAUSES      # the table's names, in priority order
 CAUSE_COLORS = {c.name: c.color for c in CAUSE_TABLE}
 HOST_PYTHON = "python"       # host:python
 HOST_UNTRACED = "untraced"   # host:untraced
+
+
+def host_label(what: str) -> str:
+    """The label of a `host` bubble: `host:<stage>`, `host:python`, `host:untraced`."""
+    return f"{HOST}:{what}"
 
 
 def cause_group(cause):

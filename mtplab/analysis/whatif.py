@@ -96,18 +96,21 @@ from typing import Iterable, Optional, Sequence
 import pandas as pd
 
 from ..draft_kinds import DRAFT_KINDS
+from ..loop_options import LoopOptions, reads_lengths
+from ..stages import HOST_PREP_STAGES as HOST_WORK
 from ..zero_bubble import ZB_SUBKNOBS
+from .causes import HOST_PREP as PREP_CAUSE, HOST_PYTHON, LAUNCH as LAUNCH_CAUSE, \
+    SYNC as SYNC_CAUSE, host_label
 from .run_folder import RunFolderError, json_object, table
 
 REPLAY_STEPS = 64                 # iterations replayed
 STEADY = 32                       # the last ones averaged (max-plus systems settle fast)
 JITTER_WARMUP = 16                # iterations before the measured steps' jitter is averaged
 GAP_Q = 0.1                       # a launch's device gap: this quantile over the run's steps
-HOST_WORK = ("schedule", "prepare", "process_result")
 LOOP = "loop"                     # host time outside every stage span in an iteration
 HOST_NAMES = HOST_WORK + (LOOP,)
 ALL = "all"                       # host:all*F: every host time at once (the host's speed)
-PREP_CAUSE, SYNC_CAUSE, LAUNCH_CAUSE, PYTHON_CAUSE = "host_prep", "sync", "launch", "host:python"
+PYTHON_CAUSE = host_label(HOST_PYTHON)
 KNOBS = ("overlap", "zero_bubble", *ZB_SUBKNOBS, "fold_seed")
 SELF_ERROR_WARN = 0.10            # `mtplab whatif` warns where |self error| exceeds this
 MAX_US = 1e9                      # a what-if's time: at most 1000 s
@@ -152,10 +155,10 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Loop:
-    """The loop options in force (config.py's resolved knobs)."""
-    overlap: bool
-    async_d2h: bool = True
+class Loop(LoopOptions):
+    """The loop options in force (config.py's resolved knobs): the scheduler's, and the
+    worker's that change the loop's shape. A model built by hand reads its lengths on the
+    host unless it says otherwise."""
     device_seq_lens: bool = False
     draft_preexec: bool = False
     fold_seed: bool = False
@@ -272,7 +275,7 @@ def replay(m: StepModel, steps: int = REPLAY_STEPS, steady: int = STEADY) -> Rep
         [i for i, st in enumerate(names) if "commit" in st]
     for k in range(steps):
         host_seg(k, "schedule", "host", work(k, "schedule"))
-        if lp.overlap and not lp.device_seq_lens and m.draft != "none" and k > 0 and pub_end:
+        if reads_lengths(lp, m.draft != "none") and k > 0 and pub_end:
             wait_until(k, pub_end[-1] + W)
         host_seg(k, "prepare", "host", work(k, "prepare"))
         if lp.async_d2h and d2h_end:
@@ -328,7 +331,7 @@ def _cause_of(name: str, kind: str) -> str:
     if kind == "sync":
         return SYNC_CAUSE
     if kind == "launch":
-        return f"host:{name}"
+        return host_label(name)
     return PYTHON_CAUSE if name == LOOP else PREP_CAUSE
 
 

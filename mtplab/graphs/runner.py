@@ -19,7 +19,7 @@ A segment of several stages (`stage` a tuple, e.g. ("commit", "publish", "stash"
 handover stamp (no host between them inside a graph):
     [b commit, ..., h publish, ..., h stash, ..., e stash]
 (mark must name the stages in order). A segment whose tail is one self-stamping kernel (the
-future map's moves, kernels/future_map.py) takes the stamps still to come with
+future map's moves, kernels/move_rows.py) takes the stamps still to come with
 `mark.carry(*stages)` instead: the kernel issues them itself, with no stamp node:
     draft:  [b draft, ..., move_rows{h stash, e stash}]
 A segment whose first kernel is one of ours (`carry_begin=True`) has no begin node: that

@@ -20,7 +20,7 @@ result before the next launch but one).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from ..device import Device
 from ..instrument.spans import Spans
 from ..kernels.stamp import StampedCopy, stamped_copy_triton
 from ..lazy_triton import available as triton_available
+from .rows import Batch
 
 SLOTS = 3        # pinned readback slots in rotation: one being written, one being read, spare
 
@@ -43,14 +44,17 @@ def _kernel_copy(dev: Device, results: list) -> bool:
 
 @dataclass
 class Pending:
-    kind: str                      # "prefill" | "decode"
+    kind: Literal["prefill", "decode"]
     reqs: list[Req]
-    results: list                  # device tensors: [tokens] or [tokens, accept_lens]
-    host: Optional[list]           # numpy views of the pinned copies (async) or None
-    copy_done: object              # event recorded after the copies (None: blocking)
-    batch: object = None           # the decode Batch it was launched with (sched/rows.py)
-    final: Optional[list] = None   # prefill: per request, did this step feed its final chunk
-    stream: object = None          # blocking: the forward stream the results are written on
+    results: list[torch.Tensor]    # device tensors: [tokens] or [tokens, accept_lens]
+    host: Optional[list[np.ndarray]]   # numpy views of the pinned copies (async) or None
+    copy_done: Optional[object]    # event recorded after the copies (Device.new_event; None:
+                                   #   blocking)
+    batch: Optional[Batch] = None  # the decode Batch it was launched with (sched/rows.py)
+    final: Optional[list[bool]] = None   # prefill: per request, did this step feed its
+                                         #   final chunk
+    stream: Optional[object] = None      # blocking: the forward stream the results are
+                                         #   written on (Device.new_stream)
     step: int = -1                 # the scheduler iteration that launched it
     draft_tokens: int = 0          # decode: draft tokens each request proposed (DecodeOut)
 

@@ -21,7 +21,7 @@ Row 0 mirrors the padding row of graph-padded lanes.
                                  overlap with zb_device_seq_lens off, set by the scheduler):
                                  `host_seq_lens` waits on it on the schedule stream, then
                                  reads (SGLang's resolve_seq_lens_cpu)
-Inside a captured segment each of these is one self-stamping kernel (kernels/future_map.py):
+Inside a captured segment each of these is one self-stamping kernel (kernels/move_rows.py):
     resolve_into(rows, fields, stamp)  every gather of the step, into the graphs' inputs
     write(rows, mark, ...)             a segment's tail: publish and/or stash (eager: `mark`
                                        begins each stage, then the ops above)
@@ -38,7 +38,7 @@ import torch
 
 from ..core import DraftInputs
 from ..device import current_cuda_stream
-from ..kernels.future_map import RowMove, move_rows_triton
+from ..kernels.move_rows import RowMove, move_rows_triton
 
 
 class FutureMapError(RuntimeError):

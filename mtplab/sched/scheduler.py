@@ -42,15 +42,17 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..core import Req
+from ..core import Req, Worker
 from ..device import Device
 from ..instrument.spans import NO_SPANS, Spans
 from ..instrument.syncs import SyncRecorder
+from ..loop_options import LoopOptions, reads_lengths
 from ..mem.invariants import InvariantError
 from ..mem.kv_manager import KVManager
 from ..stages import step_name
 from .admission import KVAdmission
 from .d2h import Pending, Readback
+from .future_map import FutureMap
 from .prepare import DecodePrepare, prepare_prefill
 from .process_result import append_decode, append_prefill
 from .rows import Batch
@@ -60,18 +62,6 @@ STALL_STEPS = 3     # consecutive iterations with nothing launched or processed 
 
 class SchedulerStallError(RuntimeError):
     """Requests wait but nothing can run (e.g. a prompt larger than the whole KV budget)."""
-
-
-@dataclass(frozen=True)
-class LoopOptions:
-    """The loop's knobs; async_d2h and device_seq_lens are the zero-bubble sub-knobs the loop
-    owns (zero_bubble.py: the engine builds them from that table)."""
-    overlap: bool = False
-    async_d2h: bool = True         # results -> pinned buffers on the copy stream (else the host
-                                   #   waits for the forward stream, then .tolist())
-    device_seq_lens: bool = True   # False: the host reads resolved seq_lens each speculative
-                                   #   decode under overlap (a sync)
-    debug_syncs: bool = False      # list host syncs per decode step (CUDA sync debug mode)
 
 
 @dataclass
@@ -97,7 +87,8 @@ class StepStats:
 
 
 class Scheduler:
-    def __init__(self, worker, kv: KVManager, future_map, device: Device, *, max_running: int,
+    def __init__(self, worker: Worker, kv: KVManager, future_map: FutureMap, device: Device, *,
+                 max_running: int,
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
                  chunked_prefill_size: Optional[int] = None,
@@ -107,16 +98,12 @@ class Scheduler:
         # The hooks must not refer back to the scheduler's owner (an engine is freed by
         # reference counting): on_step is the engine's StepHooks (sched/hooks.py),
         # on_iteration gets this scheduler as its argument (the invariant checker).
-        self.worker, self.kv, self.future_map, self.dev = worker, kv, future_map, device
-        # The host reads the published lengths (a sync) only where it cannot know them: a
-        # speculative decode advances each request by its accept length, which the host
-        # learns a step late. A target-only decode advances every request by one token, so
-        # the host's own lengths + lag are exact (SGLang's resolve_seq_lens_cpu returns at
-        # once without a draft). The future map's `publish_ready` is waited on only by that read.
-        self.reads_lengths = (loop.overlap and not loop.device_seq_lens
-                              and alloc_len_per_decode > 1)
+        self.worker, self.kv, self.future_map, self.device = worker, kv, future_map, device
+        # The future map's `publish_ready` is waited on only by the host's read of the lengths
+        # (loop_options.py reads_lengths).
+        self.reads_lengths = reads_lengths(loop, speculative=alloc_len_per_decode > 1)
         future_map.host_reads = self.reads_lengths
-        self.sp, self.opt = spans, loop
+        self.spans, self.loop = spans, loop
         self.on_step = on_step              # after every iteration that launched work
         self.on_iteration = on_iteration    # after every iteration (debug_invariants)
         self.admission = KVAdmission(kv, max_running=max_running,
@@ -153,10 +140,10 @@ class Scheduler:
         (the scheduler keeps no finished request beyond the step that finished it)."""
         self.finished, t0 = [], time.perf_counter()
         self.iteration += 1
-        if self.sp.timeline is not None:
-            self.sp.begin_step(self.sp.timeline.next_step())
+        if self.spans.timeline is not None:
+            self.spans.begin_step(self.spans.timeline.next_step())
         self._waited = None
-        kind = self._overlap_step() if self.opt.overlap else self._normal_step()
+        kind = self._overlap_step() if self.loop.overlap else self._normal_step()
         self._account(kind, time.perf_counter() - t0)
         return self.finished
 
@@ -165,7 +152,7 @@ class Scheduler:
         if not batch:
             return self._stall()
         with self._step_span(kind, batch):
-            self.process_result(self.launch(kind, batch))
+            self.process_result(self._launch(kind, batch))
         return kind
 
     def _overlap_step(self) -> Optional[str]:
@@ -177,7 +164,7 @@ class Scheduler:
             self.drain()
             return None
         with self._step_span(kind, batch):
-            prev, self.in_flight = self.in_flight, self.launch(kind, batch)
+            prev, self.in_flight = self.in_flight, self._launch(kind, batch)
             if prev is not None:
                 self._waited = prev.kind
                 self.process_result(prev)
@@ -187,8 +174,9 @@ class Scheduler:
     def schedule(self) -> tuple[str, object]:
         """The next chunks of a prefill under way, else admit waiting requests (a prefill
         batch: (request, start, n) chunks), else every running request's decode (a Batch).
-        Table writes are queued here (the pool issues them in `launch`)."""
-        with self.sp.stage("schedule", "host"):
+        Table writes are queued here (the pool issues them in `launch_prefill` /
+        `launch_decode`)."""
+        with self.spans.stage("schedule", "host"):
             pending = self.admission.prefilling(self.running) if self._chunking else []
             if not pending:
                 pending = self.admission.admit(self.waiting, len(self.running))
@@ -201,47 +189,63 @@ class Scheduler:
             self._chunking = False
             return "decode", self._decode_batch() if self.running else None
 
-    def launch(self, kind: str, batch) -> Pending:
-        """prepare -> the worker's forward (resolve .. stash) -> d2h. `batch`: a chunk plan
-        (prefill) or a Batch (decode)."""
-        dev, pool = self.dev, self.kv.pool
-        with self.sp.stage("prepare", "host"):
-            if kind == "decode" and not pool.pending and self.prepare_decode.has(batch) \
-                    and not self.reads_lengths:
+    def launch_prefill(self, chunks: list) -> Pending:
+        """prepare -> the worker's prefill forward (prefill, publish, stash) -> d2h. `chunks`:
+        (request, start, n) per request; its final chunks give a token."""
+        dev = self.device
+        with self.spans.stage("prepare", "host"):
+            with dev.stream(self.schedule_stream):
+                self._flush_table()
+                x = prepare_prefill(dev, chunks)
+        self.keep_alive.append(x)
+        dev.order(self.forward_stream, self.schedule_stream)
+        self.spans.mark_launch()
+        with dev.stream(self.forward_stream):
+            tokens = self.worker.prefill(x)
+        return self.d2h("prefill", [r for r, _, _ in chunks], [tokens], self.loop.async_d2h,
+                        final=[start + n == r.prefill_len for r, start, n in chunks])
+
+    def launch_decode(self, batch: Batch) -> Pending:
+        """prepare -> the worker's decode (resolve .. stash) -> d2h. The schedule stream gets
+        work (and the forward stream waits for it) only where there is some: table writes,
+        or a batch whose inputs are new."""
+        dev, pool = self.device, self.kv.pool
+        with self.spans.stage("prepare", "host"):
+            if not pool.pending and self.prepare_decode.has(batch) and not self.reads_lengths:
                 x, wrote = self._prepare_decode(batch), False     # no device work to issue
             else:
                 with dev.stream(self.schedule_stream):
-                    wrote = pool.pending
-                    if wrote:
-                        # WAR: rows/pages freed by processed results may still be read by
-                        # the step in flight; the table writes must follow its reads.
-                        dev.order(self.schedule_stream, self.forward_stream)
-                        pool.flush()
-                    if kind == "prefill":
-                        x = prepare_prefill(dev, batch)
-                    else:
-                        x = self._prepare_decode(batch)
-                    wrote = wrote or kind == "prefill" or self.prepare_decode.fresh
+                    wrote = self._flush_table()
+                    x = self._prepare_decode(batch)
+                    wrote = wrote or self.prepare_decode.fresh
         self.keep_alive.append(x)
         if wrote:
             dev.order(self.forward_stream, self.schedule_stream)
-        self.sp.mark_launch()
+        self.spans.mark_launch()
         with dev.stream(self.forward_stream):
-            if kind == "prefill":           # a chunk plan: its final chunks give a token
-                results, reqs = [self.worker.prefill(x)], [r for r, _, _ in batch]
-            else:
-                self._copied_out()
-                out = self.worker.decode(x)
-                self.stats.predrafted_steps += out.predrafted
-                results, reqs = [out.tokens, out.accept_lens], batch.reqs
-        if kind == "prefill":
-            p = self.d2h(kind, reqs, results, self.opt.async_d2h,
-                         final=[start + n == r.prefill_len for r, start, n in batch])
-        else:
-            p = self.d2h(kind, reqs, results, self.opt.async_d2h, batch=batch)
-            p.draft_tokens = out.draft_tokens
+            self._copied_out()
+            out = self.worker.decode(x)
+        self.stats.predrafted_steps += out.predrafted
+        p = self.d2h("decode", batch.reqs, [out.tokens, out.accept_lens],
+                     self.loop.async_d2h, batch=batch)
+        p.draft_tokens = out.draft_tokens
+        return p
+
+    def _launch(self, kind: str, batch) -> Pending:
+        p = self.launch_prefill(batch) if kind == "prefill" else self.launch_decode(batch)
         p.step = self.iteration
         return p
+
+    def _flush_table(self) -> bool:
+        """Issue the queued req_to_token writes on the schedule stream -> whether there were
+        any. WAR: rows/pages freed by processed results may still be read by the step in
+        flight; the table writes must follow its reads."""
+        pool = self.kv.pool
+        if not pool.pending:
+            return False
+        self.device.order(self.schedule_stream, self.forward_stream)
+        pool.flush()
+        return True
 
     def _copied_out(self) -> None:
         """A graphed decode's results are graph buffers: the decode in flight must have copied
@@ -254,9 +258,9 @@ class Scheduler:
 
     def process_result(self, p: Pending) -> None:
         self._stalled = 0
-        with self.sp.stage("sync", "host"):
+        with self.spans.stage("sync", "host"):
             vals = p.read()
-        with self.sp.stage("process_result", "host"):
+        with self.spans.stage("process_result", "host"):
             host = self.admission.host
             if p.kind == "prefill":
                 done = append_prefill(p.reqs, vals[0], host, p.final)
@@ -310,7 +314,7 @@ class Scheduler:
         if self.reads_lengths:
             # The host mirror of the device lengths (SGLang's needs_cpu_seq_lens): waits for
             # the previous verify's publish -- the publish-point host sync.
-            with self.sp.stage("sync", "host"):
+            with self.spans.stage("sync", "host"):
                 bound = max(self.future_map.host_seq_lens(
                     self.prepare_decode.tensors(batch)[0], self.schedule_stream))
         else:
@@ -319,7 +323,7 @@ class Scheduler:
 
     def _step_span(self, kind: str, batch):
         """The step span (and, with debug_syncs, the sync listing) of one iteration."""
-        span = self.sp.step(step_name(kind, len(batch)))
+        span = self.spans.step(step_name(kind, len(batch)))
         if not self.syncs.enabled:
             return span
         stack = contextlib.ExitStack()
@@ -346,7 +350,7 @@ class Scheduler:
         the first decode waits for the prefill's forward, the drain for the last decode's),
         else the one it launched."""
         s = self.stats
-        timed = self._waited if self.opt.overlap else kind
+        timed = self._waited if self.loop.overlap else kind
         if kind == "prefill":
             s.prefill_steps += 1
         elif kind == "decode":
@@ -388,7 +392,7 @@ class Scheduler:
         row and page is freed, nothing stays in flight. The device is synchronized first so no
         queued kernel still writes KV that a new owner gets."""
         with contextlib.suppress(RuntimeError):      # a CUDA error re-raises here: free anyway
-            self.dev.synchronize()
+            self.device.synchronize()
         held = list(self.waiting) + self.running
         for r in held:
             if not r.finished:

@@ -7,7 +7,7 @@
     steps(inp, rows, seq, max_kv) -> [StepCandidates] * S   step 0 from inp's top-k, S-1 forwards
     extend(...)                   -> DraftInputs   next iteration's inputs, after commit
     with_setting(S, K)            -> the same worker (model, KV) drafting S steps x K branches
-                                     (a speculation schedule's bucket, speculative/schedule.py)
+                                     (a speculation schedule's bucket, speculative/arms.py)
     owns_kv        the draft writes KV of its own (pool sharing the target's slot ids)
     seed_forward   seed() runs a forward (frozen); otherwise it passes the stashed inputs on
     extend_forward extend() runs a forward (its own `draft_extend` stage and graph); otherwise

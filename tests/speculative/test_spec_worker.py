@@ -182,3 +182,20 @@ def test_the_seed_and_its_top_k_run_inside_the_draft_seed_span(monkeypatch, fold
     want = ("draft", "draft.seed") if fold else ("draft.seed",)
     assert all(s == want for s in seeds), set(seeds)
     assert set(topks) <= {want, ("draft",)}, set(topks)   # the seed's, the steps' (in draft)
+
+
+def test_every_worker_is_what_the_scheduler_drives():
+    """TargetWorker, SpecWorker and a spec_schedule's ScheduleWorker all have the seam
+    core.Worker names (prefill, decode, runners, close), each one executor's plans."""
+    from mtplab.core import Worker
+    from mtplab.speculative.arms import ScheduleWorker
+    from mtplab.speculative.target_worker import TargetWorker
+    from mtplab.speculative.worker import SpecWorker
+    for cfg in (dict(draft="none"), dict(draft="frozen_kv_mtp", topk=2),
+                dict(draft="frozen_kv_mtp", topk=2, spec_schedule="2:2x2,4:off")):
+        eng = Engine(RunConfig(model="random-tiny", max_running_requests=4, **cfg))
+        assert isinstance(eng.worker, Worker)
+        assert isinstance(eng.worker, (TargetWorker, SpecWorker, ScheduleWorker))
+        assert eng.scheduler.worker is eng.worker
+        eng.close()
+

@@ -1,4 +1,4 @@
-"""The future map's one-kernel row moves (kernels/future_map.py) against their plain-torch
+"""The future map's one-kernel row moves (kernels/move_rows.py) against their plain-torch
 reference: resolve's gathers with padding lanes, publish + stash scatters with a dtype cast,
 columns across several blocks, and the stamps the kernel carries (first program, split,
 last program out) with its done counter back at zero. Runs under TRITON_INTERPRET=1 here
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtplab.kernels.future_map import MAX_MOVES, RowMove, move_rows_ref, move_rows_triton
+from mtplab.kernels.move_rows import MAX_MOVES, RowMove, move_rows_ref, move_rows_triton
 from tests.helpers import sm90_ptx
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -113,7 +113,7 @@ def test_move_rows_compiles_for_sm90_with_three_stamps_and_a_last_program_counte
     """Compiled ahead of time for an H100 (the interpreter cannot run %globaltimer): a
     publish + stash scatter reads the timer three times; its slot claims are relaxed and the
     done counter, which orders the end stamp after every program's moves, is acq_rel."""
-    import mtplab.kernels.future_map as fmk
+    import mtplab.kernels.move_rows as fmk
     sig = {"Rows": "*i64", "done_ptr": "*i32", "ring_ptr": "*i64", "count_ptr": "*i32",
            "clock_ptr": "*i64", "c0": "i32", "c1": "i32", "c_end": "i32", "mask": "i32"}
     const = dict(N=3, SPLIT=1, GATHER=False, STAMP=True, GLOBALTIMER=True, BLOCK=256)

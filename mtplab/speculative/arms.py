@@ -36,7 +36,8 @@ from typing import Optional
 from ..core import DecodeInputs, DecodeOut, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
 from .draft_select import num_candidates
-from .worker import SpecParams, SpecWorker
+from .plan import SpecParams
+from .worker import SpecWorker
 
 Setting = tuple[int, int]          # (num_steps, topk); (0, 1) is off
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 from mtplab.studies import health
-from mtplab.studies import results as R
+from mtplab.studies import reports as R
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """An MoE decode step against its floor: the split and the grouped MoE kernels (RunConfig
 `moe_kernels`, models/moe.py) side by side in one process on one GPU, with kernels per
 layer and where each microsecond goes; writes the dated report of question `moe_floor`
-(mtplab/studies/moe/floor.py: the results file and the Markdown rendered from it) into the
+(mtplab/studies/moe/moe_floor.py: the results file and the Markdown rendered from it) into the
 results folder --out-dir:
 
     DIR/moe_floor/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
@@ -68,8 +68,8 @@ from mtplab.models.floor import expected_experts, step_bytes
 from mtplab.models.moe import MOE_KERNELS, record_experts, touched_per_layer
 from mtplab.nogc import gc_paused
 from mtplab.provenance import git_commit
-from mtplab.studies import results as R
-from mtplab.studies.moe import floor as study
+from mtplab.studies import reports as R
+from mtplab.studies.moe import moe_floor as study
 
 MOE = "gemma4-26b-a4b-like"
 PROMPT = 64
@@ -79,7 +79,7 @@ STEP_KERNELS = 25               # the whole step's kernel table: its busiest ker
 
 
 class Log:
-    """The run's results doc (studies/moe/floor.py), filled phase by phase under a time box;
+    """The run's results doc (studies/moe/moe_floor.py), filled phase by phase under a time box;
     each phase's section printed as it ends."""
 
     def __init__(self, doc: dict, budget_s: float):

@@ -96,7 +96,7 @@ def _flip_rates_after(eng, step: int, rates: tuple):
     eager accept stage reads the worker's params at every call)."""
     def hook(i):
         if i == step:
-            object.__setattr__(eng.worker.p, "simulate_accept_rates", rates)
+            object.__setattr__(eng.worker.params, "simulate_accept_rates", rates)
     return hook
 
 

@@ -35,7 +35,7 @@ MUTANTS = {
     # the overlap loop processes step k-1's results before launching step k: silently serial
     "overlap_loop_serial": Mutant(
         "sched/scheduler.py",
-        "            prev, self.in_flight = self.in_flight, self.launch(kind, batch)\n"
+        "            prev, self.in_flight = self.in_flight, self._launch(kind, batch)\n"
         "            if prev is not None:\n"
         "                self._waited = prev.kind\n"
         "                self.process_result(prev)\n",
@@ -43,7 +43,7 @@ MUTANTS = {
         "            if prev is not None:\n"
         "                self._waited = prev.kind\n"
         "                self.process_result(prev)\n"
-        "            self.in_flight = self.launch(kind, batch)\n",
+        "            self.in_flight = self._launch(kind, batch)\n",
         (OVERLAP + "test_overlap_launches_a_step_before_it_processes_the_decode_before[none]",)),
     # the host's KV bound forgets the step in flight (max_kv too small under overlap)
     "no_in_flight_bound": Mutant(
@@ -60,7 +60,7 @@ MUTANTS = {
         (EXACT + "test_eagle_drafts_the_same_candidates_at_every_page_size[random]",)),
     # topk > 1: the accepted path's KV is not moved to the front of the verify window
     "no_compaction_at_topk_gt_1": Mutant(
-        "speculative/worker.py",
+        "speculative/segments.py",
         "p.num_draft_tokens, move_kv=p.topk > 1)",
         "p.num_draft_tokens, move_kv=False)",
         (IDENTICAL + "[eagle-16-4-3-8-False-agreeable]",)),

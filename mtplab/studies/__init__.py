@@ -1,6 +1,6 @@
 """The studies wing: one folder per question mtplab answers about speed, each holding the
 question's grid, its runner and `render` / `report`, which write its dated report from the
-study's own results file (studies/results.py: the naming rule, the verdicts, the index).
+study's own results file (studies/reports.py: the naming rule, the verdicts, the index).
 
 The dependency is one-way: a study imports the engine, the sweep and the analyser; nothing
 outside `mtplab/studies/` imports a study (tests/test_import_layers.py), except the command
@@ -41,7 +41,7 @@ QUESTIONS = {
 }
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
-    "host_path", "moe", "whatif", "health")} | {"moe_floor": "mtplab.studies.moe.floor"}
+    "host_path", "moe", "whatif", "health")} | {"moe_floor": "mtplab.studies.moe.moe_floor"}
 
 
 def study(question: str):
@@ -61,7 +61,7 @@ def report(question: str, sweep_dir, *, command: str, date: str, device=None, ro
 
     from ..errors import ConfigError
     from ..sweep.results import RESULTS_PARQUET
-    from . import results
+    from . import reports
     if not isinstance(sweep_dir, (str, Path)):
         if len(sweep_dir) != 1:
             raise ConfigError(f"a {question} report is written from one run's folder: give "
@@ -73,4 +73,4 @@ def report(question: str, sweep_dir, *, command: str, date: str, device=None, ro
     mod = study(question)
     doc = mod.results_doc(pd.read_parquet(table), sweep_dir=str(sweep_dir), command=command,
                           date=date, device=device, note=note)
-    return results.write(doc, mod.render, root)
+    return reports.write(doc, mod.render, root)

@@ -1,4 +1,4 @@
-"""`mtplab report`: dated reports, written from their results (studies/results.py).
+"""`mtplab report`: dated reports, written from their results (studies/reports.py).
 
     mtplab report regime                    # every regime report again from its results file,
                                             # the index and the README's headline
@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from . import QUESTIONS, STUDIES, results, study
+from . import QUESTIONS, STUDIES, reports as results, study
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from . import QUESTIONS
-from . import results as R
+from . import reports as R
 
 VALUE, BUBBLE = "decode_tok_per_s", "bubble_frac"
 WORDS = {"faster": R.PAYS, "slower": R.COSTS, "nothing": R.NOISE}

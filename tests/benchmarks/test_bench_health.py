@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import bench_health
 from mtplab.studies import health
-from mtplab.studies import results as R
+from mtplab.studies import reports as R
 from mtplab.studies.cli import main_report
 
 

@@ -4,8 +4,8 @@ measured nothing."""
 from __future__ import annotations
 
 from benchmarks.bench_moe_floor import Log
-from mtplab.studies import results as R
-from mtplab.studies.moe import floor
+from mtplab.studies import reports as R
+from mtplab.studies.moe import moe_floor as floor
 
 
 def test_each_phase_outcome_is_kept_and_reported(capsys):

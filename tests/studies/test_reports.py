@@ -1,4 +1,4 @@
-"""Dated reports (mtplab/studies/results.py): every report regenerates byte for byte from the
+"""Dated reports (mtplab/studies/reports.py): every report regenerates byte for byte from the
 results beside it, the index and the README's headline are what the newest reports give, every
 figure they quote is in the newest report of its question, and each report names a commit
 this checkout holds."""
@@ -15,7 +15,7 @@ import pytest
 
 from mtplab.errors import ConfigError
 from mtplab.studies import QUESTIONS, regime
-from mtplab.studies import results as R
+from mtplab.studies import reports as R
 from mtplab.studies.cli import main_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtplab.studies import results as R
+from mtplab.studies import reports as R
 from mtplab.studies import study
 from mtplab.studies.cli import main_report
 

@@ -17,7 +17,7 @@ import math
 import statistics
 from typing import Any, Optional
 
-from .. import results as R
+from .. import reports as R
 
 QUESTION = "health"
 TITLE = "Health: are the engine's figures sound on a device?"

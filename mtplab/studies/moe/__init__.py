@@ -4,7 +4,7 @@ Grid: moe.yaml here. Runner: `mtplab bench --groups moe --dir D` (the sweep, one
 cell, arms interleaved over repeats). Report: `report(D/<group>, ...)` or `mtplab report moe
 --from D/<group>`: each arm against the group's first arm at every grid point
 (studies/group.py). benchmarks/bench_moe.py measures the experts touched per step and the floor
-of those experts. Question `moe_floor` (floor.py here): the MoE decode step against its floor,
+of those experts. Question `moe_floor` (moe_floor.py here): the MoE decode step against its floor,
 split vs grouped MoE kernels (benchmarks/bench_moe_floor.py writes its reports).
 """
 from functools import partial

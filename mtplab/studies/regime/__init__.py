@@ -23,7 +23,7 @@ import pandas as pd
 from functools import partial
 
 from .. import report as _report
-from .. import results as R
+from .. import reports as R
 
 QUESTION = "regime"
 TITLE = "Regime: what each idea buys, from host-bound to GPU-bound"

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
-from .. import results as R
+from .. import reports as R
 
 QUESTION = "whatif"
 TITLE = "What-if: does the predictor get the measured ratios right?"

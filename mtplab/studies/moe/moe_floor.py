@@ -19,7 +19,7 @@ import math
 import statistics
 from typing import Any, Optional
 
-from .. import results as R
+from .. import reports as R
 
 QUESTION = "moe_floor"
 TITLE = "MoE decode step at the floor: split vs grouped MoE kernels"

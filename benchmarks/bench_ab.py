@@ -9,8 +9,8 @@ cell is a fresh process. The grid uses only settings every tree with `mtplab swe
 
     python -m benchmarks.bench_ab --commit b0a315c [--repeats 3] [--out FILE]
 
-`--group host`: the host-stage grid of `mtplab bench --groups host` (mtplab/bench_grids/
-host.yaml, the working tree's, one repeat per sweep) instead, compared on the host µs of a
+`--group host`: the host-stage grid of `mtplab bench --groups host` (mtplab/studies/host_path/
+host.yaml, the working tree's; `--arms 1`: its overlap + zero_bubble arm alone, one repeat per sweep) instead, compared on the host µs of a
 decode step (`host_step_us`, mtplab/sweep/host.py): per draft, graph granularity, batch size
 and loop, the ratio old / new (>= 1: the working tree's host is no slower), median over the
 alternating sweeps.
@@ -51,10 +51,13 @@ GRID = {"timeout_s": 600,
 HOST_AXES = ("cfg.draft", "cfg.graph_granularity", "batch_size", "cfg.overlap")
 
 
-def host_grid(tree: Path) -> dict:
-    """`mtplab bench --groups host`'s grid, one repeat (the sweeps alternate instead)."""
-    doc = yaml.safe_load((tree / "mtplab" / "bench_grids" / "host.yaml").read_text())
+def host_grid(tree: Path, arms: list[int] | None = None) -> dict:
+    """`mtplab bench --groups host`'s grid, one repeat (the sweeps alternate instead); `arms`:
+    the indices of its arms to keep (all when None)."""
+    doc = yaml.safe_load((tree / "mtplab" / "studies" / "host_path" / "host.yaml").read_text())
     doc["grid"]["repeat"] = [0]
+    if arms is not None:
+        doc["arms"] = [doc["arms"][i] for i in arms]
     return doc
 
 
@@ -87,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--group", choices=("decode", "host"), default="decode")
     ap.add_argument("--old-tree", default=None)
+    ap.add_argument("--arms", type=int, nargs="+", default=None,
+                    help="--group host: the indices of the host grid's arms to run (default all)")
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
     if a.group == "host":
@@ -136,7 +141,7 @@ def host_main(a, here: Path) -> int:
     with tempfile.TemporaryDirectory() as d:
         old = old_tree(a, here, d)
         grid = Path(d) / "host.yaml"
-        grid.write_text(yaml.safe_dump(host_grid(here), sort_keys=False))
+        grid.write_text(yaml.safe_dump(host_grid(here, a.arms), sort_keys=False))
         trees = {a.commit: old, "working tree": here}
         for r in range(a.repeats):
             for name, tree in trees.items():

@@ -9,11 +9,12 @@ cell is a fresh process. The grid uses only settings every tree with `mtplab swe
 
     python -m benchmarks.bench_ab --commit b0a315c [--repeats 3] [--out FILE]
 
-`--group host`: the host-stage grid of `mtplab bench --groups host` (mtplab/studies/host_path/
-host.yaml, the working tree's; `--arms 1`: its overlap + zero_bubble arm alone, one repeat per sweep) instead, compared on the host µs of a
-decode step (`host_step_us`, mtplab/sweep/host.py): per draft, graph granularity, batch size
-and loop, the ratio old / new (>= 1: the working tree's host is no slower), median over the
-alternating sweeps.
+`--group host`: the host-stage grid of `mtplab bench --groups host`
+(mtplab/studies/host_path/host.yaml, the working tree's, one repeat per sweep; `--arms 1`: its
+overlap + zero_bubble arm alone) instead, compared on the host µs of a decode step
+(`host_step_us`, mtplab/sweep/host.py): per draft, graph granularity, batch size and loop, the
+ratio old / new (>= 1: the working tree's host is no slower), median over the alternating
+sweeps.
 
     python -m benchmarks.bench_ab --commit 5349b33 --group host [--repeats 3] [--out FILE]
 

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import emit
+from benchmarks.common import emit, target_decode_fn
 from benchmarks.report import Report, free, graph_us, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
@@ -190,23 +190,14 @@ def gpu_activities(fn, cats: tuple = GPU_ACTIVITY_CATS) -> tuple[int, dict, list
     return len(sel), names, [tr.name_of(i) for i in sel]
 
 
-class _NoMarks:
-    """An eager segment's marks with no spans: the future map's tail runs as its ops."""
-    captured = False
-
-    def __call__(self, stage: str) -> None:
-        pass
-
-
 def decode_forward(eng: Engine):
     """One bs-1 decode forward + sampling of the target worker (its one-node verify segment,
     publish and stash of the padding row included), eager (no graph)."""
     dev = eng.device.torch_device
     z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)  # noqa: E731
-    call = eng.target_worker.plan(False, False)[-1]
-    fn = call.make(call, 64)
+    fn = target_decode_fn(eng, 64)
     args = dict(input_ids=z(), rows=z(), kv_lens=z() + 1, temperature=z(torch.float32),
-                top_p=z(torch.float32) + 1, seeds=z(), mark=_NoMarks())
+                top_p=z(torch.float32) + 1, seeds=z())
     return lambda: fn(**args)
 
 

@@ -60,6 +60,7 @@ import torch
 
 from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
 from benchmarks.report import graph_us
+from benchmarks.common import target_decode_fn
 from mtplab import Engine, RunConfig
 from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm
@@ -266,7 +267,7 @@ def step_p50(eng: Engine, bs: int, tokens: int, seed: int) -> float:
 def experts_touched(eng: Engine, bs: int) -> float:
     """Mean distinct experts per MoE layer of one eager decode forward of bs random tokens."""
     dev = eng.device.torch_device
-    fn = eng.target_worker._decode_fn(PROMPT)
+    fn = target_decode_fn(eng, PROMPT)
     g = torch.Generator().manual_seed(bs)
     args = dict(input_ids=torch.randint(3, eng.model.config.vocab_size, (bs,),
                                         generator=g).to(dev),
@@ -372,7 +373,7 @@ def phase_kernels(log: Log, engines: dict, a) -> None:
         short = L - PERIOD if L > PERIOD else max(1, L // 2)
         dev = eng.device.torch_device
         z = lambda dt=torch.long, dev=dev: torch.zeros(1, dtype=dt, device=dev)   # noqa: E731
-        fn = eng.target_worker._decode_fn(PROMPT)
+        fn = target_decode_fn(eng, PROMPT)
         args = dict(input_ids=z(), rows=z(), kv_lens=z() + PROMPT, temperature=z(torch.float32),
                     top_p=z(torch.float32) + 1, seeds=z())
 

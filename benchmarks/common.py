@@ -45,3 +45,20 @@ def sleep_cycles(ms: float) -> int:
     b.record()
     b.synchronize()
     return int(ms * 1_000_000 / a.elapsed_time(b))
+
+
+class _NoMarks:
+    """An eager segment's marks with no spans: the future map's tail runs as its ops."""
+    captured = False
+
+    def __call__(self, stage: str) -> None:
+        pass
+
+
+def target_decode_fn(eng, max_kv: int):
+    """The target worker's decode forward + sampling for lanes of up to `max_kv` KV entries,
+    eager: its one-node verify segment (publish and stash of the lanes' rows included), called
+    as fn(input_ids=, rows=, kv_lens=, temperature=, top_p=, seeds=)."""
+    call = eng.target_worker.plan(False, False)[-1]
+    fn = call.make(call, max_kv)
+    return lambda **args: fn(**args, mark=_NoMarks())

@@ -32,7 +32,7 @@ def stamp_cost(rows: list, reps: int = 300) -> None:
             finally:
                 BubbleMeter.device_stamp = real
             eng.generate(prompts(eng, bs), max_new_tokens=16, ignore_eos=True)
-            for name, r in eng.worker.graphs.items():
+            for name, r in eng.worker.executor.graphs.items():
                 g = r.graphs[r.bucket(bs)][0]
                 for _ in range(3):
                     g.replay()

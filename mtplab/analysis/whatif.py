@@ -194,7 +194,7 @@ class StepModel:
     def n_steps(self) -> int:
         """Measured steps whose host deviations the replay keeps (0: identical iterations)."""
         return max([len(d) for d in self.host_dev.values()] +
-                   [len(l.host_dev) for l in self.launches] + [0])
+                   [len(ln.host_dev) for ln in self.launches] + [0])
 
 
 @dataclass
@@ -364,7 +364,8 @@ def _bubbles(host: list, dev: list, window: tuple, L: float) -> tuple[float, dic
 
 # -- what-ifs ---------------------------------------------------------------------------------
 _KNOB_RE = re.compile(r"^(?P<knob>[a-z0-9_]+)=(?P<value>on|off|true|false)$")
-_STAGE_RE = re.compile(r"^(?P<side>host|gpu):(?P<stage>[a-z0-9_.]+)(?P<op>[=*+-])(?P<x>[0-9.eE+-]+)$")
+_STAGE_RE = re.compile(r"^(?P<side>host|gpu):(?P<stage>[a-z0-9_.]+)(?P<op>[=*+-])"
+                       r"(?P<x>[0-9.eE+-]+)$")
 
 
 def _on(v: str) -> bool:
@@ -465,9 +466,9 @@ def _host(m: StepModel, stage: str, op: str, x: float) -> StepModel:
         if dev:
             devs[stage] = dev
         return replace(m, host={**m.host, stage: mu}, host_dev=devs)
-    hit = [i for i, l in enumerate(m.launches) if l.stage == stage]
+    hit = [i for i, ln in enumerate(m.launches) if ln.stage == stage]
     if not hit:
-        names = sorted(set(HOST_NAMES) | {l.stage for l in m.launches})
+        names = sorted(set(HOST_NAMES) | {ln.stage for ln in m.launches})
         raise WhatIfError(f"host:{stage}: the run has no host time named {stage!r}; use one "
                           f"of {', '.join(names)} (or host:{ALL}*F: every one).")
     ls = list(m.launches)
@@ -490,25 +491,25 @@ def _host_speed(m: StepModel, op: str, f: float) -> StepModel:
     return replace(
         m, host={k: v * f for k, v in m.host.items()},
         host_dev={k: sc(v) for k, v in m.host_dev.items()},
-        launches=tuple(replace(l, host_us=l.host_us * f, host_dev=sc(l.host_dev))
-                       for l in m.launches),
+        launches=tuple(replace(ln, host_us=ln.host_us * f, host_dev=sc(ln.host_dev))
+                       for ln in m.launches),
         nested={k: (h * f, g) for k, (h, g) in m.nested.items()},
         loop_before_read_us=m.loop_before_read_us * f)
 
 
 def _gpu(m: StepModel, stage: str, op: str, x: float) -> StepModel:
     ls, hit = list(m.launches), 0
-    for i, l in enumerate(ls):
-        if not any(s == stage for s, _ in l.stages):
+    for i, ln in enumerate(ls):
+        if not any(s == stage for s, _ in ln.stages):
             continue
-        hit += sum(s == stage for s, _ in l.stages)
-        new = replace(l, stages=tuple((s, _scaled(d, op, x) if s == stage else d)
-                                      for s, d in l.stages))
+        hit += sum(s == stage for s, _ in ln.stages)
+        new = replace(ln, stages=tuple((s, _scaled(d, op, x) if s == stage else d)
+                                      for s, d in ln.stages))
         if m.loop.host_runs_device:                # CPU: the work is inside the host call
-            new = replace(new, host_us=max(0.0, l.host_us + new.gpu_us - l.gpu_us))
+            new = replace(new, host_us=max(0.0, ln.host_us + new.gpu_us - ln.gpu_us))
         ls[i] = new
     if not hit:
-        names = sorted({s for l in m.launches for s, _ in l.stages})
+        names = sorted({s for ln in m.launches for s, _ in ln.stages})
         raise WhatIfError(f"gpu:{stage}: no device stage {stage!r} in the run's steps; use one "
                           f"of {', '.join(names)}.")
     if op in "=+-" and hit > 1:
@@ -545,7 +546,7 @@ def _async_d2h(m: StepModel, on: bool) -> StepModel:
     if on == lp.async_d2h:
         return m
     if not on:
-        ls = tuple(l for l in m.launches if l.lane != "copy")
+        ls = tuple(ln for ln in m.launches if ln.lane != "copy")
         return replace(m, launches=ls, loop=replace(lp, async_d2h=False))
     m = m.with_note("zb_async_d2h=on: the run has no d2h launch; its host call is taken as 0 µs "
                     "and its copy as the blocking read's")
@@ -560,16 +561,16 @@ def _preexec(m: StepModel, on: bool) -> StepModel:
     if m.draft == "none":
         raise Unanswerable("zb_draft_preexec: the run is target-only; there is no draft to run "
                           "ahead.")
-    drafts = [l for l in m.launches if l.stage in DRAFT_LAUNCHES and l.lane == "forward"]
-    rest = [l for l in m.launches if l not in drafts]
+    drafts = [ln for ln in m.launches if ln.stage in DRAFT_LAUNCHES and ln.lane == "forward"]
+    rest = [ln for ln in m.launches if ln not in drafts]
     if on:       # after the last commit / draft_extend launch
-        i = max((n for n, l in enumerate(rest) if l.stage in AFTER_COMMIT), default=None)
+        i = max((n for n, ln in enumerate(rest) if ln.stage in AFTER_COMMIT), default=None)
         if i is None:
             raise Unanswerable("zb_draft_preexec=on: the run's step has no commit launch to "
                               "run the draft after.")
         ls = rest[:i + 1] + drafts + rest[i + 1:]
     else:        # right after resolve
-        i = next((n for n, l in enumerate(rest) if l.stage == "resolve"), -1)
+        i = next((n for n, ln in enumerate(rest) if ln.stage == "resolve"), -1)
         ls = rest[:i + 1] + drafts + rest[i + 1:]
     return replace(m, launches=tuple(ls), loop=replace(lp, draft_preexec=on))
 
@@ -581,8 +582,8 @@ def _fold_seed(m: StepModel, on: bool) -> StepModel:
     if on == lp.fold_seed:
         return m
     ls = list(m.launches)
-    seeds = [i for i, l in enumerate(ls) if l.stage == "draft.seed"]
-    drafts = [i for i, l in enumerate(ls) if l.stage == "draft"]
+    seeds = [i for i, ln in enumerate(ls) if ln.stage == "draft.seed"]
+    drafts = [i for i, ln in enumerate(ls) if ln.stage == "draft"]
     if on:
         if not seeds or not drafts:
             raise Unanswerable("fold_seed=on: the run's steps have no separate draft.seed launch "
@@ -635,10 +636,10 @@ def default_whatifs(m: StepModel) -> list[str]:
     if m.seed_forward:
         out.append(f"fold_seed={'off' if lp.fold_seed else 'on'}")
     out += [f"host:{n}=0" for n in HOST_NAMES if m.host.get(n, 0.0) > 0]
-    out += [f"host:{s}=0" for s in dict.fromkeys(l.stage for l in m.launches)]
+    out += [f"host:{s}=0" for s in dict.fromkeys(ln.stage for ln in m.launches)]
     gpu: dict[str, float] = {}
-    for l in m.launches:
-        for s, d in l.stages:
+    for ln in m.launches:
+        for s, d in ln.stages:
             gpu[s] = gpu.get(s, 0.0) + d
     out += [f"gpu:{s}*0.5" for s in sorted(gpu, key=gpu.get, reverse=True)[:3] if gpu[s] > 0]
     return out
@@ -840,8 +841,8 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
                        max(0.0, gap) if cuda else 0.0, dev(col(shape[g[0]][1])))
                 for g, gap in zip(groups, gaps)]
     # a name that heads several launches: its host time split by their GPU time
-    for name in {l.stage for l in launches}:
-        idx = [i for i, l in enumerate(launches) if l.stage == name]
+    for name in {ln.stage for ln in launches}:
+        idx = [i for i, ln in enumerate(launches) if ln.stage == name]
         if len(idx) > 1:
             g_all = sum(launches[i].gpu_us for i in idx)
             for i in idx:
@@ -871,7 +872,7 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
                                   ("process_result", dev(col("process_result"))),
                                   (LOOP, dev(loop_k))) if any(d)}
     waited = host_waits(hrows)
-    copy = [l for l in launches if l.lane == "copy"]
+    copy = [ln for ln in launches if ln.lane == "copy"]
     lp = Loop(overlap=bool(cfg.get("overlap")), async_d2h=bool(cfg.get("zb_async_d2h", True)),
               device_seq_lens=bool(cfg.get("zb_device_seq_lens")),
               draft_preexec=bool(cfg.get("zb_draft_preexec")),
@@ -890,16 +891,17 @@ def from_tables(cfg: dict, stages: pd.DataFrame, host: pd.DataFrame, *,
 def _eager_seed_work(launches: list, num_steps: int, L: float) -> list:
     """The unfolded seed's device work where its interval is the host's pace (module doc):
     one of the draft graph's S-1 steps, where that is less than the interval."""
-    graph = [l for l in launches if l.stage == "draft" and not l.eager]
+    graph = [ln for ln in launches if ln.stage == "draft" and not ln.eager]
     if not graph or num_steps < 2:
         return launches
     est = dict(graph[0].stages).get("draft", 0.0) / (num_steps - 1)
     out = []
-    for l in launches:
-        I = l.gpu_us
-        if l.stage == "draft.seed" and l.eager and 0 < est < I <= l.host_us + L:
-            l = replace(l, stages=tuple((s, d * est / I) for s, d in l.stages), paced_us=I)
-        out.append(l)
+    for ln in launches:
+        gpu_us = ln.gpu_us
+        if ln.stage == "draft.seed" and ln.eager and 0 < est < gpu_us <= ln.host_us + L:
+            ln = replace(ln, stages=tuple((s, d * est / gpu_us) for s, d in ln.stages),
+                         paced_us=gpu_us)
+        out.append(ln)
     return out
 
 
@@ -1127,24 +1129,25 @@ def describe(m: StepModel) -> str:
     lp = m.loop
     knobs = " ".join(f"{k}={int(getattr(lp, k))}" for k in
                      ("overlap", "async_d2h", "device_seq_lens", "draft_preexec", "fold_seed"))
-    lines = [f"loop: {knobs}{' (CPU: device work inside host calls)' if lp.host_runs_device else ''}"
+    cpu = " (CPU: device work inside host calls)" if lp.host_runs_device else ""
+    lines = [f"loop: {knobs}{cpu}"
              f"; L = W = {m.launch_latency_us:.1f} µs",
              "host µs: " + ", ".join(f"{n} {m.host.get(n, 0.0):.1f}" for n in HOST_NAMES) +
              (f" (of loop {m.loop_before_read_us:.1f} before the results read)"
               if m.loop_before_read_us > 0 else "")]
     if m.n_steps:
-        j = pd.Series([sum(d[k] for d in [*m.host_dev.values(), *(l.host_dev for l in
+        j = pd.Series([sum(d[k] for d in [*m.host_dev.values(), *(ln.host_dev for ln in
                                                                    m.launches)] if d)
                        for k in range(m.n_steps)])
         lines.append(f"host jitter over {len(j)} steps (each host time's own deviation, "
                      f"replayed step by step): sd {j.std():.1f} µs, p90 {j.quantile(0.9):+.1f}, "
                      f"max {j.max():+.1f}")
-    for l in m.launches:
-        lines.append(f"  {l.lane:<7} {l.stage:<12} host {l.host_us:8.1f} | GPU " +
-                     " + ".join(f"{s} {d:.1f}" for s, d in l.stages) +
-                     (f" (after a {l.gap_us:.1f} µs device gap)" if l.gap_us > 0.05 else "") +
-                     (f" (device work estimated; the meter's {l.paced_us:.1f} µs interval "
-                      "is the host's pace of issuing it)" if l.paced_us else ""))
+    for ln in m.launches:
+        lines.append(f"  {ln.lane:<7} {ln.stage:<12} host {ln.host_us:8.1f} | GPU " +
+                     " + ".join(f"{s} {d:.1f}" for s, d in ln.stages) +
+                     (f" (after a {ln.gap_us:.1f} µs device gap)" if ln.gap_us > 0.05 else "") +
+                     (f" (device work estimated; the meter's {ln.paced_us:.1f} µs interval "
+                      "is the host's pace of issuing it)" if ln.paced_us else ""))
     return "\n".join(lines)
 
 

@@ -20,7 +20,8 @@ from ..core import DecodeInputs, PrefillInputs, Req, SamplingTensors
 from ..device import Device
 
 
-def sampling_tensors(dev: Device, reqs: list[Req], counters: Optional[list[int]]) -> SamplingTensors:
+def sampling_tensors(dev: Device, reqs: list[Req],
+                     counters: Optional[list[int]]) -> SamplingTensors:
     h2d = dev.h2d
     return SamplingTensors(
         temperature=h2d([r.sampling.temperature for r in reqs], torch.float32),

@@ -57,6 +57,7 @@ from .prepare import DecodePrepare, prepare_prefill
 from .process_result import append_decode, append_prefill
 from .rows import Batch
 
+DEFAULT_LOOP = LoopOptions()          # a frozen dataclass: one shared default
 STALL_STEPS = 3     # consecutive iterations with nothing launched or processed while requests wait
 
 
@@ -92,7 +93,7 @@ class Scheduler:
                  reserve_per_decode: int, alloc_len_per_decode: int = 1,
                  tokens_per_decode: int = 1, max_prefill_tokens: int = 8192,
                  chunked_prefill_size: Optional[int] = None,
-                 loop: LoopOptions = LoopOptions(),
+                 loop: LoopOptions = DEFAULT_LOOP,
                  on_iteration: Optional[Callable[["Scheduler"], None]] = None,
                  spans: Spans = NO_SPANS, on_step: Optional[Callable[[], None]] = None):
         # The hooks must not refer back to the scheduler's owner (an engine is freed by

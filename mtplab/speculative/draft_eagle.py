@@ -163,7 +163,7 @@ def build(target, seed: int = 0) -> EagleDraft:
 def param_count(tcfg) -> int:
     """fc 2H x H, one dense decoder layer of the target's shapes, the final norm (the
     embedding and LM head are the target's)."""
-    H, I = tcfg.hidden_size, tcfg.intermediate_size
+    H, inter = tcfg.hidden_size, tcfg.intermediate_size
     nkv, d = tcfg.attn_shape(tcfg.num_hidden_layers - 1)     # the last layer's shapes
     q, kv = tcfg.num_attention_heads * d, nkv * d
-    return 2 * H * H + 2 * H * q + 2 * H * kv + 3 * H * I + 3 * H
+    return 2 * H * H + 2 * H * q + 2 * H * kv + 3 * H * inter + 3 * H

@@ -1,4 +1,5 @@
-"""Draft KV layout inside a row for a draft that owns KV (docs/design.md "KV memory"), pure index math.
+"""Draft KV layout inside a row for a draft that owns KV (docs/design.md "KV memory"), pure
+index math.
 
 Per request, with last = seq_len % P, base = seq_len - last, N = ceil((last + S) / P),
 R = N*P (one branch's page-aligned region):

@@ -141,7 +141,7 @@ def test_only_draft_verify_and_draft_extend_capture_stamp_nodes(monkeypatch, dra
     kw = dict(model="random-tiny", device="cuda", context_len=256, draft=draft, overlap=True,
               zero_bubble=True, cuda_graphs=True, **extra)
     on = Engine(RunConfig(**kw, bubble_meter=True))
-    n_buckets = len(on.worker.graphs["verify"].graphs)
+    n_buckets = len(on.worker.executor.graphs["verify"].graphs)
     per_stage = {}
     for code in captured:
         stage = meter_mod._STAGE_OF[(code >> 1) & 0x7F]

@@ -223,7 +223,7 @@ def random_stream(loop: str, seed: int, draft: str, sim):
     make_agreeable(eng)
     sched = eng.scheduler
     specs = []
-    for i in range(200):
+    for _ in range(200):
         plen = rng.choice([1, 3, 12, 40, 60])
         prompt = [rng.randrange(3, 320) for _ in range(plen)]
         stop = frozenset({rng.randrange(3, 320) for _ in range(12)})     # EOS-like stops

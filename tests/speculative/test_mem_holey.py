@@ -6,7 +6,8 @@ import torch
 
 from mtplab.kernels.attention_ref import paged_attention_ref
 from mtplab.kernels.attn_meta import AttnMeta
-from mtplab.speculative.draft_kv import (branch_table, draft_entries, draft_slots, duplicate_prefix_tail,
+from mtplab.speculative.draft_kv import (branch_table, draft_entries, draft_slots,
+                                         duplicate_prefix_tail,
                               prefix_tail_moves)
 from mtplab.mem.sizing import alloc_len_per_decode, row_width
 

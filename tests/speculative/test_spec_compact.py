@@ -1,4 +1,5 @@
-"""Accept compaction (mtplab/speculative/commit.py) on random trees against a plain-Python reference."""
+"""Accept compaction (mtplab/speculative/commit.py) on random trees against a plain-Python
+reference."""
 import pytest
 import torch
 

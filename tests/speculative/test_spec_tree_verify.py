@@ -171,7 +171,8 @@ def test_greedy_matches_brute_force(D, S, V):
 
 def test_greedy_extremes_and_first_child_wins():
     # root -> 1 (tok 5), root -> 2 (tok 5, duplicate sibling), 1 -> 3 (tok 6)
-    sel = DraftSelection(tokens=torch.tensor([[5, 5, 6]] * 3), parents=torch.tensor([[0, 0, 1]] * 3),
+    sel = DraftSelection(tokens=torch.tensor([[5, 5, 6]] * 3),
+                         parents=torch.tensor([[0, 0, 1]] * 3),
                          num_steps=2)
     tree = build_tree(sel, torch.tensor([1, 1, 1]), torch.tensor([4, 4, 4]))
     argmax = torch.tensor([[5, 6, 7, 8], [9, 6, 7, 8], [5, 0, 7, 8]])

@@ -68,7 +68,7 @@ def test_bars_write_to_stdout_in_a_jupyter_kernel(monkeypatch, capsys):
 def test_notebook_tables_show_every_column(tmp_path):
     import pandas as pd
 
-    from mtplab.sweep.report import notebook_out
+    from mtplab.studies.figures import notebook_out
     with pd.option_context("display.max_columns", 20, "display.width", 80):
         notebook_out(tmp_path / "nb")
         wide = pd.DataFrame([range(40)], columns=[f"column_{i}" for i in range(40)])

@@ -136,7 +136,7 @@ def test_plot_effects_saves_a_figure(tmp_path):
 
 def test_bars_with_nothing_to_draw_say_so(tmp_path):
     """A CPU sweep's host syncs are 0 in every cell: the chart says it has no bar and why."""
-    from mtplab.sweep.report import bars
+    from mtplab.studies.figures import bars
     df = pd.DataFrame({"status": "ok", "arm": ["a", "b"], "host_syncs_per_step": [0.0, 0.0],
                        "x": [math.nan, math.nan]})
     ax = bars(df, "arm", "host_syncs_per_step", empty_note="on CPU nothing waits for a device")

@@ -114,6 +114,12 @@ def md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def note_and_answer(doc: dict, answer: str) -> list[str]:
+    """A report's lines after its header: the run's note (if any), then the answer line the
+    index quotes."""
+    return ([doc["note"], ""] if doc.get("note") else []) + [f"{ANSWER} {answer}"]
+
+
 def header(doc: dict, title: str) -> str:
     """The lines every report opens with: title, date, device, commit, command, results."""
     s = stamp_of(doc)

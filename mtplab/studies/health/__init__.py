@@ -169,9 +169,8 @@ def render(doc: dict) -> str:
              "tokens per request, Frozen-KV MTP at a simulated accept length of 3.0, page 16, "
              f"bubble meter on; each figure the median of {w['repeats']} measured generates "
              "after a warm-up, its noise their range (max - min)", ""]
-    if doc.get("note"):
-        parts += [doc["note"], ""]
-    parts += [f"{R.ANSWER} {answer(doc)}", "",
+    parts += R.note_and_answer(doc, answer(doc)) + [
+              "",
               "How to read it (the figures of mtplab/stats.py). *run-ahead*: the share of "
               "decode steps whose next launch was issued before the step's last GPU work ended "
               "(the bubble meter's, and the profiled generate's trace read by `mtplab "

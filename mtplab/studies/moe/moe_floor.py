@@ -287,9 +287,7 @@ def render(doc: dict) -> str:
              f"- noise: a step's spread is max / min - 1 over the repeats' p50 steps (an FFN "
              f"timing's over its captures); a ratio's noise the larger of its two sides' "
              f"spreads, at least {R.MIN_NOISE:.0%}", ""]
-    if doc.get("note"):
-        parts += [doc["note"], ""]
-    parts += [f"{R.ANSWER} {answer(doc)}"]
+    parts += R.note_and_answer(doc, answer(doc))
     for name in PHASES:
         if name in doc["phases"]:
             parts += ["", section(doc, name)]

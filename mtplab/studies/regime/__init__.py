@@ -151,9 +151,8 @@ def render(doc: dict) -> str:
     from .ladder import crossovers
     t = frame(doc)
     parts = [R.header(doc, TITLE), ""]
-    if doc.get("note"):
-        parts += [doc["note"], ""]
-    parts += [f"{R.ANSWER} {answer(doc)}", "",
+    parts += R.note_and_answer(doc, answer(doc)) + [
+              "",
               "How to read it. A *rung* is one (model, layers, batch size, prompt length) point "
               "of the ladder; an *arm* is one setting measured at every rung; an effect "
               "compares an arm with its baseline arm. *x* = the GPU's busy time per decode "

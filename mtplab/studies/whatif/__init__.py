@@ -177,9 +177,8 @@ def render(doc: dict) -> str:
     from .check import GOAL, direction_md, summary
     v = frame(doc)
     parts = [R.header(doc, TITLE), ""]
-    if doc.get("note"):
-        parts += [doc["note"], ""]
-    parts += [f"{R.ANSWER} {answer(doc)}", "",
+    parts += R.note_and_answer(doc, answer(doc)) + [
+              "",
               "How to read it. Each row compares two arms of one grid point that differ in "
               "what the predictor replays (overlap, a zero_bubble sub-knob or all of them, "
               "fold_seed, a host delay planted after every step): the predictor replays the "

@@ -340,3 +340,16 @@ def sm90_ptx(monkeypatch, kernel, signature: dict, constexprs: dict, num_warps: 
         return triton.compile(ASTSource(fn=jit, signature=sig, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps}).asm["ptx"]
+
+
+def pin_four_experts_per_layer(model) -> None:
+    """A router with zero weights and a bias that lifts 4 of 16 experts (a different 4 per MoE
+    layer): every token of layer i goes to experts (i + 3j) % 16, j < 4."""
+    import torch
+
+    from mtplab.models.moe import moe_layers
+    with torch.no_grad():
+        for i, m in enumerate(moe_layers(model)):
+            m.gate.weight.zero_()
+            m.gate.bias.zero_()
+            m.gate.bias[[(i + 3 * j) % 16 for j in range(4)]] = 10.0

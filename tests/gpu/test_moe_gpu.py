@@ -158,17 +158,13 @@ def test_experts_per_verify_inside_cuda_graphs(draft):
     gives 4 per verify, 3 requests in the bucket of 4 (the recorder's writes replay with the
     graphs; which lanes count is tested on CPU, tests/models/test_moe.py); the per-step
     column agrees."""
-    from mtplab.models.moe import moe_layers
+    from tests.helpers import pin_four_experts_per_layer
 
     with Engine(RunConfig(model="random-tiny-moe", moe_routing="zipf:1.0", draft=draft,
                           device="cuda", moe_stats=True, bubble_meter=True, cuda_graphs=True,
                           max_running_requests=4, simulate_accept_len=2.0 if draft != "none"
                           else None)) as eng:
-        with torch.no_grad():
-            for i, m in enumerate(moe_layers(eng.model)):
-                m.gate.weight.zero_()
-                m.gate.bias.zero_()
-                m.gate.bias[[(i + 3 * j) % 16 for j in range(4)]] = 10.0
+        pin_four_experts_per_layer(eng.model)
         eng.generate([[5, 6, 7], [9, 10], [11, 12, 13]], max_new_tokens=9, ignore_eos=True)
         st = eng.stats()
         assert st["experts_per_verify"] == 4.0 and st["experts_per_verify_uniform"] > 4.0

@@ -356,15 +356,11 @@ def test_experts_per_verify_on_a_routed_moe_with_a_known_expert_set(draft):
     """A router with zero weights and a bias that lifts the same 4 of 16 experts (a different
     4 per layer) sends every token to exactly those: 4 experts per layer per verify, however
     many tokens; the uniform expectation is E(1-(1-k/E)^n) at each verify's bs x D tokens."""
-    from mtplab.models.moe import moe_layers
+    from tests.helpers import pin_four_experts_per_layer
 
     with Engine(RunConfig(model="random-tiny-moe", moe_routing="zipf:1.0", draft=draft,
                           moe_stats=True, bubble_meter=True, max_running_requests=4)) as eng:
-        with torch.no_grad():
-            for i, m in enumerate(moe_layers(eng.model)):
-                m.gate.weight.zero_()
-                m.gate.bias.zero_()
-                m.gate.bias[[(i + 3 * j) % 16 for j in range(4)]] = 10.0
+        pin_four_experts_per_layer(eng.model)
         eng.generate([[5, 6, 7], [9, 10], [11, 12, 13]], max_new_tokens=9, ignore_eos=True)
         st = eng.stats()
         assert st["experts_per_verify"] == 4.0

@@ -44,12 +44,8 @@ def results_doc(question: str, results: pd.DataFrame, *, sweep_dir: str, command
         raise ConfigError(f"{grid} does not exist: --from takes a bench group's folder "
                           "(mtplab bench --dir D writes D/<group>/).")
     doc = yaml.safe_load(grid.read_text())
-    ok = results[results["status"] == "ok"] if "status" in results else results
-    commits = sorted({str(c) for c in ok.get("git_commit", pd.Series(dtype=str)).dropna()})
-    if len(commits) != 1 or commits[0].endswith("-dirty"):
-        raise ConfigError(f"the cells ran at commits {commits or ['unknown']}: a report names "
-                          "one commit of a clean tree; run the group again at one commit.")
-    names = sorted({str(n) for n in ok.get("device_name", pd.Series(dtype=str)).dropna()})
+    ok = R.ok_cells(results)
+    commit, names = R.cells_stamp([ok], "run the group again")
     _, arms, axes, cells, points = _cells(results, doc)
     rows = []
     for (point, i), recs in cells.items():
@@ -60,7 +56,7 @@ def results_doc(question: str, results: pd.DataFrame, *, sweep_dir: str, command
                              VALUE: _plain(r.get(VALUE)), BUBBLE: _plain(r.get(BUBBLE))})
     return {"question": question, "group": Path(sweep_dir).name, "date": date,
             "device": device or R.device_slug(names[0] if names else ""),
-            "device_name": ", ".join(names), "commit": commits[0][:7], "command": command,
+            "device_name": ", ".join(names), "commit": commit, "command": command,
             "software": "", "note": note, "arms": [arm_label(a) for a in arms],
             "rows": rows}
 

@@ -69,6 +69,26 @@ class Stamp:
         return cls(*m.groups())
 
 
+def ok_cells(results):
+    """The cells of a sweep's results table that ran (status ok; all when it has no status)."""
+    return results[results["status"] == "ok"] if "status" in results else results
+
+
+def cells_stamp(tables, again: str) -> tuple[str, list[str]]:
+    """(the short commit, the sorted device names) of the cells in `tables` (ok cells of one
+    or more results tables): one commit of a clean tree, else ConfigError ending in `again`
+    (what to run again at one commit)."""
+    commits, names = set(), set()
+    for ok in tables:
+        commits |= {str(c) for c in ok["git_commit"].dropna()} if "git_commit" in ok else set()
+        names |= {str(n) for n in ok["device_name"].dropna()} if "device_name" in ok else set()
+    commits = sorted(commits)
+    if len(commits) != 1 or commits[0].endswith("-dirty"):
+        raise ConfigError(f"the cells ran at commits {commits or ['unknown']}: a report names "
+                          f"one commit of a clean tree; {again} at one commit.")
+    return commits[0][:7], sorted(names)
+
+
 def report_commit(commit: Optional[str]) -> str:
     """The commit a report names (short) of provenance.git_commit's answer: a clean tree's;
     ConfigError for none or "-dirty" (a report written by a benchmark script)."""

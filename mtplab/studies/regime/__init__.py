@@ -58,21 +58,15 @@ def results_doc(results: pd.DataFrame, *, command: str, date: str,
                 note: str = "") -> dict:
     """A report's results from a regime sweep's results table: the stamp (the device and the
     commit from the cells' own columns: one commit, a clean tree) and the effect table."""
-    from ...errors import ConfigError
     from .ladder import regime_table
-    ok = results[results["status"] == "ok"] if "status" in results else results
-    commits = sorted({str(c) for c in ok.get("git_commit", pd.Series(dtype=str)).dropna()})
-    if len(commits) != 1 or commits[0].endswith("-dirty"):
-        raise ConfigError(f"the cells ran at commits {commits or ['unknown']}: a report names "
-                          "one commit of a clean tree; run the ladder again at one commit.")
-    names = sorted({str(n) for n in ok.get("device_name", pd.Series(dtype=str)).dropna()})
+    commit, names = R.cells_stamp([R.ok_cells(results)], "run the ladder again")
     t = regime_table(results, sweep_dir=sweep_dir)
     t["verdict"] = [R.verdict(r, s, n, nb) for r, s, n, nb in         # at full precision
                     zip(t["ratio"], t["noise"], t["n"], t["n_base"])]
     rows = [{k: _clean(r[k]) for k in FIELDS} for r in t.to_dict("records")]
     return {"question": QUESTION, "date": date,
             "device": device or R.device_slug(names[0] if names else ""),
-            "device_name": ", ".join(names), "commit": commits[0][:7], "command": command,
+            "device_name": ", ".join(names), "commit": commit, "command": command,
             "software": "", "note": note, "rows": rows}
 
 

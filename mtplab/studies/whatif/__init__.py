@@ -69,11 +69,10 @@ def results_doc(runs: Sequence[tuple[pd.DataFrame, str]], *, command: str, date:
     holding VALIDATION): the stamp (the cells' device and commit: one commit of a clean tree
     over every run), the rungs' cells and every validation row."""
     from ...errors import ConfigError
-    rows, rungs, commits, names = [], [], set(), set()
+    rows, rungs, oks = [], [], []
     for results, sweep_dir in runs:
-        ok = results[results["status"] == "ok"] if "status" in results else results
-        commits |= {str(c) for c in ok.get("git_commit", pd.Series(dtype=str)).dropna()}
-        names |= {str(n) for n in ok.get("device_name", pd.Series(dtype=str)).dropna()}
+        ok = R.ok_cells(results)
+        oks.append(ok)
         path = Path(sweep_dir) / VALIDATION
         if not path.is_file():
             raise ConfigError(f"{path} does not exist: a regime run writes it (mtplab bench "
@@ -83,14 +82,10 @@ def results_doc(runs: Sequence[tuple[pd.DataFrame, str]], *, command: str, date:
         rungs += _rung_cells(ok)
         rows += [{"rung": rung_of(r["where"]), **{k: _clean(r.get(k)) for k in FIELDS[1:]}}
                  for r in v.to_dict("records")]
-    commits = sorted(commits)
-    if len(commits) != 1 or commits[0].endswith("-dirty"):
-        raise ConfigError(f"the cells ran at commits {commits or ['unknown']}: a report names "
-                          "one commit of a clean tree; run again at one commit.")
-    names = sorted(names)
+    commit, names = R.cells_stamp(oks, "run again")
     return {"question": QUESTION, "date": date,
             "device": device or R.device_slug(names[0] if names else ""),
-            "device_name": ", ".join(names), "commit": commits[0][:7], "command": command,
+            "device_name": ", ".join(names), "commit": commit, "command": command,
             "software": "", "note": note, "rungs": rungs, "rows": rows}
 
 

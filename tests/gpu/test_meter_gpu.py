@@ -175,9 +175,9 @@ def test_run_ahead_overlap_off_is_zero_and_a_long_host_delay_is_zero(overlap):
 
 
 def test_run_ahead_is_near_one_when_the_gpu_step_is_long():
-    """Overlap + zero_bubble at a GPU-bound shape (llama3-8b-like@8, bs 8: the GPU step is
-    several times the host loop): the host runs ahead on nearly every step."""
-    with Engine(RunConfig(model="llama3-8b-like", layers=8, device="cuda",
+    """Overlap + zero_bubble at a GPU-bound shape (llama3-8b-like@32, bs 8: a GPU step of
+    several ms, several times the host loop): the host runs ahead on nearly every step."""
+    with Engine(RunConfig(model="llama3-8b-like", layers=32, device="cuda",
                           draft="frozen_kv_mtp", simulate_accept_len=3.0, overlap=True,
                           zero_bubble=True, bubble_meter=True, max_running_requests=8,
                           context_len=512, page_size=16)) as eng:

@@ -52,11 +52,15 @@ GRID = {"timeout_s": 600,
 HOST_AXES = ("cfg.draft", "cfg.graph_granularity", "batch_size", "cfg.overlap")
 
 
-def host_grid(tree: Path, arms: list[int] | None = None) -> dict:
+def host_grid(tree: Path, arms: list[int] | None = None,
+              granularity: list[str] | None = None) -> dict:
     """`mtplab bench --groups host`'s grid, one repeat (the sweeps alternate instead); `arms`:
-    the indices of its arms to keep (all when None)."""
+    the indices of its arms to keep (all when None); `granularity`: the graph granularities
+    to keep (all when None)."""
     doc = yaml.safe_load((tree / "mtplab" / "studies" / "host_path" / "host.yaml").read_text())
     doc["grid"]["repeat"] = [0]
+    if granularity is not None:
+        doc["grid"]["graph_granularity"] = list(granularity)
     if arms is not None:
         doc["arms"] = [doc["arms"][i] for i in arms]
     return doc
@@ -93,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--old-tree", default=None)
     ap.add_argument("--arms", type=int, nargs="+", default=None,
                     help="--group host: the indices of the host grid's arms to run (default all)")
+    ap.add_argument("--granularity", nargs="+", choices=("stage", "step"), default=None,
+                    help="--group host: the graph granularities to run (default both)")
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
     if a.group == "host":
@@ -139,10 +145,12 @@ def host_main(a, here: Path) -> int:
     """--group host (module doc)."""
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
+    cells: list[dict] = []            # every cell's host columns, for the per-stage table
     with tempfile.TemporaryDirectory() as d:
         old = old_tree(a, here, d)
         grid = Path(d) / "host.yaml"
-        grid.write_text(yaml.safe_dump(host_grid(here, a.arms), sort_keys=False))
+        grid.write_text(yaml.safe_dump(host_grid(here, a.arms, a.granularity),
+                                       sort_keys=False))
         trees = {a.commit: old, "working tree": here}
         for r in range(a.repeats):
             for name, tree in trees.items():
@@ -156,6 +164,8 @@ def host_main(a, here: Path) -> int:
                     if key not in order:
                         order.append(key)
                     res.setdefault((name, key), []).append(row["host_step_us"])
+                    cells.append({"tree": name, "repeat": r, "cell": key} |
+                                 {k: v for k, v in row.items() if k.startswith("host_")})
     rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
             f"host`'s grid; {a.repeats} alternating sweeps, one process per cell; median "
             "[min-max]; ratio = old / new, >= 1: no slower)", "",
@@ -166,6 +176,8 @@ def host_main(a, here: Path) -> int:
         rows.append(f"| {key} | {mo:.1f} [{min(o):.1f}-{max(o):.1f}] | {mn:.1f} "
                     f"[{min(n):.1f}-{max(n):.1f}] | {mo / mn:.3f}x |")
     emit("\n".join(rows), a.out)
+    if a.out:      # the per-stage host µs beside the table: where a ratio comes from
+        pd.DataFrame(cells).to_csv(Path(a.out).with_suffix(".cells.csv"), index=False)
     return 0
 
 

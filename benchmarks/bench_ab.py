@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .common import emit
+from mtplab.studies.run_cells import emit
 
 # Target-only spells out the zero_bubble sub-knobs that exist without a draft (the same
 # resolved config): trees up to b0a315c reject zero_bubble=True without a draft

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import emit
+from mtplab.studies.run_cells import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
 

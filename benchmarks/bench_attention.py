@@ -19,8 +19,8 @@ import itertools
 
 import torch
 
-from benchmarks.common import emit
-from benchmarks.report import graph_us
+from mtplab.studies.run_cells import emit
+from mtplab.studies.gpu_figures import graph_us
 from mtplab.studies.bench import hbm_bandwidth
 from mtplab.kernels import triton_attention as ta
 from mtplab.kernels.attn_meta import AttnMeta

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from benchmarks.common import emit
+from mtplab.studies.run_cells import emit
 from mtplab import Engine, RunConfig
 from mtplab.lossless import divergence
 from mtplab.models.corpus import heldout_snippets

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from benchmarks.bench_acceptance import prompt_sets
-from benchmarks.common import emit
+from mtplab.studies.run_cells import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 

@@ -250,7 +250,7 @@ def phase_diag(arms: Arms, a, log) -> list[str]:
             hooks.append(eng.on_step(lambda i: torch.cuda.synchronize()))
         elif variant == "gpu busy":            # a side stream keeps the device busy
             if cycles is None:
-                from benchmarks.common import sleep_cycles
+                from mtplab.studies.run_cells import sleep_cycles
                 cycles = sleep_cycles(0.3)
             side = torch.cuda.Stream()
 

@@ -50,8 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import emit, target_decode_fn
-from benchmarks.report import Report, free, graph_us, run_figures
+from mtplab.studies.run_cells import emit, target_decode_fn
+from mtplab.studies.gpu_figures import Report, free, graph_us, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import emit
-from benchmarks.report import Report, free, run_figures
+from mtplab.studies.run_cells import emit
+from mtplab.studies.gpu_figures import Report, free, run_figures
 from mtplab import Engine, RunConfig
 from mtplab.studies.bench import hbm_bandwidth
 from mtplab.models.floor import engine_step_bytes

@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import emit
+from mtplab.studies.run_cells import emit
 from benchmarks.meter.common import OVERLAP, REGIMES
 from benchmarks.meter.host_wake import host_wake
 from benchmarks.meter.overhead import overhead, pool

@@ -36,8 +36,8 @@ import time
 import torch
 
 from benchmarks.bench_kernels import copy_bandwidth, decode_forward, gpu_activities, prompts
-from benchmarks.common import emit
-from benchmarks.report import Report, free, graph_us
+from mtplab.studies.run_cells import emit
+from mtplab.studies.gpu_figures import Report, free, graph_us
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 from mtplab.models.floor import expected_experts, step_bytes

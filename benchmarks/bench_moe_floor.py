@@ -59,8 +59,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
-from benchmarks.report import graph_us
-from benchmarks.common import target_decode_fn
+from mtplab.studies.gpu_figures import graph_us
+from mtplab.studies.run_cells import target_decode_fn
 from mtplab import Engine, RunConfig
 from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm

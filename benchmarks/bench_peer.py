@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from benchmarks.common import emit, sweep
+from mtplab.studies.run_cells import emit, sweep
 from mtplab import Engine, RunConfig
 from mtplab.models.zoo import ZOO_DIR
 from mtplab.sweep.measure import code_prompts

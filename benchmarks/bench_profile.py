@@ -37,7 +37,7 @@ from mtplab.analysis.bubbles import analyze
 from mtplab.analysis.plots import plot_timeline
 from mtplab.analysis.trace_io import load_trace
 
-from .common import sleep_cycles, sweep
+from mtplab.studies.run_cells import sleep_cycles, sweep
 
 BASE = dict(model="tiny-code", draft="frozen_kv_mtp", fold_seed=True, context_len=1024)
 MODES = {"off": dict(overlap=False), "on": dict(overlap=True),

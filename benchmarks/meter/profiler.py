@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.common import sleep_cycles
+from mtplab.studies.run_cells import sleep_cycles
 from mtplab import Engine, RunConfig
 
 from .common import BASE, DELAYS_MS, OVERLAP, REGIMES, prompts, spin_us, verdict

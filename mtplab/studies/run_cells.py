@@ -1,4 +1,4 @@
-"""Shared parts of the benchmark scripts: run a grid through the sweep, print a table."""
+"""Shared parts of the studies' runners: run a grid through the sweep, print a table."""
 from __future__ import annotations
 
 import json

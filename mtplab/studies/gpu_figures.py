@@ -1,4 +1,4 @@
-"""What the GPU figure scripts share (bench_kernels, bench_long_context, bench_moe,
+"""What the GPU figure runners share (bench_kernels, bench_long_context, bench_moe,
 bench_attention): the report, the time-boxed figure loop, freeing the device between engines
 and `graph_us`, a call's device time by CUDA graph replay.
 

@@ -1,12 +1,16 @@
-"""benchmarks/bench_ab.py --group host without a GPU: the grid it runs in both trees is the
-host study's, one repeat, with the arms asked for."""
+"""benchmarks/bench_ab.py (mtplab/studies/host_path/ab.py) without a GPU or a sweep: the grid
+it runs in both trees is the host study's, one repeat, with the arms, granularities and batch
+sizes asked for; both trees' sweeps run under one string hash seed; each ratio's bootstrap
+interval over the repeats."""
 from __future__ import annotations
 
-from pathlib import Path
+import pandas as pd
+import pytest
 
-from benchmarks.bench_ab import host_grid, host_label
-
-ROOT = Path(__file__).resolve().parents[2]
+from mtplab.errors import ConfigError
+from mtplab.studies.host_path import ab
+from mtplab.studies.host_path.ab import host_grid, host_label, ratio_cell, ratio_interval
+from mtplab.studies.reports import REPO as ROOT
 
 
 def test_host_grid_is_the_host_studys_with_one_repeat_and_the_arms_asked_for():
@@ -18,7 +22,62 @@ def test_host_grid_is_the_host_studys_with_one_repeat_and_the_arms_asked_for():
     assert set(zb["grid"]["draft"]) == {"none", "frozen_kv_mtp"}
 
 
+def test_host_grid_keeps_the_batch_sizes_and_granularities_asked_for():
+    full = host_grid(ROOT)
+    one = host_grid(ROOT, bs=[32], granularity=["step"])
+    assert one["grid"]["batch_size"] == [32] and one["grid"]["graph_granularity"] == ["step"]
+    assert {k: v for k, v in one["grid"].items() if k not in ("batch_size",
+                                                               "graph_granularity")} == \
+        {k: v for k, v in full["grid"].items() if k not in ("batch_size", "graph_granularity")}
+    assert host_grid(ROOT, bs=[32, 1])["grid"]["batch_size"] == [1, 32]     # the grid's order
+
+
+def test_a_batch_size_the_host_grid_lacks_is_one_clear_error(capsys):
+    with pytest.raises(ConfigError, match=r"--bs 8: the host grid's batch sizes are \[1, 32\]"):
+        host_grid(ROOT, bs=[1, 8])
+    assert ab.main(["--commit", "HEAD", "--group", "host", "--bs", "8"]) == 2
+    assert "bench_ab: --bs 8" in capsys.readouterr().err
+
+
 def test_host_label_names_draft_granularity_batch_and_loop():
     row = {"cfg.draft": "none", "cfg.graph_granularity": "step", "batch_size": 32,
            "cfg.overlap": True}
     assert host_label(row) == "target-only step bs32 overlap+zb"
+
+
+def test_both_trees_sweep_under_one_hash_seed(tmp_path, monkeypatch):
+    seen = []
+
+    def run(argv, cwd, env, **kw):
+        seen.append(env["PYTHONHASHSEED"])
+        pd.DataFrame({"status": ["ok"]}).to_parquet(tmp_path / "results.parquet")
+        return type("P", (), {"returncode": 0})()
+
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
+    monkeypatch.setattr(ab.subprocess, "run", run)
+    for tree in (tmp_path / "old", ROOT):
+        ab.sweep_in(tree, tmp_path / "grid.yaml", tmp_path)
+    assert seen == ["0", "0"]
+
+
+def test_ratio_interval_resamples_each_trees_medians():
+    # identical repeats: no noise, the interval is the ratio itself
+    assert ratio_interval([100.0] * 3, [50.0] * 3) == (2.0, 2.0)
+    # num's repeats {1, 2, 3} against a constant: the resampled median is 1 with probability
+    # 7/27 and 3 with 7/27, both above the 5% tails: the interval is [1, 3]
+    assert ratio_interval([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == (1.0, 3.0)
+    # the den's noise enters the other way round
+    assert ratio_interval([1.0, 1.0, 1.0], [1.0, 2.0, 4.0]) == (0.25, 1.0)
+    # seeded: one table, one interval; a wider level holds the narrower
+    xs, ys = [10.0, 11.0, 12.5, 9.5, 10.2], [9.0, 9.8, 11.0, 10.1, 8.7]
+    assert ratio_interval(xs, ys) == ratio_interval(xs, ys)
+    lo90, hi90 = ratio_interval(xs, ys)
+    lo99, hi99 = ratio_interval(xs, ys, level=0.99)
+    assert lo99 <= lo90 < 10.2 / 9.8 < hi90 <= hi99
+    assert max(xs) / min(ys) >= hi99 and lo99 >= min(xs) / max(ys)
+
+
+def test_ratio_cell_prints_the_interval_beside_the_ratio():
+    assert ratio_cell([100.0, 100.0], [50.0, 50.0], 3) == "2.000x [2.000-2.000]"
+    assert ratio_cell([1.0, 2.0, 3.0], [1.0] * 3, 2) == "2.00x [1.00-3.00]"
+    assert ratio_cell([110.0], [100.0], 3) == "1.100x (one repeat)"

@@ -14,9 +14,16 @@ cell is a fresh process. The grid uses only settings every tree with `mtplab swe
 overlap + zero_bubble arm alone) instead, compared on the host µs of a decode step
 (`host_step_us`, mtplab/sweep/host.py): per draft, graph granularity, batch size and loop, the
 ratio old / new (>= 1: the working tree's host is no slower), median over the alternating
-sweeps.
+sweeps. `--granularity` and `--bs` keep some of the grid's graph granularities and batch sizes.
 
     python -m benchmarks.bench_ab --commit 5349b33 --group host [--repeats 3] [--out FILE]
+        [--arms 1] [--granularity step] [--bs 1]
+
+One tree's host µs can differ by about 20% from one process to the next. Every sweep of both
+trees runs with PYTHONHASHSEED=0 (the iteration order of a set of strings, and so the work a
+step does, follows the process's string hash seed), and each ratio is printed with its 90%
+bootstrap interval over the repeats (`ratio_interval`: each tree's repeats resampled, the
+ratio of the resampled medians); an interval that holds 1 is within the noise.
 
 `--old-tree DIR`: COMMIT's files already extracted there (a machine without the git history:
 `git archive COMMIT | tar -x -C DIR` beforehand); COMMIT then only labels the table.
@@ -31,9 +38,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
+from mtplab.errors import ConfigError
+from mtplab.studies.reports import REPO
 from mtplab.studies.run_cells import emit
 
 # Target-only spells out the zero_bubble sub-knobs that exist without a draft (the same
@@ -50,20 +60,52 @@ GRID = {"timeout_s": 600,
 
 
 HOST_AXES = ("cfg.draft", "cfg.graph_granularity", "batch_size", "cfg.overlap")
+HASH_SEED = "0"                   # PYTHONHASHSEED of every sweep of both trees
+LEVEL = 0.90                      # the ratio's bootstrap interval
+RESAMPLES = 4000
 
 
 def host_grid(tree: Path, arms: list[int] | None = None,
-              granularity: list[str] | None = None) -> dict:
+              granularity: list[str] | None = None, bs: list[int] | None = None) -> dict:
     """`mtplab bench --groups host`'s grid, one repeat (the sweeps alternate instead); `arms`:
-    the indices of its arms to keep (all when None); `granularity`: the graph granularities
-    to keep (all when None)."""
+    the indices of its arms to keep, `granularity` the graph granularities, `bs` the batch
+    sizes (each: all when None). A batch size the grid does not hold is a ConfigError."""
     doc = yaml.safe_load((tree / "mtplab" / "studies" / "host_path" / "host.yaml").read_text())
     doc["grid"]["repeat"] = [0]
     if granularity is not None:
         doc["grid"]["graph_granularity"] = list(granularity)
+    if bs is not None:
+        held = doc["grid"]["batch_size"]
+        lacking = [b for b in bs if b not in held]
+        if lacking or not bs:
+            raise ConfigError(f"--bs {' '.join(map(str, lacking))}: the host grid's batch sizes "
+                              f"are {held}; give some of those.")
+        doc["grid"]["batch_size"] = [b for b in held if b in bs]
     if arms is not None:
         doc["arms"] = [doc["arms"][i] for i in arms]
     return doc
+
+
+def ratio_interval(num: list[float], den: list[float], level: float = LEVEL,
+                   resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval (`level`) of median(num) / median(den): each side's
+    repeats resampled with replacement, independently (the trees ran in separate processes),
+    the ratio of the two resampled medians. Seeded: one table, one interval."""
+    rng = np.random.default_rng(seed)
+    n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    mn = np.median(rng.choice(n, size=(resamples, n.size)), axis=1)
+    md = np.median(rng.choice(d, size=(resamples, d.size)), axis=1)
+    lo, hi = np.quantile(mn / md, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def ratio_cell(num: list[float], den: list[float], digits: int) -> str:
+    """`median(num) / median(den)` and its bootstrap interval, as the table prints them."""
+    r = statistics.median(num) / statistics.median(den)
+    if min(len(num), len(den)) < 2:
+        return f"{r:.{digits}f}x (one repeat)"
+    lo, hi = ratio_interval(num, den)
+    return f"{r:.{digits}f}x [{lo:.{digits}f}-{hi:.{digits}f}]"
 
 
 def host_label(row) -> str:
@@ -77,8 +119,9 @@ def label(arm: dict) -> str:
 
 
 def sweep_in(tree: Path, grid: Path, out: Path) -> pd.DataFrame:
-    """Run `mtplab sweep` with `tree`'s mtplab; its results table."""
-    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    """Run `mtplab sweep` with `tree`'s mtplab (hash seed HASH_SEED); its results table."""
+    env = dict(os.environ, PYTHONHASHSEED=HASH_SEED,
+               PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     p = subprocess.run([sys.executable, "-m", "mtplab.cli", "sweep", str(grid), "--out",
                         str(out), "--no-progress"], cwd=tree, env=env, capture_output=True,
                        text=True)
@@ -99,16 +142,22 @@ def main(argv=None) -> int:
                     help="--group host: the indices of the host grid's arms to run (default all)")
     ap.add_argument("--granularity", nargs="+", choices=("stage", "step"), default=None,
                     help="--group host: the graph granularities to run (default both)")
+    ap.add_argument("--bs", type=int, nargs="+", default=None, metavar="B",
+                    help="--group host: the grid's batch sizes to run (default all)")
     a = ap.parse_args(argv)
-    here = Path(__file__).resolve().parents[1]
     if a.group == "host":
-        return host_main(a, here)
+        try:
+            grid = host_grid(REPO, a.arms, a.granularity, a.bs)
+        except ConfigError as e:
+            print(f"bench_ab: {e}", file=sys.stderr)
+            return 2
+        return host_main(a, REPO, grid)
     res: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
-        old = old_tree(a, here, d)
+        old = old_tree(a, REPO, d)
         grid = Path(d) / "ab.yaml"
         grid.write_text(yaml.safe_dump(GRID, sort_keys=False))
-        trees = {a.commit: old, "working tree": here}
+        trees = {a.commit: old, "working tree": REPO}
         for r in range(a.repeats):
             for name, tree in trees.items():
                 df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
@@ -117,14 +166,15 @@ def main(argv=None) -> int:
                         raise RuntimeError(f"{name} {label(arm)}: {row.error}")
                     res.setdefault((name, label(arm)), []).append(row.decode_tok_per_s)
     rows = [f"Decode tok/s, {a.commit} vs the working tree (tiny-code, overlap + zero_bubble, "
-            f"graphs, profiler off; {a.repeats} alternating sweeps, one process per cell; "
-            "median [min-max])", "", f"| arm | {a.commit} | working tree | ratio |",
-            "|---|---|---|---|"]
+            f"graphs, profiler off; {a.repeats} alternating sweeps, one process per cell, "
+            f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = new / old [its {LEVEL:.0%} "
+            "bootstrap interval over the repeats])", "",
+            f"| arm | {a.commit} | working tree | ratio |", "|---|---|---|---|"]
     for arm in ARMS:
         o, n = res[(a.commit, label(arm))], res[("working tree", label(arm))]
         mo, mn = statistics.median(o), statistics.median(n)
         rows.append(f"| {label(arm)} | {mo:.0f} [{min(o):.0f}-{max(o):.0f}] | {mn:.0f} "
-                    f"[{min(n):.0f}-{max(n):.0f}] | {mn / mo:.2f}x |")
+                    f"[{min(n):.0f}-{max(n):.0f}] | {ratio_cell(n, o, 2)} |")
     emit("\n".join(rows), a.out)
     return 0
 
@@ -141,16 +191,15 @@ def old_tree(a, here: Path, d: str) -> Path:
     return old
 
 
-def host_main(a, here: Path) -> int:
-    """--group host (module doc)."""
+def host_main(a, here: Path, grid_doc: dict) -> int:
+    """--group host (module doc): `grid_doc` run in both trees."""
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
     cells: list[dict] = []            # every cell's host columns, for the per-stage table
     with tempfile.TemporaryDirectory() as d:
         old = old_tree(a, here, d)
         grid = Path(d) / "host.yaml"
-        grid.write_text(yaml.safe_dump(host_grid(here, a.arms, a.granularity),
-                                       sort_keys=False))
+        grid.write_text(yaml.safe_dump(grid_doc, sort_keys=False))
         trees = {a.commit: old, "working tree": here}
         for r in range(a.repeats):
             for name, tree in trees.items():
@@ -167,19 +216,17 @@ def host_main(a, here: Path) -> int:
                     cells.append({"tree": name, "repeat": r, "cell": key} |
                                  {k: v for k, v in row.items() if k.startswith("host_")})
     rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
-            f"host`'s grid; {a.repeats} alternating sweeps, one process per cell; median "
-            "[min-max]; ratio = old / new, >= 1: no slower)", "",
+            f"host`'s grid; {a.repeats} alternating sweeps, one process per cell, "
+            f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = old / new, >= 1: no slower "
+            f"[its {LEVEL:.0%} bootstrap interval over the repeats])", "",
             f"| cell | {a.commit} | working tree | ratio |", "|---|---|---|---|"]
     for key in order:
         o, n = res[(a.commit, key)], res[("working tree", key)]
         mo, mn = statistics.median(o), statistics.median(n)
         rows.append(f"| {key} | {mo:.1f} [{min(o):.1f}-{max(o):.1f}] | {mn:.1f} "
-                    f"[{min(n):.1f}-{max(n):.1f}] | {mo / mn:.3f}x |")
+                    f"[{min(n):.1f}-{max(n):.1f}] | {ratio_cell(o, n, 3)} |")
     emit("\n".join(rows), a.out)
     if a.out:      # the per-stage host µs beside the table: where a ratio comes from
         pd.DataFrame(cells).to_csv(Path(a.out).with_suffix(".cells.csv"), index=False)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,8 @@ plain loop? (tiny-code: the engine is host-bound; a GPU-bound preset as the cont
 
 Drives engines directly, every arm built once in this process and run interleaved (arm A
 B C .., A B C .., over repeats): the loop modes are compared on one host at one moment, and
-the host-stage table needs the engine's own objects (its graph runners, its spans).
+the host-stage table needs the engine's own objects (its graph runners, its spans). A runner of
+study `host_path`; its entry point is benchmarks/bench_host.py.
 
     phases (--only, default table diag cprofile ratios):
       prims    host µs per call of each primitive the decode path issues (event record and
@@ -497,6 +498,3 @@ def main(argv=None) -> int:
     print("\n".join(text))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,8 @@ Prompts: `--prompts` snippets of about `--prompt-bytes` bytes from (a) held-out 
 files (mtplab.models.corpus split, this Python's stdlib) and (b) Python sources outside the
 stdlib (an installed package, default torch). Each cell generates `--new-tokens` greedy tokens
 per prompt (ignore_eos) and reports the mean accept length: tokens committed per verify,
-bonus included. Every spec output is also checked against the target-only output.
+bonus included. Every spec output is also checked against the target-only output. A runner
+of study `drafts`; its entry point is benchmarks/bench_acceptance.py:
 
     python -m benchmarks.bench_acceptance [--out table.md]
 """
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from pathlib import Path
 
 import torch
 
-from mtplab.studies.run_cells import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.corpus import code_snippets, is_heldout, list_files, stdlib_root
+from mtplab.studies.run_cells import emit
 
 CELLS = [("frozen_kv_mtp", 1), ("frozen_kv_mtp", 2), ("frozen_kv_mtp", 4),
          ("eagle", 1), ("eagle", 4)]
@@ -78,6 +78,3 @@ def main(argv=None) -> int:
     emit(table, a.out)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

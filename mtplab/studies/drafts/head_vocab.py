@@ -1,27 +1,27 @@
 """Acceptance of tiny-code's drafts with a reduced head (`draft_vocab`), measured with the
 engine (CPU is fine): the hot vocabulary's escape figure and what it costs in acceptance.
 
-Prompts as benchmarks/bench_acceptance.py: held-out CPython stdlib snippets and snippets of an
+Prompts as acceptance.py here: held-out CPython stdlib snippets and snippets of an
 installed package outside the stdlib (default torch). Each cell generates `--new-tokens` greedy
 tokens per prompt and reports the mean accept length (bonus included) and, for a hot head, the
 escape share: emitted tokens outside the hot set (the N most frequent ids of tiny-code's
 training split, zoo/tiny-code/token_counts.json), each a position the draft cannot propose.
 Every spec output is checked against the target-only output. Decode tok/s and the LM head's
-share of draft time need the GPU: benchmarks/bench_moe.py --only vocab.
+share of draft time need the GPU: benchmarks/bench_moe.py --only vocab. A runner of study
+`drafts`; its entry point is benchmarks/bench_draft_vocab.py:
 
     python -m benchmarks.bench_draft_vocab [--out table.md]
 """
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
-from benchmarks.bench_acceptance import prompt_sets
-from mtplab.studies.run_cells import emit
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
+from mtplab.studies.drafts.acceptance import prompt_sets
+from mtplab.studies.run_cells import emit
 
 DRAFTS = ("frozen_kv_mtp", "eagle")
 VOCABS = ("full", "hot:128", "hot:64", "hot:32", "centroids:16/4")
@@ -63,6 +63,3 @@ def main(argv=None) -> int:
     emit("\n".join(rows), a.out)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

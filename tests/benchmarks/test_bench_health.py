@@ -1,6 +1,7 @@
-"""benchmarks/bench_health.py: the checks on arms with known figures (no engine), a tree with
-uncommitted changes refused before anything runs, and (slow) the CPU smoke run writing the
-report and its results, which `mtplab report health` renders again byte for byte."""
+"""benchmarks/bench_health.py, the entry point of mtplab/studies/health/runner.py: the checks
+on arms with known figures (no engine), a tree with uncommitted changes refused before
+anything runs, and (slow) the CPU smoke run writing the report and its results, which `mtplab
+report health` renders again byte for byte."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from benchmarks import bench_health
+from mtplab.studies.health import runner
 from mtplab.studies import health
 from mtplab.studies import reports as R
 from mtplab.studies.cli import main_report
@@ -53,9 +55,13 @@ def test_not_measured_reads_na():
     assert "not measured: llama3-8b-like@16 overlap off." in md
 
 
+def test_the_script_is_the_studys_runner():
+    assert bench_health.main is runner.main
+
+
 def test_a_tree_with_changes_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234-dirty")
-    assert bench_health.main(["--smoke", "--out-dir", str(tmp_path)]) == 2
+    assert runner.main(["--smoke", "--out-dir", str(tmp_path)]) == 2
     assert "one commit of a clean tree" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*"))
 
@@ -63,7 +69,7 @@ def test_a_tree_with_changes_is_refused_before_anything_runs(tmp_path, monkeypat
 @pytest.mark.slow
 def test_the_smoke_run_writes_the_report_and_its_results(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def5678")
-    assert bench_health.main(["--smoke", "--out-dir", str(tmp_path)]) == 0
+    assert runner.main(["--smoke", "--out-dir", str(tmp_path)]) == 0
     stem = f"{time.strftime('%Y-%m-%d')}_cpu_abc1234"
     md, js = tmp_path / "health" / f"{stem}.md", tmp_path / "health" / f"{stem}.json"
     assert md.is_file() and js.is_file()

@@ -1,9 +1,10 @@
 """Study `health`: are the engine's figures sound on a device?
 
-Runner: benchmarks/bench_health.py (one engine per arm: a host-bound and a GPU-bound shape,
-each with overlap + zero_bubble, overlap off and a host delay planted after every step longer
-than the GPU step; an MoE target under uniform and zipf routing). It hands each arm's measured
-generates to `results_doc` and writes the report with `results.write(doc, render)`:
+Runner: runner.py, entry point `python -m benchmarks.bench_health` (one engine per arm: a
+host-bound and a GPU-bound shape, each with overlap + zero_bubble, overlap off and a host delay
+planted after every step longer than the GPU step; an MoE target under uniform and zipf
+routing). It hands each arm's measured generates to `results_doc` and writes the report with
+`results.write(doc, render)`:
 
     docs/results/health/<date>_<device>_<commit>.{json,md}
 
@@ -82,9 +83,9 @@ def _verdict(x: float, ok: bool) -> str:
 
 
 def checks(doc: dict) -> list[dict]:
-    """What the figures must read (benchmarks/bench_health.py's doc): run-ahead close to 1
-    at the GPU-bound shape under overlap + zero_bubble (its median), close to 0 with a host
-    delay longer than the GPU step (its median), 0 with overlap off (every generate).
+    """What the figures must read (runner.py's doc): run-ahead close to 1 at the GPU-bound
+    shape under overlap + zero_bubble (its median), close to 0 with a host delay longer than
+    the GPU step (its median), 0 with overlap off (every generate).
     Each: shape, arm, run-ahead, the expectation, the verdict."""
     out = []
     for a in doc["arms"]:

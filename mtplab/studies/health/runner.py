@@ -2,8 +2,9 @@
 bs 1) and one GPU-bound shape (llama3-8b-like@16, bs 8), each with overlap + zero_bubble,
 overlap off, and overlap + zero_bubble with a host delay planted after every step longer than
 the GPU step; then an MoE target (gemma4-26b-a4b-like@4, bs 8) under uniform and zipf routing
-for the experts touched. Writes the dated report of question `health` (mtplab/studies/health:
-the results file and the Markdown rendered from it) into the results folder --out-dir:
+for the experts touched. Writes the dated report of question `health` (the study's
+__init__.py: the results file and the Markdown rendered from it) into the results folder
+--out-dir; its entry point is benchmarks/bench_health.py:
 
     DIR/health/<YYYY-MM-DD>_<device>_<commit>.{json,md}     (DIR default docs/results)
 
@@ -197,6 +198,3 @@ def main(argv=None) -> int:
           f"({time.perf_counter() - t0:.0f} s)")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,6 +5,8 @@ per cell, arms interleaved over repeats). Report: `report(D/<group>, ...)` or `m
 decode_floor --from D/<group>`: each arm against the group's first arm at every grid point
 (studies/group.py). benchmarks/bench_kernels.py measures the floor ratios, kernels per layer and
 fusion.
+nonfinite.py (`python -m benchmarks.bench_nonfinite`) sets the non-finite check's own time
+beside the decode step it runs in.
 """
 from functools import partial
 

@@ -4,7 +4,8 @@ device (kernels/sampling.py: finite_rows over the step's logits [B*D, V] and hid
 in one run: per configuration, the decode step p50 of a generate (the engine's own figure;
 the check runs inside it) and the check's own time on tensors of that step's shapes (median
 of --reps runs); the ratio is the check's share of a step. It adds no host sync: its flag
-travels in the tokens the host reads anyway.
+travels in the tokens the host reads anyway. A runner of study `decode_floor`; its entry
+point is benchmarks/bench_nonfinite.py:
 
     python -m benchmarks.bench_nonfinite [--device cpu] [--reps 200]
 """
@@ -44,7 +45,7 @@ def check_ms(rows: int, nodes: int, vocab: int, hidden: int, dev, reps: int) -> 
     return statistics.median(times)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=200)
@@ -64,7 +65,5 @@ def main(argv=None) -> None:
                        args.reps)
         print(f"{name:42s} {step:12.3f} {chk:10.4f} {chk / step:10.2%}")
         eng.close()
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,45 @@
+"""A benchmarks/ script moved into its study is a thin entry point: it runs the study module's
+`main`, and `python -m benchmarks.<script> --help` still answers with the flags it had."""
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRIES = {"bench_host": ("mtplab.studies.host_path.host_bench",
+                          ("--out-dir", "--only", "--bs", "--granularities", "--diag-draft")),
+           "bench_ab": ("mtplab.studies.host_path.ab",
+                        ("--commit", "--group", "--arms", "--granularity", "--bs",
+                         "--old-tree")),
+           "bench_acceptance": ("mtplab.studies.drafts.acceptance",
+                                ("--prompts", "--steps", "--package", "--show", "--out")),
+           "bench_draft_vocab": ("mtplab.studies.drafts.head_vocab",
+                                 ("--prompts", "--new-tokens", "--package", "--out")),
+           "bench_health": ("mtplab.studies.health.runner",
+                            ("--smoke", "--repeats", "--out-len", "--no-moe", "--out-dir")),
+           "bench_nonfinite": ("mtplab.studies.decode_floor.nonfinite",
+                               ("--device", "--reps", "--tokens"))}
+
+
+@pytest.mark.parametrize("script", sorted(ENTRIES))
+def test_the_script_runs_its_studys_main(script):
+    module, _ = ENTRIES[script]
+    entry = importlib.import_module(f"benchmarks.{script}")
+    assert entry.main is importlib.import_module(module).main
+    body = (ROOT / "benchmarks" / f"{script}.py").read_text()
+    assert module.replace(".", "/") + ".py" in body                # its doc names the runner
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(ENTRIES))
+def test_the_scripts_flags_answer_from_the_command_line(script):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    p = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [f for f in ENTRIES[script][1] if f not in p.stdout] == []

@@ -1,6 +1,6 @@
-"""benchmarks/bench_peer_sglang.py, mtplab and SGLang side by side: the knobs each engine gets
-(SGLang's side through SGLang's own parser and model config, where installed), the workload
-both see, the interleaving / ratio / resume / deadline logic against stand-in engines, the
+"""The peer harness (mtplab/studies/peers/side_by_side.py), mtplab and SGLang side by side:
+the knobs each engine gets (SGLang's side through SGLang's own parser and model config, where
+installed), the workload both see, the interleaving / ratio / resume / deadline logic against stand-in engines, the
 worker processes (a stand-in engine in a real worker), and the refusals. No GPU."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_peer_sglang as peer
-from benchmarks import peer_plan
-from benchmarks.peer_plan import Cell, Workload, plan
+from mtplab.studies.peers import side_by_side as peer
+from mtplab.studies.peers import peer_plan
+from mtplab.studies.peers.peer_plan import Cell, Workload, plan
 from tests.sglang_fixtures import sglang_module
 
 WL = Workload(prompt_len=16, new_tokens=9, repeats=3, warmup_tokens=4, profile_steps=0)
@@ -725,7 +725,7 @@ def test_the_profiled_engine_is_freed_to_the_driver(monkeypatch, tmp_path):
     import torch
 
     import mtplab
-    from benchmarks.peer_worker import MtplabSide
+    from mtplab.studies.peers.peer_worker import MtplabSide
 
     built, at_release = [], []
 

@@ -1,7 +1,8 @@
 """The peer harness (mtplab/studies/peers/side_by_side.py), mtplab and SGLang side by side:
 the knobs each engine gets (SGLang's side through SGLang's own parser and model config, where
-installed), the workload both see, the interleaving / ratio / resume / deadline logic against stand-in engines, the
-worker processes (a stand-in engine in a real worker), and the refusals. No GPU."""
+installed), the workload both see, the interleaving / ratio / resume / deadline logic against
+stand-in engines, the worker processes (a stand-in engine in a real worker), and the refusals.
+No GPU."""
 from __future__ import annotations
 
 import json

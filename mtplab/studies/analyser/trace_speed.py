@@ -1,4 +1,5 @@
-"""Trace analyser speed: mtplab (`load_trace` + `analyze`) vs HTA (traceinsight) on one large trace.
+"""Trace analyser speed: mtplab (`load_trace` + `analyze`) vs HTA (traceinsight) on one trace.
+The runner of the study `analyser` (its `render` writes the report from what this measures).
 
 Builds a deterministic (seeded) Kineto-shaped trace of a spec-decode serving loop in a temporary
 folder — or takes one with `--trace` — then times, in one process, interleaved (A B A B ...),
@@ -26,6 +27,17 @@ ids fit int16 but the row count does not; the synthetic correlations start at 15
     python -m benchmarks.bench_analyzer --profiler-step-every 100 --streaming   # 81 MB trace
     python -m benchmarks.bench_analyzer --steps 400 --repeats 3 --out /tmp/bench_analyzer.md
     python -m benchmarks.bench_analyzer --trace run/rank0.pt.trace.json
+    python -m benchmarks.bench_analyzer --profiler-step-every 100 --streaming --out-dir docs/results
+
+`--out-dir DIR` writes the dated report of question `analyser` and its results file (the
+seconds of every repeat of every arm, the per-stream idle totals), rendered by
+mtplab/studies/analyser `render`:
+
+    DIR/analyser/<YYYY-MM-DD>_cpu_<commit>.{json,md}
+
+The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
+changes is refused before anything runs (a report names one commit). Without `--out-dir` the
+tables are printed (and written to `--out`).
 
 From process start (`--cli`): each arm is a fresh Python process, timed from its start to its
 exit (interpreter start, imports, parse, analysis, output), interleaved, wall and CPU seconds:
@@ -49,13 +61,12 @@ import logging
 import os
 import platform
 import random
+import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +74,9 @@ import orjson
 
 from mtplab.analysis.bubbles import analyze
 from mtplab.analysis.trace_io import load_trace
+
+from .. import analyser as S
+from .. import reports as R
 
 BASE_US = 4463232744698.193   # a real Kineto-sized µs origin with a sub-µs fraction
 HOST_PID = 3812
@@ -376,36 +390,25 @@ def _process_time(cmd: list) -> tuple[float, float]:
     return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
-def from_process_start(path: Path, folder: Path, what: str, repeats: int) -> str:
-    """mtplab analyze --json vs HTA, each a fresh process, interleaved; markdown."""
+def from_process_start(path: Path, folder: Path, repeats: int) -> tuple[dict, dict, float]:
+    """mtplab analyze --json vs HTA, each a fresh process, interleaved: (wall s per arm, CPU s
+    per arm, each repeat in run order; the import time of mtplab.analysis.cli in s)."""
+    import subprocess
     env_py = sys.executable
-    arms = {"mtplab analyze --json": [env_py, "-m", "mtplab.cli", "analyze", str(path), "--json"],
-            "HTA TraceAnalysis + get_idle_time_breakdown": [env_py, "-c", _HTA_CLI, str(folder)]}
+    arms = {S.CLI_MTPLAB: [env_py, "-m", "mtplab.cli", "analyze", str(path), "--json"],
+            S.HTA: [env_py, "-c", _HTA_CLI, str(folder)]}
     imp = [env_py, "-X", "importtime", "-c", "import mtplab.analysis.cli"]
-    res = {k: [] for k in arms}
+    wall, cpu = {k: [] for k in arms}, {k: [] for k in arms}
     for cmd in arms.values():            # warm-up: page cache, bytecode
         _process_time(cmd)
     for _ in range(repeats):
         for k, cmd in arms.items():
-            res[k].append(_process_time(cmd))
-    import subprocess
+            w, c = _process_time(cmd)
+            wall[k].append(w)
+            cpu[k].append(c)
     it = subprocess.run(imp, capture_output=True, text=True).stderr.strip().splitlines()
     import_s = int(it[-1].split("|")[1]) / 1e6 if it else float("nan")
-    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
-           for k, v in res.items()}
-    mt, hta = med["mtplab analyze --json"], med["HTA TraceAnalysis + get_idle_time_breakdown"]
-    rw, rc = hta[0] / mt[0], hta[1] / mt[1]
-    size = path.stat().st_size / 1e6
-    lines = [f"From process start — trace {what}: {size:.1f} MB JSON; median of {repeats} "
-             f"interleaved runs, each a fresh `{Path(env_py).name}` process; import of "
-             f"mtplab.analysis.cli {import_s:.3f} s (`-X importtime`).", "",
-             "| arm | wall s (median) | CPU s (median) | runs wall (s) |", "|---|---|---|---|"]
-    for k, v in res.items():
-        lines.append(f"| {k} | {med[k][0]:.2f} | {med[k][1]:.2f} | "
-                     f"{' '.join(f'{w:.2f}' for w, _ in v)} |")
-    lines += ["", f"**HTA / mtplab from process start = {rw:.2f}x wall, {rc:.2f}x CPU** "
-              f"(target >= 4x): {'PASS' if rw >= 4 else 'MISS'}"]
-    return "\n".join(lines)
+    return wall, cpu, import_s
 
 
 def run_mtplab(path: Path, streaming: bool = False):
@@ -450,7 +453,9 @@ def _quiet_hta() -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_analyzer",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=None,
                     help="time this trace (.json; needs distributedInfo.rank for HTA) instead of "
                          "the synthetic one")
@@ -466,133 +471,148 @@ def main(argv=None) -> int:
     ap.add_argument("--streaming", action="store_true", help="also time mtplab's ijson reader")
     ap.add_argument("--no-hta", action="store_true", help="time mtplab only")
     ap.add_argument("--out", default=None, help="also write the markdown tables here (atomically)")
+    ap.add_argument("--out-dir", default=None, metavar="DIR",
+                    help="write the dated report of question `analyser` and its results into "
+                         "DIR/analyser/ (docs/results: the repository's); refused before "
+                         "anything runs in a tree with uncommitted changes")
     ap.add_argument("--cli", action="store_true",
                     help="time from process start: mtplab analyze --json vs HTA, fresh processes")
     ap.add_argument("--replicate", default=None, metavar="REAL",
                     help="with --cli and no --trace: replicate this real trace to --target-mb")
     ap.add_argument("--target-mb", type=float, default=60.0)
+    ap.add_argument("--note", default="", help="a sentence the report carries above its answer")
     a = ap.parse_args(argv)
     if a.repeats < 1 or a.profiler_step_every < 1:
         ap.error("--repeats and --profiler-step-every must be >= 1")
+    commit = None
+    if a.out_dir is not None:
+        from mtplab.errors import ConfigError
+        from mtplab.provenance import git_commit
+        try:                               # refused before anything runs
+            commit = R.report_commit(git_commit())
+        except ConfigError as e:
+            print(f"bench_analyzer: {e}", file=sys.stderr)
+            return 2
     _quiet_hta()
     tmp = Path(tempfile.mkdtemp(prefix="bench_analyzer_"))
     try:
-        if a.cli:
-            if a.trace:
-                src = Path(a.trace)
-                path = tmp / "rank0.pt.trace.json"
-                os.symlink(src.resolve(), path)
-                what = f"`{src}`"
-            else:
-                real = Path(a.replicate or Path(__file__).resolve().parents[1] / "tests" / "data"
-                            / "gpu_frozen_overlap.pt.trace.json.gz")
-                path, n = replicate_trace(real, tmp, a.target_mb)
-                what = (f"**synthesized**: {n} copies of the real trace `{real.name}` laid end to "
-                        "end (no real ~60 MB transformers trace given; record one with "
-                        "benchmarks/record_plain_trace.py)")
-            table = from_process_start(path, tmp, what, a.repeats)
-            print(table)
-            if a.out:
-                from mtplab.atomic import atomic_write_text
-                atomic_write_text(a.out, table + "\n")
-            return 0
-        if a.trace:
-            src = Path(a.trace)
-            path = tmp / src.name  # HTA wants a folder holding only this trace
-            os.symlink(src.resolve(), path)
-            what = f"`{src}`"
-        else:
-            t0 = time.perf_counter()
-            path = write_trace(tmp, a.steps, a.seed, a.profiler_step_every)
-            n_ps = -(-a.steps // a.profiler_step_every)
-            what = (f"synthetic (seed {a.seed}, {a.steps} engine steps, {n_ps} ProfilerStep#N "
-                    f"spans)")
-            print(f"built {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        size_mb = path.stat().st_size / 1e6
-        doc = run_orjson(path)
-        n_events = len(doc["traceEvents"])
-        n_x = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
-        del doc
-
-        arms = {"mtplab (orjson reader)": lambda: run_mtplab(path)}
-        if a.streaming:
-            arms["mtplab (streaming ijson reader)"] = lambda: run_mtplab(path, streaming=True)
-        if not a.no_hta:
-            arms["HTA TraceAnalysis + get_idle_time_breakdown"] = lambda: run_hta(tmp)
-        arms["orjson.loads only, GC paused (parse floor)"] = lambda: run_orjson_gc_paused(path)
-        arms["orjson.loads only, GC on"] = lambda: run_orjson(path)
-        times: dict[str, list[float]] = {k: [] for k in arms}
-        results = {}
-        for k, fn in arms.items():  # warm-up: imports, page cache
-            out = fn()
-            if not k.startswith("orjson"):  # keep no parsed document alive (the GC would scan it)
-                results[k] = out
-            del out
-        for r in range(a.repeats):
-            for k, fn in arms.items():
-                gc.collect()
-                t0 = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t0)
-            print(f"round {r + 1}/{a.repeats}: "
-                  + ", ".join(f"{v[-1]:.2f}s" for v in times.values())
-                  + f"  ({', '.join(times)})", file=sys.stderr)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        mt = med["mtplab (orjson reader)"]
-
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cpu = _cpu_name()
-        lines = [(f"Trace analyser speed — {when}; {cpu}, {os.cpu_count()} CPU cores; Python "
-                  f"{platform.python_version()}, numpy {np.__version__}; trace {what}: "
-                  f"{size_mb:.1f} MB JSON, {n_events:,} events ({n_x:,} complete 'X'); median of "
-                  f"{a.repeats} interleaved runs."), "",
-                 "| arm | median s | runs (s) | vs mtplab |", "|---|---|---|---|"]
-        for k, v in times.items():
-            lines.append(f"| {k} | {med[k]:.2f} | {' '.join(f'{t:.2f}' for t in v)} | "
-                         f"{med[k] / mt:.2f}x |")
-        if not a.no_hta:
-            ratio = med["HTA TraceAnalysis + get_idle_time_breakdown"] / mt
-            lines += ["", f"**HTA / mtplab = {ratio:.2f}x** (target >= 3x)"]
-            lines += ["", *_idle_table(results["mtplab (orjson reader)"],
-                                       results["HTA TraceAnalysis + get_idle_time_breakdown"],
-                                       exact_hta_definition(path))]
-        table = "\n".join(lines)
-        print(table)
-        if a.out:
-            from mtplab.atomic import atomic_write_text
-            atomic_write_text(a.out, table + "\n")
+        doc = (_cli_doc if a.cli else _in_process_doc)(a, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    doc = S.results_doc(**doc, date=time.strftime("%Y-%m-%d"), device="cpu",
+                        device_name=f"{_cpu_name()}, {os.cpu_count()} CPU cores",
+                        commit=commit or PRINTED, software=_software(a),
+                        command=shlex.join(["python", "-m", "benchmarks.bench_analyzer", *argv]),
+                        note=a.note)
+    table = S.tables(doc)
+    print(table)
+    if a.out:
+        from mtplab.atomic import atomic_write_text
+        atomic_write_text(a.out, table + "\n")
+    if a.out_dir is not None:
+        path = R.write(doc, S.render, Path(a.out_dir))
+        print(f"wrote {path} and its results {path.with_suffix('.json').name}")
     return 0
 
 
-def _idle_table(res, hta_df, exact: dict[int, float]) -> list[str]:
+PRINTED = "0000000"           # the commit of a results doc only printed, never written
+
+
+def _software(a) -> str:
+    out = f"Python {platform.python_version()}, numpy {np.__version__}, orjson {orjson.__version__}"
+    if not a.no_hta:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            out += f", traceinsight {version('traceinsight')}"
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _cli_doc(a, tmp: Path) -> dict:
+    """The results of `--cli`: mtplab analyze --json vs HTA from process start."""
+    if a.trace:
+        src = Path(a.trace)
+        path = tmp / "rank0.pt.trace.json"
+        os.symlink(src.resolve(), path)
+        what = f"`{src.name}`"
+    else:
+        real = Path(a.replicate or R.REPO / "tests" / "data"
+                    / "gpu_frozen_overlap.pt.trace.json.gz")
+        path, n = replicate_trace(real, tmp, a.target_mb)
+        what = (f"**synthesized**: {n} copies of the real trace `{real.name}` laid end to "
+                "end (no real ~60 MB transformers trace given; record one with "
+                "benchmarks/record_plain_trace.py)")
+    wall, cpu, import_s = from_process_start(path, tmp, a.repeats)
+    return {"mode": S.PROCESS_START, "arms": wall, "cpu_seconds": cpu, "import_s": import_s,
+            "trace": {"what": what, "mb": path.stat().st_size / 1e6}, "idle": []}
+
+
+def _in_process_doc(a, tmp: Path) -> dict:
+    """The results of the in-process arms (module docstring), interleaved."""
+    if a.trace:
+        src = Path(a.trace)
+        path = tmp / src.name  # HTA wants a folder holding only this trace
+        os.symlink(src.resolve(), path)
+        what = f"`{src.name}`"
+    else:
+        t0 = time.perf_counter()
+        path = write_trace(tmp, a.steps, a.seed, a.profiler_step_every)
+        n_ps = -(-a.steps // a.profiler_step_every)
+        what = f"synthetic (seed {a.seed}, {a.steps} engine steps, {n_ps} ProfilerStep#N spans)"
+        print(f"built {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    size_mb = path.stat().st_size / 1e6
+    doc = run_orjson(path)
+    n_events = len(doc["traceEvents"])
+    n_x = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
+    del doc
+
+    arms = {S.MTPLAB: lambda: run_mtplab(path)}
+    if a.streaming:
+        arms[S.STREAMING] = lambda: run_mtplab(path, streaming=True)
+    if not a.no_hta:
+        arms[S.HTA] = lambda: run_hta(tmp)
+    arms[S.FLOOR] = lambda: run_orjson_gc_paused(path)
+    arms[S.GC_ON] = lambda: run_orjson(path)
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    results = {}
+    for k, fn in arms.items():  # warm-up: imports, page cache
+        out = fn()
+        if k in (S.MTPLAB, S.HTA):  # keep no parsed document alive (the GC would scan it)
+            results[k] = out
+        del out
+    for r in range(a.repeats):
+        for k, fn in arms.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+        print(f"round {r + 1}/{a.repeats}: "
+              + ", ".join(f"{v[-1]:.2f}s" for v in times.values())
+              + f"  ({', '.join(times)})", file=sys.stderr)
+    idle = ([] if a.no_hta else
+            idle_rows(results[S.MTPLAB], results[S.HTA], exact_hta_definition(path)))
+    return {"mode": S.IN_PROCESS, "arms": times, "idle": idle,
+            "trace": {"what": what, "mb": size_mb, "events": n_events, "x_events": n_x}}
+
+
+def idle_rows(res, hta_df, exact: dict[int, float]) -> list[dict]:
+    """Per stream: mtplab's idle, the exact sum of HTA's definition, HTA's, and each one's
+    split by HTA's categories (analyser.idle_row)."""
     st = res.streams.set_index("stream")
     hta = hta_df.groupby("stream")["idle_time"].sum()
     hta_cat = hta_df.pivot_table(index="stream", columns="idle_category", values="idle_time",
                                  aggfunc="sum").fillna(0.0)
-    out = [("Per-stream idle time, µs (mtplab exact float µs; 'exact HTA def.' = sum of `ts - "
-            "previous end` over the same activities without rounding; "
-            "HTA rounds ts up, end down):"),
-           "", ("| stream | mtplab idle | exact HTA def. | HTA idle | HTA bias | "
-                "mtplab host/kernel/other | HTA host/kernel/other |"),
-           "|---|---|---|---|---|---|---|"]
-    cats = ("host_wait", "kernel_wait", "other")
-    tot = [0.0, 0.0, 0.0]
+    rows = []
     for sid in sorted(set(st.index.tolist()) | {int(s) for s in hta.index}):
-        m = float(st.loc[sid, "idle_us"]) if sid in st.index else float("nan")
-        h = float(hta.get(sid, float("nan")))
-        x = exact.get(sid, float("nan"))
-        tot = [tot[0] + m, tot[1] + x, tot[2] + h]
-        mc = ("/".join(f"{st.loc[sid, f'idle_{c}_us']:.0f}" for c in cats)
-              if sid in st.index else "-")
-        hc = ("/".join(f"{hta_cat.loc[sid].get(c, 0.0):.0f}" for c in cats)
-              if sid in hta_cat.index else "-")
-        out.append(f"| {sid} | {m:.1f} | {x:.1f} | {h:.1f} | {100 * (h / m - 1):+.2f}% "
-                   f"| {mc} | {hc} |")
-    out.append(f"| all | {tot[0]:.1f} | {tot[1]:.1f} | {tot[2]:.1f} "
-               f"| {100 * (tot[2] / tot[0] - 1):+.2f}% | | |")
-    return out
+        m = float(st.loc[sid, "idle_us"]) if sid in st.index else None
+        mc = ({c: float(st.loc[sid, f"idle_{c}_us"]) for c in S.CAUSES}
+              if sid in st.index else None)
+        hc = ({c: float(hta_cat.loc[sid].get(c, 0.0)) for c in S.CAUSES}
+              if sid in hta_cat.index else None)
+        rows.append(S.idle_row(sid, m, exact.get(sid), float(hta.get(sid, float("nan"))),
+                               mc, hc))
+    return rows
 
 
 def _cpu_name() -> str:

@@ -6,7 +6,7 @@ of its own (peer_worker.py), side by side on one GPU.
     python -m benchmarks.bench_peer_sglang --out DIR [--shapes ...] [--bs 1 8 32]
         [--drafts target eagle frozen eagle-k4p16 frozen-k4p16] [--overlap on off]
         [--pairs SHAPE:DRAFT ...] [--repeats 3] [--deadline-s S] [--profile-steps 20]
-        [--dry-run]
+        [--out-dir RESULTS] [--dry-run] [--table-only]
 
 Like for like (peer_plan.py holds the knobs): the same prompts (token ids, sent to
 both), the same output length with ignore_eos, the same batch (all bs requests submitted at
@@ -37,6 +37,13 @@ workload skips the cells already there (resume). --deadline-s: no group or cell 
 the time left allows it, and one running past the deadline is stopped (its workers killed)
 and left for the next run; the table is written from what finished. DIR/table.md holds the
 tables; DIR/logs/ each worker's output; DIR/traces/ the profiled traces and their analysis.
+Each profiled trace's figures include its run-ahead (the share of steps whose next launch
+came before the step's GPU work ended, the launch lead p10 / p50 / p90), for both engines.
+
+`--out-dir RESULTS` also writes the dated report of question `peers` from the finished cells
+(mtplab/studies/peers `render`): RESULTS/peers/<YYYY-MM-DD>_<device>_<commit>.{md,json}, the
+date the newest cell's, the commit the one every cell ran at (MTP_GIT_COMMIT on a copied
+tree). With `--table-only` it writes it from a results.json brought back from the GPU.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -57,10 +65,15 @@ from typing import Callable, Optional, Protocol
 
 import numpy as np
 
+from mtplab.atomic import atomic_write_text
+from mtplab.errors import ConfigError
+from mtplab.health import RUN_AHEAD_KEYS
+
+from .. import peers as study
+from .. import reports as R
 from . import peer_plan as plan_mod
 from .peer_plan import (BATCH_SIZES, DRAFTS, OVERLAP, SHAPES, Cell, Group, Workload,
-                                  mtplab_knobs, prompts, sglang_launch)
-from mtplab.atomic import atomic_write_text
+                        mtplab_knobs, prompts, sglang_launch)
 
 SIDES = ("mtplab", "sglang")
 WORKER = "mtplab.studies.peers.peer_worker"      # the worker process's module (python -m)
@@ -180,7 +193,9 @@ class WorkerArm:
 # ------------------------------------------------------------------ figures
 def trace_figures(trace: Optional[str]) -> dict:
     """Bubble fraction and causes of a trace by mtplab's analyser (what `mtplab analyze TRACE`
-    prints), its tables written beside it in analysis/."""
+    prints), with its run-ahead (health.RUN_AHEAD_KEYS: the share of steps whose next launch
+    came before the step's GPU work ended, the launch lead p10 / p50 / p90 in µs, the steps
+    with a lead), its tables written beside it in analysis/."""
     if not trace:
         return {"trace": None, "note": "no trace was written"}
     from mtplab.analysis.bubbles import analyze_run, write_analysis
@@ -196,7 +211,7 @@ def trace_figures(trace: Optional[str]) -> dict:
     bubble = s["bubble_us"] or float("nan")
     top = sorted(s["bubble_by_cause_us"].items(), key=lambda kv: -kv[1])[:3]
     return {"trace": trace, "bubble_frac": s["bubble_frac"], "steps": s["n_steps"],
-            "run_ahead_frac": s["run_ahead_frac"], "launch_lead_p50_us": s["launch_lead_p50_us"],
+            **{k: s[k] for k in RUN_AHEAD_KEYS},
             "causes": {k: v / bubble for k, v in cause_split(s).items()},
             "top": [[k, v / bubble] for k, v in top]}
 
@@ -514,6 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run again the cells results.json holds as failed")
     ap.add_argument("--table-only", action="store_true",
                     help="write the tables of the grid from results.json; run nothing")
+    ap.add_argument("--out-dir", default=None, metavar="DIR",
+                    help="also write the dated report of question `peers` from the finished "
+                         "cells into DIR/peers/ (docs/results: the repository's); with cells to "
+                         "run, a tree with uncommitted changes is refused before anything runs")
+    ap.add_argument("--note", default="", help="a sentence the report carries above its answer")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the model directories, print each group's two configurations")
     return ap
@@ -540,8 +560,15 @@ def check_args(a) -> Optional[str]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     a = build_parser().parse_args(argv)
     err = check_args(a)
+    if err is None and a.out_dir is not None and not (a.table_only or a.dry_run):
+        from mtplab.provenance import git_commit
+        try:                                # a report names one commit: refused before a run
+            R.report_commit(git_commit())
+        except ConfigError as e:
+            err = str(e)
     pairs = None if a.pairs is None else [p.rpartition(":")[::2] for p in a.pairs]
     try:
         groups = [] if err else plan_mod.plan(a.shapes, a.drafts, a.overlap, a.bs, pairs)
@@ -576,7 +603,8 @@ def main(argv=None) -> int:
                   f"prepare_server_args({list(launch.argv)!r}))")
         return 0
     if a.table_only:
-        return write_tables(results, groups, out, skipped)
+        return write_tables(results, groups, out, skipped) or write_report(results, groups, a,
+                                                                             argv)
     vocabs = {}
 
     def vocab_of(c: Cell) -> int:         # one target directory per shape
@@ -599,7 +627,26 @@ def main(argv=None) -> int:
     except Deadline as e:           # between groups: nothing was running
         print(f"deadline: {e}")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    return write_tables(results, groups, out, skipped)
+    return write_tables(results, groups, out, skipped) or write_report(results, groups, a, argv)
+
+
+def write_report(results: Results, groups: list[Group], a, argv: list) -> int:
+    """With --out-dir: the dated report of question `peers` (mtplab/studies/peers) from the
+    grid's finished cells, DIR/peers/<date>_<device>_<commit>.{md,json}."""
+    if a.out_dir is None:
+        return 0
+    order = [c.cell_id for g in groups for c in g.cells()]
+    try:
+        doc = study.results_doc([results.cells[i] for i in order if i in results.cells],
+                                workload=results.workload, note=a.note,
+                                command=shlex.join(["python", "-m",
+                                                    "benchmarks.bench_peer_sglang", *argv]))
+    except ConfigError as e:
+        print(f"bench_peer_sglang: no report: {e}", file=sys.stderr)
+        return 2
+    path = R.write(doc, study.render, Path(a.out_dir))
+    print(f"wrote {path} and its results {path.with_suffix('.json').name}")
+    return 0
 
 
 def write_tables(results: Results, groups: list[Group], out: Path,

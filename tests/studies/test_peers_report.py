@@ -100,6 +100,9 @@ def test_the_stamp_needs_one_clean_commit_and_a_finished_cell():
     with pytest.raises(ConfigError, match="one commit of a clean tree"):
         P.results_doc([_cell("a", 1, [1.0], [1.0], commit="abc1234-dirty")],
                       workload=WORKLOAD, command="c")
+    with pytest.raises(ConfigError, match="set MTP_GIT_COMMIT"):     # a copied tree's cells
+        P.results_doc([_cell("a", 1, [1.0], [1.0], commit=None)], workload=WORKLOAD,
+                      command="c")
     with pytest.raises(ConfigError, match="no cell of this grid finished"):
         P.results_doc(_records()[2:], workload=WORKLOAD, command="c")
 

@@ -71,10 +71,11 @@ def results_doc(records: list[dict], *, workload: dict, command: str, software: 
     if not any(r.get("status") == "ok" for r in records):
         raise ConfigError("no cell of this grid finished: a peers report is written from the "
                           "cells that ran; run the grid first.")
-    commits = sorted({str(r.get("git_commit")) for r in records})
+    commits = {r.get("git_commit") for r in records}
     if len(commits) != 1:
-        raise ConfigError(f"the cells ran at commits {commits}: a report names one commit; "
-                          "run the grid again at one commit (a new --out).")
+        raise ConfigError(f"the cells ran at commits {sorted(map(str, commits))}: a report "
+                          "names one commit; run the grid again at one commit (a new --out).")
+    commit = R.report_commit(commits.pop())
     names = [str(e.get("device")) for r in records for e in (r.get("engines") or {}).values()
              if R.device_slug(str(e.get("device") or "")) != "cpu"]
     name = names[0] if names else ""
@@ -85,7 +86,7 @@ def results_doc(records: list[dict], *, workload: dict, command: str, software: 
         for k, e in sorted(engines.items()))
     return {"question": QUESTION, "date": max(str(r["date"])[:10] for r in records),
             "device": R.device_slug(name), "device_name": name,
-            "commit": R.report_commit(None if commits[0] == "None" else commits[0]),
+            "commit": commit,
             "command": command, "software": software, "note": note,
             "workload": dict(workload), "cells": [cell_record(r) for r in records]}
 

@@ -45,6 +45,11 @@
 # A `peer` run resumes: its results stay in $MTP_SGL_TMP/peer while the machine is warm; on a
 # cold one, put the peer_results.json a call returned into a carried folder as results.json
 # and name it in MTP_PEER_FROM (e.g. .sgl_cresults: /.sgl_c*/ keeps it out of git).
+# Its dated report (docs/results/peers/) is written here from what a call returned: set
+# MTP_GIT_COMMIT on the device to the commit the carried tree was made from (each cell records
+# it), copy peer_results.json to DIR/results.json and run `python -m
+# benchmarks.bench_peer_sglang --out DIR --table-only --out-dir docs/results` with the flags
+# the device run got.
 #
 # What is carried and why (the server's and sglang.Engine's import path beyond the image, found
 # by scripts/sglang_probe.py --fake-cuda in a Python 3.12 environment of the image's packages

@@ -1,5 +1,5 @@
-"""Stand-in engines for the peer harness's tests (benchmarks/bench_peer_sglang.py): no torch, no
-SGLang, no GPU. Test harness only.
+"""Stand-in engines for the peer harness's tests (mtplab/studies/peers/side_by_side.py): no
+torch, no SGLang, no GPU. Test harness only.
 
 FakeSide runs inside a real worker process (`--side tests.peer_fakes:FakeSide`); its config
 says how it behaves: `fail_start` (print a traceback line to the log, then raise), `hang_op`

@@ -1,7 +1,8 @@
-"""benchmarks/bench_peer_sglang.py, mtplab and SGLang side by side: the knobs each engine gets
-(SGLang's side through SGLang's own parser and model config, where installed), the workload
-both see, the interleaving / ratio / resume / deadline logic against stand-in engines, the
-worker processes (a stand-in engine in a real worker), and the refusals. No GPU."""
+"""The peer harness (mtplab/studies/peers/side_by_side.py), mtplab and SGLang side by side:
+the knobs each engine gets (SGLang's side through SGLang's own parser and model config, where
+installed), the workload both see, the interleaving / ratio / resume / deadline logic against
+stand-in engines, the worker processes (a stand-in engine in a real worker), and the refusals.
+No GPU."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_peer_sglang as peer
-from benchmarks import peer_plan
-from benchmarks.peer_plan import Cell, Workload, plan
+from mtplab.studies.peers import side_by_side as peer
+from mtplab.studies.peers import peer_plan
+from mtplab.studies.peers.peer_plan import Cell, Workload, plan
 from tests.sglang_fixtures import sglang_module
 
 WL = Workload(prompt_len=16, new_tokens=9, repeats=3, warmup_tokens=4, profile_steps=0)
@@ -725,7 +726,7 @@ def test_the_profiled_engine_is_freed_to_the_driver(monkeypatch, tmp_path):
     import torch
 
     import mtplab
-    from benchmarks.peer_worker import MtplabSide
+    from mtplab.studies.peers.peer_worker import MtplabSide
 
     built, at_release = [], []
 
@@ -748,3 +749,102 @@ def test_the_profiled_engine_is_freed_to_the_driver(monkeypatch, tmp_path):
     finally:
         side.close()
     assert at_release == [[False, True]]     # the timed engine alive, the profiled one gone
+
+
+# ------------------------------------------------------------------ run-ahead and the report
+def known_leads_trace(path: Path, delay: float) -> Path:
+    """tests/analysis/test_bubbles.py's overlap trace: four 10 µs host steps, each launching
+    one 45 µs kernel 1 µs in; back to back (delay 0) the leads are 39, 74, 109 µs (all ahead),
+    with a host delay of 100 µs after every step -61 µs each (none ahead)."""
+    from tests.helpers import Synth
+    s = Synth()
+    gpu_free = 0.0
+    for k in range(4):
+        t = k * (10 + delay)
+        s.host("step[decode bs=1]", t, 10)
+        start = max(t + 5, gpu_free)
+        s.gpu(s.launch(t + 1), start, 45)
+        gpu_free = start + 45
+    return s.write(path)
+
+
+@pytest.mark.parametrize("delay,want", [
+    (0.0, dict(run_ahead_frac=1.0, launch_lead_p10_us=77.5, launch_lead_p50_us=91.5,
+               launch_lead_p90_us=105.5, run_ahead_steps=2)),
+    (100.0, dict(run_ahead_frac=0.0, launch_lead_p10_us=-61.0, launch_lead_p50_us=-61.0,
+                 launch_lead_p90_us=-61.0, run_ahead_steps=2))])
+def test_a_traces_run_ahead_is_the_analysers(tmp_path, delay, want):
+    """As `mtplab analyze TRACE` reads it: its warm-up rule drops the first step, so the leads
+    are 74 and 109 µs (back to back) and their percentiles numpy's linear rule's: p10 is
+    74 + 0.1 * 35, p50 91.5, p90 74 + 0.9 * 35."""
+    fig = peer.trace_figures(str(known_leads_trace(tmp_path / "t.pt.trace.json", delay)))
+    assert {k: fig[k] for k in want} == pytest.approx(want)
+
+
+class KnownLeads(FakeArm):
+    """A stand-in whose profiled trace has known leads: mtplab's runs ahead, SGLang's is
+    held back by a host delay."""
+
+    def request(self, msg, timeout):
+        if msg["op"] == "start":
+            return {"info": {"engine": self.side, "device": "NVIDIA H200", "torch": "2.11.0"}}
+        if msg["op"] == "profile":
+            d = Path(msg["dir"])
+            d.mkdir(parents=True)
+            trace = known_leads_trace(d / "x.pt.trace.json",
+                                      0.0 if self.side == "mtplab" else 100.0)
+            return {"trace": str(trace), "meter": {"bubble_frac": 0.25}}
+        return super().request(msg, timeout)
+
+
+def test_the_report_shows_each_engines_run_ahead(tmp_path, groups, monkeypatch, capsys):
+    """A grid run with stand-ins (mtplab 2000 then 2100 tok/s, SGLang 1000), then --table-only
+    --out-dir: the dated report of `peers` with the ratio, its noise and verdict and each
+    engine's run-ahead, which `mtplab report peers` regenerates byte for byte."""
+    from mtplab.studies import peers
+    from mtplab.studies import reports as R
+    from mtplab.studies.cli import main_report
+
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
+    wl = Workload(prompt_len=16, new_tokens=9, repeats=2, warmup_tokens=4, profile_steps=5)
+    out = tmp_path / "o"
+    out.mkdir()
+    res = peer.Results.open(out / "results.json", wl)
+    tok = {"mtplab": [2000.0, 2100.0], "sglang": [1000.0, 1000.0]}
+    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: KnownLeads(side, [], tok[side]),
+                    lambda c: 1000, float("inf"), 0.0, out / "traces", tmp_path / "models",
+                    0.3, say=lambda *_: None)
+    rec = res.cells["random-medium|eagle|overlap-on|bs1"]["profile"]
+    assert rec["mtplab"]["launch_lead_p50_us"] == pytest.approx(91.5)
+    assert rec["sglang"]["run_ahead_frac"] == 0.0
+    monkeypatch.setattr(peer, "WorkerArm", None)          # any engine start would fail
+    monkeypatch.setattr(peer_plan, "write_model_dirs", lambda *a: None)
+    root = tmp_path / "results"
+    argv = ["--out", str(out), "--shapes", "random-medium", "--drafts", "eagle", "--overlap",
+            "on", "--bs", "1", "8", "--repeats", "2", "--prompt-len", "16", "--new-tokens", "9",
+            "--warmup-tokens", "4", "--profile-steps", "5", "--table-only",
+            "--out-dir", str(root)]
+    assert peer.main(argv) == 0
+    md = next((root / "peers").glob("*_h200_abc1234.md"))
+    text = md.read_text()
+    # bs 1: ratios 2.0 and 2.1 (median 2.05); noise: mtplab's (2100 - 2000) / 2050 = 4.9%
+    assert ("| random-medium | eagle | on | 1 | 2050 | 1000 | 2.050x ±4.9%, pays | ") in text
+    assert "| 100% (+78 / +92 / +106 µs) | 0% (-61 / -61 / -61 µs) |" in text
+    answer = R.answer_line(md)
+    # bs 8 runs after bs 1: the stand-in's last rate, 2100, in both repeats (noise the floor)
+    assert answer.startswith("mtplab decodes at 2.05x to 2.10x SGLang's tok/s over 2 cells "
+                             "(lowest 2.050x ±4.9%, pays, highest 2.100x ±2.0%, pays)")
+    assert "faster in 2, slower in 0, within the noise in 0" in answer
+    assert "SGLang's traces run ahead on 0% to 0% of their steps" in answer
+    assert R.regenerate("peers", peers.render, root, check=True) == []
+    assert main_report(["peers", "--root", str(root)]) == 0          # the index's row
+    assert f"[{md.name}](peers/{md.name})" in (root / R.INDEX).read_text()
+
+
+def test_a_tree_with_changes_is_refused_before_a_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234-dirty")
+    monkeypatch.setattr(peer, "WorkerArm", None)          # any engine start would fail
+    assert peer.main(["--out", str(tmp_path / "o"), "--shapes", "random-medium", "--drafts",
+                      "eagle", "--out-dir", str(tmp_path / "r")]) == 2
+    assert "one commit of a clean tree" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()

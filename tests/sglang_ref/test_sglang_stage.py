@@ -307,7 +307,7 @@ def test_peer_resumes_a_carried_result_and_packs_what_comes_back(tmp_path):
     carried = tmp_path / ".sgl_cresults"
     carried.mkdir()
     import dataclasses
-    from benchmarks.peer_plan import Workload
+    from mtplab.studies.peers.peer_plan import Workload
     (carried / "results.json").write_text(__import__("json").dumps(
         {"workload": dataclasses.asdict(Workload()), "cells": {}}))
     env["MTP_PEER_FROM"] = str(carried)

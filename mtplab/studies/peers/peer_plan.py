@@ -1,6 +1,6 @@
 """The grid of `python -m benchmarks.bench_peer_sglang` (mtplab and SGLang side by side): its
 cells, the knobs each engine gets, the prompts and the model directories. The harness
-(bench_peer_sglang.py) and its workers (peer_worker.py) both read it, so both engines are
+(side_by_side.py) and its workers (peer_worker.py) both read it, so both engines are
 configured from one place:
 
     cell  = (shape, draft, overlap, bs)     one row of the table

@@ -1,8 +1,8 @@
-"""One engine of the peer harness (benchmarks/bench_peer_sglang.py) in a process of its own,
+"""One engine of the peer harness (side_by_side.py) in a process of its own,
 driven by the harness over two pipes, one JSON object a line (stdout and stderr go to the
 group's log file):
 
-    python -m benchmarks.peer_worker --side mtplab|sglang|MODULE:CLASS --config JSON \\
+    python -m mtplab.studies.peers.peer_worker --side mtplab|sglang|MODULE:CLASS --config JSON \\
         --rfd R --wfd W
 
     request                                           answer ({"ok": false, "error": "Type:

@@ -9,7 +9,7 @@ import numpy as np
 
 from mtplab.nogc import gc_paused
 
-from .common import spin_us
+from .meter_common import spin_us
 
 
 def resolution(rows: list, n: int = 2000) -> None:

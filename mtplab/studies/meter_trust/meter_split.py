@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import prompts
-from .overhead import _engine, _rotate
+from .meter_common import prompts
+from .meter_overhead import _engine, _rotate
 
 
 def quiet_d2h(eng) -> None:

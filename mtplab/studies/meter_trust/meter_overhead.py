@@ -12,7 +12,7 @@ from mtplab import Engine, RunConfig
 from mtplab.atomic import atomic_path
 from mtplab.nogc import gc_paused
 
-from .common import BASE, OVERLAP, prompts, verdict
+from .meter_common import BASE, OVERLAP, prompts, verdict
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import numpy as np
 
 from mtplab.nogc import gc_paused
 
-from .common import DELAYS_MS, sleep_us, spin_us
+from .meter_common import DELAYS_MS, sleep_us, spin_us
 
 
 def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 from mtplab import Engine, RunConfig
 
-from .common import BASE, OVERLAP, prompts
+from .meter_common import BASE, OVERLAP, prompts
 
 
 def stamp_cost(rows: list, reps: int = 300) -> None:

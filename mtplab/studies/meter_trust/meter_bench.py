@@ -42,14 +42,14 @@ import tempfile
 from pathlib import Path
 
 from mtplab.studies.run_cells import emit
-from benchmarks.meter.common import OVERLAP, REGIMES
-from benchmarks.meter.host_wake import host_wake
-from benchmarks.meter.overhead import overhead, pool
-from benchmarks.meter.planted import planted
-from benchmarks.meter.profiler import planted_vs_profiler, vs_profiler
-from benchmarks.meter.resolution import resolution
-from benchmarks.meter.split import split
-from benchmarks.meter.stamp_cost import stamp_cost
+from .meter_common import OVERLAP, REGIMES
+from .meter_host_wake import host_wake
+from .meter_overhead import overhead, pool
+from .meter_planted import planted
+from .meter_profiler import planted_vs_profiler, vs_profiler
+from .meter_resolution import resolution
+from .meter_split import split
+from .meter_stamp_cost import stamp_cost
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,8 @@ import numpy as np
 from mtplab import Engine, RunConfig
 from mtplab.nogc import gc_paused
 
-from .common import DELAYS_MS, OVERLAP, REGIMES, SLACK_US, prompts, sleep_us, verdict
+from .meter_common import (DELAYS_MS, OVERLAP, REGIMES, SLACK_US, prompts, sleep_us,
+                           verdict)
 
 
 def _decode_bubble(eng, first: int) -> tuple[float, float]:

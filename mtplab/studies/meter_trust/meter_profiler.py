@@ -7,7 +7,8 @@ from pathlib import Path
 from mtplab.studies.run_cells import sleep_cycles
 from mtplab import Engine, RunConfig
 
-from .common import BASE, DELAYS_MS, OVERLAP, REGIMES, prompts, spin_us, verdict
+from .meter_common import (BASE, DELAYS_MS, OVERLAP, REGIMES, prompts, spin_us,
+                           verdict)
 
 
 def _same_steps(eng, steps, w: int, u: int):

@@ -28,19 +28,29 @@ printed with PASS/MISS against its target where it has one.
 6. Split: the meter's cost outside its graphs, by part (unstamped graphs, then the d2h
    kernel unstamped too) against two meter-off engines (stated, no target).
 
-    python -m benchmarks.bench_meter --out $OUT/bench_meter.md
+    python -m benchmarks.bench_meter --out $OUT/bench_meter.md [--out-dir DIR]
     python -m benchmarks.bench_meter --pool run1.npz run2.npz    # saved --raw runs, pooled
 
-Each part is its own module under benchmarks/meter/ (its __init__ lists them); this file is
-the command line that runs them in the order above.
+--out-dir writes the dated report of question `meter_trust` (mtplab/studies/meter_trust: the
+results file, what each figure is computed from, per repeat where a part repeats, and the
+Markdown rendered from it): DIR/meter_trust/<YYYY-MM-DD>_<device>_<commit>.{json,md}. The
+commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
+changes is refused before anything runs. `mtplab report meter_trust` renders it again.
+
+Each part is its own module meter_<part>.py beside this one (the study's __init__ lists
+them); this file is the command line that runs them in the order above.
 """
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from mtplab.studies import meter_trust as study
+from mtplab.studies import reports as R
 from mtplab.studies.run_cells import emit
 from .meter_common import OVERLAP, REGIMES
 from .meter_host_wake import host_wake
@@ -81,7 +91,14 @@ def main(argv=None) -> int:
                     help="run on this many CPUs (the allowed set's second on), 0: as started")
     ap.add_argument("--pool", nargs="+", default=None, metavar="RAW",
                     help="print the overhead rows of these saved --raw runs pooled (no GPU)")
+    ap.add_argument("--out-dir", default=None, metavar="DIR",
+                    help="write the dated report into DIR/meter_trust/ (DIR: docs/results "
+                         "for the kept answer)")
+    argv = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(argv)
+    if a.pool and a.out_dir:
+        ap.error("--pool prints saved runs pooled; --out-dir writes the report of a run that "
+                 "measures: give one of them.")
     if a.pool:
         rows = ["### Bubble meter (benchmarks/bench_meter.py --pool)"]
         pool(rows, a.pool)
@@ -104,31 +121,51 @@ def main(argv=None) -> int:
         print("bench_meter needs a CUDA device (the CPU path is tested in "
               "tests/instrument/test_meter.py).", file=sys.stderr)
         return 2
+    commit = None
+    if a.out_dir is not None:
+        from mtplab.errors import ConfigError
+        from mtplab.provenance import git_commit
+        try:                               # refused before anything runs
+            commit = R.report_commit(git_commit())
+        except ConfigError as e:
+            print(f"bench_meter: {e}", file=sys.stderr)
+            return 2
     want = set(a.only or parts)
+    data: dict = {}
     rows = ["### Bubble meter (benchmarks/bench_meter.py)"]
     if "resolution" in want:
-        resolution(rows)
+        resolution(rows, data=data)
     if "host-wake" in want:
-        host_wake(rows)
+        host_wake(rows, data=data)
     if "cost" in want:
-        stamp_cost(rows)
+        stamp_cost(rows, data=data)
     if "planted" in want:
         for regime in REGIMES:
             for mode in OVERLAP:
-                planted(rows, regime, mode, a.planted_reps)
+                planted(rows, regime, mode, a.planted_reps, data=data)
     if "planted-profiler" in want:
         with tempfile.TemporaryDirectory() as d:
-            planted_vs_profiler(rows, Path(d))
+            planted_vs_profiler(rows, Path(d), data=data)
     if "profiler" in want:
         with tempfile.TemporaryDirectory() as d:
-            vs_profiler(rows, Path(d))
+            vs_profiler(rows, Path(d), data=data)
     if "overhead" in want:
         overhead(rows, a.overhead_reps, a.overhead_tokens, raw=a.raw,
                  sizes=tuple(a.overhead_bs), per_arm=a.overhead_engines,
-                 split_arm=a.split, seconds=a.overhead_seconds)
+                 split_arm=a.split, seconds=a.overhead_seconds, data=data)
     if "split" in want:
-        split(rows, a.split_reps)
+        split(rows, a.split_reps, data=data)
     emit("\n".join(rows), a.out)
+    if a.out_dir is not None:
+        import triton
+        name = torch.cuda.get_device_name()
+        doc = study.results_doc(
+            data, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name), device_name=name,
+            commit=commit,
+            command=shlex.join(["python", "-m", "benchmarks.bench_meter", *argv]),
+            software=f"torch {torch.__version__}; triton {triton.__version__}")
+        path = R.write(doc, study.render, Path(a.out_dir))
+        print(f"wrote {path} and its results {path.with_suffix('.json').name}")
     return 0
 
 

@@ -101,3 +101,36 @@ def test_a_malformed_results_file_gives_one_clear_error(tmp_path, capsys, edit, 
     assert main_report(["deterministic", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "python -m benchmarks.bench_deterministic --out-dir DIR" in err[0]
+
+
+def test_the_runner_writes_the_report_of_what_it_measured(tmp_path, monkeypatch, capsys):
+    """bench_deterministic --out-dir on CPU, its two measurements replaced by planted records
+    (the engines' runs are GPU work): the report lands in DIR/deterministic/ under the
+    commit's stamp, names the command, and regenerates; a tree with uncommitted changes is
+    refused before anything runs."""
+    from mtplab.studies.deterministic import deterministic_bench as bench
+
+    def throughput(a, prompts, data):
+        for det, x in ((False, 100.0), (True, 80.0)):
+            data.append(arm(1, "target-only", det, [x, x], [x, x]))
+        return ["| throughput rows |"]
+
+    def divergence_table(a, prompts, data):
+        data.append(cell(False, "frozen", 8, 2, (5, 9)))
+        return ["| divergence rows |"]
+    monkeypatch.setattr(bench, "throughput", throughput)
+    monkeypatch.setattr(bench, "divergence_table", divergence_table)
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234-dirty")
+    assert bench.main(["--model", "random-tiny", "--out-dir", str(tmp_path)]) == 2
+    assert "clean tree" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
+    assert bench.main(["--model", "random-tiny", "--repeats", "2",
+                       "--out-dir", str(tmp_path)]) == 0
+    path = R.newest("deterministic", tmp_path)
+    assert path.name.endswith("_cpu_abc1234.md")
+    doc = R.load(path)
+    assert doc["command"] == ("python -m benchmarks.bench_deterministic --model random-tiny "
+                              "--repeats 2 --out-dir " + str(tmp_path))
+    assert doc["workload"] == {"model": "random-tiny", "new_tokens": 192, "repeats": 2}
+    assert "0.800x ±2.0%, costs (target-only, bs 1)" in R.answer_line(path)
+    assert R.regenerate("deterministic", study.render, tmp_path, check=True) == []

@@ -163,3 +163,29 @@ def test_pool_and_out_dir_are_refused_together(capsys):
     with pytest.raises(SystemExit):
         main(["--pool", "a.npz", "--out-dir", "x"])
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_the_runner_writes_the_report_of_what_it_ran(tmp_path, monkeypatch):
+    """bench_meter --only host-wake --out-dir on CPU (the device calls stood in for: the part
+    runs its CPU path): the report lands in DIR/meter_trust/ under the commit's stamp, names
+    the command and the parts not run, and regenerates."""
+    import torch
+
+    from mtplab.studies.meter_trust import meter_bench
+    from mtplab.studies.meter_trust.meter_host_wake import host_wake
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(meter_bench, "host_wake",
+                        lambda rows, data: host_wake(rows, reps=2, device="cpu", data=data))
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
+    out = tmp_path / "bench_meter.md"
+    assert meter_bench.main(["--only", "host-wake", "--out", str(out),
+                             "--out-dir", str(tmp_path)]) == 0
+    path = R.newest("meter_trust", tmp_path)
+    assert path.name.endswith("_h200_abc1234.md")
+    assert R.load(path)["command"].endswith(f"--out-dir {tmp_path}")
+    assert R.answer_line(path) == (
+        "no figure with a target was measured; not run: resolution, stamp_cost, planted, "
+        "planted_profiler, profiler, overhead, split.")
+    assert "Host work right after a wait" in out.read_text()
+    assert R.regenerate("meter_trust", study.render, tmp_path, check=True) == []

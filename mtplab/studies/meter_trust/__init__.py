@@ -195,7 +195,8 @@ def figures(doc: dict) -> list[dict]:
 def answer(doc: dict) -> str:
     figs = figures(doc)
     checks = [f for f in figs if f["verdict"] in (PASS, MISS)]
-    said = [f"{sum(f['verdict'] == PASS for f in checks)} of {len(checks)} checks pass"]
+    said = [f"{sum(f['verdict'] == PASS for f in checks)} of {len(checks)} checks pass"
+            if checks else "no figure with a target was measured"]
     planted = [f for f in checks if f["part"] == "planted"]
     if planted:
         said.append("the meter reads a planted host delay back within its target in "

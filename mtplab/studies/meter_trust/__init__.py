@@ -52,7 +52,7 @@ PARTS = {
                 "delays"),
     "planted_profiler": ("d_ms", "meter_us", "profiler_us", "steps", "aligned"),
     "profiler": ("regime", "meter_frac", "profiler_frac", "steps", "aligned"),
-    "overhead": ("bs", "tokens", "per_arm", "eager_per_step", "rates", "step_p50_ms"),
+    "overhead": ("bs", "tokens", "per_arm", "eager_per_step", "rates"),
     "split": ("bs", "tokens", "rates"),
 }
 DELAY_KEYS = ("d_ms", "rise_us", "host_us")

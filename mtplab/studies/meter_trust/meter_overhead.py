@@ -125,8 +125,8 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
     no repeat after the first starts after this long (None: `reps` of them). `raw`: an .npz
     path for every engine's decode tok/s and median step time per repeat, the eager stamps
     per step and the tokens per generate (repeat i starts the rotation at engine i mod the
-    engine count, in build order); `--pool` reads such files back. `data` (given) gets the
-    same figures per bs under "overhead" (the report's results)."""
+    engine count, in build order); `--pool` reads such files back. `data` (given) gets
+    every engine's decode tok/s per repeat under "overhead" (the report's results)."""
     k = per_arm
     arms = OVERHEAD_ARMS if split_arm else OVERHEAD_ARMS[:2]
     count = (f"{reps} interleaved repeats" if seconds is None else
@@ -174,8 +174,7 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
         if data is not None:
             data.setdefault("overhead", []).append(
                 {"bs": bs, "tokens": tokens, "per_arm": k, "eager_per_step": per_step,
-                 "rates": {n: sig(v) for n, v in r.items()},
-                 "step_p50_ms": {n: sig(v) for n, v in p50.items()}})
+                 "rates": {n: sig(v) for n, v in r.items()}})
         rows.append(overhead_row(bs, r, p50, k, per_step))
         done.append(f"bs {bs}: {len(r['off 0'])}")
         del engs

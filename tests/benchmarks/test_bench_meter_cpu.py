@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.bench_meter import main
-from benchmarks.meter.overhead import OVERHEAD_ARMS, overhead
+from mtplab.studies.meter_trust.meter_bench import main
+from mtplab.studies.meter_trust.meter_overhead import OVERHEAD_ARMS, overhead
 
 
 def raw(path, reps: int, seed: int, eager: bool = True, per_arm: int = 3,
@@ -145,7 +145,7 @@ def test_overhead_options_refuse_bad_values(args, message, capsys):
 def test_host_wake_table_on_cpu():
     """The host-wake part's table (its CPU path: the launches are CPU tensor ops): one row per
     work and wait, a median per d and its rise over d = 0."""
-    from benchmarks.meter.host_wake import host_wake
+    from mtplab.studies.meter_trust.meter_host_wake import host_wake
     rows = []
     host_wake(rows, reps=2, device="cpu")
     table = [ln for ln in rows if ln.startswith("| ") and not ln.startswith("| work")]

@@ -6,7 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from benchmarks.bench_profile import RESOLUTION_US, fit_stages, stage_agreement
+from mtplab.studies.meter_trust.profile_bench import (RESOLUTION_US, fit_stages,
+                                                     stage_agreement)
 from mtplab.instrument.timeline import COLUMNS
 from mtplab.analysis.trace_io import load_trace
 from tests.analysis.test_bubbles import Synth

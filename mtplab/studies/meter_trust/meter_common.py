@@ -22,6 +22,11 @@ def prompts(eng, n, nbytes=256):
     return [eng.tokenizer.encode(t) for t in heldout_snippets(n, nbytes)]
 
 
+def sig(xs) -> list[float]:
+    """Measurements as the results file keeps them: floats to 6 significant digits."""
+    return [float(f"{float(x):.6g}") for x in xs]
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 

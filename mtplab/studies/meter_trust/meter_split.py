@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import prompts
-from .overhead import _engine, _rotate
+from .meter_common import prompts, sig
+from .meter_overhead import _engine, _rotate
 
 
 def quiet_d2h(eng) -> None:
@@ -27,10 +27,10 @@ def quiet_d2h(eng) -> None:
     m.log = lambda c: None if c == codes else log(c)
 
 
-def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
+def split(rows: list, reps: int = 101, tokens: int = 256, data: dict | None = None) -> None:
     """The meter's cost outside its graphs, by parts: engines off a / off b (A/A), the meter
     on with unstamped graphs (U), and U with an unstamped d2h kernel too (UD); interleaved,
-    the order rotating."""
+    the order rotating. `data` (given) gets every engine's tok/s per repeat under "split"."""
     rows += ["", f"Meter cost outside the graphs (as the overhead part, {reps} repeats; U = meter "
              "on, graphs unstamped; UD = U with the d2h kernel unstamped; each 1 - median "
              "ratio):", "",
@@ -44,6 +44,9 @@ def split(rows: list, reps: int = 101, tokens: int = 256) -> None:
         for e in engs.values():
             e.generate(ps, max_new_tokens=16, ignore_eos=True)
         r, _ = _rotate(engs, ps, reps, tokens)
+        if data is not None:
+            data.setdefault("split", []).append(
+                {"bs": bs, "tokens": tokens, "rates": {n: sig(v) for n, v in r.items()}})
         off = np.sqrt(r["off a"] * r["off b"])
 
         def ov(x, y):

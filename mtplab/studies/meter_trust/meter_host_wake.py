@@ -8,16 +8,18 @@ import numpy as np
 
 from mtplab.nogc import gc_paused
 
-from .common import DELAYS_MS, sleep_us, spin_us
+from .meter_common import DELAYS_MS, sleep_us, spin_us
 
 
-def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:
+def host_wake(rows: list, reps: int = 150, device: str = "cuda",
+              data: dict | None = None) -> None:
     """How much slower is the host's next piece of work after it was away for d (the planted
     hook's sleep, or a busy-wait)? Works, each timed on the host right after the wait, the
     d arms interleaved: `python` walks 15k of 150k small dicts (no CUDA call, about the
     engine's host step in length), `launch x6` issues six small tensor ops on `device`
     without waiting, `launch x6 + sync` then synchronizes. The rise over d = 0 is host time
-    a planted delay adds to the next step beyond d (no target; explains the planted rows)."""
+    a planted delay adds to the next step beyond d (no target; explains the planted rows).
+    `data` (given) gets every repeat's µs per work, wait and d under "host_wake"."""
     import torch
     objs = [{"a": i, "b": str(i)} for i in range(150_000)]
     x = torch.ones(256, device=device)
@@ -56,6 +58,10 @@ def host_wake(rows: list, reps: int = 150, device: str = "cuda") -> None:
                         work()
                         took[d].append((time.perf_counter_ns() - t) / 1e3)
                     launch_sync()                   # a launch arm's queue drained per repeat
+                if data is not None:
+                    data.setdefault("host_wake", []).extend(
+                        {"work": name, "wait": wait_name, "d_ms": d,
+                         "us": [round(x, 3) for x in v]} for d, v in took.items())
                 base = float(np.median(took[0.0]))
                 rows.append(f"| {name} | {wait_name} | {base:.1f} | " + " | ".join(
                     f"{np.median(took[d]):.1f} ({np.median(took[d]) - base:+.1f})"

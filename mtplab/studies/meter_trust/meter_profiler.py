@@ -7,7 +7,9 @@ from pathlib import Path
 from mtplab.studies.run_cells import sleep_cycles
 from mtplab import Engine, RunConfig
 
-from .common import BASE, DELAYS_MS, OVERLAP, REGIMES, prompts, spin_us, verdict
+from .meter_common import (BASE, DELAYS_MS, OVERLAP, REGIMES, prompts, spin_us,
+                           verdict)
+from .meter_stats import PROFILER_POINTS
 
 
 def _same_steps(eng, steps, w: int, u: int):
@@ -19,7 +21,8 @@ def _same_steps(eng, steps, w: int, u: int):
     return mf, "" if same else " (step names differ: windows misaligned)"
 
 
-def vs_profiler(rows: list, d: Path) -> None:
+def vs_profiler(rows: list, d: Path, data: dict | None = None) -> None:
+    """`data` (given) gets each regime's bubble fractions under "profiler"."""
     import torch
     from mtplab.analysis.bubbles import analyze
     w, u, a = 6, 2, 12
@@ -52,17 +55,22 @@ def vs_profiler(rows: list, d: Path) -> None:
         meter = float(sel["bubble_us"].sum() / sel["wall_us"].sum())
         prof = float(res.summary["bubble_frac"])
         diff = 100 * (prof - meter)
-        tgt = "≤ 2 points" if regime == "backlogged" else "(idle inside stages)"
-        ok = verdict(abs(diff) <= 2.0) if regime == "backlogged" else "-"
+        tgt = (f"≤ {PROFILER_POINTS:g} points" if regime == "backlogged"
+               else "(idle inside stages)")
+        ok = verdict(abs(diff) <= PROFILER_POINTS) if regime == "backlogged" else "-"
+        if data is not None:
+            data.setdefault("profiler", []).append(
+                {"regime": regime, "meter_frac": meter, "profiler_frac": prof,
+                 "steps": int(len(sel)), "aligned": not note})
         rows.append(f"| {regime} | {100 * meter:.1f} | {100 * prof:.1f} | {diff:+.1f} | {tgt} | "
                     f"{ok}{note} |")
 
 
-def planted_vs_profiler(rows: list, d: Path) -> None:
+def planted_vs_profiler(rows: list, d: Path, data: dict | None = None) -> None:
     """The host-bound planted delays once more, each d in its own profiled run: the meter's
     and the profiler's median bubble per decode step over the same profiled steps, so what
     the meter reads beyond d (wake-up after idle, or the meter) is checked by an independent
-    clock."""
+    clock. `data` (given) gets each d's medians under "planted_profiler"."""
     from mtplab.analysis.bubbles import analyze
     cfg, bs, _ = REGIMES["host-bound"]
     w, u, a = 6, 2, 40
@@ -79,6 +87,10 @@ def planted_vs_profiler(rows: list, d: Path) -> None:
         mf, note = _same_steps(eng, st, w, u)
         med[ms] = (float(mf["bubble_us"].median()), float(st["bubble_us"].median()),
                    f"{len(st)}{note}")
+        if data is not None:
+            data.setdefault("planted_profiler", []).append(
+                {"d_ms": ms, "meter_us": med[ms][0], "profiler_us": med[ms][1],
+                 "steps": int(len(st)), "aligned": not note})
     rows += ["", f"Planted host delay vs the profiler (host-bound, overlap off; one profiled "
              f"run per d, {a} profiled steps; median bubble per decode step of each tool over "
              "the same steps, both under the profiler's host cost):", "",

@@ -10,7 +10,9 @@ import numpy as np
 from mtplab import Engine, RunConfig
 from mtplab.nogc import gc_paused
 
-from .common import DELAYS_MS, OVERLAP, REGIMES, SLACK_US, prompts, sleep_us, verdict
+from .meter_common import (DELAYS_MS, OVERLAP, REGIMES, SLACK_US, prompts, sleep_us,
+                           verdict)
+from .meter_stats import planted_tolerance
 
 
 def _decode_bubble(eng, first: int) -> tuple[float, float]:
@@ -20,13 +22,15 @@ def _decode_bubble(eng, first: int) -> tuple[float, float]:
     return float(df["bubble_us"].median()), float(df["wall_us"].median())  # (after prefill)
 
 
-def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
+def planted(rows: list, regime: str, mode: str, reps: int = 15,
+            data: dict | None = None) -> None:
     """Each delayed generate is paired with a d = 0 generate right before it (the machine's
     drift cancels in the pair); rise = median over the pairs of the difference of their
     median bubbles per decode step. GC is off while timing (both arms alike). The hook also
     reads the host clock at every step: the host's step period (hook to hook, the delay
     included) rises by d plus whatever the host itself slows by after being away for d; the
-    meter's rise is compared with both."""
+    meter's rise is compared with both. `data` (given) gets every pair's figures under
+    "planted" (one record per regime and mode)."""
     cfg, bs, tokens = REGIMES[regime]
     eng = Engine(RunConfig(**cfg, **OVERLAP[mode], bubble_meter=True, max_running_requests=bs))
     ps = prompts(eng, bs)
@@ -56,6 +60,12 @@ def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
                 b, _, p = bubble(d)
                 rise[d].append(b - b0)
                 host[d].append(p - p0)
+    if data is not None:
+        data.setdefault("planted", []).append(
+            {"regime": regime, "mode": mode, "model": cfg["model"], "draft": cfg["draft"],
+             "bs": bs, "tokens": tokens, "base_us": base, "wall_us": walls,
+             "delays": [{"d_ms": d, "rise_us": rise[d], "host_us": host[d]}
+                        for d in DELAYS_MS]})
     wall = statistics.median(walls)
     rows += ["", f"Planted host delay per step (a sleep, its last {SLACK_US:.0f} µs spun), "
              f"{regime} ({cfg['model']} draft {cfg['draft']}, bs {bs}), overlap {mode}: rise = "
@@ -75,7 +85,7 @@ def planted(rows: list, regime: str, mode: str, reps: int = 15) -> None:
         q1, q3 = np.percentile(rise[d], [25, 75])
         want = d * 1e3
         if mode == "off":
-            tol = max(0.05 * want, 10.0)
+            tol = planted_tolerance(want)
             h1, h3 = np.percentile(host[d], [25, 75])
             diff = float(np.median(np.subtract(rise[d], host[d])))
             rows.append(f"| {want:.0f} | {r:.1f} [{q1:.0f}, {q3:.0f}] | {r - want:+.1f} µs | "

@@ -6,12 +6,13 @@ from collections import Counter
 
 from mtplab import Engine, RunConfig
 
-from .common import BASE, OVERLAP, prompts
+from .meter_common import BASE, OVERLAP, prompts
 
 
-def stamp_cost(rows: list, reps: int = 300) -> None:
+def stamp_cost(rows: list, reps: int = 300, data: dict | None = None) -> None:
     """Device time of each segment graph of a frozen decode step, captured with and without
-    the meter's stamps, replayed back to back behind a GPU sleep (device time only)."""
+    the meter's stamps, replayed back to back behind a GPU sleep (device time only).
+    `data` (given) gets one record per bs and graph under "stamp_cost"."""
     import torch
     rows += ["", f"Stamp device cost (tiny-code frozen, fold_seed, overlap + zero_bubble; each "
              f"segment graph replayed {reps}x back to back, µs per replay; stamps in the "
@@ -47,6 +48,11 @@ def stamp_cost(rows: list, reps: int = 300) -> None:
                                                 sum(nodes[c] for c in set(r.stamps))
                                                 // len(r.graphs))
             del eng           # (replays by hand are outside the meter's log: never collected)
+        if data is not None:
+            data.setdefault("stamp_cost", []).extend(
+                {"bs": bs, "graph": name, "stamps": v[True][1], "nodes": v[True][2],
+                 "off_us": float(v[False][0]), "on_us": float(v[True][0]), "replays": reps}
+                for name, v in per.items())
         for name, v in per.items():
             rows.append(f"| {bs} | {name} | {v[True][1]} ({v[True][2]}) | {v[False][0]:.1f} | "
                         f"{v[True][0]:.1f} | {v[True][0] - v[False][0]:+.1f} |")

@@ -9,10 +9,11 @@ import numpy as np
 
 from mtplab.nogc import gc_paused
 
-from .common import spin_us
+from .meter_common import spin_us
 
 
-def resolution(rows: list, n: int = 2000) -> None:
+def resolution(rows: list, n: int = 2000, data: dict | None = None) -> None:
+    """`data` (given) gets the part's figures under "resolution" (and "wake")."""
     import torch
     from mtplab.instrument.meter import BubbleMeter
     m = BubbleMeter(torch.device("cuda"), capacity=4096)
@@ -46,13 +47,20 @@ def resolution(rows: list, n: int = 2000) -> None:
     rows += [f"Host cost of one eager stamp (idle stream): {statistics.median(per):.2f} µs per "
              f"launch (launch path: "
              f"{'direct compiled launcher' if m._launch.direct else 'Triton JIT'})."]
-    wake_latency(rows, m, code)
+    if data is not None:
+        data["resolution"] = {
+            "n": n, "min_nonzero_ns": float(nz.min()) if nz.size else None,
+            "median_delta_ns": float(np.median(d)), "zero_frac": float((d == 0).mean()),
+            "ticks": int(np.unique(ns).size), "eager_stamp_us": [float(x) for x in per],
+            "launch": "direct compiled launcher" if m._launch.direct else "Triton JIT"}
+    wake_latency(rows, m, code, data=data)
 
 
-def wake_latency(rows: list, m, code: int, reps: int = 40) -> None:
+def wake_latency(rows: list, m, code: int, reps: int = 40, data: dict | None = None) -> None:
     """Stamp A, host busy-waits d, then stamp B (a kernel, or a replay of a graph holding one
     stamp): the device gap B - A minus the host gap = how much later than its launch B
-    starts after d of idle. Its rise with d is real GPU idle a planted delay adds beyond d."""
+    starts after d of idle. Its rise with d is real GPU idle a planted delay adds beyond d.
+    `data` (given) gets every repeat's µs per kind and d under "wake"."""
     import torch
     g = torch.cuda.CUDAGraph()
     with gc_paused(), torch.cuda.graph(g):
@@ -81,6 +89,10 @@ def wake_latency(rows: list, m, code: int, reps: int = 40) -> None:
                 r = m.ring.cpu().numpy()
                 gap = r[(n0 + 1) & (m.capacity - 1), 1] - r[n0 & (m.capacity - 1), 1]
                 extra[d].append((gap - (tb - ta)) / 1e3)
+        if data is not None:
+            data.setdefault("wake", []).extend(
+                {"kind": kind, "d_ms": d, "us": [float(x) for x in v]}
+                for d, v in extra.items())
         rows.append(f"| {kind} | " + " | ".join(
             f"{np.median(v):.1f} [{np.percentile(v, 10):.0f}, {np.percentile(v, 90):.0f}] µs"
             for v in extra.values()) + " |")

@@ -12,7 +12,8 @@ from mtplab import Engine, RunConfig
 from mtplab.atomic import atomic_path
 from mtplab.nogc import gc_paused
 
-from .common import BASE, OVERLAP, prompts, verdict
+from .meter_common import BASE, OVERLAP, prompts, sig, verdict
+from .meter_stats import OVERHEAD_PCT, arm_rate, engine_spread, over_engines, overhead_ci
 
 
 @contextmanager
@@ -67,54 +68,6 @@ def _rotate(engs: dict, ps, reps: int, tokens: int,
             {n: np.array(v) for n, v in p50.items()})
 
 
-def _overhead_ci(ratio: np.ndarray, rng) -> tuple[float, float, float]:
-    """1 - median of per-repeat on/off ratios, % -> (overhead, bootstrap 95% interval)."""
-    n = ratio.size
-    boots = np.median(ratio[rng.integers(0, n, (4000, n))], axis=1)
-    lo, hi = (1 - np.percentile(boots, [97.5, 2.5])) * 100
-    return 100 * (1 - float(np.median(ratio))), float(lo), float(hi)
-
-
-def _arm_rate(r: dict, arm: str, k: int) -> np.ndarray:
-    """An arm's figure per repeat: the geometric mean over its k engines."""
-    return np.exp(np.mean([np.log(r[f"{arm} {i}"]) for i in range(k)], axis=0))
-
-
-def _spread(r: dict, arm: str, k: int) -> float:
-    """The arm's engine spread, %: (largest - smallest) / median of its engines' medians."""
-    med = [float(np.median(r[f"{arm} {i}"])) for i in range(k)]
-    return 100 * (max(med) - min(med)) / float(np.median(med))
-
-
-# Student's t, 97.5th percentile, by degrees of freedom (1..30); beyond 30, 2.0
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def _over_engines(runs: list, k: int) -> str:
-    """The overhead with the engines as the sample: in each run (a dict of its engines'
-    rates per repeat; a run's engines are its own), each engine's mean log rate relative to
-    its repeat's mean over the on and off engines (the machine's drift cancels), then
-    1 - exp(mean on - mean off) over the engines of all runs, with a t interval. Unlike the
-    per-repeat interval, this counts how far one engine's own speed sits from another's."""
-    n = k * len(runs)                                       # engines per arm
-    if n < 2:
-        return "- (1 engine per arm)"
-    on, off = [], []
-    for r in runs:
-        logs = np.log(np.array([r[f"{a} {i}"] for a in ("on", "off") for i in range(k)]))
-        rel = (logs - logs.mean(axis=0)).mean(axis=1)       # per engine, drift removed
-        on += list(rel[:k])
-        off += list(rel[k:])
-    on, off = np.array(on), np.array(off)
-    d = float(on.mean() - off.mean())
-    se = float(np.sqrt(on.var(ddof=1) / n + off.var(ddof=1) / n))
-    t = _T975[2 * n - 3] if 2 * n - 2 <= len(_T975) else 2.0
-    ov = [100 * (1 - np.exp(x)) for x in (d, d + t * se, d - t * se)]
-    return f"{ov[0]:.2f}% [{ov[1]:.2f}, {ov[2]:.2f}]"
-
-
 OVERHEAD_HEADER = ["| bs | meter off (median tok/s) | meter on (median tok/s) | eager stamps / "
                    "step | overhead [95% CI] | pooled | from median step time [95% CI] | "
                    "engine spread off, on | over engines [95% CI] | of which graph stamps / "
@@ -132,15 +85,15 @@ def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | No
     than another run's; the over-engines cell keeps them apart)."""
     k, rng = per_arm, np.random.default_rng(0)
     arms = [a for a in OVERHEAD_ARMS if f"{a} 0" in r]
-    rate = {a: _arm_rate(r, a, k) for a in arms}
-    step = {a: _arm_rate(p50, a, k) for a in arms}
+    rate = {a: arm_rate(r, a, k) for a in arms}
+    step = {a: arm_rate(p50, a, k) for a in arms}
 
     def ov(x, y):
         return 100 * (1 - float(np.median(rate[x] / rate[y])))
-    total, lo, hi = _overhead_ci(rate["on"] / rate["off"], rng)
+    total, lo, hi = overhead_ci(rate["on"] / rate["off"], rng)
     # the same ratio from each generate's median step time (every arm decodes the same
     # tokens in the same steps): a host stall in a few steps moves the mean, not this
-    step_ov, slo, shi = _overhead_ci(step["off"] / step["on"], rng)
+    step_ov, slo, shi = overhead_ci(step["off"] / step["on"], rng)
     # every generate decodes the same tokens: the pooled rate is the harmonic mean
     pooled = 100 * (1 - hmean(np.concatenate([r[f"on {i}"] for i in range(k)]))
                     / hmean(np.concatenate([r[f"off {i}"] for i in range(k)])))
@@ -150,14 +103,14 @@ def overhead_row(bs: int, r: dict, p50: dict, per_arm: int, per_step: float | No
             f"{'-' if per_step is None else f'{per_step:.1f}'} | "
             f"{total:.2f}% [{lo:.2f}, {hi:.2f}] | {pooled:.2f}% | "
             f"{step_ov:.2f}% [{slo:.2f}, {shi:.2f}] | "
-            f"{_spread(r, 'off', k):.2f}%, {_spread(r, 'on', k):.2f}% | "
-            f"{_over_engines(runs or [r], k)} | {split_cell} | "
-            f"≤ 1% | {verdict(total <= 1.0)} |")
+            f"{engine_spread(r, 'off', k):.2f}%, {engine_spread(r, 'on', k):.2f}% | "
+            f"{over_engines(runs or [r], k)} | {split_cell} | "
+            f"≤ {OVERHEAD_PCT:g}% | {verdict(total <= OVERHEAD_PCT)} |")
 
 
 def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = None,
              sizes: tuple = (1, 32), per_arm: int = 3, split_arm: bool = False,
-             seconds: float | None = 420.0) -> None:
+             seconds: float | None = 420.0, data: dict | None = None) -> None:
     """Decode tok/s meter on vs off, interleaved (the order rotates every repeat). An engine's
     own state (its graphs, their memory, its place in the build order) can move its tok/s by
     as much as the meter, so each arm has `per_arm` engines, built interleaved (off 0, on 0,
@@ -172,7 +125,8 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
     no repeat after the first starts after this long (None: `reps` of them). `raw`: an .npz
     path for every engine's decode tok/s and median step time per repeat, the eager stamps
     per step and the tokens per generate (repeat i starts the rotation at engine i mod the
-    engine count, in build order); `--pool` reads such files back."""
+    engine count, in build order); `--pool` reads such files back. `data` (given) gets
+    every engine's decode tok/s per repeat under "overhead" (the report's results)."""
     k = per_arm
     arms = OVERHEAD_ARMS if split_arm else OVERHEAD_ARMS[:2]
     count = (f"{reps} interleaved repeats" if seconds is None else
@@ -217,6 +171,10 @@ def overhead(rows: list, reps: int = 5000, tokens: int = 128, raw: str | None = 
         if raw:                                  # after each bs: a later failure keeps it
             with atomic_path(raw) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **saved)
+        if data is not None:
+            data.setdefault("overhead", []).append(
+                {"bs": bs, "tokens": tokens, "per_arm": k, "eager_per_step": per_step,
+                 "rates": {n: sig(v) for n, v in r.items()}})
         rows.append(overhead_row(bs, r, p50, k, per_step))
         done.append(f"bs {bs}: {len(r['off 0'])}")
         del engs

@@ -183,9 +183,10 @@ phase_whatif() {
 #:           across bucket switches), then `mtplab bench --groups schedule` (the break-even
 #:           surface, the best schedule as YAML, its gain over the best static setting;
 #:           tiny-code then llama3-8b-like@32) in what is left of SCHEDULE_BUDGET_S=520
-#:           -> schedule.md, schedule/{results.json,surface.png,*.schedule.yaml}; the same -o
-#:           folder with schedule/results.json carried back resumes; SCHEDULE_TESTS=0 skips
-#:           the tests, SCHEDULE_QUICK=1 runs the group's quick variant
+#:           -> schedule.md, schedule/{results.json,grid.yaml,surface.png,*.schedule.yaml};
+#:           `mtplab report spec_schedule --from OUT/schedule` writes its dated report; the
+#:           same -o folder with schedule/results.json carried back resumes; SCHEDULE_TESTS=0
+#:           skips the tests, SCHEDULE_QUICK=1 runs the group's quick variant
 phase_schedule() {
   local t0=$SECONDS budget=${SCHEDULE_BUDGET_S:-520}
   if [[ ${SCHEDULE_TESTS:-1} != 0 ]]; then

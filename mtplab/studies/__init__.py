@@ -42,7 +42,7 @@ QUESTIONS = {
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
     "host_path", "moe", "whatif", "health", "meter_trust", "deterministic", "analyser",
-    "peers")} | {"moe_floor": "mtplab.studies.moe.moe_floor"}
+    "peers", "spec_schedule")} | {"moe_floor": "mtplab.studies.moe.moe_floor"}
 
 
 def study(question: str):

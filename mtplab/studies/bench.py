@@ -63,7 +63,9 @@ A group file with `runner: schedule` (the `schedule` group) is run in one proces
 mtplab/studies/spec_schedule/runner.py, not by the sweep: the break-even surface of speculation over
 (batch size, num_steps, topk) with off included, the best spec_schedule for the model and GPU
 written as YAML the knob loads, and its gain over the best static setting on a workload whose
-batch varies (--quick, --repeats, --bs, --budget-s and --dir apply; --only does not).
+batch varies (--quick, --repeats, --bs, --budget-s and --dir apply; --only does not), into
+<dir>/schedule/ (results.json, grid.yaml); `mtplab report spec_schedule --from <dir>/schedule`
+writes its dated report.
 A group whose cells measure host stages (`host_stages: true`, the `host` group) prints the
 host-stage table instead (`host_table`), one row per grid point and arm, medians over the
 repeats: host µs per decode step (mean; p50: the median step) and of each stage (schedule,
@@ -580,7 +582,9 @@ def main_bench(argv=None) -> int:
             from .spec_schedule.runner import run_group as run_schedule
             body = run_schedule(d, root / g, device=a.device, smoke=a.smoke, quick=a.quick,
                                 repeats=a.repeats, bs=a.bs, deadline=deadline)
-            own[g] = f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, surface.png"
+            own[g] = (f"### {g}\n\n{body}\n\nresults: {root / g}/results.json, grid.yaml, "
+                      f"surface.png; the dated report: mtplab report spec_schedule --from "
+                      f"{root / g}")
     if a.budget_s and not own and not any((f["status"] == "ok").any() for f in frames.values()):
         left = sum(f.attrs.get("not_started", 0) for f in frames.values())
         cut = sum(int((f["status"] != "ok").sum()) for f in frames.values())

@@ -25,9 +25,12 @@ next wave submitted once at most `refill_at` requests are live, so the running b
 and rises through the buckets; tok/s = output tokens / wall from the first submit to idle.
 Acceptance is simulated: every draft position accepted with probability `accept_rate`
 (simulate_accept_rates), so a setting of S steps accepts 1 + r + ... + r^S tokens per verify.
-Results go to <dir>/results.json after every finished unit (a setting of a model, a gain); the
-same --dir resumes, and no unit starts that the deadline (--budget-s) would cut (its estimate:
-the longest unit so far).
+Results go to <dir>/results.json after every finished unit (a setting of a model, a gain),
+each model's device and the commits its units ran at beside them, and the group as it ran
+(models, settings, batch sizes, repeats ...) to <dir>/grid.yaml; the same --dir resumes, and no
+unit starts that the deadline (--budget-s) would cut (its estimate: the longest unit so far).
+The printed report is the study's per-model sections (mtplab/studies/spec_schedule,
+`model_section`); `mtplab report spec_schedule --from <dir>` writes the dated report.
 """
 from __future__ import annotations
 
@@ -38,8 +41,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 from ... import spec_schedule as ss
 from ...atomic import atomic_path, atomic_write_text
+from . import GRID, RESULTS, model_section, models_of
 
 SMOKE = dict(batch_sizes=[1, 2], arms=["off", [1, 1]], repeats=1,
              surface={"prompt_len": 8, "output_len": 6, "warmup": 2},
@@ -80,7 +86,7 @@ class _Group:
             self.base["device"] = device
         self.surface, self.workload = d["surface"], d["workload"]
         self.out, self.deadline = out, deadline
-        self.path = out / "results.json"
+        self.path = out / RESULTS
         self.res = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.longest = 0.0
         self.left: list[str] = []
@@ -88,6 +94,24 @@ class _Group:
     # -- bookkeeping ----------------------------------------------------------------------
     def _save(self) -> None:
         atomic_write_text(self.path, json.dumps(self.res, indent=1))
+
+    def grid(self) -> dict:
+        """The group as it runs (the report's `group`): model labels, settings, batch sizes,
+        repeats, acceptance, min_gain, max_running_requests, the surface and workload."""
+        return {"models": [_label(m) for m in self.models],
+                "arms": [_name(s) for s in self.arms], "batch_sizes": self.bs,
+                "repeats": self.repeats, "accept_rate": self.rate, "min_gain": self.min_gain,
+                "max_running_requests": self.maxrun, "surface": dict(self.surface),
+                "workload": dict(self.workload)}
+
+    @staticmethod
+    def _stamp(r: dict, eng) -> None:
+        """The device and the commit a unit of model `r` ran on (a report names one)."""
+        from ...provenance import git_commit
+        r.setdefault("device", eng.device.name)
+        commit = git_commit() or ""
+        if commit not in r.setdefault("commits", []):
+            r["commits"].append(commit)
 
     def _may_start(self, unit: str) -> bool:
         if self.deadline is not None and time.monotonic() + self.longest > self.deadline:
@@ -163,7 +187,7 @@ class _Group:
                     r["surface"][n] = {str(b): self._surface_point(eng, b) for b in self.bs}
                     self._workload(eng)                     # warm-up
                     r["workload"][n] = [self._workload(eng) for _ in range(self.repeats)]
-                    r.setdefault("device", eng.device.name)
+                    self._stamp(r, eng)
                 finally:
                     eng.close()
                 self._save()
@@ -221,6 +245,7 @@ class _Group:
             for _ in range(self.repeats):                   # alternating rounds
                 for k, e in engs.items():
                     runs[k].append(self._workload(e, seed=0))
+            self._stamp(r, engs["schedule"])
         finally:
             for e in engs.values():
                 e.close()
@@ -230,57 +255,22 @@ class _Group:
 
     # -- the report -----------------------------------------------------------------------
     def report(self) -> str:
+        """The run's markdown: per model the study's section (spec_schedule.model_section),
+        the schedule file, and the units the budget left."""
         from ...provenance import git_commit
+        doc = {"group": self.grid(), "models": models_of(self.grid(), self.res)}
         parts = [f"commit {git_commit()}; simulated per-position acceptance {self.rate}; "
-                 f"min_gain {self.min_gain:.0%}; "
-                 f"{self.repeats} repeat(s); decode tok/s medians (vs off: / the off arm)"]
-        for m in self.models:
-            label = _label(m)
-            r = self.res.get(label)
-            if not r or not r.get("surface"):
-                parts.append(f"#### {label}\n\nnot measured")
-                continue
-            parts.append(f"#### {label} ({r.get('device', '?')})\n\n" + self._surface_md(r))
-            if "schedule" in r:
-                parts.append(f"best schedule: `{r['schedule']}` -> {r['schedule_file']}")
-            g = r.get("gain")
-            if g:
-                parts.append(self._gain_md(g, r))
+                 f"min_gain {self.min_gain:.0%}; {self.repeats} repeat(s); decode tok/s "
+                 "medians (vs off: / the off arm, ± the noise, the verdict)"]
+        for m in doc["models"]:
+            parts.append("\n".join(model_section(doc, m)))
+            f = self.res.get(m["model"], {}).get("schedule_file")
+            if f:
+                parts.append(f"schedule file: {f}")
         if self.left:
             parts.append(f"budget: not started: {', '.join(self.left)}; the same --dir "
                          "resumes them")
         return "\n\n".join(parts)
-
-    def _surface_md(self, r: dict) -> str:
-        names = [n for n in map(_name, self.arms) if n in r["surface"]]
-        head = ["bs"] + [f"{n} tok/s (vs off)" for n in names] + ["best"]
-        out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-        for b in self.bs:
-            med = {n: statistics.median(r["surface"][n][str(b)]) for n in names}
-            off = med.get(ss.OFF)
-            cells = [f"{med[n]:,.0f}" + (f" ({med[n] / off:.2f}x)" if off else "")
-                     for n in names]
-            out.append("| " + " | ".join([str(b)] + cells + [max(med, key=med.get)]) + " |")
-        wl = {n: r["workload"][n] for n in names if n in r["workload"]}
-        if wl:
-            out.append("| workload | " + " | ".join(
-                f"{statistics.median(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})" for v in wl.values())
-                + f" | {max(wl, key=lambda n: statistics.median(wl[n]))} |")
-        return "\n".join(out)
-
-    def _gain_md(self, g: dict, r: dict) -> str:
-        st, sc, ratios = g["static"], g["schedule"], g["ratios"]
-        noise = max(max(st) / min(st), max(sc) / min(sc)) - 1
-        med = statistics.median(ratios)
-        verdict = ("one round: no noise estimate" if len(ratios) < 2 else
-                   "a gain above the noise" if med - 1 > noise else
-                   "a loss beyond the noise" if 1 - med > noise else "within the noise")
-        return (f"gain on the varying workload, schedule `{g['schedule_text']}` vs the best "
-                f"static setting `{g['static_setting']}` (alternating rounds): schedule "
-                f"{statistics.median(sc):,.0f} tok/s ({min(sc):,.0f}-{max(sc):,.0f}), static "
-                f"{statistics.median(st):,.0f} ({min(st):,.0f}-{max(st):,.0f}); per-round "
-                f"ratio {', '.join(f'{x:.3f}' for x in ratios)}, median {med:.3f}x; noise "
-                f"(the larger arm's spread, max / min - 1) {noise:.1%}: {verdict}")
 
     def plot(self) -> None:
         """surface.png: tok/s vs off over batch size, one line per setting, per model."""
@@ -318,6 +308,7 @@ def run_group(doc: dict, out: Path, *, device: str = "auto", smoke: bool = False
     out.mkdir(parents=True, exist_ok=True)
     g = _Group(doc, out, device=device, smoke=smoke, quick=quick, repeats=repeats, bs=bs,
                deadline=deadline)
+    atomic_write_text(out / GRID, yaml.safe_dump(g.grid(), sort_keys=False))
     for m in g.models:
         g.run_model(m)
     g.plot()

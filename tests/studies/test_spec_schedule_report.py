@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from mtplab.errors import ConfigError
 from mtplab.studies import reports as R
@@ -104,6 +105,8 @@ def test_a_report_names_one_commit_of_a_clean_tree(commits, why):
     (lambda d: d.pop("models"), "'models' is missing or not a list"),
     (lambda d: d["group"].pop("batch_sizes"), "group 'batch_sizes' is missing"),
     (lambda d: d["group"].update(arms=["1x1", "3x1"]), "lack 'off'"),
+    (lambda d: d["group"]["workload"].pop("waves"), "group 'workload' lacks"),
+    (lambda d: d["models"][1].update(surface=[1, 2]), r"models\[1\]: surface is not"),
     (lambda d: d["models"][0]["surface"]["1x1"].pop("8"), r"models\[0\] surface '1x1' bs 8"),
     (lambda d: d["models"][0]["surface"]["3x1"].update({"1": []}), "one per repeat"),
     (lambda d: d["models"][0]["workload"].update(off="fast"), r"models\[0\] workload 'off'"),
@@ -134,7 +137,14 @@ def test_from_takes_one_schedule_folder(tmp_path, capsys):
     assert main_report(["spec_schedule", "--root", str(root), "--from", str(run),
                         str(run)]) == 2
     assert "give --from one folder" in capsys.readouterr().err
-    assert not list(root.rglob("*.md"))
+    (run / "grid.yaml").write_text(yaml.safe_dump(GROUP))
+    (run / "results.json").write_text(json.dumps([RES]))
+    assert main_report(["spec_schedule", "--root", str(root), "--from", str(run)]) == 2
+    assert "results.json is not a mapping" in capsys.readouterr().err
+    (run / "results.json").write_text(json.dumps(RES))
+    assert main_report(["spec_schedule", "--root", str(root), "--from", str(run),
+                        "--date", "2026-12-04"]) == 0
+    assert R.load(root / "spec_schedule" / "2026-12-04_h200_abc1234.md") == doc_of()
 
 
 def test_the_report_of_a_smoke_run_regenerates_byte_for_byte(tmp_path, monkeypatch, capsys):

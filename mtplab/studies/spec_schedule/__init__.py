@@ -36,6 +36,8 @@ RESULTS, GRID = "results.json", "grid.yaml"
 GROUP_KEYS = {"arms": list, "batch_sizes": list, "repeats": int, "accept_rate": float,
               "min_gain": float, "max_running_requests": int, "surface": dict,
               "workload": dict}
+SURFACE_KEYS = ("prompt_len", "output_len", "warmup")
+WORKLOAD_KEYS = ("waves", "refill_at", "prompt_len", "output_len")
 GAIN_KEYS = ("static_setting", "schedule_text", "static", "schedule", "ratios")
 
 
@@ -59,12 +61,18 @@ def results_doc(group: dict, res: dict, *, command: str, date: str,
     group: models, arms, batch sizes, repeats ...), `res` its results.json. The stamp: the
     units' one commit of a clean tree and their device (`device`: its short name, default
     from the device's name)."""
+    if not isinstance(res, dict) or not isinstance(group, dict) or \
+            not isinstance(group.get("models"), list):
+        raise ConfigError("the schedule group's results.json is not a mapping of model -> "
+                          "results, or its grid.yaml lacks the list of models: run the group "
+                          "again into a new --dir.")
     commits = sorted({c for r in res.values() if isinstance(r, dict)
                       for c in r.get("commits", [])})
     if len(commits) != 1 or not commits[0] or commits[0].endswith("-dirty"):
         raise ConfigError(f"the schedule group's units ran at commits {commits or ['unknown']}: "
                           "a report names one commit of a clean tree; run the group again into "
-                          "a new --dir at one commit.")
+                          "a new --dir at one commit (MTP_GIT_COMMIT names the commit a copied "
+                          "tree was made from).")
     models = models_of(group, res)
     names = sorted({m["device_name"] for m in models if m["device_name"]})
     doc = {"question": QUESTION, "date": date,
@@ -79,7 +87,7 @@ def results_doc(group: dict, res: dict, *, command: str, date: str,
 def report(sweep_dirs, *, command: str, date: str, device=None, root=None, note: str = ""):
     """Write the dated report of the schedule group's folder (`mtplab bench --groups schedule
     --dir D` leaves D/schedule/ holding RESULTS and GRID); returns the report's path."""
-    import yaml
+    from ...yamlfile import read_yaml
     dirs = [sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else list(sweep_dirs)
     if len(dirs) != 1:
         raise ConfigError("a spec_schedule report is written from one run's folder: give "
@@ -95,7 +103,7 @@ def report(sweep_dirs, *, command: str, date: str, device=None, root=None, note:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{d / RESULTS} is not JSON ({e}): run the group again into a new "
                           "--dir.") from None
-    group = yaml.safe_load((d / GRID).read_text())
+    group = read_yaml(d / GRID, f"the schedule group's {d / GRID}")
     doc = results_doc(group, res, command=command, date=date, device=device, note=note)
     return R.write(doc, render, root)
 
@@ -118,17 +126,25 @@ def check(doc: dict) -> None:
             bad(f"group '{k}' is missing or not a {kind.__name__}")
     if OFF not in g["arms"]:
         bad(f"the group's arms {g['arms']} lack {OFF!r}, which every ratio is over")
+    for part, keys in (("surface", SURFACE_KEYS), ("workload", WORKLOAD_KEYS)):
+        if not set(keys) <= set(g[part]):
+            bad(f"group '{part}' lacks one of {list(keys)}")
     if not isinstance(doc.get("models"), list):
         bad("'models' is missing or not a list")
     for i, m in enumerate(doc["models"]):
         if not isinstance(m, dict) or not {"model", "surface", "workload", "schedule",
                                            "gain"} <= set(m):
             bad(f"models[{i}] lacks one of model, surface, workload, schedule, gain")
+        if not (isinstance(m["surface"], dict) and isinstance(m["workload"], dict) and
+                all(isinstance(p, dict) for p in m["surface"].values()) and
+                isinstance(m["schedule"], (str, type(None)))):
+            bad(f"models[{i}]: surface is not setting -> bs -> tok/s, workload not setting -> "
+                "tok/s, or schedule not text")
         for n, pts in m["surface"].items():
             if n not in g["arms"]:
                 bad(f"models[{i}] surface: {n!r} is not one of the arms {g['arms']}")
             for b in g["batch_sizes"]:
-                if not numbers((pts or {}).get(str(b))):
+                if not numbers(pts.get(str(b))):
                     bad(f"models[{i}] surface {n!r} bs {b}: not a list of tok/s, one per "
                         "repeat")
         for n, xs in m["workload"].items():
@@ -297,8 +313,9 @@ def model_section(doc: dict, m: dict) -> list[str]:
 
 def workload_line(g: dict) -> str:
     s, w = g["surface"], g["workload"]
-    return (f"- workload: simulated acceptance {g['accept_rate']} per draft position (a setting "
-            f"of S steps accepts 1 + p + ... + p^S tokens per verify); one engine per setting "
+    return (f"- workload: simulated acceptance p = {g['accept_rate']} per draft position (a "
+            f"setting of S steps accepts 1 + p + ... + p^S tokens per verify); one engine per "
+            f"setting "
             f"(spec_schedule {{{g['max_running_requests']}: setting}}: `off` is the spec "
             f"worker's target-only step), its batch sizes {g['batch_sizes']} one after another "
             f"(settings not interleaved): a warm-up generate of {s['warmup']} tokens, then "

@@ -18,8 +18,8 @@ engine per setting serves every batch size, so the sweep's process per cell is n
                   loads it)
     3. gain       the schedule's engine and the best static setting's (highest median
                   workload tok/s in 1) side by side: the workload alternately on each,
-                  `repeats` rounds -> per round schedule / static, the median ratio, and the
-                  noise: the spread of the static engine's rounds (max / min - 1)
+                  `repeats` rounds -> per round schedule / static (the report: their median,
+                  its noise the larger spread of the two engines' rounds, max / min - 1)
 The workload: `waves` of requests with output lengths drawn uniformly from `output_len`, the
 next wave submitted once at most `refill_at` requests are live, so the running batch falls
 and rises through the buckets; tok/s = output tokens / wall from the first submit to idle.

@@ -88,6 +88,18 @@ def test_ratios_best_setting_gain_and_the_answer(tmp_path):
         "measured). gemma4-31b-like: not measured.")
 
 
+def test_a_schedule_that_is_the_static_setting_says_so():
+    """min_gain keeps the best static setting everywhere: one bucket of it; the gain then
+    compares two like engines, and the answer says so."""
+    tiny = dict(RES["tiny-code"], schedule="32:3x1")
+    tiny["gain"] = dict(tiny["gain"], schedule_text="32:3x1", ratios=[1.0, 1.003, 0.999])
+    doc = doc_of({"tiny-code": tiny})
+    assert study.gain(doc["models"][0])["same"] and not study.gain(RES["tiny-code"])["same"]
+    assert "the schedule `32:3x1` is the best static setting 3x1 itself (two such engines on " \
+           "the varying workload: 1.000x ±2.0%, within the noise)" in study.answer(doc)
+    assert "- the schedule is the best static setting `3x1` itself" in study.render(doc)
+
+
 def test_spans_name_runs_of_neighbouring_batch_sizes():
     assert study.spans([1, 2, 4, 8, 16, 32], [1, 2, 4, 16]) == "1-4, 16"
     assert study.spans([1, 2, 4], [2]) == "2"

@@ -205,14 +205,17 @@ def best(doc: dict, m: dict) -> dict[int, str]:
 def gain(m: dict) -> Optional[dict]:
     """The schedule against the best static setting on the varying workload: the median of
     the alternating rounds' ratios, its noise (the larger spread of the two engines' rounds,
-    at least results.MIN_NOISE) and verdict; None where not measured."""
+    at least results.MIN_NOISE) and verdict, and `same`: the schedule is one bucket of the
+    static setting (two like engines: the ratio shows the noise); None where not measured."""
     g = m["gain"]
     if not g:
         return None
     r = statistics.median(g["ratios"])
     noise = _noise(spread(g["schedule"]), spread(g["static"]))
+    buckets = g["schedule_text"].split(",")
     return {"ratio": r, "noise": noise, "static": g["static_setting"],
             "schedule": g["schedule_text"],
+            "same": len(buckets) == 1 and buckets[0].split(":")[-1] == g["static_setting"],
             "verdict": R.verdict(r, noise, len(g["schedule"]), len(g["static"]))}
 
 
@@ -250,6 +253,10 @@ def _model_answer(doc: dict, m: dict) -> str:
         out += "; no schedule (not every setting measured)"
     elif g is None:
         out += f"; the schedule `{m['schedule']}`, its gain not measured"
+    elif g["same"]:
+        out += (f"; the schedule `{g['schedule']}` is the best static setting {g['static']} "
+                "itself (two such engines on the varying workload: "
+                f"{R.ratio_text(g['ratio'], g['noise'], g['verdict'])})")
     else:
         out += (f"; the schedule `{g['schedule']}` over the best static setting {g['static']} "
                 f"on the varying workload {R.ratio_text(g['ratio'], g['noise'], g['verdict'])}")
@@ -303,6 +310,9 @@ def model_section(doc: dict, m: dict) -> list[str]:
     gn, raw = gain(m), m["gain"]
     if gn is None:
         return out + ["- gain: not measured"]
+    if gn["same"]:
+        out.append(f"- the schedule is the best static setting `{gn['static']}` itself: the "
+                   "gain below compares two such engines")
     out.append(f"- gain on the varying workload over the best static setting `{gn['static']}`, "
                f"{len(raw['ratios'])} alternating round(s): schedule {_tok(raw['schedule'])} "
                f"tok/s, static {_tok(raw['static'])}; per-round ratios "

@@ -206,7 +206,7 @@ def test_bench_group_smoke_emits_a_schedule_the_knob_loads(tmp_path):
     from mtplab.studies.bench import grid_doc
     from mtplab.studies.spec_schedule.runner import run_group
     text = run_group(grid_doc("schedule"), tmp_path, device="cpu", smoke=True)
-    assert "| bs | off tok/s | 1x1 tok/s (vs off) | best |" in text
+    assert "#### random-tiny" in text and "| bs | off tok/s | 1x1 tok/s (vs off) | best |" in text
     assert "gain on the varying workload" in text and "one repeat, no verdict" in text
     (f,) = tmp_path.glob("*.schedule.yaml")
     cfg = RunConfig(model="random-tiny", draft="frozen_kv_mtp", max_running_requests=2,

@@ -294,10 +294,11 @@ def _surface_table(doc: dict, m: dict) -> str:
                                for n in names], "best"], out)
 
 
-def model_section(doc: dict, m: dict) -> list[str]:
-    """One model's part of the report: the surface (tok/s per bs and setting, each over off
-    with its noise and verdict, the best setting), the schedule and its gain."""
-    head = f"## {m['model']}" + (f" ({m['device_name']})" if m["device_name"] else "")
+def model_section(doc: dict, m: dict, level: int = 2) -> list[str]:
+    """One model's part of the report, under a heading of `level`: the surface (tok/s per bs
+    and setting, each over off with its noise and verdict, the best setting), the schedule
+    and its gain."""
+    head = f"{'#' * level} {m['model']}" + (f" ({m['device_name']})" if m["device_name"] else "")
     if not m["surface"]:
         return [head, "", "- not measured"]
     g = doc["group"]

@@ -263,7 +263,7 @@ class _Group:
                  f"min_gain {self.min_gain:.0%}; {self.repeats} repeat(s); decode tok/s "
                  "medians (vs off: / the off arm, ± the noise, the verdict)"]
         for m in doc["models"]:
-            parts.append("\n".join(model_section(doc, m)))
+            parts.append("\n".join(model_section(doc, m, level=4)))    # under bench's ###
             f = self.res.get(m["model"], {}).get("schedule_file")
             if f:
                 parts.append(f"schedule file: {f}")

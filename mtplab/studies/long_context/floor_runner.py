@@ -119,7 +119,9 @@ class Run:
         except Exception as e:          # one figure failing must not hide the others
             figs[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
             traceback.print_exc()
-            free()
+            gc.collect()
+            if torch.cuda.is_available():
+                free()
 
     def cell(self, eng: Engine, figure: str, model: str, arm: str, ctx: int, bs: int) -> dict:
         """One generate at (ctx, bs): its windows' p50 steps and its floor's bytes."""
@@ -146,7 +148,9 @@ class Run:
             return
         eng.add_request(prompts(eng.model.config.vocab_size, 1, ctx, seed=5)[0],
                         max_new_tokens=new_tokens(eng, 1), ignore_eos=True)
-        for _ in range(WARMUP + 2):                # the prefill and a few decode steps
+        stats = eng.scheduler.stats
+        d0 = stats.decode_steps
+        while stats.decode_steps - d0 < WARMUP:    # the prefill (its chunks), then decodes
             eng.step()
         acts = ordered_activities(lambda: [eng.step() for _ in range(PROFILED)])
         while not eng.idle:

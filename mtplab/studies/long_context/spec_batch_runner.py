@@ -5,7 +5,7 @@ the bs from which it stops paying. Writes the dated report of question `long_con
     DIR/long_context_spec/<YYYY-MM-DD>_<device>_<commit>.{json,md}   (DIR default docs/results)
 
     python -m benchmarks.bench_spec_batch [--out-dir DIR] [--contexts 8192 32768]
-        [--batches 1 2 4 8 16 32 64] [--arms target frozen frozen-rates eagle eagle-rates]
+        [--batches 1 2 4 8 16 32 64] [--arms target frozen eagle frozen-rates eagle-rates]
         [--model llama3.1-8b-like@32] [--steps-per-level 36] [--windows 3] [--budget-s 520]
 
 A run at a stamp (date, device, commit) that already has a report adds its cells to it (one
@@ -48,11 +48,11 @@ from mtplab.studies import reports as R
 from mtplab.studies.long_context import spec_batch as study
 
 RATES = (0.844, 0.7097, 0.6427)      # the field's per-position acceptance, positions 1-3
-ARMS = {
+ARMS = {                             # in the order a run measures them
     "target": {},
     "frozen": dict(draft="frozen_kv_mtp", fold_seed=True, simulate_accept_len=3.0),
-    "frozen-rates": dict(draft="frozen_kv_mtp", fold_seed=True, simulate_accept_rates=RATES),
     "eagle": dict(draft="eagle", simulate_accept_len=3.0),
+    "frozen-rates": dict(draft="frozen_kv_mtp", fold_seed=True, simulate_accept_rates=RATES),
     "eagle-rates": dict(draft="eagle", simulate_accept_rates=RATES),
 }
 SPEC = dict(num_steps=3, topk=1)

@@ -74,3 +74,23 @@ def test_full_lanes_with_a_short_lane_is_refused_by_the_bounds_check():
         check_bounds(meta)
     check_bounds(AttnMeta(table, torch.arange(B), kv_lens, torch.ones(B, dtype=torch.long),
                           torch.arange(B + 1), kv_lens - 1, 1, kv, full_lanes=True))
+
+
+@pytest.mark.parametrize("draft", [
+    dict(draft="frozen_kv_mtp", fold_seed=True, num_steps=3, topk=1),
+    dict(draft="frozen_kv_mtp", num_steps=2, topk=2, num_draft_tokens=4),
+    dict(draft="eagle", num_steps=2, topk=1),
+])
+def test_greedy_spec_over_unzeroed_attention_equals_target_only(draft):
+    """The verify, Frozen-KV and EAGLE draft steps run the split kernel over lanes it writes
+    whole (full_lanes): fp32 greedy output == target-only, token for token."""
+    prompts = [[5, 9, 2, 7, 11, 3, 8], [4, 4, 6, 1, 9, 12, 30, 2, 5, 7, 19]]
+    base = dict(model="random-tiny", attention_backend="triton", page_size=4,
+                context_len=96, max_running_requests=2)
+    outs = []
+    for extra in ({}, draft):
+        eng = Engine(RunConfig(**base, **extra))
+        outs.append(eng.generate(prompts, max_new_tokens=12, ignore_eos=True))
+        eng.check_invariants()
+        eng.close()
+    assert outs[1] == outs[0]

@@ -145,3 +145,12 @@ def test_a_results_file_that_is_not_json_is_one_config_error(tmp_path, capsys):
     path.write_text(path.read_text()[:-20])
     assert main_report(["long_context", "--root", str(tmp_path), "--check"]) == 2
     assert "not a results file" in capsys.readouterr().err
+
+
+def test_a_trace_without_the_graphs_kernels_is_said_to_be_blind():
+    doc = _doc()
+    doc["kernels"][0]["kernels"] = [["cudaGraphLaunch", 5.0]]
+    md = study("long_context").render(doc)
+    assert "the profiler saw no kernels inside the graph replays, and this table is not " \
+           "the step's." in md
+    assert "not the step's" not in study("long_context").render(_doc())

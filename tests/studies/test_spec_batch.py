@@ -128,3 +128,32 @@ def test_the_runner_on_cpu_writes_and_extends_one_report(tmp_path, monkeypatch):
     assert cells[(32, "target", 2)]["tokens_per_step"] == 2
     assert S.speedup(doc, 32, "frozen", 2) is not None
     assert S.render(doc) == path.read_text()
+
+
+def test_an_engine_that_runs_out_of_memory_is_retried_one_level_down(monkeypatch):
+    from types import SimpleNamespace
+
+    from mtplab.models.memory import InsufficientMemoryError
+    a = SimpleNamespace(model="random-tiny", batches=[1, 2, 4], steps_per_level=10, windows=3,
+                        dtype="float32", device="cpu", device_gb=None, budget_s=60.0,
+                        reserve_s=0.0)
+    r = run.Run(S.new_doc(model=a.model, batches=a.batches, contexts=[32], windows=3,
+                          steps_per_level=10), a)
+    tried = []
+
+    def measure(ctx, arm, B, batches, tokens_of, per):
+        tried.append(B)
+        if B > 2:
+            raise InsufficientMemoryError(f"needs more than is free at bs {B}")
+        rows = [(0.01, 2, 2 * i, 1) for i in range(12)] + [(0.01, 1, 24 + i, 1)
+                                                           for i in range(12)]
+        return rows, 1.0, 2.0
+
+    monkeypatch.setattr(r, "measure", measure)
+    r.cell(32, "target")
+    assert tried == [4, 2]
+    cells = {c["bs"]: c for c in r.doc["cells"]}
+    assert cells[4]["status"] == "skipped" and "ran out of memory" in cells[4]["reason"]
+    assert cells[2]["status"] == cells[1]["status"] == "ok"
+    assert r.doc["engines"] == [{"ctx": 32, "arm": "target", "status": "ok", "max_bs": 2,
+                                 "build_s": 1.0, "prefill_s": 2.0, "steps": 24}]

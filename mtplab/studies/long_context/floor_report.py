@@ -212,9 +212,12 @@ def breakdown_lines(doc: dict, k: dict) -> list[str]:
                      f"{c:.0f}", f"{us:.1f}", R.num(us / step, ".1%"), at])
     rows.append(["gaps (step - kernels busy)", "-", R.num(b["gaps_us"], ".1f"),
                  R.num(b["gaps_us"] / step, ".1%"), "-"])
+    blind = len(k["kernels"]) < k["layers"] * k["steps"]
     return [f"{k['label']} (ctx {k['ctx']}, bs {k['bs']}): one step {R.num(step, '.0f')} µs "
             f"(the cell's median window p50), kernels busy {b['busy_us']:.0f} µs; "
-            f"{len(k['kernels'])} activities over {k['steps']} profiled steps.", "",
+            f"{len(k['kernels'])} activities over {k['steps']} profiled steps"
+            + (", fewer than one per layer: the profiler saw no kernels inside the graph "
+               "replays, and this table is not the step's." if blind else "."), "",
             R.md_table(["where", "activities / step", "µs / step", "share of step",
                         "weights read, share of copy bandwidth"], rows)]
 

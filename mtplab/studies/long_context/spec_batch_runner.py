@@ -42,7 +42,8 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.errors import ConfigError
-from mtplab.models.memory import device_free_bytes, estimate_memory
+from mtplab.models.memory import (InsufficientMemoryError, device_free_bytes,
+                                  estimate_memory)
 from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
 from mtplab.studies.long_context import spec_batch as study
@@ -170,21 +171,19 @@ class Run:
             doc["engines"].append({"ctx": ctx, "arm": arm, "status": "skipped",
                                    "reason": why})
             return
-        t0 = time.perf_counter()
-        eng = Engine(config(a.model, ctx, B, tokens_of(B), arm, a.dtype, a.device))
-        build_s = time.perf_counter() - t0
-        try:
-            V = eng.model.config.vocab_size
-            g = torch.Generator().manual_seed(ctx + B)
-            prompts = torch.randint(3, V, (B, ctx), generator=g).tolist()
-            rows, prefill_s = time_levels(eng, prompts, request_tokens(
-                batches, B, a.steps_per_level, per))
-        finally:
-            eng.close()
-            del eng
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        while True:                    # the estimate can be short: one level down on OOM
+            try:
+                rows, build_s, prefill_s = self.measure(ctx, arm, B, batches, tokens_of, per)
+                break
+            except (torch.cuda.OutOfMemoryError, InsufficientMemoryError) as e:
+                msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                self.skip(ctx, arm, [B], f"the engine at bs {B} ran out of memory: {msg}")
+                smaller = [b for b in batches if b < B]
+                if not smaller:
+                    doc["engines"].append({"ctx": ctx, "arm": arm, "status": "skipped",
+                                           "reason": msg})
+                    return
+                B = smaller[-1]
         got = steady_cells(rows, [b for b in batches if b <= B], a.windows)
         for bs in (b for b in batches if b <= B):
             if bs in got:
@@ -199,6 +198,30 @@ class Run:
         print(f"{ctx} {arm}: bs up to {B}, build {build_s:.0f} s, prefill {prefill_s:.0f} s; "
               + ", ".join(f"bs {bs} {statistics.median(m):.3f} ms x {t:.1f} tok"
                           for bs, (m, t, _) in sorted(got.items())), flush=True)
+
+    def measure(self, ctx: int, arm: str, B: int, batches: list[int], tokens_of,
+                per: float) -> tuple[list, float, float]:
+        """One engine at batch B: (time_levels' rows, build seconds, prefill seconds); the
+        engine is freed whatever happens."""
+        a = self.a
+        t0 = time.perf_counter()
+        eng = None
+        try:
+            eng = Engine(config(a.model, ctx, B, tokens_of(B), arm, a.dtype, a.device))
+            build_s = time.perf_counter() - t0
+            V = eng.model.config.vocab_size
+            g = torch.Generator().manual_seed(ctx + B)
+            prompts = torch.randint(3, V, (B, ctx), generator=g).tolist()
+            rows, prefill_s = time_levels(eng, prompts, request_tokens(
+                batches, B, a.steps_per_level, per))
+            return rows, build_s, prefill_s
+        finally:
+            if eng is not None:
+                eng.close()
+            del eng
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def cell(self, ctx: int, arm: str) -> None:
         """engine_cell under the time box; an error is recorded, never raised."""

@@ -41,6 +41,28 @@ def test_a_target_only_decode_step_issues_no_fill(fused):
     eng.close()
 
 
+def test_a_whole_target_only_engine_step_issues_no_fill():
+    """Every stage of a greedy target-only decode iteration (overlap + zero_bubble: resolve,
+    forward, publish, stash, the host's side): no fill op."""
+    eng = Engine(RunConfig(model="random-tiny", attention_backend="triton", page_size=16,
+                           context_len=256, overlap=True, zero_bubble=True,
+                           max_running_requests=2))
+    for p in ([5, 6, 7, 8, 9, 10], [3, 4, 5]):
+        eng.add_request(p, max_new_tokens=24, ignore_eos=True)
+    for _ in range(6):                                      # the prefills, then decodes
+        eng.step()
+    before = eng.scheduler.stats.decode_steps
+    with torch.no_grad(), OpCounter() as oc:
+        for _ in range(3):
+            eng.step()
+    assert eng.scheduler.stats.decode_steps - before == 3
+    assert fills(oc) == {}
+    while not eng.idle:
+        eng.step()
+    eng.check_invariants()
+    eng.close()
+
+
 def _decode_case(B: int, kv: int, Hq=4, Hkv=2, d=16, page=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     N = B * kv + page

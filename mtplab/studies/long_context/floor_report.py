@@ -310,7 +310,7 @@ def render(doc: dict) -> str:
           "-" if r["target"] is None else f"<= {r['target']}", verdict(r)] for r in sr])
               if sr else "- no speculative cell beside a target-only one"]
     parts += ["", "## Where the time goes", ""]
-    rows = [r for r in fr + [r for r in sr if r["target"] is not None]]
+    rows = fr + [r for r in sr if r["target"] is not None]
     for r in rows:
         what = f"{r['model']} {r['arm']} ctx {r['ctx']} bs {r['bs']}"
         if r["ok"]:

@@ -180,7 +180,10 @@ def render(doc: dict) -> str:
              f"window's p50 step is one measurement; noise = max / min - 1 over the windows "
              f"(a speedup's: the larger of its two sides'), at least {R.MIN_NOISE:.0%}",
              "- speedup = (spec tokens per step / spec step) / (bs / target step); accept / "
-             "step = the spec cell's tokens per step per request", ""]
+             "step = the spec cell's tokens per step per request"]
+    parts += [f"- {arm}: " + ", ".join(f"{k} {v}" for k, v in kw.items())
+              for arm, kw in doc.get("arm_settings", {}).items() if kw]
+    parts += [""]
     parts += R.note_and_answer(doc, answer(doc))
     parts += ["", "## Where speculation stops paying", ""]
     parts += [R.md_table(["context", "arm", "crossover"],
@@ -229,8 +232,9 @@ def merge(old: dict, new: dict) -> dict:
     contexts = sorted(set(old["contexts"]) | set(new["contexts"]))
     command = new["command"] if old["command"] == new["command"] else \
         f"{old['command']}; {new['command']}"
+    settings = {**old.get("arm_settings", {}), **new.get("arm_settings", {})}
     return {**new, "cells": cells, "engines": engines, "contexts": contexts,
-            "command": command}
+            "command": command, "arm_settings": settings}
 
 
 def stamp(doc: dict, *, date: str, device: str, device_name: str, commit: Optional[str],

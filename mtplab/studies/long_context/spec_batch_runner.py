@@ -280,6 +280,8 @@ def main(argv=None) -> int:
     run = Run(study.new_doc(model=a.model, batches=sorted(a.batches),
                             contexts=sorted(a.contexts), windows=a.windows,
                             steps_per_level=a.steps_per_level), a)
+    run.doc["arm_settings"] = {arm: {**ARMS[arm], **(SPEC if ARMS[arm] else {})}
+                               for arm in a.arms}
     for ctx in sorted(a.contexts):
         for arm in a.arms:
             run.cell(ctx, arm)

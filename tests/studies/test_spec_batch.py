@@ -127,8 +127,8 @@ def test_the_runner_on_cpu_writes_and_extends_one_report(tmp_path, monkeypatch):
     assert cells[(32, "frozen", 2)]["tokens_per_step"] > 2 * 2      # accept 3.0 per request
     assert cells[(32, "target", 2)]["tokens_per_step"] == 2
     assert S.speedup(doc, 32, "frozen", 2) is not None
-    assert "- frozen: draft frozen_kv_mtp, fold_seed True, simulate_accept_len 3.0, " \
-           "num_steps 3, topk 1" in path.read_text()
+    assert "- frozen: draft frozen_kv_mtp, fold_seed True, num_steps 3, " \
+           "simulate_accept_len 3.0, topk 1" in path.read_text()      # the first run's arm
     assert S.render(doc) == path.read_text()
 
 

@@ -35,7 +35,8 @@ import time
 
 import torch
 
-from benchmarks.bench_kernels import copy_bandwidth, decode_forward, gpu_activities, prompts
+from mtplab.studies.decode_floor.kernel_figures import (
+    copy_bandwidth, decode_forward, gpu_activities, prompts)
 from mtplab.studies.run_cells import emit
 from mtplab.studies.gpu_figures import Report, free, graph_us
 from mtplab import Engine, RunConfig

@@ -58,7 +58,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
+from mtplab.studies.decode_floor.kernel_figures import (
+    copy_bandwidth, depth, gpu_activities, prompts)
 from mtplab.studies.gpu_figures import graph_us
 from mtplab.studies.run_cells import target_decode_fn
 from mtplab import Engine, RunConfig

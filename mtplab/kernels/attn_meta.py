@@ -17,7 +17,10 @@ Visibility of entry j to query i (0-based within its lane), prefix = kv_len - q_
     window W > 0 : additionally positions[t] - j < W for linear entries (the prefix part only
                    under a tree mask; tree nodes see their ancestors regardless)
 `max_q` / `max_kv` are static Python ints (upper bounds) so a CUDA graph can capture the
-forward; every lane must satisfy q_len <= max_q and kv_len <= max_kv. `split_kv` (static, 0 =
+forward; every lane must satisfy q_len <= max_q and kv_len <= max_kv. `full_lanes` (static)
+says every lane holds exactly max_q query tokens (T == B x max_q: decode, verify and draft
+steps), so every token of q belongs to a lane and the kernels write it: the output needs no
+zeroing first (a token of no lane reads zero otherwise). `split_kv` (static, 0 =
 max_kv) is the row bound the split-KV plan is made for: the req_to_token width W, set by every
 decode-side caller whether it runs eagerly (max_kv = the host's tighter bound) or captured
 (max_kv = W), so an eager step splits its rows as its graph does and both round alike.
@@ -43,6 +46,7 @@ class AttnMeta:
     tree_mask: Optional[torch.Tensor] = None   # [B, Q, Q] bool
     kv_shared: bool = False                    # queries share [0, kv_len), own no entry
     split_kv: int = 0                          # split plan's row bound (0: max_kv)
+    full_lanes: bool = False                   # every q_len == max_q, T == B x max_q
 
     @property
     def batch_size(self) -> int:
@@ -61,6 +65,12 @@ def check_bounds(meta: AttnMeta) -> None:
     if meta.kv_lens.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     kv, q = int(meta.kv_lens.max()), int(meta.q_lens.max())
+    if meta.full_lanes and (int(meta.q_lens.min()) != meta.max_q
+                            or meta.positions.shape[0] != meta.batch_size * meta.max_q):
+        raise AttnBoundError(f"attention built with full_lanes over {meta.batch_size} lanes "
+                             f"of q_len {int(meta.q_lens.min())}..{q} and "
+                             f"{meta.positions.shape[0]} tokens: every lane must hold "
+                             f"max_q={meta.max_q} tokens (or build it without full_lanes).")
     if kv > meta.max_kv or q > meta.max_q:
         raise AttnBoundError(f"attention over lanes with kv_len up to {kv} and q_len up to {q} "
                              f"was built for max_kv={meta.max_kv}, max_q={meta.max_q}: the "

@@ -63,8 +63,9 @@ Invariants
   * kv_lens / q_lens / cu_q / positions / rows / table are read on the device only; grids use
     only static ints (B, heads, meta.max_q), so the call is CUDA-graph capturable.
   * A query row i >= q_len (padding of a tile, or a whole padded tile) loads nothing and stores
-    nothing: each output token is written only by the (lane, row) that owns it. Tokens covered by
-    no lane stay zero, as in the reference.
+    nothing: each output token is written only by the (lane, row) that owns it, every head of
+    it (a lane with no visible entry writes zeros). Tokens covered by no lane stay zero, as in
+    the reference; under AttnMeta.full_lanes there are none and the output is not zeroed.
   * Masked scores are -inf while the running max starts at a finite -1e30, so exp2 never sees
     (-inf) - (-inf); a row with no visible entry ends with l == 0 and writes zeros (the reference
     is degenerate there).
@@ -452,7 +453,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Hkv = k_cache.shape[1]
     group = Hq // Hkv
     B = meta.batch_size
-    out = q.new_zeros(T, Hq, d)   # static size; tokens of no lane stay zero (as the reference)
+    # static size; tokens of no lane stay zero (as the reference): with full_lanes there are
+    # none, every token is written by its lane, so no fill runs
+    out = q.new_empty(T, Hq, d) if meta.full_lanes else q.new_zeros(T, Hq, d)
     if B == 0 or T == 0:
         return out
     qk_scale = float(sm_scale) * _LOG2E

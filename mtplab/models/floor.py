@@ -1,9 +1,9 @@
 """The HBM floor of a decode step: the bytes one step must read, counted in one place.
 
 `step_bytes` is the only function that counts them; `mtplab bench` (through the sweep's
-`weight_bytes_per_step` / `kv_bytes_per_step` columns), the sweep rows
-(sweep/measure.py) and benchmarks/bench_kernels.py all read it. floor = bytes / the device
-copy bandwidth measured in the same process.
+`weight_bytes_per_step` / `kv_bytes_per_step` columns), the sweep rows (sweep/measure.py) and
+the decode-floor runners (studies/decode_floor, studies/long_context) all read it. floor =
+bytes / the device copy bandwidth measured in the same process.
 
 One decode iteration over bs requests at committed context c (D = tree nodes, 1 without a
 draft; S = draft forwards per iteration; per-token-layer KV = Hkv x d x 2 (K and V) x dtype):

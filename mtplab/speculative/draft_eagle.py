@@ -123,7 +123,7 @@ class EagleDraftWorker:
                 hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
                 pos = seq_k + s - 1
                 meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv,
-                                split_kv=self.table.shape[1])
+                                split_kv=self.table.shape[1], full_lanes=True)
                 hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
                                         pos, self.kv.k, self.kv.v,
                                         slots[:, :, s - 1].reshape(-1), meta, self.attn_fn)

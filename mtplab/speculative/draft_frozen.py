@@ -62,7 +62,8 @@ class FrozenDraftWorker:
         positions = (seq_lens - 1).clamp(min=0).long().repeat_interleave(per_lane)
         meta = AttnMeta(self.table, rows, seq_lens, torch.full_like(seq_lens, per_lane),
                         torch.arange(n + 1, device=rows.device) * per_lane, positions,
-                        per_lane, max_kv, kv_shared=True, split_kv=self.table.shape[1])
+                        per_lane, max_kv, kv_shared=True, split_kv=self.table.shape[1],
+                        full_lanes=True)
         return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
 
     def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:

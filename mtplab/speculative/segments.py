@@ -232,10 +232,10 @@ class Segments:
             B = rows.shape[0]
             positions = (kv_lens - 1).long()
             out_loc = table[rows, positions].long()
-            q_lens = torch.ones_like(kv_lens)
+            q_lens = ones[:B]                 # one query per lane: no fill
             cu_q = torch.arange(B + 1, device=rows.device)
             meta = AttnMeta(table, rows, kv_lens, q_lens, cu_q, positions, 1, max_kv,
-                            split_kv=width)
+                            split_kv=width, full_lanes=True)
             rec = target.model.expert_recorder
             if rec is not None:               # the real lanes (row 0: a padded lane)
                 rec.begin(rows != 0)

@@ -23,7 +23,8 @@ def verify(target, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Te
     q_lens = torch.full_like(seq_lens, D)
     cu_q = torch.arange(B + 1, device=rows.device) * D
     meta = AttnMeta(table, rows, seq_lens + D, q_lens, cu_q, positions.reshape(-1),
-                    max_q=D, max_kv=max_kv, tree_mask=tree_mask, split_kv=table.shape[1])
+                    max_q=D, max_kv=max_kv, tree_mask=tree_mask, split_kv=table.shape[1],
+                    full_lanes=True)
     rec = target.model.expert_recorder
     if rec is not None:                   # the real lanes' tokens (row 0: a padded lane)
         rec.begin((rows != 0).repeat_interleave(D))

@@ -28,6 +28,7 @@ QUESTIONS = {
     "host_path": "where a decode step's host time goes",
     "decode_floor": "how close a decode step is to its HBM floor (fused kernels, CUDA graphs)",
     "long_context": "how close a long-context step is to its HBM floor; where speculation pays",
+    "long_context_spec": "from which batch size speculation stops paying at 8k and 32k",
     "moe": "what speculation buys on a MoE target",
     "moe_floor": "how close an MoE decode step is to its HBM floor, split vs grouped MoE "
                  "kernels",
@@ -42,7 +43,8 @@ QUESTIONS = {
 STUDIES = {q: f"mtplab.studies.{q}" for q in (
     "regime", "drafts", "overlap", "fold_seed", "page_topk", "decode_floor", "long_context",
     "host_path", "moe", "whatif", "health", "meter_trust", "deterministic", "analyser",
-    "peers", "spec_schedule")} | {"moe_floor": "mtplab.studies.moe.moe_floor"}
+    "peers", "spec_schedule")} | {"moe_floor": "mtplab.studies.moe.moe_floor",
+                                "long_context_spec": "mtplab.studies.long_context.spec_batch"}
 
 
 def study(question: str):

@@ -1,5 +1,5 @@
-"""What the GPU figure runners share (bench_kernels, bench_long_context, bench_moe,
-bench_attention): the report, the time-boxed figure loop, freeing the device between engines
+"""What the GPU figure runners share (decode_floor/kernel_figures, long_context/*, bench_moe,
+attention_figures): the report, the time-boxed figure loop, freeing the device between engines
 and `graph_us`, a call's device time by CUDA graph replay.
 
     rep = Report(budget_s)                    rep.add(figure, value, target, ok) prints a row

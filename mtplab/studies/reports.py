@@ -186,6 +186,9 @@ def load(path: Path) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no results beside the report; a report is written from "
                           "its results (mtplab report QUESTION --from RUN_DIR).") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not a results file ({e}); write it again with the study's "
+                          "runner.") from None
     if stamp_of(doc).stem != path.stem:
         raise ConfigError(f"{path}: its date/device/commit ({stamp_of(doc).stem}) differ from "
                           "its name; rename the file or fix the fields.")

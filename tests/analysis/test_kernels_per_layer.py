@@ -189,7 +189,7 @@ def test_the_block_equals_the_two_depth_difference_on_cpu_ops():
     stand in for GPU activities): bench_kernels' (k(L) - k(L/2)) / (L - L/2) and the block
     that repeats in the full-depth forward, fused (the first layer's norm differs: L - 1
     repetitions) and unfused."""
-    from benchmarks.bench_kernels import layer_counts
+    from mtplab.studies.decode_floor.kernel_figures import layer_counts
     from mtplab import Engine, RunConfig
 
     eng = Engine(RunConfig(model="random-tiny", device="cpu", max_running_requests=1))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("fused", [True, False])
 def test_kernels_per_layer_of_a_graphed_cell_is_the_two_depth_difference(tmp_path, fused,
                                                                          draft):
-    from benchmarks.bench_kernels import layer_counts
+    from mtplab.studies.decode_floor.kernel_figures import layer_counts
     from mtplab.sweep.grid import Workload
     from mtplab.sweep.measure import measure
 

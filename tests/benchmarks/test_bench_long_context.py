@@ -1,0 +1,66 @@
+"""benchmarks/bench_long_context.py (studies/long_context/floor_runner.py) without a GPU: a
+cell's windows and floor land in the results doc, each figure's outcome is kept (done, an
+error, skipped by the time box), the kernel table's steps are decode steps, and the doc
+renders (timings not asserted)."""
+from __future__ import annotations
+
+import pytest
+
+from mtplab import Engine, RunConfig
+from mtplab.studies.long_context import floor_report as F
+from mtplab.studies.long_context import floor_runner as run
+
+
+def _run(budget_s: float = 100.0, windows: int = 3) -> run.Run:
+    r = run.Run(F.new_doc(new_tokens=run.NEW, windows=windows, warmup_steps=run.WARMUP),
+                budget_s, windows, kernel_tables=True)
+    r.doc["bandwidth"] = [1.0e11, 1.1e11, 0.9e11]
+    return r
+
+
+def test_windows_drop_the_warmup_and_the_drain():
+    xs = [9.0] * run.WARMUP + [0.001] * 4 + [0.002] * 4 + [0.003] * 4 + [9.0]
+    assert run.windows_ms(xs, 3) == pytest.approx([1.0, 2.0, 3.0])
+    with pytest.raises(RuntimeError, match="decode steps for 3 windows"):
+        run.windows_ms([1.0] * (run.WARMUP + 3), 3)
+
+
+def test_figure_outcomes_are_kept():
+    r = _run()
+    r.figure("short", lambda _: None, reserve_s=0)
+    r.figure("llama", lambda _: 1 / 0, reserve_s=0)
+    r.figure("frozen", lambda _: None, reserve_s=1000)
+    f = r.doc["figures"]
+    assert f["short"]["status"] == "done" and f["frozen"]["status"] == "skipped"
+    assert f["llama"] == {"status": "error", "error": "ZeroDivisionError: division by zero"}
+
+
+def test_a_cell_and_a_kernel_table_on_cpu(monkeypatch):
+    r = _run()
+    monkeypatch.setattr(run, "NEW", 6)
+    eng = Engine(RunConfig(model="random-tiny", max_running_requests=2, context_len=128,
+                           page_size=16, overlap=True, zero_bubble=True))
+    row = r.cell(eng, "short", "random-tiny", "target", 24, 2)
+    assert len(row["ms"]) == 3 and row["floor_bytes"] > row["kv_bytes"] > 0
+    assert r.doc["steps"] == [row]
+    seen = []
+
+    def activities(fn):
+        before = eng.scheduler.stats.decode_steps
+        fn()
+        seen.append(eng.scheduler.stats.decode_steps - before)
+        return [["nvjet_qkv", 2.0], ["_split_kernel", 1.0]]
+
+    monkeypatch.setattr(run, "ordered_activities", activities)
+    monkeypatch.setattr(run, "proj_bytes", lambda eng: {"qkv": 1e6})
+    r.kernels(eng, "target-only random-tiny", "random-tiny", "target", 24)
+    assert seen == [run.PROFILED]               # three decode steps, after the prefill
+    k = r.doc["kernels"][0]
+    assert k["steps"] == run.PROFILED and k["kernels"][0] == ["nvjet_qkv", 2.0]
+    assert eng.idle
+    eng.close()
+    r.doc["figures"]["short"] = {"status": "done", "seconds": 1.0}
+    doc = F.clean_doc(F.stamp(r.doc, date="2026-11-29", device="cpu", device_name="cpu",
+                              commit="abc1234", command="x"))
+    md = F.render(doc)
+    assert "| random-tiny | 24 | 2 |" in md and "- short: done in 1 s" in md

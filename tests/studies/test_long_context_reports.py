@@ -1,0 +1,156 @@
+"""The dense-floor report of question `long_context` (studies/long_context/floor_report.py),
+rendered from synthetic results docs: a missed target shows where each microsecond of its
+step goes, a met one its PASS; `mtplab report long_context --check` regenerates it byte for
+byte; a malformed results file is one ConfigError."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplab.errors import ConfigError
+from mtplab.studies import reports as R
+from mtplab.studies import study
+from mtplab.studies.cli import main_report
+from mtplab.studies.long_context import floor_report as F
+
+BW = 4.0e12
+GB = 1e9
+
+
+def _layer() -> list:
+    """One decoder layer's activities, launch order, µs (as a fused llama step runs them)."""
+    return [["nvjet_tst_128x8_64x4_2x1_v_bz_TNT", 16.0],          # qkv
+            ["_rope_kv_kernel", 3.0],
+            ["_split_kernel", 5.0], ["_split_reduce_kernel", 1.0],
+            ["nvjet_tst_64x8_64x4_2x1_v_bz_TNT", 12.0],            # o_proj
+            ["_add_rmsnorm_kernel", 2.0],
+            ["sm90_xmma_gemm_bf16bf16_bf16f32", 50.0],              # gate_up
+            ["splitKreduce_kernel", 1.0],
+            ["_silu_mul_kernel", 2.0],
+            ["nvjet_tst_256x8_64x4_2x1_v_bz_TNT", 30.0],           # down
+            ["void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>",
+             1.0]]
+
+
+def _kernels(layers: int = 2) -> list:
+    return (sum((_layer() for _ in range(layers)), [])
+            + [["_add_rmsnorm_kernel", 2.0], ["nvjet_tst_lm_head", 40.0],
+               ["_argmax_kernel", 3.0], ["Memcpy DtoH (Device -> Pinned)", 2.0]])
+
+
+def _step(model, arm, ctx, bs, ms, floor_ms, topk=1, D=None, kv_ms=0.0):
+    return {"figure": "x", "model": model, "arm": arm, "ctx": ctx, "bs": bs, "ms": ms,
+            "floor_bytes": floor_ms * BW / 1e3, "kv_bytes": kv_ms * BW / 1e3,
+            "weight_bytes": (floor_ms - kv_ms) * BW / 1e3, "topk": topk, "draft_tokens": D}
+
+
+def _doc() -> dict:
+    doc = F.new_doc(new_tokens=48, windows=3, warmup_steps=4)
+    doc["bandwidth"] = [BW, 0.99 * BW, 1.01 * BW]
+    m, lm = "llama3-8b-like@32", "llama3.1-8b-like@32"
+    doc["steps"] = [
+        _step(m, "target", 64, 1, [0.40, 0.41, 0.40], 0.30),        # 0.75: MISS
+        _step(m, "target", 64, 8, [0.33, 0.33, 0.332], 0.30),       # 0.91: PASS
+        _step(lm, "target", 32768, 1, [0.50, 0.50, 0.505], 0.44, kv_ms=0.1),   # 0.88: PASS
+        _step(lm, "frozen_kv_mtp topk 1", 32768, 1, [0.68, 0.68, 0.69], 0.60, kv_ms=0.2),
+        _step(lm, "frozen_kv_mtp topk 1", 8192, 1, [0.6, 0.6, 0.6], 0.55),  # no target base
+    ]
+    doc["kernels"] = [{"label": f"target-only {m}", "model": m, "arm": "target", "topk": 1,
+                       "ctx": 64, "bs": 1, "layers": 2, "steps": 1, "kernels": _kernels(),
+                       "proj_bytes": {"qkv": 0.012 * GB, "o_proj": 0.0084 * GB,
+                                      "gate_up": 0.15 * GB, "down": 0.075 * GB,
+                                      "lm_head": 0.13 * GB}}]
+    doc["figures"] = {"short": {"status": "done", "seconds": 30.0},
+                      "llama": {"status": "done", "seconds": 80.0},
+                      "gemma": {"status": "skipped", "left_s": 12.0}}
+    return F.clean_doc(F.stamp(doc, date="2026-11-29", device="h200",
+                               device_name="NVIDIA H200", commit="abc1234",
+                               command="python -m benchmarks.bench_long_context"))
+
+
+def test_kernels_are_labelled_by_kind_and_gemms_by_projection():
+    labels = [lab for _, lab, _ in F.label_kernels(_kernels(), layers=2, steps=1)]
+    gemms = [lab for lab in labels if lab.startswith("gemm")]
+    assert gemms == (["gemm qkv", "gemm o_proj", "gemm gate_up", "gemm gate_up", "gemm down"]
+                     * 2 + ["gemm lm_head"])           # the split-K reduce joins its GEMM
+    assert labels[1:4] == ["norm_rope_elementwise", "attention", "attention"]
+    assert labels[-1] == "fill_copy" and labels[10] == "fill_copy"     # the FillFunctor
+    assert labels[-2] == "other"                                       # argmax
+    # a GEMM count that is not 4 per layer + the LM head (a spec step): no projection
+    odd = F.label_kernels(_kernels()[:-4], layers=2, steps=1)
+    assert {lab for _, lab, _ in odd if lab.startswith("gemm")} == {"gemm"}
+
+
+def test_a_missed_target_shows_its_breakdown_and_a_met_one_its_pass(tmp_path):
+    doc = _doc()
+    path = R.write(doc, study("long_context").render, tmp_path)
+    md = path.read_text()
+    assert path == tmp_path / "long_context" / "2026-11-29_h200_abc1234.md"
+    answer = R.answer_line(path)
+    assert "0.750 ±2.5% MISS at llama3-8b-like@32 ctx 64 bs 1" in answer
+    assert "0.909 ±2.0% PASS at llama3-8b-like@32 ctx 64 bs 8" in answer
+    assert "1.360 ±2.0% MISS (<= 1.25) for topk 1 bs 1" in answer
+    assert "not measured: gemma (skipped)" in answer
+    where = md.split("## Where the time goes")[1]
+    assert "- llama3-8b-like@32 target ctx 64 bs 8: PASS (0.909 ±2.0%)" in where
+    assert "- llama3.1-8b-like@32 target ctx 32768 bs 1: PASS" in where
+    miss = where.split("### llama3-8b-like@32 target ctx 64 bs 1: MISS (0.750 ±2.5%)")[1]
+    # qkv: 2 x 16 µs for 12 MB at 4 TB/s: 0.012e9 / 32e-6 / 4e12 = 0.09 of copy bandwidth
+    assert "| GEMMs qkv | 2 | 32.0 | 8.0% | 0.012 GB, 0.09 |" in miss
+    assert "| GEMMs gate_up | 4 | 102.0 |" in miss
+    assert "| attention | 4 | 12.0 |" in miss
+    assert "| fills / copies | 3 | 4.0 |" in miss
+    busy = sum(us for _, us in _kernels())
+    assert f"| gaps (step - kernels busy) | - | {400 - busy:.1f} |" in miss
+    # the spec row missed with no kernel table: said so, not hidden
+    assert "frozen_kv_mtp topk 1 ctx 32768 bs 1: MISS (1.360 ±2.0%); no kernel table was " \
+           "measured" in where
+    assert "| llama3.1-8b-like@32 | frozen_kv_mtp topk 1 | 32768 | 1 | 0.680 | 0.500 | " \
+           "1.360 ±2.0% | 0.882 | <= 1.25 | MISS |" in md
+    assert "| 8192 |" not in md.split("## Spec step")[1]    # no target step at 8k: no ratio
+    assert "- gemma: SKIPPED (time box: 12 s left)" in md
+
+
+def test_the_cli_regenerates_it_byte_for_byte(tmp_path, capsys):
+    path = R.write(_doc(), study("long_context").render, tmp_path)
+    assert main_report(["long_context", "--root", str(tmp_path)]) == 0      # the index
+    assert main_report(["long_context", "--root", str(tmp_path), "--check"]) == 0
+    text = path.read_text()
+    path.write_text(text.replace("MISS", "PASS"))
+    assert main_report(["long_context", "--root", str(tmp_path), "--check"]) == 1
+    assert f"differs: {path}" in capsys.readouterr().out
+    assert main_report(["long_context", "--root", str(tmp_path)]) == 0
+    assert path.read_text() == text
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda d: d.pop("steps"),
+    lambda d: d["steps"][0].pop("ms"),
+    lambda d: d["kernels"][0].pop("layers"),
+])
+def test_a_malformed_results_file_is_one_config_error(tmp_path, capsys, spoil):
+    path = R.write(_doc(), study("long_context").render, tmp_path).with_suffix(".json")
+    doc = json.loads(path.read_text())
+    spoil(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bench_long_context --out-dir DIR"):
+        study("long_context").render(R.load(path))
+    assert main_report(["long_context", "--root", str(tmp_path), "--check"]) == 2
+    assert "mtplab report: error:" in capsys.readouterr().err
+
+
+def test_a_results_file_that_is_not_json_is_one_config_error(tmp_path, capsys):
+    path = R.write(_doc(), study("long_context").render, tmp_path).with_suffix(".json")
+    path.write_text(path.read_text()[:-20])
+    assert main_report(["long_context", "--root", str(tmp_path), "--check"]) == 2
+    assert "not a results file" in capsys.readouterr().err
+
+
+def test_a_trace_without_the_graphs_kernels_is_said_to_be_blind():
+    doc = _doc()
+    doc["kernels"][0]["kernels"] = [["cudaGraphLaunch", 5.0]]
+    md = study("long_context").render(doc)
+    assert "the profiler saw no kernels inside the graph replays, and this table is not " \
+           "the step's." in md
+    assert "not the step's" not in study("long_context").render(_doc())

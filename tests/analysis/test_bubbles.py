@@ -502,3 +502,47 @@ def test_no_run_ahead_without_step_spans(tmp_path):
     s.gpu(s.launch(1), 5, 10)
     res = analyze(s.write(tmp_path / "w.pt.trace.json"), window_us=3.0)
     assert np.isnan(res.summary["run_ahead_frac"]) and res.summary["run_ahead_steps"] == 0
+
+
+def _prepare_then_forward(forward_after_sync: bool) -> tuple[Synth, list[float], list[float]]:
+    """mtplab's loop: each step span opens with `prepare`, whose input copy (schedule stream)
+    is issued 1 µs in; the forward (one graph replay of 150 µs of GPU work, then the d2h copy)
+    is issued when `prepare` ends, and the span ends 10 µs later. `forward_after_sync`:
+    `prepare` holds a host sync on the step in flight (the host read of the lengths), so the
+    forward is issued 20 µs after the previous step's GPU work ended although the copy went
+    out long before; otherwise `prepare` takes 10 µs and the host runs ahead. Returns the
+    trace, the forward launch times and the ends of each step's GPU work."""
+    s = Synth()
+    t, gpu_free, fwd, ends = 0.0, 0.0, [], []
+    for k in range(4):
+        launch_fwd = ends[-1] + 20 if k and forward_after_sync else t + 10
+        s.host("step[decode bs=8]", t, launch_fwd + 10 - t)
+        s.host("prepare", t, launch_fwd - t)
+        s.gpu(s.launch(t + 1, "cudaMemcpyAsync"), t + 3, 1, stream=5, cat="gpu_memcpy")
+        s.host("verify", launch_fwd, 3)
+        start = max(launch_fwd + 4, gpu_free)
+        s.gpu(s.launch(launch_fwd, "cudaGraphLaunch"), start, 150)
+        s.host("d2h", launch_fwd + 4, 2)
+        s.gpu(s.launch(launch_fwd + 4), start + 150, 2, stream=9)
+        gpu_free = start + 152
+        fwd.append(launch_fwd)
+        ends.append(gpu_free)
+        t = launch_fwd + 11
+    return s, fwd, ends
+
+
+@pytest.mark.parametrize("after_sync", [False, True])
+def test_launch_lead_counts_the_forward_launch_not_the_prepare_copies(tmp_path, after_sync):
+    """The lead is measured to the next step's forward work (the bubble meter's
+    `mark_launch`, just after `prepare`), not to input copies `prepare` issued earlier: with
+    the forward issued after a host sync on the step in flight, every lead is -20 µs (the GPU
+    waited) although each copy went out before the GPU ran out of work; without the sync the
+    forwards run ahead (leads 135, 266, 397 µs: the GPU queue grows by 131 µs a step)."""
+    s, fwd, ends = _prepare_then_forward(after_sync)
+    res = analyze(s.write(tmp_path / f"p{after_sync}.pt.trace.json"))
+    lead = res.steps["launch_lead_us"].to_numpy()
+    want = [-20.0] * 3 if after_sync else [135.0, 266.0, 397.0]
+    np.testing.assert_allclose([ends[k] - fwd[k + 1] for k in range(3)], want)
+    np.testing.assert_allclose(lead[:3], want)
+    assert np.isnan(lead[3])
+    assert res.summary["run_ahead_frac"] == (0.0 if after_sync else 1.0)

@@ -546,3 +546,64 @@ def test_launch_lead_counts_the_forward_launch_not_the_prepare_copies(tmp_path, 
     np.testing.assert_allclose(lead[:3], want)
     assert np.isnan(lead[3])
     assert res.summary["run_ahead_frac"] == (0.0 if after_sync else 1.0)
+
+
+def _zb_overlap_run(launch_us: float, steps: int = 6) -> tuple[Synth, list[float]]:
+    """An overlap + zero_bubble decode loop as the host issues it, with per-stage graphs:
+    per step span `prepare` (no device work), then three graph replays (`resolve` 20 µs,
+    `verify` 300 µs, `draft` 80 µs of GPU work, each replayed kernel under its
+    cudaGraphLaunch's correlation), the `d2h` copy kernel (a driver launch, 5 µs), then
+    `sync` on the step in flight (until its d2h ends) and `process_result`; 150 µs of host
+    time from the sync's return to the next forward launch. Each replay's call takes
+    `launch_us` on the host and its kernels start once the call returned and the GPU is free
+    (the profiler's cost per replay). Returns the trace and the leads by construction: end of
+    step k's d2h - step k+1's first cudaGraphLaunch."""
+    s = Synth()
+    t, gpu_free, fwd, ends = 0.0, 0.0, [], []
+    for k in range(steps):
+        start = t
+        s.host("prepare", t, 10)
+        t += 10
+        fwd.append(t)
+        for stage, work in (("resolve", 20.0), ("verify", 300.0), ("draft", 80.0)):
+            s.host(stage, t, launch_us + 1)
+            c = s.launch(t, "cudaGraphLaunch", launch_us)
+            begin = max(t + launch_us + 2, gpu_free)
+            s.gpu(c, begin, work / 2)
+            s.gpu(c, begin + work / 2, work / 2)
+            gpu_free = begin + work
+            t += launch_us + 1
+        s.host("d2h", t, 6)
+        c = s.launch(t + 1, "cuLaunchKernelEx", 4)
+        s.events[-1]["cat"] = "cuda_driver"
+        begin = max(t + 5, gpu_free)
+        s.gpu(c, begin, 5, stream=9)
+        gpu_free = begin + 5
+        ends.append(gpu_free)
+        t += 7
+        wait_until = max(t, ends[k - 1]) if k else t
+        s.host("sync", t, wait_until - t + 2)
+        t = wait_until + 2
+        s.host("process_result", t, 50)
+        s.host("step[decode bs=8]", start, t + 50 - start)
+        t += 150 - 2
+    return s, [ends[k] - fwd[k + 1] for k in range(steps - 1)]
+
+
+@pytest.mark.parametrize("launch_us", [5.0, 200.0])
+def test_launch_lead_of_a_zero_bubble_overlap_run_matches_the_loop(tmp_path, launch_us):
+    """Cheap replays (5 µs): the host loop (about 185 µs) is shorter than the GPU step
+    (405 µs), so from the second step on the host waits in `sync`, and every lead is the GPU
+    step less the 160 µs from the end of the step in flight to the next forward launch (the
+    sync's return, process_result, the next prepare): +245 µs. Replays of 200 µs each (a
+    profiler's cost per launch): the host loop (about 770 µs) is longer than the GPU step,
+    the GPU runs each graph once its call returns, and the lead is the GPU work left when
+    the host issues its last launch (184 µs: the draft graph and the d2h) less the host's
+    time from there to the next forward launch (166 µs): near 0 (+18 µs), of either sign as
+    those two vary. The analyser's leads are the loop's own in both."""
+    s, want = _zb_overlap_run(launch_us)
+    res = analyze(s.write(tmp_path / f"zb{launch_us:g}.pt.trace.json"))
+    lead = res.steps["launch_lead_us"].to_numpy()
+    np.testing.assert_allclose(lead[:-1], want)
+    np.testing.assert_allclose(want[1:], 245.0 if launch_us == 5.0 else 18.0)
+    assert np.isnan(lead[-1]) and res.summary["run_ahead_frac"] == 1.0

@@ -41,10 +41,14 @@ Steps
 
 Run-ahead (the host's launch lead; mtplab/health.py)
     `launch_lead_us` of step k = the end of step k's last GPU activity (launched inside its
-    span) - the earliest launch call inside step k+1's span (host and device times are one
-    clock in a Kineto trace). > 0: the host issued step k+1's first work before the GPU ran
-    out of step k's (run-ahead); <= 0: the GPU waited. NaN for the last step, a step with no
-    launched activity or none in the next, and without step spans (fixed windows). The
+    span) - the earliest launch call of step k+1's forward work: inside step k+1's span and
+    outside its input preparation (`schedule` / `prepare` / `process_result` spans, mtplab's
+    HOST_PREP_STAGES), the point the bubble meter marks (`mark_launch`, just after
+    `prepare`). Input copies `prepare` issues before a host sync do not keep the GPU busy, so
+    they are not the launch. Host and device times are one clock in a Kineto trace. > 0: the
+    host issued step k+1's forward before the GPU ran out of step k's work (run-ahead);
+    <= 0: the GPU waited. NaN for the last step, a step with no launched activity or no
+    forward launch in the next, and without step spans (fixed windows). The
     summary's `run_ahead_frac` is the share of the kept steps with a lead that is > 0,
     `launch_lead_p10_us` / `_p50_us` / `_p90_us` its percentiles, `run_ahead_steps` their
     count. An SGLang trace's step spans are forwards (VERIFY, DRAFT, ...): the lead is then
@@ -211,6 +215,15 @@ def _overlaps(us: np.ndarray, ue: np.ndarray, g0: np.ndarray, g1: np.ndarray) ->
     return ok & (ue[np.clip(k, 0, None)] > g0)
 
 
+def _within(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each time in `t`: does it lie in the disjoint sorted union (us, ue), [start,
+    end)? NaN times do not."""
+    if us.size == 0:
+        return np.zeros(np.shape(t), bool)
+    k = np.searchsorted(us, t, side="right") - 1
+    return (k >= 0) & (t < ue[np.clip(k, 0, None)])
+
+
 def _busy_until(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Busy time of the union (us, ue) in (-inf, t], vectorised over t."""
     if us.size == 0:
@@ -280,6 +293,8 @@ class _Ctx:
     gpu_tl: dict[int, _StageTimeline]
     host_tl: dict[tuple[int, int], _StageTimeline]
     trace: Trace
+    input_u: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))   # mtplab's host-prep
+                                                                          #   spans (union)
     host_busy: dict = field(default_factory=dict)   # (pid, tid) -> union of its host events
 
     def thread_busy(self, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray]:
@@ -403,6 +418,9 @@ def _context(tr: Trace, act: np.ndarray, device: int | None) -> _Ctx:
                    | (tr.cat_mask("user_annotation") & tr.name_mask(lambda n: n == "sync")))
     prep = host & tr.cat_mask("user_annotation") & tr.name_mask(
         lambda n: n in HOST_PREP_STAGES or n.startswith("scheduler."))
+    # mtplab's own input preparation only: SGLang's `scheduler.run_batch` wraps its forwards
+    inputs = host & tr.cat_mask("user_annotation") & tr.name_mask(
+        lambda n: n in HOST_PREP_STAGES)
     return _Ctx(s=s, e=e, stream=tr.stream[o], launch_ts=launch_ts, launch_row=lane, host=host,
                 sync_u=union_intervals(tr.ts[sync], tr.end[sync]),
                 prep_u=union_intervals(tr.ts[prep], tr.end[prep]),
@@ -411,7 +429,7 @@ def _context(tr: Trace, act: np.ndarray, device: int | None) -> _Ctx:
                                   key=lambda i: int(tr.stream[i])),
                 host_tl=_timelines(tr, host & tr.cat_mask("user_annotation"),
                                    key=lambda i: (int(tr.pid[i]), int(tr.tid[i]))),
-                trace=tr)
+                trace=tr, input_u=union_intervals(tr.ts[inputs], tr.end[inputs]))
 
 
 def _timelines(tr: Trace, mask: np.ndarray, key) -> dict:
@@ -518,7 +536,7 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
         notes.append("no GPU activity was launched inside a step span: step windows are empty")
         return float(ctx.s[0]), np.full(n, float(ctx.s[0])), np.full(n, np.nan)
     first_launch = np.full(n, np.inf)
-    launched = inside & ~np.isnan(ctx.launch_ts)
+    launched = inside & ~np.isnan(ctx.launch_ts) & ~_within(*ctx.input_u, ctx.launch_ts)
     np.minimum.at(first_launch, k[launched], ctx.launch_ts[launched])
     nxt = np.append(first_launch[1:], np.inf)
     leads = np.where(np.isfinite(last_end) & np.isfinite(nxt), launch_leads(last_end, nxt),

@@ -6,7 +6,7 @@ with `STAGE_COLORS`, step spans outlined, synchronize calls in the `sync` colour
 per GPU stream (stage-named `gpu_user_annotation` spans as a coloured band, kernels / memcpy /
 memset as dark boxes), and marks every device bubble with a band across the GPU lanes in the
 colour of its cause (`causes.py`), each cause drawn named in the legend, and each step's
-launch lead (bubbles.py "Run-ahead") as a bar from the next step's first launch to the
+launch lead (bubbles.py "Run-ahead") as a bar from the next step's forward launch to the
 step's last GPU work, green when the host ran ahead, red when the GPU waited. Lanes are named by
 role (`lanes.py`: `host`, and `forward` / `schedule` / `copy` on mtplab's streams, `compute`
 / `copy` / `nccl` / `side` on any other program's), with the stream id. A CPU-only trace has
@@ -173,7 +173,7 @@ def plot_timeline(trace: Union[Trace, PathLike], result: Analysis | None = None,
 
 
 def _launch_leads(ax, st: pd.DataFrame, t0: float, y: float) -> list[str]:
-    """Each step's launch lead as a bar at height `y` from the next step's first launch to
+    """Each step's launch lead as a bar at height `y` from the next step's forward launch to
     the step's last GPU work (the window end), green when the host ran ahead (> 0), red when
     the GPU waited; its value written beside it. -> the kinds drawn."""
     drawn = []

@@ -502,3 +502,108 @@ def test_no_run_ahead_without_step_spans(tmp_path):
     s.gpu(s.launch(1), 5, 10)
     res = analyze(s.write(tmp_path / "w.pt.trace.json"), window_us=3.0)
     assert np.isnan(res.summary["run_ahead_frac"]) and res.summary["run_ahead_steps"] == 0
+
+
+def _prepare_then_forward(forward_after_sync: bool) -> tuple[Synth, list[float], list[float]]:
+    """mtplab's loop: each step span opens with `prepare`, whose input copy (schedule stream)
+    is issued 1 µs in; the forward (one graph replay of 150 µs of GPU work, then the d2h copy)
+    is issued when `prepare` ends, and the span ends 10 µs later. `forward_after_sync`:
+    `prepare` holds a host sync on the step in flight (the host read of the lengths), so the
+    forward is issued 20 µs after the previous step's GPU work ended although the copy went
+    out long before; otherwise `prepare` takes 10 µs and the host runs ahead. Returns the
+    trace, the forward launch times and the ends of each step's GPU work."""
+    s = Synth()
+    t, gpu_free, fwd, ends = 0.0, 0.0, [], []
+    for k in range(4):
+        launch_fwd = ends[-1] + 20 if k and forward_after_sync else t + 10
+        s.host("step[decode bs=8]", t, launch_fwd + 10 - t)
+        s.host("prepare", t, launch_fwd - t)
+        s.gpu(s.launch(t + 1, "cudaMemcpyAsync"), t + 3, 1, stream=5, cat="gpu_memcpy")
+        s.host("verify", launch_fwd, 3)
+        start = max(launch_fwd + 4, gpu_free)
+        s.gpu(s.launch(launch_fwd, "cudaGraphLaunch"), start, 150)
+        s.host("d2h", launch_fwd + 4, 2)
+        s.gpu(s.launch(launch_fwd + 4), start + 150, 2, stream=9)
+        gpu_free = start + 152
+        fwd.append(launch_fwd)
+        ends.append(gpu_free)
+        t = launch_fwd + 11
+    return s, fwd, ends
+
+
+@pytest.mark.parametrize("after_sync", [False, True])
+def test_launch_lead_counts_the_forward_launch_not_the_prepare_copies(tmp_path, after_sync):
+    """The lead is measured to the next step's forward work (the bubble meter's
+    `mark_launch`, just after `prepare`), not to input copies `prepare` issued earlier: with
+    the forward issued after a host sync on the step in flight, every lead is -20 µs (the GPU
+    waited) although each copy went out before the GPU ran out of work; without the sync the
+    forwards run ahead (leads 135, 266, 397 µs: the GPU queue grows by 131 µs a step)."""
+    s, fwd, ends = _prepare_then_forward(after_sync)
+    res = analyze(s.write(tmp_path / f"p{after_sync}.pt.trace.json"))
+    lead = res.steps["launch_lead_us"].to_numpy()
+    want = [-20.0] * 3 if after_sync else [135.0, 266.0, 397.0]
+    np.testing.assert_allclose([ends[k] - fwd[k + 1] for k in range(3)], want)
+    np.testing.assert_allclose(lead[:3], want)
+    assert np.isnan(lead[3])
+    assert res.summary["run_ahead_frac"] == (0.0 if after_sync else 1.0)
+
+
+def _zb_overlap_run(launch_us: float, steps: int = 6) -> tuple[Synth, list[float]]:
+    """An overlap + zero_bubble decode loop as the host issues it, with per-stage graphs:
+    per step span `prepare` (no device work), then three graph replays (`resolve` 20 µs,
+    `verify` 300 µs, `draft` 80 µs of GPU work, each replayed kernel under its
+    cudaGraphLaunch's correlation), the `d2h` copy kernel (a driver launch, 5 µs), then
+    `sync` on the step in flight (until its d2h ends) and `process_result`; 150 µs of host
+    time from the sync's return to the next forward launch. Each replay's call takes
+    `launch_us` on the host and its kernels start once the call returned and the GPU is free
+    (the profiler's cost per replay). Returns the trace and the leads by construction: end of
+    step k's d2h - step k+1's first cudaGraphLaunch."""
+    s = Synth()
+    t, gpu_free, fwd, ends = 0.0, 0.0, [], []
+    for k in range(steps):
+        start = t
+        s.host("prepare", t, 10)
+        t += 10
+        fwd.append(t)
+        for stage, work in (("resolve", 20.0), ("verify", 300.0), ("draft", 80.0)):
+            s.host(stage, t, launch_us + 1)
+            c = s.launch(t, "cudaGraphLaunch", launch_us)
+            begin = max(t + launch_us + 2, gpu_free)
+            s.gpu(c, begin, work / 2)
+            s.gpu(c, begin + work / 2, work / 2)
+            gpu_free = begin + work
+            t += launch_us + 1
+        s.host("d2h", t, 6)
+        c = s.launch(t + 1, "cuLaunchKernelEx", 4)
+        s.events[-1]["cat"] = "cuda_driver"
+        begin = max(t + 5, gpu_free)
+        s.gpu(c, begin, 5, stream=9)
+        gpu_free = begin + 5
+        ends.append(gpu_free)
+        t += 7
+        wait_until = max(t, ends[k - 1]) if k else t
+        s.host("sync", t, wait_until - t + 2)
+        t = wait_until + 2
+        s.host("process_result", t, 50)
+        s.host("step[decode bs=8]", start, t + 50 - start)
+        t += 150 - 2
+    return s, [ends[k] - fwd[k + 1] for k in range(steps - 1)]
+
+
+@pytest.mark.parametrize("launch_us", [5.0, 200.0])
+def test_launch_lead_of_a_zero_bubble_overlap_run_matches_the_loop(tmp_path, launch_us):
+    """Cheap replays (5 µs): the host loop (about 185 µs) is shorter than the GPU step
+    (405 µs), so from the second step on the host waits in `sync`, and every lead is the GPU
+    step less the 160 µs from the end of the step in flight to the next forward launch (the
+    sync's return, process_result, the next prepare): +245 µs. Replays of 200 µs each (a
+    profiler's cost per launch): the host loop (about 770 µs) is longer than the GPU step,
+    the GPU runs each graph once its call returns, and the lead is the GPU work left when
+    the host issues its last launch (184 µs: the draft graph and the d2h) less the host's
+    time from there to the next forward launch (166 µs): near 0 (+18 µs), of either sign as
+    those two vary. The analyser's leads are the loop's own in both."""
+    s, want = _zb_overlap_run(launch_us)
+    res = analyze(s.write(tmp_path / f"zb{launch_us:g}.pt.trace.json"))
+    lead = res.steps["launch_lead_us"].to_numpy()
+    np.testing.assert_allclose(lead[:-1], want)
+    np.testing.assert_allclose(want[1:], 245.0 if launch_us == 5.0 else 18.0)
+    assert np.isnan(lead[-1]) and res.summary["run_ahead_frac"] == 1.0

@@ -82,3 +82,41 @@ def test_the_smoke_run_writes_the_report_and_its_results(tmp_path, monkeypatch, 
     assert R.regenerate("health", health.render, tmp_path, check=True) == []
     assert main_report(["health", "--root", str(tmp_path)]) == 0      # the index's row
     assert f"[{stem}.md](health/{stem}.md)" in (tmp_path / R.INDEX).read_text()
+
+
+def test_the_meter_over_the_traced_steps():
+    """Decode steps 3..6 of the frame: the leads of 3, 4 and 5 (6's next launch is not in the
+    trace), the wall of all four; the prefill and the steps outside are left out."""
+    import pandas as pd
+    frame = pd.DataFrame({
+        "step": range(8),
+        "name": ["step[decode bs=8]"] * 3 + ["step[prefill bs=8]"] + ["step[decode bs=8]"] * 4,
+        "launch_lead_us": [900.0, 900.0, 900.0, 900.0, -30.0, 10.0, 900.0, 900.0],
+        "wall_us": [1.0, 1.0, 1.0, 1.0, 100.0, 200.0, 300.0, 1.0]})
+    got = health.traced_meter_figures(frame, 3, 6)
+    assert got == {"meter_run_ahead_frac": 0.5, "meter_launch_lead_p50_us": -10.0,
+                   "meter_wall_us_per_step": 200.0}
+    nothing = health.traced_meter_figures(frame, 8, 9)
+    assert nothing["meter_run_ahead_frac"] != nothing["meter_run_ahead_frac"]      # NaN
+
+
+@pytest.mark.slow
+def test_the_meter_reads_the_steps_the_trace_holds(tmp_path, monkeypatch):
+    """A profiled arm on CPU: the meter steps the profiler's window names are the decode
+    steps the trace's analysis keeps, one for one."""
+    seen = {}
+    real = health.traced_meter_figures
+
+    def spy(frame, first, last):
+        seen.update(frame=frame, first=first, last=last)
+        return real(frame, first, last)
+
+    monkeypatch.setattr(health, "traced_meter_figures", spy)
+    arm = runner.run_arm(runner.Arm(runner.SMOKE, health.ZB, dict(overlap=True,
+                                                                   zero_bubble=True)),
+                         "cpu", 8, 24, 1, True, tmp_path)
+    f = seen["frame"]
+    kept = f[(f["step"] >= seen["first"]) & (f["step"] <= seen["last"])]
+    assert len(kept) == arm.trace["n_steps"] == 7           # 8 recorded, 1 warm-up skipped
+    assert kept["name"].str.startswith("step[decode").all()
+    assert set(health.TRACE) <= set(arm.trace)

@@ -18,17 +18,21 @@ import math
 import statistics
 from typing import Any, Optional
 
+from ...health import run_ahead
 from .. import reports as R
 
 QUESTION = "health"
 TITLE = "Health: are the engine's figures sound on a device?"
 WRITER = "python -m benchmarks.bench_health --out-dir DIR"     # what writes its reports
-FIGURES = ("decode_tok_per_s", "meter_tok_per_s", "run_ahead_frac", "launch_lead_p10_us",
-           "launch_lead_p50_us", "launch_lead_p90_us", "bubble_frac", "draft_busy_frac",
-           "draft_waste_frac", "accept_len", "accept_alarm", "experts_per_verify",
-           "experts_per_verify_uniform")
+FIGURES = ("decode_tok_per_s", "meter_tok_per_s", "meter_wall_us_per_step", "run_ahead_frac",
+           "launch_lead_p10_us", "launch_lead_p50_us", "launch_lead_p90_us", "bubble_frac",
+           "draft_busy_frac", "draft_waste_frac", "accept_len", "accept_alarm",
+           "experts_per_verify", "experts_per_verify_uniform")
 NOTE = "run_ahead_note"                     # why a generate has no run-ahead (CPU: no device)
-TRACE = ("run_ahead_frac", "launch_lead_p50_us")     # from the profiled generate's trace
+# The profiled generate's steps: its trace read by `mtplab analyze` (run-ahead, lead p50, the
+# device wall per step), and the meter read over the same steps (`traced_meter_figures`).
+TRACE = ("run_ahead_frac", "launch_lead_p50_us", "wall_us_per_step", "meter_run_ahead_frac",
+         "meter_launch_lead_p50_us", "meter_wall_us_per_step")
 PASS, MISS, NA = "PASS", "MISS", "n/a (not measured)"
 GPU_BOUND, ZB, OFF = "GPU-bound", "overlap+zb", "overlap off"
 CLOSE_TO_1, CLOSE_TO_0 = 0.9, 0.1           # the run-ahead checks' bounds
@@ -49,6 +53,19 @@ def arm_record(*, shape: str, model: str, layers: Optional[int], bs: int, regime
             "repeats": [{k: _clean(r.get(k)) for k in (*FIGURES, NOTE) if r.get(k) is not None}
                         for r in repeats],
             "trace": {k: _clean(trace.get(k)) for k in TRACE if trace.get(k) is not None}}
+
+
+def traced_meter_figures(frame, first: int, last: int) -> dict:
+    """The meter over its decode steps first..last (`frame`: Engine.meter_frame(); the steps
+    the profiler's trace holds, its warm-up skip left out), as TRACE's `meter_*` keys: the
+    run-ahead and lead p50 of the leads the trace can also give (every step but the last,
+    whose next launch is not in the trace) and the wall per step; NaN without such a step."""
+    f = frame[(frame["step"] >= first) & (frame["step"] <= last)
+              & frame["name"].str.startswith("step[decode")]
+    ra = run_ahead(f.loc[f["step"] < last, "launch_lead_us"])
+    return {"meter_run_ahead_frac": ra["run_ahead_frac"],
+            "meter_launch_lead_p50_us": ra["launch_lead_p50_us"],
+            "meter_wall_us_per_step": float(f["wall_us"].mean()) if len(f) else math.nan}
 
 
 def results_doc(arms: list[dict], *, date: str, device: str, device_name: str, commit: str,
@@ -153,6 +170,31 @@ def _main_row(a: dict) -> list[str]:
                         f"({R.num(median(a, 'experts_per_verify_uniform'), '.1f')})"]
 
 
+def _profiler_row(a: dict) -> list[str]:
+    t = a["trace"]
+    return [a["shape"], a["arm"], R.num(median(a, "run_ahead_frac"), ".3f"),
+            R.num(t.get("meter_run_ahead_frac"), ".3f"), R.num(t.get("run_ahead_frac"), ".3f"),
+            R.num(median(a, "launch_lead_p50_us"), "+.0f"),
+            R.num(t.get("meter_launch_lead_p50_us"), "+.0f"),
+            R.num(t.get("launch_lead_p50_us"), "+.0f"),
+            R.num(median(a, "meter_wall_us_per_step"), ".0f"),
+            R.num(t.get("meter_wall_us_per_step"), ".0f"), R.num(t.get("wall_us_per_step"), ".0f")]
+
+
+PROFILER_NOTE = (
+    "Each run-ahead column measures a different run. *measured*: the bubble meter over the "
+    "measured generates (profiler idle; the figures above and the checks). *profiled steps*: "
+    "the steps the profiler recorded (one more generate, the profiler's warm-up step left "
+    "out), read by the meter and, from the Kineto trace, by `mtplab analyze`. Both take a "
+    "step's launch as the host's issue of its forward work (the meter's `mark_launch`, the "
+    "analyser's first launch call outside `prepare`) and the end of the previous step's last "
+    "GPU work, so on the same steps they agree up to the meter's clock offset (a few µs). "
+    "Where meter (measured) and meter (profiled steps) differ, the profiler changed the run "
+    "(for one, what it costs per launch on the host); where meter (profiled steps) and "
+    "trace differ, the two readings of one run disagree. *step wall*: device time per "
+    "decode step (the meter's window; the trace's step window).")
+
+
 def _noise_row(a: dict) -> list[str]:
     tps = median(a, "meter_tok_per_s")
     rel = spread(a, "meter_tok_per_s") / tps if tps else math.nan
@@ -173,19 +215,28 @@ def render(doc: dict) -> str:
     parts += R.note_and_answer(doc, answer(doc)) + [
               "",
               "How to read it (the figures of mtplab/stats.py). *run-ahead*: the share of "
-              "decode steps whose next launch was issued before the step's last GPU work ended "
-              "(the bubble meter's, and the profiled generate's trace read by `mtplab "
-              "analyze`); *launch lead*: end of a step's GPU work - the host's launch of the "
-              "next step (> 0: run-ahead); *bubble*: the meter's share of the decode step's "
-              "wall time that no stage covers; *draft busy*: the draft's stages' share of the "
-              "step's GPU busy time; *draft waste*: draft tokens rejected / proposed; *alarm*: "
-              "the acceptance alarm; *experts / verify*: distinct experts per layer one "
-              "verify's tokens touch (in parentheses: under uniform routing).", "",
+              "decode steps whose next forward launch was issued before the step's last GPU "
+              "work ended (meter: the bubble meter over the measured generates; trace: the "
+              "profiled generate's Kineto trace read by `mtplab analyze`, another run: see "
+              "\"Run-ahead under the profiler\"); *launch lead*: end of a step's GPU work - "
+              "the host's launch of the next step's forward (> 0: run-ahead); *bubble*: the "
+              "meter's share of the decode step's wall time that no stage covers; *draft "
+              "busy*: the draft's stages' share of the step's GPU busy time; *draft waste*: "
+              "draft tokens rejected / proposed; *alarm*: the acceptance alarm; *experts / "
+              "verify*: distinct experts per layer one verify's tokens touch (in parentheses: "
+              "under uniform routing).", "",
               R.md_table(["shape", "regime", "arm", "bs", "decode tok/s (meter)",
                           "run-ahead (meter)", "launch lead p10 / p50 / p90 µs",
                           "run-ahead (trace)", "trace lead p50 µs", "bubble (meter)",
                           "draft busy", "draft waste", "accept len", "alarm",
                           "experts / verify (uniform)"], [_main_row(a) for a in doc["arms"]]),
+              "", "## Run-ahead under the profiler", "", PROFILER_NOTE, "",
+              R.md_table(["shape", "arm", "run-ahead: meter (measured)",
+                          "meter (profiled steps)", "trace (profiled steps)",
+                          "lead p50 µs: meter (measured)", "meter (profiled steps)",
+                          "trace (profiled steps)", "step wall µs: meter (measured)",
+                          "meter (profiled steps)", "trace (profiled steps)"],
+                         [_profiler_row(a) for a in doc["arms"] if a["trace"]]),
               "", "## Noise (range over the measured generates)", "",
               R.md_table(["shape", "arm", "run-ahead", "lead p50 µs", "decode tok/s (meter)",
                           "planted delay µs"], [_noise_row(a) for a in doc["arms"]]),

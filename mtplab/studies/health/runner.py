@@ -18,7 +18,8 @@ commit). `mtplab report health` renders the report again from its results file.
 Each arm is one engine (bubble meter on, Frozen-KV MTP, simulated accept length 3.0): a
 warm-up generate, then `--repeats` measured generates (the figures: their median; the noise:
 their range), then, for the overlap arms, a profiled generate whose Kineto trace `mtplab
-analyze` reads (its run-ahead beside the meter's). What the report checks
+analyze` reads (its run-ahead beside the meter's), and the meter read over the same profiled
+steps (what the profiler itself does to the run). What the report checks
 (mtplab/studies/health `checks`):
     overlap + zb at the GPU-bound shape      run-ahead >= 0.9 (close to 1)
     a host delay longer than the GPU step    run-ahead <= 0.1 (close to 0)
@@ -57,7 +58,7 @@ class Arm:
     knobs: dict
     delay_us: float = 0.0
     repeats: list = field(default_factory=list)      # stats() of each measured generate
-    trace: dict = field(default_factory=dict)        # the profiled generate's analysis summary
+    trace: dict = field(default_factory=dict)        # the profiled steps: analysis summary + meter
 
     def median(self, key: str) -> float:
         xs = [r.get(key) for r in self.repeats]
@@ -108,12 +109,34 @@ def run_arm(arm: Arm, device: str, prompt_len: int, out_len: int, repeats: int,
             arm.repeats = [gen(out_len) for _ in range(repeats)]
         eng.check_invariants()
         if eng.profiler is not None:
+            window = profiled_window(eng, cfg.profile_warmup)
             while not eng.profiler.done:
                 gen(out_len)
+            frame = eng.meter_frame()
             files = eng.finish()
             if "trace0" in files:
-                arm.trace = analyze_run(files["trace0"]).summary
+                sm = analyze_run(files["trace0"]).summary
+                arm.trace = {**sm, **health.traced_meter_figures(
+                    frame, window[0] + sm["skip_steps"], window[-1])}
+                if sm["n_steps"]:
+                    arm.trace["wall_us_per_step"] = sm["wall_us"] / sm["n_steps"]
     return arm
+
+
+def profiled_window(eng, warmup: int) -> list:
+    """The meter steps of the profiler's active window (filled while the engine runs): a
+    profiler hook notes the meter's next step when the window opens and its open step when
+    the window's last step ends, so the meter can be read over the steps the trace holds."""
+    p, m, window = eng.profiler, eng.meter, []
+    opens, closes = p.wait + warmup - 1, p.last_step - 1     # wait >= 1: see `held`
+
+    def mark(i: int) -> None:
+        if i == opens:
+            window.append(m.step + 1)
+        elif i == closes:
+            window.append(m.step)
+    p.hooks.append(mark)
+    return window
 
 
 class _null:

@@ -1,11 +1,30 @@
-"""benchmarks/bench_moe_floor.py without a GPU: each phase's outcome lands in the results doc
-(done, an error with its message, skipped by the time box) and the report says which phases
-measured nothing."""
+"""benchmarks/bench_moe_floor.py (and bench_moe.py), the entry points of the MoE study's
+runners, without a GPU: each runs its study module's `main`; each phase's outcome lands in the
+results doc (done, an error with its message, skipped by the time box) and the report says
+which phases measured nothing."""
 from __future__ import annotations
 
-from benchmarks.bench_moe_floor import Log
+import pytest
+
+from benchmarks import bench_moe, bench_moe_floor
 from mtplab.studies import reports as R
+from mtplab.studies.moe import floor_runner, moe_figures
 from mtplab.studies.moe import moe_floor as floor
+from mtplab.studies.moe.floor_runner import Log
+
+
+@pytest.mark.parametrize("entry,runner", [(bench_moe_floor, floor_runner),
+                                          (bench_moe, moe_figures)])
+def test_the_scripts_run_their_studys_main(entry, runner):
+    assert entry.main is runner.main
+    assert runner.__name__.replace(".", "/") + ".py" in entry.__doc__
+
+
+def test_the_runners_refuse_a_machine_without_cuda(capsys):
+    assert bench_moe_floor.main(["--batches", "1"]) == 2
+    assert bench_moe.main(["--only", "experts"]) == 2
+    cap = capsys.readouterr()
+    assert "bench_moe_floor needs CUDA" in cap.err and "bench_moe needs CUDA" in cap.out
 
 
 def test_each_phase_outcome_is_kept_and_reported(capsys):

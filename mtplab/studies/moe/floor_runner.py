@@ -1,8 +1,8 @@
 """An MoE decode step against its floor: the split and the grouped MoE kernels (RunConfig
 `moe_kernels`, models/moe.py) side by side in one process on one GPU, with kernels per
 layer and where each microsecond goes; writes the dated report of question `moe_floor`
-(mtplab/studies/moe/moe_floor.py: the results file and the Markdown rendered from it) into the
-results folder --out-dir:
+(moe_floor.py here: the results file and the Markdown rendered from it) into the results
+folder --out-dir (entry point: benchmarks/bench_moe_floor.py):
 
     DIR/moe_floor/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
@@ -42,7 +42,7 @@ measured:
   report     DIR/moe_floor/<date>_<device>_<commit>.{json,md}: every measurement, and the
              ratios, noise, floors and verdicts computed from them
 
-Drives engines directly (as bench_moe does): it reads model internals (routers, the target
+Drives engines directly (as moe_figures.py does): it reads model internals (routers, the target
 worker's decode function) that a sweep row does not carry.
 """
 from __future__ import annotations
@@ -58,9 +58,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_kernels import copy_bandwidth, depth, gpu_activities, prompts
-from mtplab.studies.gpu_figures import graph_us
-from mtplab.studies.run_cells import target_decode_fn
 from mtplab import Engine, RunConfig
 from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm
@@ -70,7 +67,9 @@ from mtplab.models.moe import MOE_KERNELS, record_experts, touched_per_layer
 from mtplab.nogc import gc_paused
 from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
+from mtplab.studies.gpu_figures import copy_bandwidth, depth, gpu_activities, graph_us, prompts
 from mtplab.studies.moe import moe_floor as study
+from mtplab.studies.run_cells import target_decode_fn
 
 MOE = "gemma4-26b-a4b-like"
 PROMPT = 64

@@ -1,5 +1,5 @@
 """The MoE target and the reduced draft head, measured in one process on one GPU (the `moe`
-figures; docs/results/moe/ and docs/results/drafts/).
+figures; docs/results/moe/ and docs/results/drafts/; entry point: benchmarks/bench_moe.py).
 
     python -m benchmarks.bench_moe --out FILE [--budget-s 420] [--layers 30] [--only NAME ...]
 
@@ -24,7 +24,7 @@ reached prints SKIPPED):
             tok/s at bs 1 / 8 / 32 / 64 (every bs in a CUDA graph; median of 3 decodes of 64
             tokens), the MoE preset next to gemma4-31b-like (dense) at the same acceptance:
             the spec speedup per bs, and where it falls below 1 (break-even)
-Drives engines directly (as bench_kernels does): the figures read model internals (routers,
+Drives engines directly (as the decode-floor figures do): the figures read model internals (routers,
 the draft head) that a sweep row does not carry.
 """
 from __future__ import annotations
@@ -35,13 +35,13 @@ import time
 
 import torch
 
-from benchmarks.bench_kernels import copy_bandwidth, decode_forward, gpu_activities, prompts
-from mtplab.studies.run_cells import emit
-from mtplab.studies.gpu_figures import Report, free, graph_us
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 from mtplab.models.floor import expected_experts, step_bytes
 from mtplab.models.moe import record_experts, touched_per_layer
+from mtplab.studies.gpu_figures import (Report, copy_bandwidth, decode_forward, free,
+                                        gpu_activities, graph_us, prompts)
+from mtplab.studies.run_cells import emit
 
 FIGURES = ("experts", "floor", "vocab", "speedup")
 MOE, DENSE = "gemma4-26b-a4b-like", "gemma4-31b-like"
@@ -219,7 +219,8 @@ def fig_vocab(rep: Report) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_moe",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--layers", type=int, default=30, help="MoE preset depth (full: 30)")

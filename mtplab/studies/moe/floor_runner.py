@@ -63,7 +63,7 @@ from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm
 from mtplab.kernels import moe_route as mr
 from mtplab.models.floor import expected_experts, step_bytes
-from mtplab.models.moe import MOE_KERNELS, record_experts, touched_per_layer
+from mtplab.models.moe import MOE_KERNELS, recording
 from mtplab.nogc import gc_paused
 from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
@@ -264,23 +264,20 @@ def step_p50(eng: Engine, bs: int, tokens: int, seed: int) -> float:
 
 
 def experts_touched(eng: Engine, bs: int) -> float:
-    """Mean distinct experts per MoE layer of one eager decode forward of bs random tokens."""
+    """Mean distinct experts per MoE layer of one eager decode forward of bs random tokens
+    (models/moe.py `recording`; the lanes' rows 1..bs, row 0 is the padded lane's)."""
     dev = eng.device.torch_device
     fn = target_decode_fn(eng, PROMPT)
     g = torch.Generator().manual_seed(bs)
     args = dict(input_ids=torch.randint(3, eng.model.config.vocab_size, (bs,),
                                         generator=g).to(dev),
-                rows=torch.arange(bs, device=dev), kv_lens=torch.full((bs,), PROMPT,
-                                                                      device=dev),
+                rows=torch.arange(1, bs + 1, device=dev),
+                kv_lens=torch.full((bs,), PROMPT, device=dev),
                 temperature=torch.zeros(bs, device=dev), top_p=torch.ones(bs, device=dev),
                 seeds=torch.zeros(bs, dtype=torch.long, device=dev))
-    record_experts(eng.model)
-    try:
-        with torch.no_grad():
-            fn(**args)
-        per_layer = touched_per_layer(eng.model)
-    finally:
-        record_experts(eng.model, on=False)
+    with recording(eng.model) as rec, torch.no_grad():
+        fn(**args)
+        (per_layer,) = rec.read()
     return statistics.fmean(per_layer)
 
 

@@ -5,10 +5,10 @@ figures; docs/results/moe/ and docs/results/drafts/; entry point: benchmarks/ben
 
 Figures, in this order (the costliest last), each under a shared time budget (a figure not
 reached prints SKIPPED):
-  experts   gemma4-26b-a4b-like at full depth (bf16, eager so the routers can be counted,
-            models/moe.py record_experts): distinct experts touched per layer by one verify
-            forward of bs x D tokens, bs 1 / 8 / 32 / 64, D = verify tokens 1 / 4 / 8 (a
-            frozen_kv_mtp draft of D-1 steps, simulated acceptance), beside uniform routing's
+  experts   gemma4-26b-a4b-like at full depth (bf16, eager, moe_stats: models/moe.py
+            ExpertRecorder): distinct experts touched per layer by one verify forward of
+            bs x D tokens, bs 1 / 8 / 32 / 64, D = verify tokens 1 / 4 / 8 (a frozen_kv_mtp
+            draft of D-1 steps, simulated acceptance), beside uniform routing's
             expectation E(1 - (1 - k/E)^(bs D)); and the target weight bytes one step reads
             (models/floor.py step_bytes with the measured count)
   floor     target-only decode of the same preset, CUDA graphs, fused, overlap + zero_bubble,
@@ -38,7 +38,6 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.models.draft_vocab import escape_share
 from mtplab.models.floor import expected_experts, step_bytes
-from mtplab.models.moe import record_experts, touched_per_layer
 from mtplab.studies.gpu_figures import (Report, copy_bandwidth, decode_forward, free,
                                         gpu_activities, graph_us, prompts)
 from mtplab.studies.run_cells import emit
@@ -51,18 +50,13 @@ PROMPT = 64
 BASE = dict(device="cuda", page_size=16, context_len=512, fused=True)
 
 
-def experts_per_step(eng: Engine, bs: int, steps: int = 4) -> list[float]:
-    """Distinct experts per layer per decode step: the counts of a generate of 1 + steps
-    tokens minus those of the same prompts' prefill alone (1 token), / its decode steps."""
-    ps = prompts(eng.model.config.vocab_size, bs, PROMPT)
-    counts = []
-    for n in (1, 1 + steps):
-        record_experts(eng.model)
-        eng.generate(ps, max_new_tokens=n, ignore_eos=True)
-        counts.append(touched_per_layer(eng.model))
-    record_experts(eng.model, on=False)
-    decode_steps = eng.stats()["decode_steps"]
-    return [(b - a) / decode_steps for a, b in zip(*counts)]
+def experts_per_step(eng: Engine, bs: int, steps: int = 4) -> float:
+    """Distinct experts per MoE layer per verify, mean over the verifies of a generate of
+    1 + steps tokens (the engine's moe_stats: the lanes' own tokens, the prefill not
+    counted)."""
+    eng.generate(prompts(eng.model.config.vocab_size, bs, PROMPT), max_new_tokens=1 + steps,
+                 ignore_eos=True)
+    return eng.stats()["experts_per_verify"]
 
 
 def fig_experts(rep: Report, layers: int) -> dict:
@@ -75,11 +69,10 @@ def fig_experts(rep: Report, layers: int) -> dict:
         kw = {} if D == 1 else dict(draft="frozen_kv_mtp", num_steps=D - 1,
                                     simulate_accept_len=1.0)
         eng = Engine(RunConfig(model=MOE, layers=layers, max_running_requests=max(BATCHES),
-                               cuda_graphs=False, overlap=False, **BASE, **kw))
+                               cuda_graphs=False, overlap=False, moe_stats=True, **BASE, **kw))
         c = eng.model.config
         for bs in BATCHES:
-            per_layer = experts_per_step(eng, bs)
-            mean = statistics.fmean(per_layer)
+            mean = experts_per_step(eng, bs)
             out[(bs, D)] = mean
             wb = step_bytes(c, dtype_bytes=2, bs=bs, context=PROMPT, experts_touched=mean,
                             draft="none" if D == 1 else "frozen_kv_mtp",

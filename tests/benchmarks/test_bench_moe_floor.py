@@ -5,8 +5,10 @@ which phases measured nothing."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks import bench_moe, bench_moe_floor
+from mtplab.kernels import moe_route as mr
 from mtplab.studies import reports as R
 from mtplab.studies.moe import floor_runner, moe_figures
 from mtplab.studies.moe import moe_floor as floor
@@ -51,3 +53,22 @@ def test_each_phase_outcome_is_kept_and_reported(capsys):
     answer = md.split(R.ANSWER)[1].splitlines()[0]
     assert answer.strip() == "not measured: check (error), ffn (skipped)."
     assert "## decode" not in md                                    # not run: no section
+
+
+def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
+    """ffn rows with the routing kernel's µs and serial work get two more columns (a results
+    file without them renders as before: the fixture report regenerates byte for byte)."""
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    doc["bandwidth"] = [4.0e12, 4.1e12, 4.2e12]
+    doc["phases"] = {"bandwidth": {"status": "done", "seconds": 0.4},
+                     "ffn": {"status": "done", "seconds": 5.0}}
+    work = mr.serial_work(1, 2816, 128, 8, 16, torch.bfloat16)
+    doc["ffn"].append({"T": 1, "split_us": [150.0, 152.0, 151.0], "split_kernels": 54,
+                       "grouped_us": [60.0, 61.0, 60.5], "grouped_kernels": 4,
+                       "route_us": [12.0, 12.5, 12.2], "route_work": work})
+    md = floor.render(floor.clean_doc(floor.stamp(
+        doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
+        command="python -m benchmarks.bench_moe_floor --only ffn")))
+    assert "| routing kernel µs (spread) | its serial work |" in md
+    assert "| 12.2 (4.2%) | programs 72, phases 2, aligning trips 1 |" in md

@@ -228,7 +228,12 @@ def moe_layer():
 
 
 def ffn_rows(log: Log, m) -> None:
-    H = m.gate.weight.shape[1]
+    """Per token count: the FFN of each arm (µs and kernels per call), and the grouped arm's
+    routing kernel alone (µs per call, and its serial work: kernels/moe_route.py
+    serial_work)."""
+    H, E = m.gate.weight.shape[1], m.num_experts
+    bm = fm.block_m("cuda")
+    sg = m.shared_expert_gate
     for T in (1, 8, 32):
         h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
         row = {"T": T}
@@ -238,6 +243,14 @@ def ffn_rows(log: Log, m) -> None:
                 row[f"{kernels}_us"] = [graph_us(lambda h=h: m.forward_fused(h))
                                         for _ in range(FFN_CAPTURES)]
             row[f"{kernels}_kernels"] = graph_trace(lambda h=h: m.forward_fused(h))[0]
+
+        def route(h=h):
+            return mr.route_align_triton(h, m.gate.weight, m.gate.bias,
+                                         None if sg is None else sg.weight, m.top_k,
+                                         m.norm_topk, bm, m.route_counts(h))
+
+        row["route_us"] = [graph_us(route) for _ in range(FFN_CAPTURES)]
+        row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
         log.doc["ffn"].append(row)
 
 

@@ -25,7 +25,8 @@ measured:
   ffn        one MoE layer's FFN at T = 1 / 8 / 32 tokens, split vs grouped: device µs per
              call (the call captured 20x in a CUDA graph, median of replays; 3 captures per
              arm, their spread the noise) and kernels per call (one captured call,
-             torch.profiler)
+             torch.profiler); the grouped arm's routing kernel alone, the same way, with
+             its serial work (kernels/moe_route.py serial_work)
   decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
              bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
              engines built (together when the memory holds both, else one after the other)

@@ -66,9 +66,11 @@ def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
     work = mr.serial_work(1, 2816, 128, 8, 16, torch.bfloat16)
     doc["ffn"].append({"T": 1, "split_us": [150.0, 152.0, 151.0], "split_kernels": 54,
                        "grouped_us": [60.0, 61.0, 60.5], "grouped_kernels": 4,
-                       "route_us": [12.0, 12.5, 12.2], "route_work": work})
+                       "route": [{"warps": 4, "us": [20.0, 20.5, 20.2]},
+                                 {"warps": 8, "us": [12.0, 12.5, 12.2]}],
+                       "route_work": work})
     md = floor.render(floor.clean_doc(floor.stamp(
         doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
         command="python -m benchmarks.bench_moe_floor --only ffn")))
-    assert "| routing kernel µs (spread) | its serial work |" in md
-    assert "| 12.2 (4.2%) | programs 72, phases 2, aligning trips 1 |" in md
+    assert "| routing kernel µs at 4 / 8 warps (spread) | its serial work |" in md
+    assert "| 20.2 (2%) / 12.2 (4%) | programs 72, phases 2, aligning trips 1 |" in md

@@ -25,8 +25,9 @@ measured:
   ffn        one MoE layer's FFN at T = 1 / 8 / 32 tokens, split vs grouped: device µs per
              call (the call captured 20x in a CUDA graph, median of replays; 3 captures per
              arm, their spread the noise) and kernels per call (one captured call,
-             torch.profiler); the grouped arm's routing kernel alone, the same way, with
-             its serial work (kernels/moe_route.py serial_work)
+             torch.profiler); the grouped arm's routing kernel alone, the same way, at 4,
+             8 (its default) and 16 warps a program, with its serial work
+             (kernels/moe_route.py serial_work)
   decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
              bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
              engines built (together when the memory holds both, else one after the other)
@@ -49,6 +50,7 @@ worker's decode function) that a sweep row does not carry.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import shlex
 import statistics
@@ -76,6 +78,7 @@ MOE = "gemma4-26b-a4b-like"
 PROMPT = 64
 PERIOD = 6                      # Gemma's 5:1 sliding:full pattern: one period of layers
 FFN_CAPTURES = 3                # graph_us captures per arm and token count (their spread)
+ROUTE_WARPS = (4, 8, 16)        # the routing kernel's warps a program, timed side by side
 STEP_KERNELS = 25               # the whole step's kernel table: its busiest kernels
 
 
@@ -230,8 +233,8 @@ def moe_layer():
 
 def ffn_rows(log: Log, m) -> None:
     """Per token count: the FFN of each arm (µs and kernels per call), and the grouped arm's
-    routing kernel alone (µs per call, and its serial work: kernels/moe_route.py
-    serial_work)."""
+    routing kernel alone at each of ROUTE_WARPS warps a program (µs per call), with its
+    serial work (kernels/moe_route.py serial_work)."""
     H, E = m.gate.weight.shape[1], m.num_experts
     bm = fm.block_m("cuda")
     sg = m.shared_expert_gate
@@ -245,12 +248,14 @@ def ffn_rows(log: Log, m) -> None:
                                         for _ in range(FFN_CAPTURES)]
             row[f"{kernels}_kernels"] = graph_trace(lambda h=h: m.forward_fused(h))[0]
 
-        def route(h=h):
+        def route(h=h, warps=None):
             return mr.route_align_triton(h, m.gate.weight, m.gate.bias,
                                          None if sg is None else sg.weight, m.top_k,
-                                         m.norm_topk, bm, m.route_counts(h))
+                                         m.norm_topk, bm, m.route_counts(h), num_warps=warps)
 
-        row["route_us"] = [graph_us(route) for _ in range(FFN_CAPTURES)]
+        row["route"] = [{"warps": w, "us": [graph_us(functools.partial(route, warps=w))
+                                            for _ in range(FFN_CAPTURES)]}
+                        for w in ROUTE_WARPS]
         row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
         log.doc["ffn"].append(row)
 

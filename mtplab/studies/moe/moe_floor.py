@@ -174,7 +174,7 @@ def _check(doc: dict) -> list[str]:
 
 def _ffn(doc: dict) -> list[str]:
     fr = ffn_ratios(doc)
-    routed = bool(fr) and all("route_us" in r for r in fr)
+    routed = bool(fr) and all("route" in r for r in fr)
     rows = [[str(r["T"]), f"{statistics.median(r['split_us']):.1f}", str(r["split_kernels"]),
              f"{statistics.median(r['grouped_us']):.1f}", str(r["grouped_kernels"]), _rt(r),
              f"{r['n']}/{r['n_base']}"] + (_route_cells(r) if routed else []) for r in fr]
@@ -185,16 +185,18 @@ def _ffn(doc: dict) -> list[str]:
     text = ("One gemma MoE FFN layer (bf16, random weights), the call captured 20x in a CUDA "
             "graph: device µs per call (median of the captures' medians), kernels per call.")
     if routed:
-        head += ["routing kernel µs (spread)", "its serial work"]
-        text += (" The grouped arm's routing kernel alone, the same way; its serial work "
-                 "(kernels/moe_route.py serial_work): programs, arrival phases, the aligning "
-                 "program's loop trips.")
+        warps = " / ".join(str(v["warps"]) for v in fr[0]["route"])
+        head += [f"routing kernel µs at {warps} warps (spread)", "its serial work"]
+        text += (" The grouped arm's routing kernel alone, the same way, at each number of "
+                 "warps a program; its serial work (kernels/moe_route.py serial_work): "
+                 "programs, arrival phases, the aligning program's loop trips.")
     return [text, "", R.md_table(head, rows)]
 
 
 def _route_cells(r: dict) -> list[str]:
     w = r["route_work"]
-    return [f"{statistics.median(r['route_us']):.1f} ({R.num(spread(r['route_us']), '.1%')})",
+    return [" / ".join(f"{statistics.median(v['us']):.1f} ({R.num(spread(v['us']), '.0%')})"
+                       for v in r["route"]),
             f"programs {w['programs']}, phases {w['phases']}, aligning trips {w['align_trips']}"]
 
 

@@ -31,9 +31,12 @@ shared gate's row, KS splits of H):
     used blocks        BlockExpert[place[e] / BM] = e for each used expert, then a running
                        max along the used blocks (experts ascend along them)
 
-`serial_work` counts what runs one after the other (programs, arrival phases, fill trips of
-a program, loop trips of the aligning program) from the shapes alone: at gemma4-26b-a4b's
-router (E 128, k 8, BM 16) one trip up to 16 tokens, at most 11 up to ALIGN_MAX_SLOTS.
+The finishing programs run their code once per launch, on whichever SM they land, so its
+size is on the critical path: the top-k is a loop (its body fetched once), not unrolled, and
+the resets of the counters are relaxed (no fence). `serial_work` counts what runs one after
+the other (programs, arrival phases, fill trips of a program, loop trips of the aligning
+program) from the shapes alone: at gemma4-26b-a4b's router (E 128, k 8, BM 16) one trip up
+to 16 tokens, at most 11 up to ALIGN_MAX_SLOTS.
 
 Arrivals are acq_rel atomics after a CTA barrier, and the finishing programs read the
 others' results with L1-bypassing loads: what the earlier programs stored (the fill
@@ -76,10 +79,10 @@ def _block_t(device_type: str) -> int:
 def _config(H: int, E: int, dtype: torch.dtype, device_type: str) -> dict:
     """Tiles and the K split, fixed by H, E, dtype and device (never by T). The interpreter
     widens bf16 operands to fp32 first, as fused_moe's tiles, and runs small chunks (so that
-    the tests cover several trips of every loop). On CUDA 8 warps: the finishing programs'
-    unrolled [BT, E_P2] tiles then hold half as many elements a thread, so their straight-line
-    code (run once per launch, from a cold instruction cache) is about 5.8k SASS instructions
-    instead of 9.2k at 4 warps (gemma4-26b-a4b's router, sm_90), in 172 registers, unspilled."""
+    the tests cover several trips of every loop). On CUDA 8 warps: a finishing program's
+    [BT, E_P2] tiles hold half as many elements a thread as at 4, so its code (run once per
+    launch, from a cold instruction cache) is about 3.4k SASS instructions instead of 5.0k
+    (gemma4-26b-a4b's router, sm_90), in 128 registers, unspilled."""
     gpu = device_type == "cuda"
     bk = 64 if gpu else 32
     steps = triton.cdiv(H, bk)
@@ -173,7 +176,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
     arrived = tl.atomic_add(Counts + 1 + tb, 1, sem="acq_rel")
     if arrived == tl.num_programs(1) * KS - 1:
         # -- the last arrival of token block tb: softmax, top-k, gate -----------------------
-        tl.atomic_xchg(Counts + 1 + tb, 0)
+        tl.atomic_xchg(Counts + 1 + tb, 0, sem="relaxed")
         tl.debug_barrier()
         e = tl.arange(0, E_P2)
         e_ok = e < E
@@ -194,13 +197,12 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
         ids = tl.zeros([BT, TOPK_P2], tl.int64)
         pos = tl.zeros([BT, E_P2], tl.int32) - 1  # each expert's place in its token's top k
         best = tl.max(keys, axis=1)
-        for jj in tl.static_range(TOPK):
-            if jj > 0:
-                best = tl.max(tl.where(keys < best[:, None], keys, _SENT), axis=1)
+        for jj in range(TOPK):                   # a loop: its body is fetched once (module doc)
             wj = tl.exp(_value(best) - m) / total
             wts = tl.where(j[None, :] == jj, wj[:, None], wts)
             ids = tl.where(j[None, :] == jj, _index(best).to(tl.int64)[:, None], ids)
             pos = tl.where(keys == best[:, None], jj, pos)     # keys are distinct
+            best = tl.max(tl.where(keys < best[:, None], keys, _SENT), axis=1)
         if NORM:
             wts = wts / tl.sum(wts, axis=1)[:, None]
         out = rows64[:, None] * TOPK + j[None, :]
@@ -234,7 +236,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
                 if blocks_done == ntb - 1:
                     # -- the last token block: the experts' first rows, each block's first
                     # row per expert (in place of its counts), the used blocks, the slots --
-                    tl.atomic_xchg(Counts, 0)
+                    tl.atomic_xchg(Counts, 0, sem="relaxed")
                     tl.debug_barrier()
                     b = tl.arange(0, TBC)
                     counts = tl.zeros([E_P2], tl.int32)

@@ -62,11 +62,11 @@ def test_the_grid_crosses_models_routings_batches_and_arms():
     assert len([c for c in grid_from_dict(quick).cells() if c.dropped is None]) == 40
 
 
-def _run(tmp_path: Path) -> Path:
+def _run(tmp_path: Path, repeats: int = 2) -> Path:
     """The study's folder as `mtplab bench --groups .../moe_spec.yaml --dir D` leaves it:
     grid.yaml (two repeats) and results.parquet with the planted speedups (1% apart over
     the repeats, so each ratio's noise is the 2% floor)."""
-    doc = effective_doc(grid_doc(str(moe_spec.GRID)), smoke=False, repeats=2, bs=None,
+    doc = effective_doc(grid_doc(str(moe_spec.GRID)), smoke=False, repeats=repeats, bs=None,
                         device="auto")
     d = tmp_path / "bench" / "moe_spec"
     d.mkdir(parents=True)
@@ -154,3 +154,23 @@ def test_every_arm_runs_on_cpu_in_smoke_form(tmp_path):
                        capture_output=True, text=True, timeout=900, cwd=root, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "(moe_spec): 5 ok, 0 failed, 0 dropped" in r.stdout
+
+
+def test_one_repeat_gives_no_verdict(tmp_path, capsys):
+    """One repeat measures no noise: no bs from which it stops paying, no shape, no crossover
+    is claimed (the ratios are still shown)."""
+    run = _run(tmp_path, repeats=1)
+    root = tmp_path / "results"
+    root.mkdir()
+    assert main_report(["moe", "--root", str(root), "--from", str(run), "--date",
+                        "2026-12-04"]) == 0
+    md = root / "moe" / "2026-12-04_h200_abc1234.md"
+    text, answer = md.read_text(), R.answer_line(md)
+    assert f"{MOE} (MoE, 128 experts), uniform: frozen_kv_mtp K=4 no verdict (one repeat)" \
+        in answer
+    assert (f"frozen_kv_mtp on {MOE}, uniform: no verdict (one repeat)") in answer
+    assert ("| no verdict (one repeat) | no verdict (one repeat): 1.30x at bs 1, peak 1.70x at "
+            "bs 4, 0.80x at bs 64 |") in text
+    assert "| non-monotonic" not in text
+    assert (f"| {MOE} | uniform | 4 | frozen_kv_mtp K=4 | 680 / 400 | 1.700x ±2.0%, "
+            f"{R.ONE_REPEAT} |") in text

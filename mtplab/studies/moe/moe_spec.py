@@ -130,11 +130,14 @@ def stops_paying(curve: pd.DataFrame) -> tuple[Optional[int], str]:
 
 def shape(curve: pd.DataFrame) -> str:
     """Non-monotonic (rises then falls), rises, falls or flat: each step judged against the
-    noise of its two ends."""
+    noise of its two ends (no verdict where a side ran once)."""
     r, n, bs = list(curve["ratio"]), list(curve["noise"]), list(curve["bs"])
     if len(r) < 2:
         return "one bs"
     i = max(range(len(r)), key=r.__getitem__)
+    if (curve["words"] == R.ONE_REPEAT).any():
+        return (f"no verdict (one repeat): {r[0]:.2f}x at bs {bs[0]}, peak {r[i]:.2f}x at bs "
+                f"{bs[i]}, {r[-1]:.2f}x at bs {bs[-1]}")
     rise = i > 0 and r[i] / r[0] - 1 > max(n[i], n[0])
     fall = i < len(r) - 1 and r[i] / r[-1] - 1 > max(n[i], n[-1])
     if rise and fall:

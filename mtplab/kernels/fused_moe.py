@@ -396,9 +396,3 @@ def moe_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, rout
     if batch_invariant.is_active():
         return moe_ffn_triton(*args)
     return dispatch("moe_ffn", moe_ffn_triton, moe_ffn_ref, *args)
-
-
-def experts_touched(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Distinct experts the slots `ids` [T, k] route to (a 0-dim device tensor, no host read)."""
-    hit = torch.zeros(num_experts, dtype=torch.bool, device=ids.device)
-    return hit.index_fill_(0, ids.reshape(-1), True).sum()

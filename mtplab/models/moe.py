@@ -25,13 +25,10 @@ On CUDA the kernels run; elsewhere their torch references (deterministic mode ru
 kernels on both model paths). The two sets differ in rounding only: grouped keeps the router
 logits and routing weights in fp32 and gates the shared expert's output in the combine.
 
-`record_experts(model)` makes every forward count the distinct experts its tokens touched,
-per layer, into a device tensor (`touched`, summed over forwards): the `moe` figures read it
-from an eager engine.
-
-`ExpertRecorder` (one per MoE target, `attach_recorder`): the distinct experts each verify
-forward's real tokens touch, per layer, written on the device (graph safe: in-place ops on
-persistent tensors, indexed by a device counter) and read once per generate:
+`ExpertRecorder` (one per MoE target, `attach_recorder`; the engine's with `moe_stats`, or
+for a block of code `recording(model)`): the distinct experts each verify forward's real
+tokens touch, per layer, written on the device (graph safe: in-place ops on persistent
+tensors, indexed by a device counter) and read once per generate:
     verify / decode   begin(valid)  valid [T] bool: the forward's tokens not on a
                                     graph-padded lane (req_to_token row 0)
                       each layer    hit = experts of the valid tokens' top-k ids;
@@ -41,12 +38,13 @@ persistent tensors, indexed by a device counter) and read once per generate:
 """
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
-from ..kernels.fused_moe import block_m, experts_touched, fused_moe, moe_ffn, route
+from ..kernels.fused_moe import block_m, fused_moe, moe_ffn, route
 from ..kernels.moe_route import counts_len, route_align
 from .mlp import MLP
 from .llama_config import LlamaConfig
@@ -116,15 +114,12 @@ class MoEFFN(nn.Module):
         Is = cfg.shared_expert_intermediate_size
         self.shared_expert = MLP(H, Is) if Is else None
         self.shared_expert_gate = nn.Linear(H, 1, bias=False) if Is else None
-        self.touched: Optional[torch.Tensor] = None      # record_experts: [] device count
         self._counts: Optional[torch.Tensor] = None      # the routing kernel's counters
         self.recorder: Optional[ExpertRecorder] = None   # attach_recorder
         self.index = 0                                   # this layer's index among the MoE ones
 
     def _route(self, h: torch.Tensor):
         w, ids = route(self.gate(h), self.top_k, h.dtype, self.norm_topk)
-        if self.touched is not None:
-            self.touched += experts_touched(ids, self.num_experts)
         if self.recorder is not None:
             self.recorder.add(self.index, ids)
         return w, ids
@@ -155,8 +150,6 @@ class MoEFFN(nn.Module):
         r = route_align(h, self.gate.weight, self.gate.bias, None if sg is None else sg.weight,
                         self.top_k, self.norm_topk, block_m(h.device.type),
                         self.route_counts(h))
-        if self.touched is not None:
-            self.touched += experts_touched(r.ids, self.num_experts)
         if self.recorder is not None:
             self.recorder.add(self.index, r.ids)
         se = self.shared_expert
@@ -191,17 +184,20 @@ def attach_recorder(model: nn.Module) -> Optional[ExpertRecorder]:
     return rec
 
 
-def record_experts(model: nn.Module, on: bool = True) -> None:
-    """Start (zeroed) or stop counting the experts each MoE layer's forwards touch."""
-    for m in moe_layers(model):
-        m.touched = torch.zeros((), dtype=torch.long, device=m.gate.weight.device) if on \
-            else None
-
-
-def touched_per_layer(model: nn.Module) -> list[int]:
-    """The counts since `record_experts(model)`, one per MoE layer (one host read)."""
-    ts = [m.touched for m in moe_layers(model)]
-    return torch.stack(ts).tolist() if ts and ts[0] is not None else []
+@contextmanager
+def recording(model: nn.Module) -> Iterator[Optional[ExpertRecorder]]:
+    """A fresh ExpertRecorder on `model`'s MoE layers for the block (None for a dense model):
+    the verify and decode forwards run inside it are recorded (module doc); the recorder the
+    layers held before (the engine's, or none) is theirs again after."""
+    layers = moe_layers(model)
+    before = [m.recorder for m in layers], model.expert_recorder
+    rec = attach_recorder(model)
+    try:
+        yield rec
+    finally:
+        for m, r in zip(layers, before[0]):
+            m.recorder = r
+        model.expert_recorder = before[1]
 
 
 def set_moe_kernels(model: nn.Module, kernels: str) -> None:

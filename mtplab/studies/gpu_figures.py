@@ -8,16 +8,25 @@ and `graph_us`, a call's device time by CUDA graph replay.
         covers is SKIPPED (a MISS row), one that raises is an ERROR row and the device is
         freed: a failing figure never hides the others
     rep.table()  -> figure | value | target | verdict, then `rep.notes` (kernel tables, ...)
+
+and the measuring helpers: `copy_bandwidth` (the floor's bandwidth), `prompts` (random
+prompts), `depth` (a target over its first n layers), `gpu_activities` (the kernels of one
+call, from a profiler trace) and `decode_forward` (one eager bs-1 decode forward).
 """
 from __future__ import annotations
 
 import gc
+import tempfile
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.nogc import gc_paused
+from mtplab.studies.run_cells import target_decode_fn
 
 
 class Report:
@@ -90,3 +99,75 @@ def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
         times.append(1e3 * a.elapsed_time(b) / reps)
     del g
     return float(np.median(times))
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    bw = 2 * nbytes * iters / (s.elapsed_time(e) / 1e3)
+    del a, b
+    free()
+    return bw
+
+
+def prompts(V: int, bs: int, n: int, seed: int = 0) -> list[list[int]]:
+    """bs random prompts of n tokens over ids 3..V-1 (seeded by seed + bs)."""
+    g = torch.Generator().manual_seed(seed + bs)
+    return torch.randint(3, V, (bs, n), generator=g).tolist()
+
+
+@contextmanager
+def depth(model, n: int):
+    """The target forward over its first n layers only (kernel counting)."""
+    layers = model.model.layers
+    model.model.layers = layers[:n]
+    try:
+        yield
+    finally:
+        model.model.layers = layers
+
+
+def gpu_activities(fn, cats: tuple = GPU_ACTIVITY_CATS) -> tuple[int, dict, list]:
+    """(GPU activities of one call of fn, {kernel name: (count, total µs)}, their names in
+    launch order) from a trace. `cats=("cpu_op",)`: the host's aten ops instead (CPU too)."""
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    fn()
+    sync()
+    with tempfile.TemporaryDirectory() as d:
+        with torch.profiler.profile(activities=acts) as p:
+            fn()
+            sync()
+        path = Path(d) / "t.json"
+        p.export_chrome_trace(str(path))
+        tr = load_trace(path)
+    sel = np.flatnonzero(tr.cat_mask(*cats))
+    sel = sel[np.argsort(tr.ts[sel], kind="stable")]
+    names: dict = {}
+    for i in sel:
+        c, t = names.get(tr.name_of(i), (0, 0.0))
+        names[tr.name_of(i)] = (c + 1, t + float(tr.dur[i]))
+    return len(sel), names, [tr.name_of(i) for i in sel]
+
+
+def decode_forward(eng):
+    """One bs-1 decode forward + sampling of the target worker (its one-node verify segment,
+    publish and stash of the padding row included), eager (no graph)."""
+    dev = eng.device.torch_device
+    z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)  # noqa: E731
+    fn = target_decode_fn(eng, 64)
+    args = dict(input_ids=z(), rows=z(), kv_lens=z() + 1, temperature=z(torch.float32),
+                top_p=z(torch.float32) + 1, seeds=z())
+    return lambda: fn(**args)

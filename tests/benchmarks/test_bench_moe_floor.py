@@ -1,11 +1,32 @@
-"""benchmarks/bench_moe_floor.py without a GPU: each phase's outcome lands in the results doc
-(done, an error with its message, skipped by the time box) and the report says which phases
-measured nothing."""
+"""benchmarks/bench_moe_floor.py (and bench_moe.py), the entry points of the MoE study's
+runners, without a GPU: each runs its study module's `main`; each phase's outcome lands in the
+results doc (done, an error with its message, skipped by the time box) and the report says
+which phases measured nothing."""
 from __future__ import annotations
 
-from benchmarks.bench_moe_floor import Log
+import pytest
+import torch
+
+from benchmarks import bench_moe, bench_moe_floor
+from mtplab.kernels import moe_route as mr
 from mtplab.studies import reports as R
+from mtplab.studies.moe import floor_runner, moe_figures
 from mtplab.studies.moe import moe_floor as floor
+from mtplab.studies.moe.floor_runner import Log
+
+
+@pytest.mark.parametrize("entry,runner", [(bench_moe_floor, floor_runner),
+                                          (bench_moe, moe_figures)])
+def test_the_scripts_run_their_studys_main(entry, runner):
+    assert entry.main is runner.main
+    assert runner.__name__.replace(".", "/") + ".py" in entry.__doc__
+
+
+def test_the_runners_refuse_a_machine_without_cuda(capsys):
+    assert bench_moe_floor.main(["--batches", "1"]) == 2
+    assert bench_moe.main(["--only", "experts"]) == 2
+    cap = capsys.readouterr()
+    assert "bench_moe_floor needs CUDA" in cap.err and "bench_moe needs CUDA" in cap.out
 
 
 def test_each_phase_outcome_is_kept_and_reported(capsys):
@@ -32,3 +53,24 @@ def test_each_phase_outcome_is_kept_and_reported(capsys):
     answer = md.split(R.ANSWER)[1].splitlines()[0]
     assert answer.strip() == "not measured: check (error), ffn (skipped)."
     assert "## decode" not in md                                    # not run: no section
+
+
+def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
+    """ffn rows with the routing kernel's µs and serial work get two more columns (a results
+    file without them renders as before: the fixture report regenerates byte for byte)."""
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    doc["bandwidth"] = [4.0e12, 4.1e12, 4.2e12]
+    doc["phases"] = {"bandwidth": {"status": "done", "seconds": 0.4},
+                     "ffn": {"status": "done", "seconds": 5.0}}
+    work = mr.serial_work(1, 2816, 128, 8, 16, torch.bfloat16)
+    doc["ffn"].append({"T": 1, "split_us": [150.0, 152.0, 151.0], "split_kernels": 54,
+                       "grouped_us": [60.0, 61.0, 60.5], "grouped_kernels": 4,
+                       "route": [{"warps": 4, "us": [20.0, 20.5, 20.2]},
+                                 {"warps": 8, "us": [12.0, 12.5, 12.2]}],
+                       "route_work": work})
+    md = floor.render(floor.clean_doc(floor.stamp(
+        doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
+        command="python -m benchmarks.bench_moe_floor --only ffn")))
+    assert "| routing kernel µs at 4 / 8 warps (spread) | its serial work |" in md
+    assert "| 20.2 (2%) / 12.2 (4%) | programs 72, phases 2, aligning trips 1 |" in md

@@ -105,3 +105,44 @@ def test_counters_too_short_are_refused():
     x, wr, b, wg = case(9, 16, 40)
     with pytest.raises(ValueError, match="at least 4 entries"):
         mr.route_align_triton(x, wr, b, wg, 4, True, 4, torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.fixture
+def dirty_empty(monkeypatch):
+    """torch.empty returns memory full of junk: what the kernel leaves unwritten shows."""
+    real = torch.empty
+
+    def empty(*size, **kw):
+        t = real(*size, **kw)
+        return t.fill_(-7) if not t.is_floating_point() else t.fill_(float("nan"))
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.parametrize("T,E,k,chunk,tbc", [
+    (1, 16, 4, 2, 2),          # one token block aligns (no second arrival); fill over 2-wide
+    (3, 13, 3, 2, 1),          # one block, E not a power of two, several fill trips a program
+    (33, 16, 4, 8, 2),         # 9 token blocks, counted 2 a trip; 132 slots over 17 chunks
+    (33, 100, 8, 16, 4),       # many blocks, E = 100 (not a power of two), most experts once
+    (50, 7, 2, 4, 32)])        # all 13 blocks in one counting trip, few experts, long runs
+def test_parallel_fill_and_blockwise_alignment(dirty_empty, T, E, k, chunk, tbc):
+    """Every program's share of the padding, each token block's counts and ranks, and the
+    last block's offsets, used blocks and scatter: the alignment bit for bit on outputs
+    that start as junk, and the counters left zero."""
+    x, wr, b, wg = case(T, E, 40, seed=T * E + k)
+    c = torch.zeros(mr.counts_len(T, "cpu"), dtype=torch.int32)
+    got = mr.route_align_triton(x, wr, b, wg, k, True, 4, c, chunk=chunk, tbc=tbc)
+    check(got, mr.route_align_ref(x, wr, b, wg, k, True, 4))
+    assert not c.any()
+
+
+def test_serial_work_at_the_moe_floor_shape():
+    """The one aligning program's trips at gemma4-26b-a4b's router (H 2816, E 128, k 8,
+    16-row blocks, bf16 on CUDA): one token block (T <= 16) aligns from its registers in two
+    arrival phases and one trip (the used blocks); up to ALIGN_MAX_SLOTS (512 tokens) at
+    most 11 trips; no program fills more than two chunks."""
+    for T, phases, trips in ((1, 2, 1), (8, 2, 1), (16, 2, 1), (32, 3, 4), (64, 3, 4),
+                             (128, 3, 5), (512, 3, 11)):
+        w = mr.serial_work(T, 2816, 128, 8, 16, torch.bfloat16)
+        assert (w["phases"], w["align_trips"]) == (phases, trips), (T, w)
+        assert w["fill_trips"] <= 2, (T, w)

@@ -22,7 +22,7 @@ from mtplab.kernels import moe_route as mr
 from mtplab.models import zoo
 from mtplab.models.floor import expected_experts, layer_weight_params, step_bytes
 from mtplab.models.memory import target_params
-from mtplab.models.moe import MOE_KERNELS, record_experts, set_moe_kernels, touched_per_layer
+from mtplab.models.moe import MOE_KERNELS, moe_layers, recording, set_moe_kernels
 from tests.helpers import make_agreeable, random_prompts
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
@@ -236,12 +236,27 @@ def test_routing_knob_validation_and_effect():
     touched = {}
     for routing in ("uniform", "zipf:2.0"):
         eng = Engine(RunConfig(model="random-tiny-moe", moe_routing=routing,
-                               max_running_requests=4))
-        eng.generate(prompts, 1, ignore_eos=True)                 # the prefill only
-        record_experts(eng.model)
-        eng.generate(prompts, 3, ignore_eos=True)
-        touched[routing] = sum(touched_per_layer(eng.model))
+                               max_running_requests=4, moe_stats=True))
+        eng.generate(prompts, 4, ignore_eos=True)
+        touched[routing] = eng.stats()["experts_per_verify"]
+        eng.check_invariants()
     assert touched["zipf:2.0"] < touched["uniform"]
+
+
+def test_recording_counts_a_block_of_forwards_then_gives_the_layers_back():
+    """`recording`: the decode forwards inside the block, one row per forward and MoE layer
+    (the prefill not counted), within 1..min(E, bs*k); the layers hold no recorder after."""
+    eng = Engine(RunConfig(model="random-tiny-moe", max_running_requests=4))
+    c = eng.model.config
+    with recording(eng.model) as rec:
+        eng.generate(random_prompts(3, [5, 7, 4], 320, seed=4), 4, ignore_eos=True)
+        rows = rec.read()
+    assert len(rows) == 3 and all(len(r) == c.num_hidden_layers for r in rows)
+    assert all(c.num_experts_per_tok <= x <= min(c.num_experts, 3 * c.num_experts_per_tok)
+               for r in rows for x in r)
+    assert eng.model.expert_recorder is None
+    assert all(m.recorder is None for m in moe_layers(eng.model))
+    eng.check_invariants()
 
 
 def test_floor_counts_the_touched_experts():

@@ -1,11 +1,11 @@
 """Question `moe_floor`: how close an MoE decode step gets to its HBM floor, split vs grouped
 MoE kernels (RunConfig `moe_kernels`), and where each microsecond goes.
 
-Runner: benchmarks/bench_moe_floor.py (one process, one GPU: bandwidth, the grouped kernels
-against their references, one MoE FFN, the decode step of both arms at each bs and its floor,
-the kernels of a graph-captured bs-1 forward). It fills a results doc phase by phase (printing
-each phase's `section` as it is measured) and writes the report with
-`results.write(doc, render)`:
+Runner: floor_runner.py here (entry point benchmarks/bench_moe_floor.py; one process, one
+GPU: bandwidth, the grouped kernels against their references, one MoE FFN, the decode step of
+both arms at each bs and its floor, the kernels of a graph-captured bs-1 forward). It fills a
+results doc phase by phase (printing each phase's `section` as it is measured) and writes the
+report with `results.write(doc, render)`:
 
     docs/results/moe_floor/<date>_<device>_<commit>.{json,md}
 
@@ -173,15 +173,31 @@ def _check(doc: dict) -> list[str]:
 
 
 def _ffn(doc: dict) -> list[str]:
+    fr = ffn_ratios(doc)
+    routed = bool(fr) and all("route" in r for r in fr)
     rows = [[str(r["T"]), f"{statistics.median(r['split_us']):.1f}", str(r["split_kernels"]),
              f"{statistics.median(r['grouped_us']):.1f}", str(r["grouped_kernels"]), _rt(r),
-             f"{r['n']}/{r['n_base']}"] for r in ffn_ratios(doc)]
+             f"{r['n']}/{r['n_base']}"] + (_route_cells(r) if routed else []) for r in fr]
     if not rows:
         return []
-    return ["One gemma MoE FFN layer (bf16, random weights), the call captured 20x in a CUDA "
-            "graph: device µs per call (median of the captures' medians), kernels per call.", "",
-            R.md_table(["tokens", "split µs", "split kernels", "grouped µs", "grouped kernels",
-                        "split / grouped", "n"], rows)]
+    head = ["tokens", "split µs", "split kernels", "grouped µs", "grouped kernels",
+            "split / grouped", "n"]
+    text = ("One gemma MoE FFN layer (bf16, random weights), the call captured 20x in a CUDA "
+            "graph: device µs per call (median of the captures' medians), kernels per call.")
+    if routed:
+        warps = " / ".join(str(v["warps"]) for v in fr[0]["route"])
+        head += [f"routing kernel µs at {warps} warps (spread)", "its serial work"]
+        text += (" The grouped arm's routing kernel alone, the same way, at each number of "
+                 "warps a program; its serial work (kernels/moe_route.py serial_work): "
+                 "programs, arrival phases, the aligning program's loop trips.")
+    return [text, "", R.md_table(head, rows)]
+
+
+def _route_cells(r: dict) -> list[str]:
+    w = r["route_work"]
+    return [" / ".join(f"{statistics.median(v['us']):.1f} ({R.num(spread(v['us']), '.0%')})"
+                       for v in r["route"]),
+            f"programs {w['programs']}, phases {w['phases']}, aligning trips {w['align_trips']}"]
 
 
 def _decode(doc: dict) -> list[str]:

@@ -43,3 +43,21 @@ def test_the_scripts_flags_answer_from_the_command_line(script):
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert [f for f in ENTRIES[script][1] if f not in p.stdout] == []
+
+
+def test_every_benchmarks_script_is_a_thin_entry_point_into_a_study():
+    """Every script in benchmarks/ is a docstring, one import of a study module's `main` and
+    the `__main__` guard: the runner itself lives in mtplab/studies/."""
+    import ast
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        body = ast.parse(path.read_text()).body
+        code = [n for n in body if not (isinstance(n, ast.Expr)
+                                        and isinstance(n.value, ast.Constant))]
+        imports = [n for n in code if isinstance(n, ast.ImportFrom)]
+        assert len(code) == 2 and len(imports) == 1 and isinstance(code[1], ast.If), path.name
+        assert imports[0].module.startswith("mtplab.studies."), path.name
+        assert [a.name for a in imports[0].names] == ["main"], path.name
+        entry = importlib.import_module(f"benchmarks.{path.stem}")
+        assert entry.main is importlib.import_module(imports[0].module).main, path.name

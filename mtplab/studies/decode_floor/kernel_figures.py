@@ -47,39 +47,20 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from mtplab.studies.run_cells import emit, target_decode_fn
-from mtplab.studies.gpu_figures import Report, free, graph_us, run_figures
+from mtplab.studies.run_cells import emit
+from mtplab.studies.gpu_figures import (Report, copy_bandwidth, decode_forward, depth, free,
+                                        gpu_activities, graph_us, run_figures)
+from mtplab.studies.gpu_figures import prompts as shared_prompts
 from mtplab import Engine, RunConfig
 from mtplab.analysis.kernels import layer_block
-from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
+from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS
 from mtplab.models.floor import engine_step_bytes, module_bytes
 from mtplab.sweep.metrics import trace_metrics
 
 FIGURES = ("bandwidth", "build", "floor", "frozen", "layers", "busy", "bf16", "topk")
 BASE = dict(page_size=16, context_len=1024, overlap=True, zero_bubble=True)
-
-
-def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        b.copy_(a)
-    e.record()
-    e.synchronize()
-    bw = 2 * nbytes * iters / (s.elapsed_time(e) / 1e3)
-    del a, b
-    free()
-    return bw
-
-
 PROMPT = 64     # prompt tokens of every timed decode
 
 
@@ -90,8 +71,8 @@ def floor_bytes(eng: Engine, bs: int, new_tokens: int) -> int:
 
 
 def prompts(V: int, bs: int, n: int = PROMPT, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed + bs)
-    return torch.randint(3, V, (bs, n), generator=g).tolist()
+    """gpu_figures.prompts with the timed decodes' prompt length by default."""
+    return shared_prompts(V, bs, n, seed)
 
 
 def decode_ms_per_token(eng: Engine, bs: int, new_tokens: int) -> tuple[float, dict]:
@@ -154,51 +135,10 @@ def fig_frozen(rep: Report, bw: float) -> None:
 
 
 @contextmanager
-def depth(model, n: int):
-    """The target forward over its first n layers only (kernel counting)."""
-    layers = model.model.layers
-    model.model.layers = layers[:n]
-    try:
-        yield
-    finally:
-        model.model.layers = layers
 
 
-def gpu_activities(fn, cats: tuple = GPU_ACTIVITY_CATS) -> tuple[int, dict, list]:
-    """(GPU activities of one call of fn, {kernel name: (count, total µs)}, their names in
-    launch order) from a trace. `cats=("cpu_op",)`: the host's aten ops instead (CPU too)."""
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    fn()
-    sync()
-    with tempfile.TemporaryDirectory() as d:
-        with torch.profiler.profile(activities=acts) as p:
-            fn()
-            sync()
-        path = Path(d) / "t.json"
-        p.export_chrome_trace(str(path))
-        tr = load_trace(path)
-    sel = np.flatnonzero(tr.cat_mask(*cats))
-    sel = sel[np.argsort(tr.ts[sel], kind="stable")]
-    names: dict = {}
-    for i in sel:
-        c, t = names.get(tr.name_of(i), (0, 0.0))
-        names[tr.name_of(i)] = (c + 1, t + float(tr.dur[i]))
-    return len(sel), names, [tr.name_of(i) for i in sel]
 
 
-def decode_forward(eng: Engine):
-    """One bs-1 decode forward + sampling of the target worker (its one-node verify segment,
-    publish and stash of the padding row included), eager (no graph)."""
-    dev = eng.device.torch_device
-    z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)  # noqa: E731
-    fn = target_decode_fn(eng, 64)
-    args = dict(input_ids=z(), rows=z(), kv_lens=z() + 1, temperature=z(torch.float32),
-                top_p=z(torch.float32) + 1, seeds=z())
-    return lambda: fn(**args)
 
 
 def layer_counts(eng: Engine, cats: tuple = GPU_ACTIVITY_CATS) -> dict:

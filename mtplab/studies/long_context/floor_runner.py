@@ -51,7 +51,7 @@ from mtplab.errors import ConfigError
 from mtplab.models.floor import engine_step_bytes
 from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
-from mtplab.studies.decode_floor.kernel_figures import copy_bandwidth
+from mtplab.studies.gpu_figures import copy_bandwidth
 from mtplab.studies.gpu_figures import free
 from mtplab.studies.long_context import floor_report as study
 

@@ -10,12 +10,12 @@ import torch
 from benchmarks import bench_moe, bench_moe_floor
 from mtplab.kernels import moe_route as mr
 from mtplab.studies import reports as R
-from mtplab.studies.moe import floor_runner, moe_figures
+from mtplab.studies.moe import moe_figures, moe_floor_runner
 from mtplab.studies.moe import moe_floor as floor
-from mtplab.studies.moe.floor_runner import Log
+from mtplab.studies.moe.moe_floor_runner import Log
 
 
-@pytest.mark.parametrize("entry,runner", [(bench_moe_floor, floor_runner),
+@pytest.mark.parametrize("entry,runner", [(bench_moe_floor, moe_floor_runner),
                                           (bench_moe, moe_figures)])
 def test_the_scripts_run_their_studys_main(entry, runner):
     assert entry.main is runner.main

@@ -1,7 +1,7 @@
 """Question `moe_floor`: how close an MoE decode step gets to its HBM floor, split vs grouped
 MoE kernels (RunConfig `moe_kernels`), and where each microsecond goes.
 
-Runner: floor_runner.py here (entry point benchmarks/bench_moe_floor.py; one process, one
+Runner: moe_floor_runner.py here (entry point benchmarks/bench_moe_floor.py; one process, one
 GPU: bandwidth, the grouped kernels against their references, one MoE FFN, the decode step of
 both arms at each bs and its floor, the kernels of a graph-captured bs-1 forward). It fills a
 results doc phase by phase (printing each phase's `section` as it is measured) and writes the

@@ -1,5 +1,5 @@
 """Every notebook checks its parameters in the cell right after the parameters cell
-(mtplab/sweep/params.py): the defaults pass, and a wrong type, a value out of range or an
+(mtplab/studies/notebook_params.py): the defaults pass, and a wrong type, a value out of range or an
 unknown model is one ConfigError naming the parameter, before anything runs. The cells are
 executed here as papermill would: the parameters, the injected values, the check."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from mtplab.errors import ConfigError
-from mtplab.sweep.params import PARAMS, check_param
+from mtplab.studies.notebook_params import PARAMS, check_param
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

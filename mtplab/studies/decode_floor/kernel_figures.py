@@ -44,7 +44,6 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -132,13 +131,6 @@ def fig_frozen(rep: Report, bw: float) -> None:
             ratio >= 0.80)
     del eng
     free()
-
-
-@contextmanager
-
-
-
-
 
 
 def layer_counts(eng: Engine, cats: tuple = GPU_ACTIVITY_CATS) -> dict:

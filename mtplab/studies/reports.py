@@ -99,6 +99,26 @@ def report_commit(commit: Optional[str]) -> str:
     return commit[:7]
 
 
+def plain(v: Any) -> Any:
+    """A value as a results file holds it: plain Python throughout (numpy / torch scalars
+    unwrapped, tuples as lists), NaN as None (strict JSON)."""
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def stamped(doc: dict, *, date: str, device: str, device_name: str, commit: Optional[str],
+            command: str, software: str = "", note: str = "") -> dict:
+    """`doc` with its stamp (`commit`: report_commit's) and the command that measured it."""
+    return {**doc, "date": date, "device": device, "device_name": device_name,
+            "commit": report_commit(commit), "command": command, "software": software,
+            "note": note}
+
+
 def device_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100', '' or 'cpu' -> 'cpu'."""
     m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", name or "")

@@ -9,6 +9,7 @@ import pytest
 from mtplab import Engine, RunConfig
 from mtplab.studies.long_context import floor_report as F
 from mtplab.studies.long_context import floor_runner as run
+from mtplab.studies import reports as R
 
 
 def _run(budget_s: float = 100.0, windows: int = 3) -> run.Run:
@@ -60,7 +61,7 @@ def test_a_cell_and_a_kernel_table_on_cpu(monkeypatch):
     assert eng.idle
     eng.close()
     r.doc["figures"]["short"] = {"status": "done", "seconds": 1.0}
-    doc = F.clean_doc(F.stamp(r.doc, date="2026-11-29", device="cpu", device_name="cpu",
+    doc = R.plain(R.stamped(r.doc, date="2026-11-29", device="cpu", device_name="cpu",
                               commit="abc1234", command="x"))
     md = F.render(doc)
     assert "| random-tiny | 24 | 2 |" in md and "- short: done in 1 s" in md

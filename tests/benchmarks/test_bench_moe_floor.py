@@ -47,7 +47,7 @@ def test_each_phase_outcome_is_kept_and_reported(capsys):
     printed = capsys.readouterr().out
     assert "## bandwidth" in printed and "copy bandwidth 4.100 TB/s" in printed
     assert "- ERROR ZeroDivisionError: division by zero" in printed
-    md = floor.render(floor.clean_doc(floor.stamp(
+    md = floor.render(R.plain(R.stamped(
         doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
         command="python -m benchmarks.bench_moe_floor")))
     answer = md.split(R.ANSWER)[1].splitlines()[0]
@@ -69,7 +69,7 @@ def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
                        "route": [{"warps": 4, "us": [20.0, 20.5, 20.2]},
                                  {"warps": 8, "us": [12.0, 12.5, 12.2]}],
                        "route_work": work})
-    md = floor.render(floor.clean_doc(floor.stamp(
+    md = floor.render(R.plain(R.stamped(
         doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
         command="python -m benchmarks.bench_moe_floor --only ffn")))
     assert "| routing kernel µs at 4 / 8 warps (spread) | its serial work |" in md

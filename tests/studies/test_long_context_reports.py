@@ -64,7 +64,7 @@ def _doc() -> dict:
     doc["figures"] = {"short": {"status": "done", "seconds": 30.0},
                       "llama": {"status": "done", "seconds": 80.0},
                       "gemma": {"status": "skipped", "left_s": 12.0}}
-    return F.clean_doc(F.stamp(doc, date="2026-11-29", device="h200",
+    return R.plain(R.stamped(doc, date="2026-11-29", device="h200",
                                device_name="NVIDIA H200", commit="abc1234",
                                command="python -m benchmarks.bench_long_context"))
 

@@ -52,7 +52,7 @@ def _doc() -> dict:
     doc["cells"] = cells
     doc["engines"] = [{"ctx": 8192, "arm": "target", "status": "ok", "max_bs": 64,
                        "build_s": 30.0, "prefill_s": 40.0, "steps": 300}]
-    return S.clean_doc(S.stamp(doc, date="2026-11-29", device="h200", device_name="NVIDIA H200",
+    return R.plain(R.stamped(doc, date="2026-11-29", device="h200", device_name="NVIDIA H200",
                                commit="abc1234", command="python -m benchmarks.bench_spec_batch"))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Optional
+from typing import Optional
 
 from ...health import run_ahead
 from .. import reports as R
@@ -38,10 +38,6 @@ GPU_BOUND, ZB, OFF = "GPU-bound", "overlap+zb", "overlap off"
 CLOSE_TO_1, CLOSE_TO_0 = 0.9, 0.1           # the run-ahead checks' bounds
 
 
-def _clean(v: Any) -> Any:
-    if hasattr(v, "item"):                    # numpy / torch scalars
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def arm_record(*, shape: str, model: str, layers: Optional[int], bs: int, regime: str,
@@ -50,9 +46,9 @@ def arm_record(*, shape: str, model: str, layers: Optional[int], bs: int, regime
     each measured generate (with its run-ahead note, if any) and the trace's TRACE figures."""
     return {"shape": shape, "model": model, "layers": layers, "bs": bs, "regime": regime,
             "arm": arm, "delay_us": float(delay_us),
-            "repeats": [{k: _clean(r.get(k)) for k in (*FIGURES, NOTE) if r.get(k) is not None}
+            "repeats": [{k: R.plain(r.get(k)) for k in (*FIGURES, NOTE) if r.get(k) is not None}
                         for r in repeats],
-            "trace": {k: _clean(trace.get(k)) for k in TRACE if trace.get(k) is not None}}
+            "trace": {k: R.plain(trace.get(k)) for k in TRACE if trace.get(k) is not None}}
 
 
 def traced_meter_figures(frame, first: int, last: int) -> dict:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from typing import Any, Optional
+from typing import Optional
 
 from ...errors import ConfigError
 from .. import reports as R
@@ -356,19 +356,3 @@ def new_doc(*, new_tokens: int, windows: int, warmup_steps: int) -> dict:
             "warmup_steps": warmup_steps}
 
 
-def stamp(doc: dict, *, date: str, device: str, device_name: str, commit: Optional[str],
-          command: str, software: str = "", note: str = "") -> dict:
-    return {**doc, "date": date, "device": device, "device_name": device_name,
-            "commit": R.report_commit(commit), "command": command, "software": software,
-            "note": note}
-
-
-def clean_doc(v: Any) -> Any:
-    """Plain Python throughout, NaN as None (a strict-JSON results file)."""
-    if isinstance(v, dict):
-        return {k: clean_doc(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [clean_doc(x) for x in v]
-    if hasattr(v, "item"):
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v

@@ -287,12 +287,12 @@ def main(argv=None) -> int:
     gc.collect()
     import triton
     name = torch.cuda.get_device_name()
-    doc = study.stamp(run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
+    doc = R.stamped(run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
                       device_name=name, commit=commit,
                       command=shlex.join(["python", "-m", "benchmarks.bench_long_context",
                                           *argv]),
                       software=f"torch {torch.__version__}; triton {triton.__version__}")
-    path = R.write(study.clean_doc(doc), study.render, Path(a.out_dir))
+    path = R.write(R.plain(doc), study.render, Path(a.out_dir))
     text = path.read_text()
     print(text, flush=True)
     if a.out:

@@ -291,7 +291,7 @@ def main(argv=None) -> int:
     if cuda:
         import triton
         software += f"; triton {triton.__version__}"
-    doc = study.clean_doc(study.stamp(
+    doc = R.plain(R.stamped(
         run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name), device_name=name,
         commit=commit, command=shlex.join(["python", "-m", "benchmarks.bench_spec_batch",
                                            *argv]), software=software))

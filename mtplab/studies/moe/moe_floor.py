@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Optional
 
 from .. import reports as R
 
@@ -39,23 +38,6 @@ def new_doc(*, model: str, layers: int, batches: list[int], repeats: int, tokens
             "kernels": []}
 
 
-def stamp(doc: dict, *, date: str, device: str, device_name: str, commit: Optional[str],
-          command: str, software: str = "", note: str = "") -> dict:
-    """`doc` with its stamp (`commit`: results.report_commit) and the command."""
-    return {**doc, "date": date, "device": device, "device_name": device_name,
-            "commit": R.report_commit(commit), "command": command, "software": software,
-            "note": note}
-
-
-def clean_doc(v: Any) -> Any:
-    """A doc as the results file holds it: plain Python throughout, NaN as None."""
-    if isinstance(v, dict):
-        return {k: clean_doc(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [clean_doc(x) for x in v]
-    if hasattr(v, "item"):                    # numpy / torch scalars
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 # -- figures computed from the doc -----------------------------------------------------------

@@ -452,11 +452,11 @@ def main(argv=None) -> int:
     free_engines(engines)
     import triton
     name = torch.cuda.get_device_name()
-    doc = study.stamp(log.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
+    doc = R.stamped(log.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
                       device_name=name, commit=commit,
                       command=shlex.join(["python", "-m", "benchmarks.bench_moe_floor", *argv]),
                       software=f"torch {torch.__version__}; triton {triton.__version__}")
-    path = R.write(study.clean_doc(doc), study.render, Path(a.out_dir))
+    path = R.write(R.plain(doc), study.render, Path(a.out_dir))
     print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0
 

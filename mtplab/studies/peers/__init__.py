@@ -35,14 +35,6 @@ TRACE = ("bubble_frac", "steps", "top", "run_ahead_frac", "launch_lead_p10_us",
 CELL = ("cell", "shape", "draft", "overlap", "bs", "status", "failed_side", "message")
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item"):                    # numpy scalars
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def cell_record(rec: dict) -> dict:
@@ -60,7 +52,7 @@ def cell_record(rec: dict) -> dict:
                                  "meter_bubble_frac": (prof[side].get("meter") or {})
                                  .get("bubble_frac")}
                           for side in SIDES if side in prof}
-    return _clean(out)
+    return R.plain(out)
 
 
 def results_doc(records: list[dict], *, workload: dict, command: str, software: str = "",

@@ -14,9 +14,8 @@ the crossovers and the README headline are computed from it.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pandas as pd
 
@@ -45,12 +44,6 @@ NOT_ON_LADDER = ("not on the ladder: its trade needs trained drafts' acceptance 
                  "(question `page_topk`)", "not on the ladder")
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if hasattr(v, "item"):                    # numpy scalars
-        return _clean(v.item())
-    return v
 
 
 def results_doc(results: pd.DataFrame, *, command: str, date: str,
@@ -63,7 +56,7 @@ def results_doc(results: pd.DataFrame, *, command: str, date: str,
     t = regime_table(results, sweep_dir=sweep_dir)
     t["verdict"] = [R.verdict(r, s, n, nb) for r, s, n, nb in         # at full precision
                     zip(t["ratio"], t["noise"], t["n"], t["n_base"])]
-    rows = [{k: _clean(r[k]) for k in FIELDS} for r in t.to_dict("records")]
+    rows = [{k: R.plain(r[k]) for k in FIELDS} for r in t.to_dict("records")]
     return {"question": QUESTION, "date": date,
             "device": device or R.device_slug(names[0] if names else ""),
             "device_name": ", ".join(names), "commit": commit, "command": command,

@@ -15,9 +15,8 @@ keep) and, per rung, the cells that ran: the report, the error per direction (ch
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -33,10 +32,6 @@ FIELDS = ("rung", "where", "arm", "baseline", "whatif", "direction", "predicted"
           "error_at_speed", "judged_at_speed")
 
 
-def _clean(v: Any) -> Any:
-    if hasattr(v, "item"):                    # numpy scalars
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def rung_of(where: str) -> str:
@@ -80,7 +75,7 @@ def results_doc(runs: Sequence[tuple[pd.DataFrame, str]], *, command: str, date:
                               "folder.")
         v = pd.read_csv(path)
         rungs += _rung_cells(ok)
-        rows += [{"rung": rung_of(r["where"]), **{k: _clean(r.get(k)) for k in FIELDS[1:]}}
+        rows += [{"rung": rung_of(r["where"]), **{k: R.plain(r.get(k)) for k in FIELDS[1:]}}
                  for r in v.to_dict("records")]
     commit, names = R.cells_stamp(oks, "run again")
     return {"question": QUESTION, "date": date,

@@ -271,6 +271,31 @@ phase_moe() {
   timeout 560 python3 -m benchmarks.bench_moe --budget-s 480 --out "$OUT_DIR/bench_moe.md"
 }
 
+#: reports  the dated reports whose runners write them (set MTP_GIT_COMMIT on a copied tree:
+#:          a report names one clean commit): REPORTS="moe_floor floor health" by default,
+#:          any of moe_floor (bench_moe_floor), floor (bench_long_context: the dense floor),
+#:          spec8k / spec32k (bench_spec_batch at one context; the second adds its cells to
+#:          the first's report when its json is in OUT/long_context_spec/), health
+#:          (bench_health) -> OUT/<question>/<YYYY-MM-DD>_<device>_<commit>.{md,json}
+phase_reports() {
+  local r rc=0
+  for r in ${REPORTS:-moe_floor floor health}; do
+    case $r in
+      moe_floor) timeout 560 python3 -m benchmarks.bench_moe_floor --budget-s 420 \
+                   --out-dir "$OUT_DIR" ;;
+      floor)     timeout 570 python3 -m benchmarks.bench_long_context --only short llama frozen \
+                   --budget-s 480 --out-dir "$OUT_DIR" ;;
+      spec8k)    timeout 580 python3 -m benchmarks.bench_spec_batch --contexts 8192 \
+                   --budget-s 500 --out-dir "$OUT_DIR" ;;
+      spec32k)   timeout 580 python3 -m benchmarks.bench_spec_batch --contexts 32768 \
+                   --budget-s 500 --out-dir "$OUT_DIR" ;;
+      health)    python3 -m benchmarks.bench_health --out-dir "$OUT_DIR" ;;
+      *) echo "reports: unknown report '$r' (moe_floor floor spec8k spec32k health)"; return 2 ;;
+    esac || rc=1
+  done
+  return $rc
+}
+
 #: front  `mtplab demo` on the GPU, then `mtplab analyze` and `mtplab plot` of its run folder
 #:        (one warm-up rule: the two must agree on steps and wall) -> demo.txt, analyze.txt,
 #:        plot_run.png, demo_timeline.png

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -97,6 +98,18 @@ def report_commit(commit: Optional[str]) -> str:
                           "tree; commit the changes, or set MTP_GIT_COMMIT to the commit a "
                           "copied tree was made from.")
     return commit[:7]
+
+
+def checkout_commit(prog: str) -> Optional[str]:
+    """The commit a runner's report will name (`report_commit` of provenance.git_commit:
+    MTP_GIT_COMMIT where set, else this checkout's clean HEAD), checked before the runner
+    measures anything. None after printing `prog: <why>` on stderr: the runner exits 2."""
+    from ..provenance import git_commit
+    try:
+        return report_commit(git_commit())
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
 
 
 def plain(v: Any) -> Any:

@@ -46,13 +46,14 @@ def results_doc(*, mode: str, arms: dict[str, list], trace: dict, idle: list[dic
     events, x_events), the arms (name -> seconds of each repeat, in run order; from process
     start also each repeat's CPU seconds) and the idle rows (`idle_row`; none without HTA)."""
     cpu = cpu_seconds or {}
-    return {"question": QUESTION, "date": date, "device": device, "device_name": device_name,
-            "commit": R.report_commit(commit), "command": command, "software": software,
-            "note": note, "mode": mode, "trace": trace, "import_s": import_s,
-            "arms": [{"name": k, "seconds": [float(x) for x in v],
-                      **({"cpu_seconds": [float(x) for x in cpu[k]]} if k in cpu else {})}
-                     for k, v in arms.items()],
-            "idle": idle}
+    return R.stamped({"question": QUESTION, "mode": mode, "trace": trace, "import_s": import_s,
+                      "arms": [{"name": k, "seconds": [float(x) for x in v],
+                                **({"cpu_seconds": [float(x) for x in cpu[k]]}
+                                   if k in cpu else {})}
+                               for k, v in arms.items()],
+                      "idle": idle},
+                     date=date, device=device, device_name=device_name, commit=commit,
+                     command=command, software=software, note=note)
 
 
 def idle_row(stream: int, mtplab_us: float, exact_us: float, hta_us: float,

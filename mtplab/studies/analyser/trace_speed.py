@@ -486,12 +486,8 @@ def main(argv=None) -> int:
         ap.error("--repeats and --profiler-step-every must be >= 1")
     commit = None
     if a.out_dir is not None:
-        from mtplab.errors import ConfigError
-        from mtplab.provenance import git_commit
-        try:                               # refused before anything runs
-            commit = R.report_commit(git_commit())
-        except ConfigError as e:
-            print(f"bench_analyzer: {e}", file=sys.stderr)
+        commit = R.checkout_commit("bench_analyzer")      # refused before anything runs
+        if commit is None:
             return 2
     _quiet_hta()
     tmp = Path(tempfile.mkdtemp(prefix="bench_analyzer_"))

@@ -39,11 +39,11 @@ def results_doc(*, throughput: list[dict], divergence: list[dict], date: str, de
     record per throughput arm (bs, arm, deterministic, every repeat's RATES) and one per
     divergence cell (mode, spec arm, bs, diverging requests of `requests`, their first
     divergence positions)."""
-    doc = {"question": QUESTION, "date": date, "device": device, "device_name": device_name,
-           "commit": R.report_commit(commit), "command": command, "software": software,
-           "note": note,
-           "workload": {"model": model, "new_tokens": new_tokens, "repeats": repeats},
-           "throughput": throughput, "divergence": divergence}
+    doc = R.stamped({"question": QUESTION,
+                     "workload": {"model": model, "new_tokens": new_tokens, "repeats": repeats},
+                     "throughput": throughput, "divergence": divergence},
+                    date=date, device=device, device_name=device_name, commit=commit,
+                    command=command, software=software, note=note)
     check(doc)
     return doc
 

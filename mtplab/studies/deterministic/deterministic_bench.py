@@ -122,12 +122,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     commit = None
     if a.out_dir is not None:
-        from mtplab.errors import ConfigError
-        from mtplab.provenance import git_commit
-        try:                               # refused before anything runs
-            commit = R.report_commit(git_commit())
-        except ConfigError as e:
-            print(f"bench_deterministic: {e}", file=sys.stderr)
+        commit = R.checkout_commit("bench_deterministic")      # refused before anything runs
+        if commit is None:
             return 2
     tok = build_target(a.model, 0)[1]
     prompts = [tok.encode(t) for t in heldout_snippets(32, 256)]

@@ -69,11 +69,11 @@ def results_doc(arms: list[dict], *, date: str, device: str, device_name: str, c
                 software: str = "", note: str = "") -> dict:
     """A report's results: the stamp (`commit`: results.report_commit), the workload and the
     arms (`arm_record`)."""
-    return {"question": QUESTION, "date": date, "device": device, "device_name": device_name,
-            "commit": R.report_commit(commit), "command": command, "software": software,
-            "note": note,
-            "workload": {"prompt_len": prompt_len, "out_len": out_len, "repeats": repeats},
-            "arms": arms}
+    return R.stamped({"question": QUESTION, "arms": arms,
+                      "workload": {"prompt_len": prompt_len, "out_len": out_len,
+                                   "repeats": repeats}},
+                     date=date, device=device, device_name=device_name, commit=commit,
+                     command=command, software=software, note=note)
 
 
 def _values(arm: dict, key: str) -> list[float]:

@@ -168,18 +168,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from mtplab.errors import ConfigError
-    from mtplab.provenance import git_commit
-
     device = "cpu" if a.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("bench_health: no GPU here; run it on the GPU host, or --smoke for the path.",
               file=sys.stderr)
         return 2
-    try:                                   # refused before anything runs
-        commit = R.report_commit(git_commit())
-    except ConfigError as e:
-        print(f"bench_health: {e}", file=sys.stderr)
+    commit = R.checkout_commit("bench_health")          # refused before anything runs
+    if commit is None:
         return 2
     shapes = (SMOKE,) if a.smoke else SHAPES
     prompt_len, out_len, repeats = ((8, 8, 2) if a.smoke else

@@ -47,9 +47,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.atomic import atomic_write_text
-from mtplab.errors import ConfigError
 from mtplab.models.floor import engine_step_bytes
-from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth
 from mtplab.studies.gpu_figures import free
@@ -271,10 +269,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_long_context needs a CUDA device.", file=sys.stderr)
         return 2
-    try:                                   # refused before anything runs
-        commit = R.report_commit(git_commit())
-    except ConfigError as e:
-        print(f"bench_long_context: {e}", file=sys.stderr)
+    commit = R.checkout_commit("bench_long_context")          # refused before anything runs
+    if commit is None:
         return 2
     run = Run(study.new_doc(new_tokens=NEW, windows=a.windows, warmup_steps=WARMUP),
               a.budget_s, a.windows, a.kernel_table)
@@ -288,10 +284,10 @@ def main(argv=None) -> int:
     import triton
     name = torch.cuda.get_device_name()
     doc = R.stamped(run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
-                      device_name=name, commit=commit,
-                      command=shlex.join(["python", "-m", "benchmarks.bench_long_context",
-                                          *argv]),
-                      software=f"torch {torch.__version__}; triton {triton.__version__}")
+                    device_name=name, commit=commit,
+                    command=shlex.join(["python", "-m", "benchmarks.bench_long_context",
+                                        *argv]),
+                    software=f"torch {torch.__version__}; triton {triton.__version__}")
     path = R.write(R.plain(doc), study.render, Path(a.out_dir))
     text = path.read_text()
     print(text, flush=True)

@@ -41,10 +41,8 @@ import numpy as np
 import torch
 
 from mtplab import Engine, RunConfig
-from mtplab.errors import ConfigError
 from mtplab.models.memory import (InsufficientMemoryError, device_free_bytes,
                                   estimate_memory)
-from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
 from mtplab.studies.long_context import spec_batch as study
 
@@ -272,10 +270,8 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_spec_batch needs a CUDA device (or --device cpu).", file=sys.stderr)
         return 2
-    try:                                   # refused before anything runs
-        commit = R.report_commit(git_commit())
-    except ConfigError as e:
-        print(f"bench_spec_batch: {e}", file=sys.stderr)
+    commit = R.checkout_commit("bench_spec_batch")          # refused before anything runs
+    if commit is None:
         return 2
     run = Run(study.new_doc(model=a.model, batches=sorted(a.batches),
                             contexts=sorted(a.contexts), windows=a.windows,

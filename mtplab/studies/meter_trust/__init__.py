@@ -63,9 +63,9 @@ def results_doc(parts: dict, *, date: str, device: str, device_name: str, commit
                 command: str, software: str = "", note: str = "") -> dict:
     """A report's results: the stamp (`commit`: reports.report_commit) and what each part
     that ran measured (`parts`: part name of PARTS -> its records)."""
-    doc = {"question": QUESTION, "date": date, "device": device, "device_name": device_name,
-           "commit": R.report_commit(commit), "command": command, "software": software,
-           "note": note, "parts": parts}
+    doc = R.stamped({"question": QUESTION, "parts": parts}, date=date, device=device,
+                    device_name=device_name, commit=commit, command=command,
+                    software=software, note=note)
     check(doc)
     return doc
 

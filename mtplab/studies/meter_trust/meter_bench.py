@@ -123,12 +123,8 @@ def main(argv=None) -> int:
         return 2
     commit = None
     if a.out_dir is not None:
-        from mtplab.errors import ConfigError
-        from mtplab.provenance import git_commit
-        try:                               # refused before anything runs
-            commit = R.report_commit(git_commit())
-        except ConfigError as e:
-            print(f"bench_meter: {e}", file=sys.stderr)
+        commit = R.checkout_commit("bench_meter")      # refused before anything runs
+        if commit is None:
             return 2
     want = set(a.only or parts)
     data: dict = {}

@@ -62,13 +62,11 @@ from pathlib import Path
 import torch
 
 from mtplab import Engine, RunConfig
-from mtplab.errors import ConfigError
 from mtplab.kernels import fused_moe as fm
 from mtplab.kernels import moe_route as mr
 from mtplab.models.floor import expected_experts, step_bytes
 from mtplab.models.moe import MOE_KERNELS, recording
 from mtplab.nogc import gc_paused
-from mtplab.provenance import git_commit
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth, depth, gpu_activities, graph_us, prompts
 from mtplab.studies.moe import moe_floor as study
@@ -432,10 +430,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_moe_floor needs CUDA.", file=sys.stderr)
         return 2
-    try:                                   # refused before anything runs
-        commit = R.report_commit(git_commit())
-    except ConfigError as e:
-        print(f"bench_moe_floor: {e}", file=sys.stderr)
+    commit = R.checkout_commit("bench_moe_floor")          # refused before anything runs
+    if commit is None:
         return 2
     log = Log(study.new_doc(model=MOE, layers=a.layers, batches=a.batches, repeats=a.repeats,
                             tokens=a.tokens, prompt=PROMPT), a.budget_s)
@@ -453,9 +449,9 @@ def main(argv=None) -> int:
     import triton
     name = torch.cuda.get_device_name()
     doc = R.stamped(log.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
-                      device_name=name, commit=commit,
-                      command=shlex.join(["python", "-m", "benchmarks.bench_moe_floor", *argv]),
-                      software=f"torch {torch.__version__}; triton {triton.__version__}")
+                    device_name=name, commit=commit,
+                    command=shlex.join(["python", "-m", "benchmarks.bench_moe_floor", *argv]),
+                    software=f"torch {torch.__version__}; triton {triton.__version__}")
     path = R.write(R.plain(doc), study.render, Path(a.out_dir))
     print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0

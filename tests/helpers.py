@@ -226,6 +226,23 @@ class Synth:
         return path
 
 
+def overlap_trace(path: Path, delay: float) -> Path:
+    """A synthetic overlap run written to `path`: four 10 µs host steps, each launching one
+    45 µs kernel 1 µs into its span. Back to back (delay 0) the kernels run at 5..50,
+    50..95, 95..140, 140..185 against launches at 11, 21, 31: leads 39, 74, 109 µs, all
+    ahead; with a host delay of `delay` = 100 µs after every step, launches at 111, 221, 331
+    against ends at 50, 160, 270: leads -61 µs each, none ahead."""
+    s = Synth()
+    gpu_free = 0.0
+    for k in range(4):
+        t = k * (10 + delay)
+        s.host("step[decode bs=1]", t, 10)
+        start = max(t + 5, gpu_free)
+        s.gpu(s.launch(t + 1), start, 45)
+        gpu_free = start + 45
+    return s.write(path)
+
+
 def plain_pytorch_trace(steps: int = 4, ops: int = 12, *, planted: str | None = None) -> Synth:
     """A plain-PyTorch-shaped trace (no mtplab spans): ProfilerStep#N, each step a few
     python_function frames around aten ops; every op launches one short kernel, so the GPU

@@ -11,7 +11,7 @@ import pytest
 
 from mtplab.analysis.bubbles import analyze, stage_of, write_analysis
 from mtplab.analysis.trace_io import load_trace
-from tests.helpers import Synth, plain_pytorch_trace
+from tests.helpers import Synth, overlap_trace, plain_pytorch_trace
 
 
 def end(ev: dict) -> float:
@@ -475,20 +475,9 @@ def test_launch_lead_of_the_planted_trace(planted_trace):
 
 @pytest.mark.parametrize("delay", [0.0, 100.0])
 def test_run_ahead_of_a_synthetic_overlap_trace(tmp_path, delay):
-    """Four 10 µs host steps, each launching one 45 µs kernel 1 µs into its span. Back to
-    back (delay 0) the GPU queue runs ahead: kernels at 5..50, 50..95, 95..140, 140..185 and
-    launches at 11, 21, 31: leads 39, 74, 109, all run-ahead. With a host delay of 100 µs
-    after every step the host falls behind: launches at 111, 221, 331 against ends at 50,
-    160, 270: leads -61 each, none ahead."""
-    s = Synth()
-    gpu_free = 0.0
-    for k in range(4):
-        t = k * (10 + delay)
-        s.host("step[decode bs=1]", t, 10)
-        start = max(t + 5, gpu_free)
-        s.gpu(s.launch(t + 1), start, 45)
-        gpu_free = start + 45
-    res = analyze(s.write(tmp_path / f"o{delay:g}.pt.trace.json"))
+    """tests/helpers.overlap_trace: back to back the GPU queue runs ahead (leads 39, 74,
+    109 µs); with a 100 µs host delay after every step the host falls behind (-61 µs each)."""
+    res = analyze(overlap_trace(tmp_path / f"o{delay:g}.pt.trace.json", delay))
     lead = res.steps["launch_lead_us"].to_numpy()
     want = [39.0, 74.0, 109.0] if delay == 0 else [-61.0, -61.0, -61.0]
     np.testing.assert_allclose(lead[:3], want)

@@ -16,6 +16,7 @@ from mtplab.studies.peers import side_by_side as peer
 from mtplab.studies.peers import peer_plan
 from mtplab.studies.peers.peer_plan import Cell, Workload, plan
 from tests.sglang_fixtures import sglang_module
+from tests.helpers import overlap_trace
 
 WL = Workload(prompt_len=16, new_tokens=9, repeats=3, warmup_tokens=4, profile_steps=0)
 GEMMA = "gemma4-31b-like@6"            # the Frozen-KV cells' shape (Gemma's 5:1 pattern)
@@ -752,22 +753,6 @@ def test_the_profiled_engine_is_freed_to_the_driver(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------ run-ahead and the report
-def known_leads_trace(path: Path, delay: float) -> Path:
-    """tests/analysis/test_bubbles.py's overlap trace: four 10 µs host steps, each launching
-    one 45 µs kernel 1 µs in; back to back (delay 0) the leads are 39, 74, 109 µs (all ahead),
-    with a host delay of 100 µs after every step -61 µs each (none ahead)."""
-    from tests.helpers import Synth
-    s = Synth()
-    gpu_free = 0.0
-    for k in range(4):
-        t = k * (10 + delay)
-        s.host("step[decode bs=1]", t, 10)
-        start = max(t + 5, gpu_free)
-        s.gpu(s.launch(t + 1), start, 45)
-        gpu_free = start + 45
-    return s.write(path)
-
-
 @pytest.mark.parametrize("delay,want", [
     (0.0, dict(run_ahead_frac=1.0, launch_lead_p10_us=77.5, launch_lead_p50_us=91.5,
                launch_lead_p90_us=105.5, run_ahead_steps=2)),
@@ -777,7 +762,7 @@ def test_a_traces_run_ahead_is_the_analysers(tmp_path, delay, want):
     """As `mtplab analyze TRACE` reads it: its warm-up rule drops the first step, so the leads
     are 74 and 109 µs (back to back) and their percentiles numpy's linear rule's: p10 is
     74 + 0.1 * 35, p50 91.5, p90 74 + 0.9 * 35."""
-    fig = peer.trace_figures(str(known_leads_trace(tmp_path / "t.pt.trace.json", delay)))
+    fig = peer.trace_figures(str(overlap_trace(tmp_path / "t.pt.trace.json", delay)))
     assert {k: fig[k] for k in want} == pytest.approx(want)
 
 
@@ -791,7 +776,7 @@ class KnownLeads(FakeArm):
         if msg["op"] == "profile":
             d = Path(msg["dir"])
             d.mkdir(parents=True)
-            trace = known_leads_trace(d / "x.pt.trace.json",
+            trace = overlap_trace(d / "x.pt.trace.json",
                                       0.0 if self.side == "mtplab" else 100.0)
             return {"trace": str(trace), "meter": {"bubble_frac": 0.25}}
         return super().request(msg, timeout)

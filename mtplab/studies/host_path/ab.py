@@ -153,18 +153,11 @@ def main(argv=None) -> int:
             return 2
         return host_main(a, REPO, grid)
     res: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory() as d:
-        old = old_tree(a, REPO, d)
-        grid = Path(d) / "ab.yaml"
-        grid.write_text(yaml.safe_dump(GRID, sort_keys=False))
-        trees = {a.commit: old, "working tree": REPO}
-        for r in range(a.repeats):
-            for name, tree in trees.items():
-                df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
-                for arm, row in zip(ARMS, df.itertuples()):
-                    if row.status != "ok":
-                        raise RuntimeError(f"{name} {label(arm)}: {row.error}")
-                    res.setdefault((name, label(arm)), []).append(row.decode_tok_per_s)
+    for _, name, df in alternating_sweeps(a, REPO, GRID):
+        for arm, row in zip(ARMS, df.itertuples()):
+            if row.status != "ok":
+                raise RuntimeError(f"{name} {label(arm)}: {row.error}")
+            res.setdefault((name, label(arm)), []).append(row.decode_tok_per_s)
     rows = [f"Decode tok/s, {a.commit} vs the working tree (tiny-code, overlap + zero_bubble, "
             f"graphs, profiler off; {a.repeats} alternating sweeps, one process per cell, "
             f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = new / old [its {LEVEL:.0%} "
@@ -191,30 +184,36 @@ def old_tree(a, here: Path, d: str) -> Path:
     return old
 
 
+def alternating_sweeps(a, here: Path, grid_doc: dict):
+    """Yield (repeat, tree name, results table) of `grid_doc` swept by COMMIT's tree and the
+    working tree in turn (old, new, old, new, ...), `a.repeats` times, in a temporary folder."""
+    with tempfile.TemporaryDirectory() as d:
+        old = old_tree(a, here, d)
+        grid = Path(d) / "grid.yaml"
+        grid.write_text(yaml.safe_dump(grid_doc, sort_keys=False))
+        trees = {a.commit: old, "working tree": here}
+        for r in range(a.repeats):
+            for name, tree in trees.items():
+                yield r, name, sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
+
+
 def host_main(a, here: Path, grid_doc: dict) -> int:
     """--group host (module doc): `grid_doc` run in both trees."""
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
     cells: list[dict] = []            # every cell's host columns, for the per-stage table
-    with tempfile.TemporaryDirectory() as d:
-        old = old_tree(a, here, d)
-        grid = Path(d) / "host.yaml"
-        grid.write_text(yaml.safe_dump(grid_doc, sort_keys=False))
-        trees = {a.commit: old, "working tree": here}
-        for r in range(a.repeats):
-            for name, tree in trees.items():
-                df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
-                for row in df.to_dict("records"):
-                    if row["status"] == "dropped":
-                        continue
-                    if row["status"] != "ok":
-                        raise RuntimeError(f"{name} {host_label(row)}: {row.get('error')}")
-                    key = host_label(row)
-                    if key not in order:
-                        order.append(key)
-                    res.setdefault((name, key), []).append(row["host_step_us"])
-                    cells.append({"tree": name, "repeat": r, "cell": key} |
-                                 {k: v for k, v in row.items() if k.startswith("host_")})
+    for r, name, df in alternating_sweeps(a, here, grid_doc):
+        for row in df.to_dict("records"):
+            if row["status"] == "dropped":
+                continue
+            if row["status"] != "ok":
+                raise RuntimeError(f"{name} {host_label(row)}: {row.get('error')}")
+            key = host_label(row)
+            if key not in order:
+                order.append(key)
+            res.setdefault((name, key), []).append(row["host_step_us"])
+            cells.append({"tree": name, "repeat": r, "cell": key} |
+                         {k: v for k, v in row.items() if k.startswith("host_")})
     rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
             f"host`'s grid; {a.repeats} alternating sweeps, one process per cell, "
             f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = old / new, >= 1: no slower "

@@ -49,7 +49,8 @@
 # MTP_GIT_COMMIT on the device to the commit the carried tree was made from (each cell records
 # it), copy peer_results.json to DIR/results.json and run `python -m
 # benchmarks.bench_peer_sglang --out DIR --table-only --out-dir docs/results` with the flags
-# the device run got.
+# the device run got (add --reanalyze after `tar -xzf peer_traces.tgz -C DIR` to read the
+# traces again with this checkout's analyser).
 #
 # What is carried and why (the server's and sglang.Engine's import path beyond the image, found
 # by scripts/sglang_probe.py --fake-cuda in a Python 3.12 environment of the image's packages

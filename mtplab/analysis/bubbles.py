@@ -41,18 +41,20 @@ Steps
 
 Run-ahead (the host's launch lead; mtplab/health.py)
     `launch_lead_us` of step k = the end of step k's last GPU activity (launched inside its
-    span) - the earliest launch call of step k+1's forward work: inside step k+1's span and
-    outside its input preparation (`schedule` / `prepare` / `process_result` spans, mtplab's
-    HOST_PREP_STAGES), the point the bubble meter marks (`mark_launch`, just after
-    `prepare`). Input copies `prepare` issues before a host sync do not keep the GPU busy, so
-    they are not the launch. Host and device times are one clock in a Kineto trace. > 0: the
-    host issued step k+1's forward before the GPU ran out of step k's work (run-ahead);
-    <= 0: the GPU waited. NaN for the last step, a step with no launched activity or no
-    forward launch in the next, and without step spans (fixed windows). The
-    summary's `run_ahead_frac` is the share of the kept steps with a lead that is > 0,
-    `launch_lead_p10_us` / `_p50_us` / `_p90_us` its percentiles, `run_ahead_steps` their
-    count. An SGLang trace's step spans are forwards (VERIFY, DRAFT, ...): the lead is then
-    from one forward's GPU end to the next forward's first launch.
+    span; where the spans are SGLang forwards, also after it and before step k+1's span: an
+    SGLang 0.5.17 trace spans only its verify forwards, and the draft forwards it launches
+    between them belong to the step they follow) - the earliest launch call of step k+1's
+    forward work: inside step k+1's span and outside its input preparation (`schedule` /
+    `prepare` / `process_result` spans, mtplab's HOST_PREP_STAGES), the point the bubble meter
+    marks (`mark_launch`, just after `prepare`). Input copies `prepare` issues before a host
+    sync do not keep the GPU busy, so they are not the launch. Host and device times are one
+    clock in a Kineto trace. > 0: the host issued step k+1's forward before the GPU ran out of
+    step k's work (run-ahead); <= 0: the GPU waited. NaN for the last step, a step with no
+    launched activity or no forward launch in the next, and without step spans (fixed windows).
+    The summary's `run_ahead_frac` is the share of the kept steps with a lead that is > 0,
+    `launch_lead_p10_us` / `_p50_us` / `_p90_us` its percentiles, `run_ahead_steps` their count.
+    Where an SGLang trace's forward spans are grouped into decode steps, the lead runs from one
+    step's GPU end to the next step's first forward launch.
 
 Causes (exactly one per bubble, the first that applies; "overlaps" means with positive length)
     `sync`, `host_prep`, `launch`, `host:<stage>` / `host:python` / `host:untraced`, `other`:
@@ -361,7 +363,8 @@ def analyze(trace: Union[Trace, PathLike], *, skip_steps: int = 0,
         leads = host_ts
         steps_src = f"fixed windows of {window_us:g} us (no step spans, no ProfilerStep#N)"
     else:
-        b_lo, bounds, leads = _step_bounds(ctx, host_ts, host_end, notes)
+        forward_spans = all(_SGLANG_STEP.match(n) for n in step_name)
+        b_lo, bounds, leads = _step_bounds(ctx, host_ts, host_end, notes, forward_spans)
     _check_skip(skip_steps, bounds.size, steps_src)
     starts = np.concatenate(([b_lo], bounds[:-1]))
     keep_from = starts[skip_steps]
@@ -522,10 +525,11 @@ def _sglang_decode_steps(names: list[str], ts: np.ndarray, end: np.ndarray
             "any draft extend after it: one step)", out_names, np.array(g0), np.array(g1))
 
 
-def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
-                 notes: list[str]) -> tuple[float, np.ndarray, np.ndarray]:
+def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray, notes: list[str],
+                 forward_spans: bool = False) -> tuple[float, np.ndarray, np.ndarray]:
     """Device-timeline step windows: (start of the first, end boundary of each step, the
-    launch lead of each step: module doc "Run-ahead")."""
+    launch lead of each step: module doc "Run-ahead"). `forward_spans`: the spans are one
+    forward each (SGLang's), so work launched between two spans is the earlier step's."""
     key = np.where(np.isnan(ctx.launch_ts), ctx.s, ctx.launch_ts)
     k = np.searchsorted(host_ts, key, side="right") - 1
     inside = (k >= 0) & (key <= host_end[np.clip(k, 0, None)])
@@ -539,7 +543,10 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray,
     launched = inside & ~np.isnan(ctx.launch_ts) & ~_within(*ctx.input_u, ctx.launch_ts)
     np.minimum.at(first_launch, k[launched], ctx.launch_ts[launched])
     nxt = np.append(first_launch[1:], np.inf)
-    leads = np.where(np.isfinite(last_end) & np.isfinite(nxt), launch_leads(last_end, nxt),
+    owned = (k >= 0) if forward_spans else inside   # k: the last span begun before the launch
+    work_end = np.full(n, -np.inf)
+    np.maximum.at(work_end, k[owned], ctx.e[owned])
+    leads = np.where(np.isfinite(last_end) & np.isfinite(nxt), launch_leads(work_end, nxt),
                      np.nan)
     first_step = int(k[inside].min())
     b_lo = float(ctx.s[inside & (k == first_step)].min())

@@ -212,6 +212,25 @@ def test_sglang_spans(tmp_path):
     assert stage_of("step[decode bs=4]") is None and stage_of("draft.seed") == "draft.seed"
 
 
+def test_sglang_verify_spans_own_the_draft_launched_after_them(tmp_path):
+    """SGLang 0.5.17 spans only its verify forwards; the draft graph it launches after each
+    span (before the next) is that step's work. Lead of step 0 = the draft kernel's end - the
+    next verify's launch: +6 µs here (run-ahead); the verify kernel alone would give -14."""
+    s = Synth()
+    s.host("step[TARGET_VERIFY bs=1]", 0, 10)
+    s.gpu(s.launch(2, "cudaGraphLaunch"), 10, 20)                 # verify: 10 .. 30
+    draft = s.gpu(s.launch(15, "cudaGraphLaunch"), 30, 20)        # draft:  30 .. 50
+    s.host("step[TARGET_VERIFY bs=1]", 40, 10)
+    nxt = s.launch(44, "cudaGraphLaunch")
+    s.gpu(nxt, 50, 20)
+    res = analyze(s.write(tmp_path / "sgl017.json"))
+    assert list(res.steps["name"]) == ["step[TARGET_VERIFY bs=1]"] * 2
+    lead = res.steps["launch_lead_us"].tolist()[0]
+    assert lead == pytest.approx(end(draft) - s.t(44))
+    assert lead == pytest.approx(6.0)
+    assert res.summary["run_ahead_frac"] == 1.0
+
+
 def test_graph_replay_owned_by_launching_step_with_host_stage(tmp_path):
     """Overlap: step 0's graph runs while the host is already in step 1; no GPU-lane annotation."""
     s = Synth()

@@ -833,3 +833,34 @@ def test_a_tree_with_changes_is_refused_before_a_run(tmp_path, monkeypatch, caps
                       "eagle", "--out-dir", str(tmp_path / "r")]) == 2
     assert "one commit of a clean tree" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+
+
+def test_reanalyze_reads_the_returned_traces_again(tmp_path, groups, monkeypatch, capsys):
+    """--table-only --reanalyze: each cell's trace figures come again from OUT/traces/ by this
+    checkout's analyser (a device run's traces, its recorded paths on the device), the meter's
+    figures and the recorded path stay, and results.json keeps them."""
+    wl = Workload(prompt_len=16, new_tokens=9, repeats=2, warmup_tokens=4, profile_steps=5)
+    out = tmp_path / "o"
+    out.mkdir()
+    res = peer.Results.open(out / "results.json", wl)
+    tok = {"mtplab": [2000.0, 2100.0], "sglang": [1000.0, 1000.0]}
+    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: KnownLeads(side, [], tok[side]),
+                    lambda c: 1000, float("inf"), 0.0, out / "traces", tmp_path / "models",
+                    0.3, say=lambda *_: None)
+    cell = "random-medium|eagle|overlap-on|bs1"
+    doc = json.loads((out / "results.json").read_text())
+    sgl = doc["cells"][cell]["profile"]["sglang"]
+    device_path = "/tmp/sgl/peer/traces/" + sgl["trace"].split("/traces/", 1)[1]
+    sgl.update(trace=device_path, run_ahead_frac=0.5, launch_lead_p50_us=-3000.0)  # stale
+    (out / "results.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(peer, "WorkerArm", None)          # any engine start would fail
+    monkeypatch.setattr(peer_plan, "write_model_dirs", lambda *a: None)
+    argv = ["--out", str(out), "--shapes", "random-medium", "--drafts", "eagle", "--overlap",
+            "on", "--bs", "1", "8", "--repeats", "2", "--prompt-len", "16", "--new-tokens", "9",
+            "--warmup-tokens", "4", "--profile-steps", "5", "--table-only", "--reanalyze"]
+    assert peer.main(argv) == 0
+    assert "re-read 4 traces" in capsys.readouterr().out
+    got = json.loads((out / "results.json").read_text())["cells"][cell]["profile"]["sglang"]
+    assert got["trace"] == device_path and got["meter"] == {"bubble_frac": 0.25}
+    assert got["run_ahead_frac"] == 0.0 and got["launch_lead_p50_us"] == pytest.approx(-61.0)
+    assert peer.main(argv[:-2] + ["--reanalyze"]) == 2       # without --table-only: refused

@@ -529,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run again the cells results.json holds as failed")
     ap.add_argument("--table-only", action="store_true",
                     help="write the tables of the grid from results.json; run nothing")
+    ap.add_argument("--reanalyze", action="store_true",
+                    help="with --table-only: read each finished cell's traces again from "
+                         "OUT/traces/ (a device run's peer_traces.tgz unpacked there) with this "
+                         "checkout's analyser, and save the figures into results.json")
     ap.add_argument("--out-dir", default=None, metavar="DIR",
                     help="also write the dated report of question `peers` from the finished "
                          "cells into DIR/peers/ (docs/results: the repository's); with cells to "
@@ -556,6 +560,8 @@ def check_args(a) -> Optional[str]:
     bad = [p for p in a.pairs or () if not all(p.rpartition(":")[::2])]
     if bad:
         return f"--pairs takes SHAPE:DRAFT (e.g. llama3-8b-like@8:eagle), got {bad[0]!r}."
+    if a.reanalyze and not a.table_only:
+        return "--reanalyze reads returned traces: give it with --table-only."
     return None
 
 
@@ -603,6 +609,8 @@ def main(argv=None) -> int:
                   f"prepare_server_args({list(launch.argv)!r}))")
         return 0
     if a.table_only:
+        if a.reanalyze:
+            print(f"re-read {reanalyze(results, out / 'traces')} traces under {out / 'traces'}")
         return write_tables(results, groups, out, skipped) or write_report(results, groups, a,
                                                                              argv)
     vocabs = {}
@@ -628,6 +636,24 @@ def main(argv=None) -> int:
         print(f"deadline: {e}")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return write_tables(results, groups, out, skipped) or write_report(results, groups, a, argv)
+
+
+def reanalyze(results: Results, traces: Path) -> int:
+    """Each finished cell's trace figures read again, by this checkout's analyser, from the
+    same trace under `traces` (a cell's trace path past its `/traces/`); the meter's figures
+    and the recorded trace path stay. Saves results.json; returns the traces read."""
+    n = 0
+    for cell_id, rec in results.cells.items():
+        for fig in (rec.get("profile") or {}).values():
+            path = (fig or {}).get("trace") or ""
+            local = traces / path.split("/traces/", 1)[1] if "/traces/" in path else None
+            if local is None or not local.is_file():
+                continue
+            new = trace_figures(str(local))
+            fig.update({k: v for k, v in new.items() if k != "trace"})
+            n += 1
+        results.put(cell_id, rec)
+    return n
 
 
 def write_report(results: Results, groups: list[Group], a, argv: list) -> int:

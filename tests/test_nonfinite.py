@@ -11,7 +11,7 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.core import NONFINITE_TOKEN
 from mtplab.errors import NonFiniteLogitsError
-from mtplab.kernels.sampling import finite_rows, flag_nonfinite, sample
+from mtplab.kernels.sampling import finite_rows, flag_nonfinite, nonfinite_token, sample
 
 CASES = {
     "target-only": {},
@@ -74,7 +74,7 @@ def test_finite_rows_flags_nan_inf_and_an_overflowing_hidden_state():
     ok = finite_rows(logits.view(10, 7), hidden.view(10, 4), 5)
     assert ok.tolist() == [True, False, False, False, False]
     tokens = torch.arange(10).view(5, 2)
-    flagged = flag_nonfinite(tokens, ok)
+    flagged = flag_nonfinite(tokens, ok, nonfinite_token(tokens.device))
     assert flagged[0].tolist() == [0, 1] and (flagged[1:] == NONFINITE_TOKEN).all()
     assert tokens[1].tolist() == [2, 3]           # a copy: the device's tokens stay valid
 

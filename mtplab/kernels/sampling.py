@@ -102,10 +102,18 @@ def finite_rows(logits: torch.Tensor, hidden: torch.Tensor, rows: int) -> torch.
     return torch.isfinite(logits.reshape(rows, -1).sum(-1) + energy)
 
 
-def flag_nonfinite(tokens: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+def nonfinite_token(device) -> torch.Tensor:
+    """NONFINITE_TOKEN as a 0-dim int64 tensor on `device`: flag_nonfinite's `bad`, made once
+    by a worker, outside any graph capture."""
+    return torch.tensor(NONFINITE_TOKEN, dtype=torch.long, device=device)
+
+
+def flag_nonfinite(tokens: torch.Tensor, ok: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """A copy of `tokens` ([B] or [B, n]) for the host: rows where `ok` [B] is False read
-    NONFINITE_TOKEN (the scheduler raises on it when it processes the step's results)."""
-    return torch.where(ok.view((-1,) + (1,) * (tokens.dim() - 1)), tokens, NONFINITE_TOKEN)
+    `bad` (nonfinite_token: NONFINITE_TOKEN; the scheduler raises on it when it processes the
+    step's results). One kernel: a Python scalar in `bad`'s place costs a fill kernel per call
+    on CUDA, where torch puts it on the device first."""
+    return torch.where(ok.view((-1,) + (1,) * (tokens.dim() - 1)), tokens, bad)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,

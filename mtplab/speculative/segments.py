@@ -22,7 +22,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..core import DraftInputs
-from ..kernels.sampling import (SIMULATE, finite_rows, flag_nonfinite, position_uniform,
+from ..kernels.sampling import (SIMULATE, finite_rows, flag_nonfinite, nonfinite_token,
+                                position_uniform,
                                 sample)
 from ..kernels.topk import argmax as vocab_argmax
 from ..kernels.attn_meta import AttnMeta
@@ -66,6 +67,7 @@ class Segments:
         # target-only accept lengths: one token per lane (sliced, never written)
         self._ones = (torch.ones(target.table.shape[0], dtype=torch.long,
                                  device=target.table.device) if draft is None else None)
+        self._nonfinite = nonfinite_token(target.table.device)   # flag_nonfinite's `bad`
 
     def resolve(self, c: Call, max_kv: int):
         """-> the Call's values from the future map. Captured: one kernel, carrying resolve's
@@ -173,7 +175,7 @@ class Segments:
                                        accept_rates=p.simulate_accept_rates)
             # the committed tokens for the host (a copy: the device keeps acc.tokens), each
             # request's row NONFINITE_TOKEN where its verify logits were not finite
-            return astuple(acc) + (flag_nonfinite(acc.tokens, finite),)
+            return astuple(acc) + (flag_nonfinite(acc.tokens, finite, self._nonfinite),)
         return fn
 
     def accept_sample(self, c: Call, max_kv: int):
@@ -186,7 +188,7 @@ class Segments:
             # level k decides position seq + 1 + k: the uniform target-only sampling uses there
             u = position_uniform(seeds, seq_lens + 1, S + 1)
             acc = accept_sample(t, logits, temperature, top_p, u)
-            return astuple(acc) + (flag_nonfinite(acc.tokens, finite),)
+            return astuple(acc) + (flag_nonfinite(acc.tokens, finite, self._nonfinite),)
         return fn
 
     def commit(self, c: Call, max_kv: int):
@@ -246,7 +248,7 @@ class Segments:
             # the sampling counter: the new length
             tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,
                                                               kv_lens)
-            report = flag_nonfinite(tok, finite_rows(logits, hidden, B))
+            report = flag_nonfinite(tok, finite_rows(logits, hidden, B), self._nonfinite)
             future_map.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
             return report[:, None], ones[:B]
         return fn

@@ -25,7 +25,7 @@ from ..core import DecodeInputs, DecodeOut, DraftInputs, PrefillInputs
 from ..graphs.runner import GraphRunner, default_buckets
 from ..instrument.spans import NO_SPANS, Spans
 from ..kernels.attn_meta import AttnMeta
-from ..kernels.sampling import finite_rows, flag_nonfinite, sample
+from ..kernels.sampling import finite_rows, flag_nonfinite, nonfinite_token, sample
 from ..mem.kv_cache import KVCache
 from ..models.llama import AttnFn, LlamaForCausalLM
 from .executor import Executor, Plan
@@ -50,6 +50,7 @@ class TargetWorker:
         self.attn_fn = attn_fn
         self.width = table.shape[1]
         self.device = table.device
+        self._nonfinite = nonfinite_token(self.device)       # flag_nonfinite's `bad`
         segments = Segments(self, future_map, SpecParams(num_steps=0, topk=1,
                                                          num_draft_tokens=1))
         self.executor = Executor(lambda pre, greedy: target_plan(segments, greedy),
@@ -108,4 +109,4 @@ class TargetWorker:
         assert logits.shape[0] == B
         tok = sample(logits, s.temperature, s.top_p, s.seeds, s.counters)
         last = hidden[x.cu_q[1:] - 1]                      # the rows the logits are of
-        return tok, hidden, flag_nonfinite(tok, finite_rows(logits, last, B))
+        return tok, hidden, flag_nonfinite(tok, finite_rows(logits, last, B), self._nonfinite)

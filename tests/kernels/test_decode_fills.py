@@ -15,8 +15,10 @@ from mtplab.kernels import triton_attention as ta
 from mtplab.kernels.attn_meta import AttnBoundError, AttnMeta, check_bounds
 from mtplab.studies.run_cells import _NoMarks
 
+# scalar_tensor: a Python number where an op takes a tensor (torch.where(c, x, -1)), put on
+# the device by a fill kernel on CUDA
 FILLS = ("fill_", "zero_", "zeros", "ones", "full", "new_zeros", "new_ones", "new_full",
-         "zeros_like", "ones_like", "full_like")
+         "zeros_like", "ones_like", "full_like", "scalar_tensor")
 
 
 def fills(counter: OpCounter) -> dict:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from mtplab import Engine, RunConfig
-from mtplab.kernels.sampling import finite_rows, flag_nonfinite
+from mtplab.kernels.sampling import finite_rows, flag_nonfinite, nonfinite_token
 
 CONFIGS = [
     ("random-tiny target-only bs 1", dict(model="random-tiny"), 1),
@@ -33,12 +33,13 @@ def check_ms(rows: int, nodes: int, vocab: int, hidden: int, dev, reps: int) -> 
     logits = torch.randn(rows * nodes, vocab, device=dev)
     h = torch.randn(rows * nodes, hidden, device=dev)
     tokens = torch.zeros(rows, nodes, dtype=torch.long, device=dev)
+    bad = nonfinite_token(dev)
     times = []
     for _ in range(reps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        flag_nonfinite(tokens, finite_rows(logits, h, rows))
+        flag_nonfinite(tokens, finite_rows(logits, h, rows), bad)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)

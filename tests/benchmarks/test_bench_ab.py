@@ -81,3 +81,28 @@ def test_ratio_cell_prints_the_interval_beside_the_ratio():
     assert ratio_cell([100.0, 100.0], [50.0, 50.0], 3) == "2.000x [2.000-2.000]"
     assert ratio_cell([1.0, 2.0, 3.0], [1.0] * 3, 2) == "2.00x [1.00-3.00]"
     assert ratio_cell([110.0], [100.0], 3) == "1.100x (one repeat)"
+
+
+def test_a_budget_stops_before_a_repeat_that_would_not_fit(tmp_path, monkeypatch, capsys):
+    """Each sweep takes 10 s of a fake clock: with --budget-s 45, repeat 1 (old + new: 20 s)
+    and repeat 2 (ends at 40 s) run, and repeat 3 (40 + 20 > 45) does not; the host table's
+    header counts the 2 that finished."""
+    clock = [0.0]
+    monkeypatch.setattr(ab.time, "perf_counter", lambda: clock[0])
+
+    def sweep(tree, grid, out):
+        clock[0] += 10.0
+        return pd.DataFrame([{"status": "ok", "cfg.draft": "none",
+                              "cfg.graph_granularity": "step", "batch_size": 1,
+                              "cfg.overlap": True, "host_step_us": 100.0}])
+
+    monkeypatch.setattr(ab, "sweep_in", sweep)
+    out = tmp_path / "ab.md"
+    a = ab.argparse.Namespace(commit="abc", repeats=5, budget_s=45.0, old_tree=str(tmp_path),
+                              out=str(out))
+    assert [(r, n) for r, n, _ in ab.alternating_sweeps(a, ROOT, {})] == [
+        (0, "abc"), (0, "working tree"), (1, "abc"), (1, "working tree")]
+    assert "2 of 5 repeats fit in --budget-s 45" in capsys.readouterr().err
+    clock[0] = 0.0
+    assert ab.host_main(a, ROOT, {}) == 0
+    assert "; 2 alternating sweeps, one process per cell" in out.read_text()

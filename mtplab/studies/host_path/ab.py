@@ -25,6 +25,10 @@ step does, follows the process's string hash seed), and each ratio is printed wi
 bootstrap interval over the repeats (`ratio_interval`: each tree's repeats resampled, the
 ratio of the resampled medians); an interval that holds 1 is within the noise.
 
+`--budget-s S`: start a repeat only while the last repeat's time still fits before S seconds;
+the table then covers the repeats that finished (its header says how many), and each sweep
+prints a progress line to stderr.
+
 `--old-tree DIR`: COMMIT's files already extracted there (a machine without the git history:
 `git archive COMMIT | tar -x -C DIR` beforehand); COMMIT then only labels the table.
 """
@@ -36,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--group", choices=("decode", "host"), default="decode")
     ap.add_argument("--old-tree", default=None)
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="start a repeat only while the last one's time fits in this budget")
     ap.add_argument("--arms", type=int, nargs="+", default=None,
                     help="--group host: the indices of the host grid's arms to run (default all)")
     ap.add_argument("--granularity", nargs="+", choices=("stage", "step"), default=None,
@@ -153,13 +160,15 @@ def main(argv=None) -> int:
             return 2
         return host_main(a, REPO, grid)
     res: dict[tuple[str, str], list[float]] = {}
-    for _, name, df in alternating_sweeps(a, REPO, GRID):
+    done = 0
+    for r, name, df in alternating_sweeps(a, REPO, GRID):
+        done = r + 1
         for arm, row in zip(ARMS, df.itertuples()):
             if row.status != "ok":
                 raise RuntimeError(f"{name} {label(arm)}: {row.error}")
             res.setdefault((name, label(arm)), []).append(row.decode_tok_per_s)
     rows = [f"Decode tok/s, {a.commit} vs the working tree (tiny-code, overlap + zero_bubble, "
-            f"graphs, profiler off; {a.repeats} alternating sweeps, one process per cell, "
+            f"graphs, profiler off; {done} alternating sweeps, one process per cell, "
             f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = new / old [its {LEVEL:.0%} "
             "bootstrap interval over the repeats])", "",
             f"| arm | {a.commit} | working tree | ratio |", "|---|---|---|---|"]
@@ -186,15 +195,28 @@ def old_tree(a, here: Path, d: str) -> Path:
 
 def alternating_sweeps(a, here: Path, grid_doc: dict):
     """Yield (repeat, tree name, results table) of `grid_doc` swept by COMMIT's tree and the
-    working tree in turn (old, new, old, new, ...), `a.repeats` times, in a temporary folder."""
+    working tree in turn (old, new, old, new, ...), `a.repeats` times, in a temporary folder;
+    a repeat starts only while the previous one's time fits in what is left of `a.budget_s`."""
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         old = old_tree(a, here, d)
         grid = Path(d) / "grid.yaml"
         grid.write_text(yaml.safe_dump(grid_doc, sort_keys=False))
         trees = {a.commit: old, "working tree": here}
+        last = 0.0
         for r in range(a.repeats):
+            start = time.perf_counter()
+            if start - t0 + last > a.budget_s:
+                print(f"bench_ab: {r} of {a.repeats} repeats fit in --budget-s {a.budget_s:g}",
+                      file=sys.stderr)
+                return
             for name, tree in trees.items():
-                yield r, name, sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
+                s0 = time.perf_counter()
+                df = sweep_in(tree, grid, Path(d) / f"{r}-{name.replace(' ', '_')}")
+                print(f"bench_ab: repeat {r + 1}/{a.repeats}, {name}: "
+                      f"{time.perf_counter() - s0:.0f} s", file=sys.stderr, flush=True)
+                yield r, name, df
+            last = time.perf_counter() - start
 
 
 def host_main(a, here: Path, grid_doc: dict) -> int:
@@ -202,7 +224,9 @@ def host_main(a, here: Path, grid_doc: dict) -> int:
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
     cells: list[dict] = []            # every cell's host columns, for the per-stage table
+    done = 0
     for r, name, df in alternating_sweeps(a, here, grid_doc):
+        done = r + 1
         for row in df.to_dict("records"):
             if row["status"] == "dropped":
                 continue
@@ -215,7 +239,7 @@ def host_main(a, here: Path, grid_doc: dict) -> int:
             cells.append({"tree": name, "repeat": r, "cell": key} |
                          {k: v for k, v in row.items() if k.startswith("host_")})
     rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
-            f"host`'s grid; {a.repeats} alternating sweeps, one process per cell, "
+            f"host`'s grid; {done} alternating sweeps, one process per cell, "
             f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = old / new, >= 1: no slower "
             f"[its {LEVEL:.0%} bootstrap interval over the repeats])", "",
             f"| cell | {a.commit} | working tree | ratio |", "|---|---|---|---|"]

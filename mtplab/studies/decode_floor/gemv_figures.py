@@ -6,7 +6,8 @@
 Shapes: llama3-8b-like's decode GEMMs (fused QKV, o_proj, fused gate/up, down, the LM head).
 Each arm runs `copies` distinct weights in turn (together >= 1 GiB, so no read hits the 50 MB
 L2), captured in one CUDA graph; its time is gpu_figures.graph_us's median device µs per call.
-floor µs = N*K*2 bytes / the device copy bandwidth measured in the same process;
+floor µs = N*K*2 bytes / the device copy bandwidth (bytes read + written per second) measured
+in the same process, the floor of every study;
 floor / µs is the fraction of the floor an arm reaches. With --configs, every launch shape of
 CONFIGS runs beside config()'s pick. Writes DIR/gemv.json and DIR/gemv.md (a table per M).
 """
@@ -61,9 +62,9 @@ def measure(rows: list[int], with_configs: bool, repeats: int = 3) -> dict:
 
     from ..gpu_figures import copy_bandwidth
     dev = torch.device("cuda")
-    bw = copy_bandwidth() / 2                   # bytes read per second (copy: read + write)
+    bw = copy_bandwidth()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    out = {"device": torch.cuda.get_device_name(dev), "read_bw": bw, "sms": sms, "cells": []}
+    out = {"device": torch.cuda.get_device_name(dev), "copy_bw": bw, "sms": sms, "cells": []}
     for name, n, k in SHAPES:
         copies = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5
@@ -87,8 +88,8 @@ def _line(c: dict) -> str:
 
 def render(doc: dict) -> str:
     lines = ["# Decode GEMMs at M <= 8: cuBLAS beside the skinny Triton kernel", "",
-             f"- device: {doc['device']} ({doc['sms']} SMs); read bandwidth (copy / 2) "
-             f"{doc['read_bw'] / 1e12:.2f} TB/s", f"- command: `{doc.get('command', '')}`",
+             f"- device: {doc['device']} ({doc['sms']} SMs); copy bandwidth "
+             f"{doc['copy_bw'] / 1e12:.2f} TB/s", f"- command: `{doc.get('command', '')}`",
              "- each figure: the median of the repeats' median device µs per call; noise: "
              "(max - min) / median over the repeats", ""]
     for m in sorted({c["M"] for c in doc["cells"]}):

@@ -65,3 +65,24 @@ def test_a_cell_and_a_kernel_table_on_cpu(monkeypatch):
                               commit="abc1234", command="x"))
     md = F.render(doc)
     assert "| random-tiny | 24 | 2 |" in md and "- short: done in 1 s" in md
+
+
+def test_the_hot_vocabulary_arm_is_named_in_its_cell_and_in_the_answer(monkeypatch):
+    r = _run()
+    monkeypatch.setattr(run, "NEW", 6)
+    eng = Engine(RunConfig(model="random-tiny", max_running_requests=2, context_len=256,
+                           page_size=16, overlap=True, zero_bubble=True, draft_vocab="hot:64",
+                           **run.FROZEN))
+    row = r.cell(eng, "hot", "random-tiny", "frozen_kv_mtp topk 1 hot:64", 24, 2)
+    assert row["draft_vocab"] == "hot:64" and row["topk"] == 1
+    eng.close()
+    doc = _run().doc
+    base = dict(model="m", ctx=F.SPEC_CTX, bs=1, topk=1, floor_bytes=1e9, kv_bytes=1e8,
+                weight_bytes=9e8, figure="frozen")
+    doc["steps"] = [dict(base, arm="target", ms=[4.0] * 3, draft_tokens=None),
+                    dict(base, arm="frozen_kv_mtp topk 1", ms=[5.6] * 3, draft_tokens=4),
+                    dict(base, arm="frozen_kv_mtp topk 1 hot:64", ms=[4.8] * 3,
+                         draft_tokens=4, draft_vocab="hot:64")]
+    ans = F.answer(doc)
+    assert "1.400 ±2.0% MISS (<= 1.25) for topk 1 bs 1" in ans
+    assert "1.200 ±2.0% PASS (<= 1.25) for topk 1 hot:64 bs 1" in ans

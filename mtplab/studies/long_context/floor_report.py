@@ -254,7 +254,8 @@ def answer(doc: dict) -> str:
     if sr:
         parts.append("spec step / target step at 32k " + ", ".join(
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
-            f"{r['topk']} bs {r['bs']}" for r in sr))
+            f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
+            for r in sr))
     bad = [n for n, f in doc["figures"].items() if f["status"] != "done"]
     if bad:
         parts.append("not measured: " + ", ".join(f"{n} ({doc['figures'][n]['status']})"

@@ -6,7 +6,7 @@ Markdown rendered from it) into the results folder --out-dir:
     DIR/long_context/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     python -m benchmarks.bench_long_context [--out-dir DIR] [--out table.md]
-        [--only short llama frozen gemma] [--no-kernel-table] [--windows 3] [--budget-s 500]
+        [--only short llama frozen hot gemma] [--no-kernel-table] [--windows 3] [--budget-s 500]
 
 The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
 changes is refused before anything runs (a report names one commit).
@@ -24,6 +24,10 @@ draft serves every context and batch size of a figure.
   frozen    llama3.1-8b-like@32 frozen_kv_mtp (fold_seed, S 3, simulated accept 3.0) at 8k and
             32k, bs 1 and 8: spec step / target step (at 32k <= 1.25 with topk 1, <= 1.4 with
             topk 4 and 8 draft tokens)
+  hot       the frozen topk-1 arm with a draft head over the HOT most frequent tokens
+            (draft_vocab hot:32768, FR-Spec): the option that cuts the draft's three LM-head
+            reads to a quarter; a random preset ranks its ids in order, so this is timing only
+            (simulated acceptance does not move)
   gemma     gemma4-31b-like@12 target-only, 8k and 32,656-token prompts, bs 1 and 8
 Kernel tables (on unless --no-kernel-table): every GPU activity of 3 profiled decode steps of
 the short @32 bs-1 cell, the llama 32k bs-1 cell and the frozen topk-1 32k bs-1 cell.
@@ -53,13 +57,14 @@ from mtplab.studies.gpu_figures import copy_bandwidth
 from mtplab.studies.gpu_figures import free
 from mtplab.studies.long_context import floor_report as study
 
-FIGURES = ("short", "llama", "frozen", "gemma")
+FIGURES = ("short", "llama", "frozen", "hot", "gemma")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table
 GEMMA_32K = 32768 - 16 - 96        # its longest prompt: the preset has 32,768 positions
 BASE = dict(page_size=16, overlap=True, zero_bubble=True, dtype="bfloat16")
 FROZEN = dict(draft="frozen_kv_mtp", fold_seed=True, num_steps=3, simulate_accept_len=3.0)
+HOT = "hot:32768"                  # the hot figure's draft vocabulary
 
 
 def engine(model: str, bs: int, ctx: int, tokens: int, **kw) -> Engine:
@@ -133,6 +138,8 @@ class Run:
                "floor_bytes": float(b.total), "kv_bytes": float(b.kv),
                "weight_bytes": float(b.weights), "topk": eng.cfg.topk,
                "draft_tokens": eng.cfg.num_draft_tokens if arm != "target" else None}
+        if eng.cfg.draft_vocab != "full":
+            row["draft_vocab"] = eng.cfg.draft_vocab
         self.doc["steps"].append(row)
         fl = 1e3 * b.total / study.bandwidth(self.doc)
         print(f"{model} {arm} ctx {ctx} bs {bs}: step p50 per window "
@@ -238,6 +245,16 @@ def fig_frozen(run: Run) -> None:
         free()
 
 
+def fig_hot(run: Run) -> None:
+    model = "llama3.1-8b-like@32"
+    eng = engine(model, 8, 32768, new_tokens_max(run), topk=1, draft_vocab=HOT, **FROZEN)
+    for ctx in (8192, 32768):
+        for bs in (1, 8):
+            run.cell(eng, "hot", model, f"frozen_kv_mtp topk 1 {HOT}", ctx, bs)
+    del eng
+    free()
+
+
 def fig_gemma(run: Run) -> None:
     model = "gemma4-31b-like@12"
     eng = engine(model, 8, GEMMA_32K, new_tokens_max(run))
@@ -276,7 +293,8 @@ def main(argv=None) -> int:
               a.budget_s, a.windows, a.kernel_table)
     run.doc["bandwidth"] = [float(copy_bandwidth()) for _ in range(3)]
     print(f"copy bandwidth {study.bandwidth(run.doc) / 1e12:.3f} TB/s", flush=True)
-    figs = {"short": fig_short, "llama": fig_llama, "frozen": fig_frozen, "gemma": fig_gemma}
+    figs = {"short": fig_short, "llama": fig_llama, "frozen": fig_frozen, "hot": fig_hot,
+            "gemma": fig_gemma}
     for name in FIGURES:
         if name in a.only:
             run.figure(name, figs[name], reserve_s=90 if name == "frozen" else 40)

@@ -1,0 +1,80 @@
+"""Timing a batch that shrinks level by level: one engine measures every batch size.
+
+    prompts of B requests, request r given tokens for `steps` decode steps at each level
+    b > r of the batch sizes (request_tokens), so the running batch falls B -> ... -> 1:
+
+        running  B B B ... B | b2 b2 ... b2 | ... | 1 1 ... 1
+                 level B       level b2             level 1
+
+    every iteration timed (host wall between step() returns: the GPU step when the loop is
+    GPU-bound) beside the running count and the tokens out (time_levels); an iteration counts
+    for bs b when b requests ran in it and in the STEADY iterations either side, with no
+    prefill among them (steady_cells), its window p50s the measurements.
+
+The runners of `long_context_spec` and of the MoE speculation study (`moe`) share it.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mtplab import Engine
+
+STEADY = 2                           # iterations either side with the same running count
+
+
+def tokens_per_step(kw: dict) -> float:
+    """Tokens a request gains per decode step at the arm's simulated acceptance."""
+    if kw.get("simulate_accept_len"):
+        return float(kw["simulate_accept_len"])
+    if kw.get("simulate_accept_rates"):
+        return 1.0 + float(np.sum(np.cumprod(kw["simulate_accept_rates"])))
+    return 1.0
+
+
+def request_tokens(batches: list[int], B: int, steps: int, per_step: float) -> list[int]:
+    """Tokens of each of B requests: request r lives `steps` decode steps at each level b of
+    `batches` (<= B) with r < b, so the running batch falls level by level."""
+    levels = [b for b in batches if b <= B]
+    return [max(2, int(round(steps * sum(r < b for b in levels) * per_step)))
+            for r in range(B)]
+
+
+def time_levels(eng: Engine, prompts: list[list[int]], tokens: list[int]) -> tuple[list, float]:
+    """Run the staggered requests to the end: per iteration (seconds, running count, tokens
+    out so far, prefill steps so far); and the seconds until the last prefill."""
+    reqs = [eng.add_request(p, max_new_tokens=n, ignore_eos=True)
+            for p, n in zip(prompts, tokens)]
+    sched = eng.scheduler
+    rows = []
+    t_prefill = None
+    t0 = last = time.perf_counter()
+    while not eng.idle:
+        eng.step()
+        now = time.perf_counter()
+        rows.append((now - last, len(sched.running), sum(len(r.output_ids) for r in reqs),
+                     sched.stats.prefill_steps))
+        if t_prefill is None and not sched.waiting and len(rows) > 1 and \
+                rows[-1][3] == rows[-2][3]:
+            t_prefill = now - t0
+        last = now
+    eng.check_invariants()
+    return rows, t_prefill or 0.0
+
+
+def steady_cells(rows: list, batches: list[int], windows: int) -> dict:
+    """{bs: (window p50 ms list, tokens per step)} of the iterations counted for each bs."""
+    out = {}
+    n = len(rows)
+    for bs in batches:
+        sel = [i for i in range(STEADY, n - STEADY)
+               if all(rows[j][1] == bs for j in range(i - STEADY, i + STEADY + 1))
+               and rows[i - STEADY][3] == rows[i + STEADY][3]]
+        if len(sel) < windows:
+            continue
+        dts = np.asarray([rows[i][0] for i in sel])
+        toks = np.asarray([rows[i][2] - rows[i - 1][2] for i in sel], dtype=float)
+        ms = [1e3 * float(np.median(w)) for w in np.array_split(dts, windows)]
+        out[bs] = (ms, float(toks.mean()), len(sel))
+    return out

@@ -8,7 +8,9 @@ Report: `mtplab report moe --from D/<group>`: a moe_spec run gets the study's re
 (moe_spec.py: where speculation stops paying, the curve's shape, the K = 2 / K = 4 crossover,
 what zipf changes), any other group each arm against the group's first arm at every grid
 point (studies/group.py).
-Runners here: bench_moe.py (experts touched per step and the floor of those experts) and,
+Runners here: moe_spec_runner.py (the speculation study in one process, one engine per model,
+routing and arm over every batch size: bench_moe_spec.py), bench_moe.py (experts touched per
+step and the floor of those experts) and,
 for question `moe_floor` (moe_floor.py), bench_moe_floor.py (the MoE decode step against its
 floor, split vs grouped MoE kernels); benchmarks/ holds their entry points.
 """

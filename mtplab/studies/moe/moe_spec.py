@@ -195,10 +195,16 @@ def answer(doc: dict, sp: pd.DataFrame, kp: pd.DataFrame, zp: pd.DataFrame) -> s
 
 
 # -- report ----------------------------------------------------------------------------------
+def _repeats(doc: dict) -> str:
+    """What a row's repeat is: a sweep's interleaved repeat, or a runner's window."""
+    return "repeats" if doc.get("method") else "interleaved repeats"
+
+
 def render(doc: dict) -> str:
     sp, kp, zp = speedups(doc), k_pairs(doc), zipf_pairs(doc)
     title = f"{doc['question']}: {QUESTIONS[doc['question']]} (the MoE speculation study)"
     parts = [R.header(doc, title), f"- bench group: `{doc['group']}` (studies/moe/moe_spec.yaml)",
+             *([f"- measured by {doc['method']}"] if doc.get("method") else []),
              f"- models: {'; '.join(_kind(doc, m) for m in doc['experts'])}", ""]
     parts += R.note_and_answer(doc, answer(doc, sp, kp, zp))
     parts += ["", "## Where speculation stops paying", "",
@@ -211,7 +217,7 @@ def render(doc: dict) -> str:
         rows.append([_kind(doc, model), routing, arm, stops_paying(c)[1], shape(c)])
     parts += [R.md_table(["model", "routing", "arm", "stops paying", "speedup over bs"], rows),
               "", "## Speedup over target-only", "",
-              "Median decode tok/s over the interleaved repeats (arm / target-only at the same "
+              f"Median decode tok/s over the {_repeats(doc)} (arm / target-only at the same "
               "model, routing and bs), the ratio ± the noise (the larger of the two arms' "
               "spread, at least 2%) and its verdict.", ""]
     rows = [[r["model"], r["routing"], str(r["bs"]), r["arm"],

@@ -1,0 +1,62 @@
+"""bench_moe_spec (studies/moe/moe_spec_runner.py) without a GPU: one engine per model, routing
+and arm gives a row per window at every batch size, the study's report renders from the file
+byte for byte, a second call at the same stamp adds its engines to the report, an engine a
+later call skipped keeps what an earlier one measured, and a bad arm index is one error."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplab.errors import ConfigError
+from mtplab.studies import reports as R
+from mtplab.studies.moe import moe_spec_runner as run
+from mtplab.studies.moe import render
+
+ARGS = ["--device", "cpu", "--dtype", "float32", "--arms", "1", "--batches", "1", "2",
+        "--steps-per-level", "6", "--windows", "2"]
+
+
+def test_arms_are_the_grids_with_target_only_first():
+    got = run.arms([2, 1])
+    assert got[0] == {"draft": "none"} and [a.get("num_steps") for a in got] == [None, 4, 2]
+    with pytest.raises(ConfigError, match="--arms 9: moe_spec.yaml has arms 0-4"):
+        run.arms([9])
+
+
+def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
+    out = tmp_path / "results"
+    assert run.main([*ARGS, "--models", "random-tiny-gemma4", "--routings", "uniform",
+                     "--out-dir", str(out)]) == 0
+    (js,) = (out / "moe").glob("*_cpu_abc1234.json")
+    doc = json.loads(js.read_text())
+    assert [e["status"] for e in doc["engines"]] == ["ok", "ok"]      # target-only, K=4
+    pts = {(r["point"]["batch_size"], r["arm"], r["repeat"]) for r in doc["rows"]}
+    assert len(pts) == len(doc["rows"]) == 2 * 2 * 2       # bs x arms x windows
+    assert all(r["decode_tok_per_s"] > 0 for r in doc["rows"])
+    assert run.main([*ARGS, "--models", "random-tiny-gemma4", "--routings", "zipf:1.2",
+                     "--out-dir", str(out)]) == 0
+    doc = json.loads(js.read_text())
+    assert {r["point"]["moe_routing"] for r in doc["rows"]} == {"uniform", "zipf:1.2"}
+    assert len(doc["engines"]) == 4 and " --routings zipf:1.2 " in doc["command"]
+    md = js.with_suffix(".md").read_text()
+    assert "- measured by one engine per model, routing and arm" in md
+    assert "## What zipf routing changes" in md
+    assert R.regenerate("moe", render, out, check=True) == []
+
+
+def test_an_engine_a_later_call_skipped_keeps_the_earlier_rows():
+    def doc(engines, rows, command):
+        return {"engines": engines, "rows": rows, "arms": ["a"], "command": command,
+                "arm_keys": [{"arm": "a", "draft": "none", "k": None}],
+                "experts": {"m": 16}}
+    e_ok = {"model": "m", "routing": "uniform", "arm": "a", "status": "ok"}
+    e_skip = dict(e_ok, status="skipped", reason="time box (10 s left)")
+    row = {"point": {"model": "m", "moe_routing": "uniform", "batch_size": 1}, "arm": "a",
+           "repeat": 0, "decode_tok_per_s": 5.0}
+    got = run.merge(doc([e_ok], [row], "x"), doc([e_skip], [], "y"))
+    assert got["rows"] == [row] and got["engines"] == [e_ok] and got["command"] == "x; y"
+    new_row = dict(row, decode_tok_per_s=6.0)
+    got = run.merge(doc([e_ok], [row], "x"), doc([e_ok], [new_row], "x"))
+    assert got["rows"] == [new_row] and got["command"] == "x"

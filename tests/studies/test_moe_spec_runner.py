@@ -60,3 +60,19 @@ def test_an_engine_a_later_call_skipped_keeps_the_earlier_rows():
     new_row = dict(row, decode_tok_per_s=6.0)
     got = run.merge(doc([e_ok], [row], "x"), doc([e_ok], [new_row], "x"))
     assert got["rows"] == [new_row] and got["command"] == "x"
+
+
+def test_the_moe_schedule_grid_runs_the_schedule_group_on_the_moe_target(tmp_path):
+    """moe_schedule.yaml: the schedule runner at gemma4-26b-a4b-like@30 with its Frozen-KV
+    draft, acceptance at the field's first-position rate; --smoke runs its path on CPU (the
+    dense random-tiny stands in) and writes a schedule file."""
+    import yaml
+
+    from mtplab.studies.spec_schedule.runner import run_group
+    path = run.moe_spec.GRID.with_name("moe_schedule.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["runner"] == "schedule" and doc["accept_rate"] == 0.844
+    assert doc["models"] == [{"model": "gemma4-26b-a4b-like", "layers": 30,
+                              "draft": "frozen_kv_mtp"}]
+    md = run_group(doc, tmp_path / "moe_schedule", device="cpu", smoke=True)
+    assert "schedule" in md and list((tmp_path / "moe_schedule").glob("*.schedule.yaml"))

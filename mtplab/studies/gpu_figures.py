@@ -163,11 +163,10 @@ def gpu_activities(fn, cats: tuple = GPU_ACTIVITY_CATS) -> tuple[int, dict, list
 
 
 def decode_forward(eng):
-    """One bs-1 decode forward + sampling of the target worker (its one-node verify segment,
-    publish and stash of the padding row included), eager (no graph)."""
+    """One bs-1 greedy decode forward + argmax of the target worker (its one-node verify
+    segment, publish and stash of the padding row included), eager (no graph)."""
     dev = eng.device.torch_device
-    z = lambda dt=torch.long: torch.zeros(1, dtype=dt, device=dev)  # noqa: E731
+    z = torch.zeros(1, dtype=torch.long, device=dev)
     fn = target_decode_fn(eng, 64)
-    args = dict(input_ids=z(), rows=z(), kv_lens=z() + 1, temperature=z(torch.float32),
-                top_p=z(torch.float32) + 1, seeds=z())
+    args = dict(input_ids=z, rows=z, kv_lens=z + 1)
     return lambda: fn(**args)

@@ -56,9 +56,9 @@ class _NoMarks:
 
 
 def target_decode_fn(eng, max_kv: int):
-    """The target worker's decode forward + sampling for lanes of up to `max_kv` KV entries,
-    eager: its one-node verify segment (publish and stash of the lanes' rows included), called
-    as fn(input_ids=, rows=, kv_lens=, temperature=, top_p=, seeds=)."""
-    call = eng.target_worker.plan(False, False)[-1]
+    """The target worker's greedy decode forward + argmax for lanes of up to `max_kv` KV
+    entries, eager: the one-node verify segment a greedy decode step runs (publish and stash
+    of the lanes' rows included), called as fn(input_ids=, rows=, kv_lens=)."""
+    call = eng.target_worker.plan(False, True)[-1]
     fn = call.make(call, max_kv)
     return lambda **args: fn(**args, mark=_NoMarks())

@@ -74,3 +74,28 @@ def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
         command="python -m benchmarks.bench_moe_floor --only ffn")))
     assert "| routing kernel µs at 4 / 8 warps (spread) | its serial work |" in md
     assert "| 20.2 (2%) / 12.2 (4%) | programs 72, phases 2, aligning trips 1 |" in md
+
+
+def test_the_kernel_tables_profile_the_greedy_decode_the_steps_run():
+    """decode_forward (every kernel table's bs-1 forward) runs the greedy plan the measured
+    decode steps run: an argmax, no sampling softmax; experts_touched reads the same forward
+    on an MoE preset."""
+    import torch
+
+    from mtplab import Engine, RunConfig
+    from mtplab.instrument.hostclock import OpCounter
+    from mtplab.studies.gpu_figures import decode_forward
+    from mtplab.studies.moe import moe_floor_runner
+
+    eng = Engine(RunConfig(model="random-tiny", attention_backend="triton", context_len=256,
+                           page_size=16))
+    with torch.no_grad(), OpCounter() as oc:
+        decode_forward(eng)()
+    assert "argmax" in oc.ops and not {"_softmax", "sort", "searchsorted"} & set(oc.ops)
+    eng.check_invariants()
+    eng.close()
+    eng = Engine(RunConfig(model="random-tiny-moe", context_len=256, page_size=16,
+                           max_running_requests=4))
+    assert 1 <= moe_floor_runner.experts_touched(eng, 3) <= 12        # top-4 of 16, 3 tokens
+    eng.check_invariants()
+    eng.close()

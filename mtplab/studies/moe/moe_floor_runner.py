@@ -289,9 +289,7 @@ def experts_touched(eng: Engine, bs: int) -> float:
     args = dict(input_ids=torch.randint(3, eng.model.config.vocab_size, (bs,),
                                         generator=g).to(dev),
                 rows=torch.arange(1, bs + 1, device=dev),
-                kv_lens=torch.full((bs,), PROMPT, device=dev),
-                temperature=torch.zeros(bs, device=dev), top_p=torch.ones(bs, device=dev),
-                seeds=torch.zeros(bs, dtype=torch.long, device=dev))
+                kv_lens=torch.full((bs,), PROMPT, device=dev))
     with recording(eng.model) as rec, torch.no_grad():
         fn(**args)
         (per_layer,) = rec.read()
@@ -385,10 +383,9 @@ def phase_kernels(log: Log, engines: dict, a) -> None:
         L = eng.model.config.num_hidden_layers
         short = L - PERIOD if L > PERIOD else max(1, L // 2)
         dev = eng.device.torch_device
-        z = lambda dt=torch.long, dev=dev: torch.zeros(1, dtype=dt, device=dev)   # noqa: E731
+        z = torch.zeros(1, dtype=torch.long, device=dev)
         fn = target_decode_fn(eng, PROMPT)
-        args = dict(input_ids=z(), rows=z(), kv_lens=z() + PROMPT, temperature=z(torch.float32),
-                    top_p=z(torch.float32) + 1, seeds=z())
+        args = dict(input_ids=z, rows=z, kv_lens=z + PROMPT)
 
         def call(fn=fn, args=args):
             return fn(**args)

@@ -379,3 +379,32 @@ def test_bench_labels_each_groups_bar_and_closes_over_every_group(tmp_path, monk
     assert seen == ["bench a", "bench b"]
     line = bench.closing_line(frames, tmp_path)
     assert line.startswith("2 group(s) (a, b): 3 ok, 1 failed, 1 dropped;")
+
+
+def test_gpu_check_tests_shares_the_gpu_between_workers_when_xdist_is_there(tmp_path):
+    """With pytest-xdist importable, the tests phase runs tests/gpu in GPU_TEST_WORKERS
+    processes without the serial files, then those alone; without it, one plain run."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    script = ROOT / "scripts" / "gpu_check.sh"
+
+    def calls(has_xdist: bool, **env):
+        (fake / "python3").write_text(
+            f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit {0 if has_xdist else 1}; fi\n'
+            f'echo "$*" >> {log}\n')
+        (fake / "python3").chmod(0o755)
+        log.write_text("")
+        subprocess.run(["bash", str(script), "-o", str(tmp_path / "out"), "tests"],
+                       env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", **env},
+                       capture_output=True, text=True, check=True)
+        return [ln for ln in log.read_text().splitlines() if "pytest" in ln]
+
+    par, ser = calls(True, GPU_TEST_WORKERS="3")
+    assert " -n 3 tests/gpu " in f" {par} "
+    serial = ["tests/gpu/test_meter_gpu.py", "tests/gpu/test_overlap_hides_host_gpu.py",
+              "tests/gpu/test_lifetime_gpu.py"]
+    assert all(f"--ignore={f}" in par for f in serial)
+    assert ser.split()[-3:] == serial
+    (plain,) = calls(False)
+    assert plain.endswith("-m pytest -q -p no:cacheprovider tests/gpu")

@@ -159,3 +159,15 @@ def test_an_engine_that_runs_out_of_memory_is_retried_one_level_down(monkeypatch
     assert cells[2]["status"] == cells[1]["status"] == "ok"
     assert r.doc["engines"] == [{"ctx": 32, "arm": "target", "status": "ok", "max_bs": 2,
                                  "build_s": 1.0, "prefill_s": 2.0, "steps": 24}]
+
+
+def test_each_batch_that_does_not_fit_gets_its_own_reason(monkeypatch):
+    """largest_fit: bs 4 and 8 need more than is free; each one's reason names its own bs and
+    bytes (not the smallest misfit's for all)."""
+    need = {1: 10e9, 2: 20e9, 4: 40e9, 8: 80e9}
+    monkeypatch.setattr(run, "estimate_memory", lambda cfg: type(
+        "M", (), {"device_bytes": need[cfg.max_running_requests]})())
+    B, why = run.largest_fit("random-tiny", 32, [1, 2, 4, 8], lambda bs: 8, "target",
+                             "float32", "cpu", free=25e9)
+    assert B == 2 and sorted(why) == [4, 8]
+    assert why[8].startswith("bs 8 x 40 tokens needs 80 GB") and "bs 4 x 40" in why[4]

@@ -68,18 +68,18 @@ def config(model: str, ctx: int, bs: int, tokens: int, arm: str, dtype: str,
 
 
 def largest_fit(model: str, ctx: int, batches: list[int], tokens_of, arm: str, dtype: str,
-                device: str, free: float) -> tuple[int, str]:
-    """(the largest bs of `batches` whose engine fits `free` bytes, the reason the next one
-    does not); (0, reason) when none fits."""
-    why = ""
+                device: str, free: float) -> tuple[int, dict]:
+    """(the largest bs of `batches` whose engine fits `free` bytes, {bs: why it does not fit}
+    for each larger one); (0, {...}) when none fits."""
+    why = {}
     for bs in sorted(batches, reverse=True):
         cfg = config(model, ctx, bs, tokens_of(bs), arm, dtype, device)
         cfg.validate()
         need = estimate_memory(cfg).device_bytes
         if need <= free:
             return bs, why
-        why = (f"bs {bs} x {ctx + tokens_of(bs)} tokens needs {need / 1e9:.3g} GB (weights + "
-               f"KV + workspace), {free / 1e9:.3g} GB are free")
+        why[bs] = (f"bs {bs} x {ctx + tokens_of(bs)} tokens needs {need / 1e9:.3g} GB "
+                   f"(weights + KV + workspace), {free / 1e9:.3g} GB are free")
     return 0, why
 
 
@@ -105,12 +105,11 @@ class Run:
 
         free = (a.device_gb * 1e9 if a.device_gb else device_free_bytes(a.device)) * FREE_SHARE
         B, why = largest_fit(a.model, ctx, batches, tokens_of, arm, a.dtype, a.device, free)
-        too_big = [bs for bs in batches if bs > B]
-        if too_big:
-            self.skip(ctx, arm, too_big, f"the KV does not fit the device: {why}")
+        for bs in (b for b in batches if b > B):
+            self.skip(ctx, arm, [bs], f"the KV does not fit the device: {why[bs]}")
         if B == 0:
             doc["engines"].append({"ctx": ctx, "arm": arm, "status": "skipped",
-                                   "reason": why})
+                                   "reason": why[min(batches)]})
             return
         while True:                    # the estimate can be short: one level down on OOM
             try:

@@ -297,7 +297,7 @@ phase_reports() {
     case $r in
       moe_floor) timeout 560 python3 -m benchmarks.bench_moe_floor --budget-s 420 \
                    --out-dir "$OUT_DIR" ;;
-      floor)     timeout 570 python3 -m benchmarks.bench_long_context --only short llama frozen hot \
+      floor)     timeout 570 python3 -m benchmarks.bench_long_context --only short llama frozen hot gemm \
                    --budget-s 480 --out-dir "$OUT_DIR" ;;
       spec8k)    timeout 580 python3 -m benchmarks.bench_spec_batch --contexts 8192 \
                    --budget-s 500 --out-dir "$OUT_DIR" ;;

@@ -86,3 +86,18 @@ def test_the_hot_vocabulary_arm_is_named_in_its_cell_and_in_the_answer(monkeypat
     ans = F.answer(doc)
     assert "1.400 ±2.0% MISS (<= 1.25) for topk 1 bs 1" in ans
     assert "1.200 ±2.0% PASS (<= 1.25) for topk 1 hot:64 bs 1" in ans
+
+
+def test_the_gemm_figure_measures_at_the_runs_bandwidth(monkeypatch):
+    from mtplab.studies.decode_floor import gemv_figures
+    seen = {}
+
+    def measure(rows, with_configs, repeats, bw):
+        seen.update(rows=rows, with_configs=with_configs, repeats=repeats, bw=bw)
+        return {"cells": [{"shape": "qkv"}]}
+
+    monkeypatch.setattr(gemv_figures, "measure", measure)
+    r = _run()
+    r.figure("gemm", run.fig_gemm, reserve_s=0)
+    assert r.doc["figures"]["gemm"]["status"] == "done" and r.doc["gemm"] == [{"shape": "qkv"}]
+    assert seen == dict(rows=[1, 8], with_configs=True, repeats=3, bw=F.bandwidth(r.doc))

@@ -154,3 +154,31 @@ def test_a_trace_without_the_graphs_kernels_is_said_to_be_blind():
     assert "the profiler saw no kernels inside the graph replays, and this table is not " \
            "the step's." in md
     assert "not the step's" not in study("long_context").render(_doc())
+
+
+def test_the_gemm_figure_sets_cublas_beside_the_fastest_triton_launch():
+    """o_proj: cuBLAS 13.0 µs against a Triton launch shape at 11.9 (1.092x, beyond the 2%
+    noise: pays); qkv: cuBLAS faster (0.700x: costs); the sum per M takes the faster arm of
+    each GEMM; the answer counts the GEMMs where Triton pays; a doc without the figure shows
+    no section."""
+    doc = _doc()
+    plain = F.render(doc)
+    assert "## Decode GEMMs" not in plain and "decode GEMMs:" not in F.answer(doc)
+
+    def cell(shape, n, k, cub, pick, other):
+        return {"shape": shape, "N": n, "K": k, "M": 1, "floor_us": 8.0, "config": {},
+                "arms": {"cublas": {"us": [cub] * 3, "max_abs_err": 0.0},
+                         "triton": {"us": [pick] * 3, "max_abs_err": 1e-3},
+                         "triton 32x256 s1 w4 st4": {"us": [other] * 3, "max_abs_err": 1e-3}}}
+    doc["gemm"] = [cell("o_proj", 4096, 4096, 13.0, 16.0, 11.9),
+                   cell("qkv", 6144, 4096, 15.5, 22.1, 23.0)]
+    rows = F.gemm_rows(doc)
+    assert [(r["best"], r["words"]) for r in rows] == [("triton 32x256 s1 w4 st4", R.PAYS),
+                                                       ("triton", R.COSTS)]
+    md = F.render(doc)
+    assert ("| 1 | o_proj | 4096 x 4096 | 8.0 | 13.0 (0.615) | 16.0 | triton 32x256 s1 w4 "
+            "st4: 11.9 (0.672) | 1.092x ±2.0%, pays |") in md
+    assert "- M = 1: the 2 GEMMs once each take 28.5 µs on cuBLAS, 27.4 µs with the faster " \
+           "arm per GEMM (-3.9%)" in md
+    assert "decode GEMMs: the Triton GEMM beats cuBLAS beyond the noise on 1 of 2 " \
+           "(o_proj M=1)" in F.answer(doc)

@@ -9,7 +9,8 @@ L2), captured in one CUDA graph; its time is gpu_figures.graph_us's median devic
 floor µs = N*K*2 bytes / the device copy bandwidth (bytes read + written per second) measured
 in the same process, the floor of every study;
 floor / µs is the fraction of the floor an arm reaches. With --configs, every launch shape of
-CONFIGS runs beside config()'s pick. Writes DIR/gemv.json and DIR/gemv.md (a table per M).
+launch_shapes() runs beside config()'s pick. Writes DIR/gemv.json and DIR/gemv.md (a table per
+M). The long_context report's `gemm` figure runs the same measurement in its process.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ SHAPES = (("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096),
 ROTATE_BYTES = 1 << 30
 
 
-def _configs():
+def launch_shapes() -> list:
+    """The Triton launch shapes --configs runs beside config()'s pick."""
     from ...kernels.gemv import GemvConfig
     return [GemvConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=nw, num_stages=ns)
             for bn, bk, sk, nw, ns in ((16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (64, 128, 1, 4, 4),
@@ -44,7 +46,7 @@ def _cell(name: str, n: int, k: int, m: int, ws: list, bw: float, sms: int,
     want = F.linear(x, ws[0]).float()
     arms = {"cublas": lambda w: F.linear(x, w), "triton": lambda w: G._gemv_triton(x, w)}
     if with_configs:
-        for c in _configs():
+        for c in launch_shapes():
             arms[f"triton {c.block_n}x{c.block_k} s{c.split_k} w{c.num_warps} "
                  f"st{c.num_stages}"] = (lambda w, c=c: G._gemv_triton(x, w, c))
     cell = {"shape": name, "N": n, "K": k, "M": m, "floor_us": n * k * 2 / bw * 1e6,
@@ -57,12 +59,15 @@ def _cell(name: str, n: int, k: int, m: int, ws: list, bw: float, sms: int,
     return cell
 
 
-def measure(rows: list[int], with_configs: bool, repeats: int = 3) -> dict:
+def measure(rows: list[int], with_configs: bool, repeats: int = 3,
+            bw: float | None = None) -> dict:
+    """Every shape of SHAPES at each M of `rows`; `bw` the copy bandwidth (None: measured
+    here)."""
     import torch
 
     from ..gpu_figures import copy_bandwidth
     dev = torch.device("cuda")
-    bw = copy_bandwidth()
+    bw = copy_bandwidth() if bw is None else bw
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     out = {"device": torch.cuda.get_device_name(dev), "copy_bw": bw, "sms": sms, "cells": []}
     for name, n, k in SHAPES:
@@ -110,7 +115,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_gemv", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gemv_out", help="folder for gemv.json and gemv.md")
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 8])
-    ap.add_argument("--configs", action="store_true", help="every launch shape of CONFIGS too")
+    ap.add_argument("--configs", action="store_true",
+                    help="every launch shape of launch_shapes() too")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args(argv)
     import torch

@@ -256,11 +256,61 @@ def answer(doc: dict) -> str:
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
             f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
             for r in sr))
+    gr = gemm_rows(doc)
+    if gr:
+        faster = [f"{r['shape']} M={r['M']}" for r in gr if r["words"] == R.PAYS]
+        parts.append(f"decode GEMMs: the Triton GEMM beats cuBLAS beyond the noise on "
+                     f"{len(faster)} of {len(gr)}" + (f" ({', '.join(faster)})" if faster
+                                                       else ""))
     bad = [n for n, f in doc["figures"].items() if f["status"] != "done"]
     if bad:
         parts.append("not measured: " + ", ".join(f"{n} ({doc['figures'][n]['status']})"
                                                    for n in bad))
     return ("; ".join(parts) or "nothing measured") + "."
+
+
+def gemm_rows(doc: dict) -> list[dict]:
+    """Per decode GEMM (shape, M) of the `gemm` figure: cuBLAS, config()'s Triton pick and the
+    fastest Triton launch shape, each its median µs and floor / µs; cuBLAS µs / the fastest
+    Triton's (> 1: Triton faster), its noise (the larger spread of the two) and verdict."""
+    out = []
+    for c in doc.get("gemm") or []:
+        arms = {k: (statistics.median(a["us"]), spread(a["us"]), len(a["us"]))
+                for k, a in c["arms"].items()}
+        best = min((k for k in arms if k != "cublas"), key=lambda k: arms[k][0])
+        (cub, s_c, n_c), (tri, s_t, n_t) = arms["cublas"], arms[best]
+        r, nz = cub / tri, noise(s_c, s_t)
+        out.append({"shape": c["shape"], "N": c["N"], "K": c["K"], "M": c["M"],
+                    "floor_us": c["floor_us"], "cublas_us": cub, "pick_us": arms["triton"][0],
+                    "best": best, "best_us": tri, "ratio": r, "noise": nz,
+                    "words": R.verdict(r, nz, n_c, n_t)})
+    return out
+
+
+def _gemm_lines(doc: dict) -> list[str]:
+    rows = gemm_rows(doc)
+    if not rows:
+        return []
+    lines = ["", "## Decode GEMMs: cuBLAS beside the Triton GEMM", "",
+             "llama3-8b-like's decode GEMMs over rotating weights (no L2 hits), each arm's "
+             "median device µs per call over the repeats and its floor / µs (the weight's bytes "
+             "at the copy bandwidth); *Triton pick*: kernels/gemv.py config()'s launch shape; "
+             "*fastest Triton*: the fastest of every launch shape measured; cuBLAS / fastest "
+             "(> 1: the Triton GEMM is faster) ± the noise, its verdict.", ""]
+    lines.append(R.md_table(
+        ["M", "GEMM", "N x K", "floor µs", "cuBLAS µs (floor / µs)", "Triton pick µs",
+         "fastest Triton", "cuBLAS / fastest"],
+        [[str(r["M"]), r["shape"], f"{r['N']} x {r['K']}", f"{r['floor_us']:.1f}",
+          f"{r['cublas_us']:.1f} ({r['floor_us'] / r['cublas_us']:.3f})", f"{r['pick_us']:.1f}",
+          f"{r['best']}: {r['best_us']:.1f} ({r['floor_us'] / r['best_us']:.3f})",
+          R.ratio_text(r["ratio"], r["noise"], r["words"])] for r in rows]))
+    for m in sorted({r["M"] for r in rows}):
+        sel = [r for r in rows if r["M"] == m]
+        cub = sum(r["cublas_us"] for r in sel)
+        best = sum(min(r["cublas_us"], r["best_us"]) for r in sel)
+        lines.append(f"- M = {m}: the {len(sel)} GEMMs once each take {cub:.1f} µs on cuBLAS, "
+                     f"{best:.1f} µs with the faster arm per GEMM ({best / cub - 1:+.1%})")
+    return lines
 
 
 def _figure_lines(doc: dict) -> list[str]:
@@ -324,6 +374,7 @@ def render(doc: dict) -> str:
             continue
         parts += ["", f"### {what}: MISS ({_ratio(r)})", "", *breakdown_lines(doc, k), "",
                   "Its busiest kernels:", "", *top_kernels(k), ""]
+    parts += _gemm_lines(doc)
     parts += ["", "## Figures", "", *_figure_lines(doc)]
     return "\n".join(parts).replace("\n\n\n", "\n\n") + "\n"
 

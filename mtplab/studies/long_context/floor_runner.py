@@ -6,7 +6,8 @@ Markdown rendered from it) into the results folder --out-dir:
     DIR/long_context/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     python -m benchmarks.bench_long_context [--out-dir DIR] [--out table.md]
-        [--only short llama frozen hot gemma] [--no-kernel-table] [--windows 3] [--budget-s 500]
+        [--only short llama frozen hot gemma gemm] [--no-kernel-table] [--windows 3]
+        [--budget-s 500]
 
 The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
 changes is refused before anything runs (a report names one commit).
@@ -29,6 +30,10 @@ draft serves every context and batch size of a figure.
             reads to a quarter; a random preset ranks its ids in order, so this is timing only
             (simulated acceptance does not move)
   gemma     gemma4-31b-like@12 target-only, 8k and 32,656-token prompts, bs 1 and 8
+  gemm      the decode GEMMs at M = 1 and 8 (llama3-8b-like's fused QKV, o_proj, fused gate/up,
+            down, LM head) on cuBLAS beside the skinny Triton GEMM (kernels/gemv.py) at each
+            launch shape of gemv_figures.launch_shapes(), each against its bytes floor
+            (studies/decode_floor/gemv_figures.py): the faster one for the short-context GEMMs
 Kernel tables (on unless --no-kernel-table): every GPU activity of 3 profiled decode steps of
 the short @32 bs-1 cell, the llama 32k bs-1 cell and the frozen topk-1 32k bs-1 cell.
 """
@@ -57,7 +62,7 @@ from mtplab.studies.gpu_figures import copy_bandwidth
 from mtplab.studies.gpu_figures import free
 from mtplab.studies.long_context import floor_report as study
 
-FIGURES = ("short", "llama", "frozen", "hot", "gemma")
+FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table
@@ -255,6 +260,12 @@ def fig_hot(run: Run) -> None:
     free()
 
 
+def fig_gemm(run: Run) -> None:
+    from mtplab.studies.decode_floor.gemv_figures import measure
+    got = measure([1, 8], with_configs=True, repeats=run.windows, bw=study.bandwidth(run.doc))
+    run.doc["gemm"] = got["cells"]
+
+
 def fig_gemma(run: Run) -> None:
     model = "gemma4-31b-like@12"
     eng = engine(model, 8, GEMMA_32K, new_tokens_max(run))
@@ -294,7 +305,7 @@ def main(argv=None) -> int:
     run.doc["bandwidth"] = [float(copy_bandwidth()) for _ in range(3)]
     print(f"copy bandwidth {study.bandwidth(run.doc) / 1e12:.3f} TB/s", flush=True)
     figs = {"short": fig_short, "llama": fig_llama, "frozen": fig_frozen, "hot": fig_hot,
-            "gemma": fig_gemma}
+            "gemma": fig_gemma, "gemm": fig_gemm}
     for name in FIGURES:
         if name in a.only:
             run.figure(name, figs[name], reserve_s=90 if name == "frozen" else 40)

@@ -782,6 +782,20 @@ class KnownLeads(FakeArm):
         return super().request(msg, timeout)
 
 
+def known_leads_run(tmp_path, groups):
+    """A grid run of groups[:1] with KnownLeads stand-ins (mtplab 2000 then 2100 tok/s,
+    SGLang 1000) into tmp_path/o: (that folder, its Results)."""
+    wl = Workload(prompt_len=16, new_tokens=9, repeats=2, warmup_tokens=4, profile_steps=5)
+    out = tmp_path / "o"
+    out.mkdir()
+    res = peer.Results.open(out / "results.json", wl)
+    tok = {"mtplab": [2000.0, 2100.0], "sglang": [1000.0, 1000.0]}
+    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: KnownLeads(side, [], tok[side]),
+                    lambda c: 1000, float("inf"), 0.0, out / "traces", tmp_path / "models",
+                    0.3, say=lambda *_: None)
+    return out, res
+
+
 def test_the_report_shows_each_engines_run_ahead(tmp_path, groups, monkeypatch, capsys):
     """A grid run with stand-ins (mtplab 2000 then 2100 tok/s, SGLang 1000), then --table-only
     --out-dir: the dated report of `peers` with the ratio, its noise and verdict and each
@@ -791,14 +805,7 @@ def test_the_report_shows_each_engines_run_ahead(tmp_path, groups, monkeypatch, 
     from mtplab.studies.cli import main_report
 
     monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
-    wl = Workload(prompt_len=16, new_tokens=9, repeats=2, warmup_tokens=4, profile_steps=5)
-    out = tmp_path / "o"
-    out.mkdir()
-    res = peer.Results.open(out / "results.json", wl)
-    tok = {"mtplab": [2000.0, 2100.0], "sglang": [1000.0, 1000.0]}
-    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: KnownLeads(side, [], tok[side]),
-                    lambda c: 1000, float("inf"), 0.0, out / "traces", tmp_path / "models",
-                    0.3, say=lambda *_: None)
+    out, res = known_leads_run(tmp_path, groups)
     rec = res.cells["random-medium|eagle|overlap-on|bs1"]["profile"]
     assert rec["mtplab"]["launch_lead_p50_us"] == pytest.approx(91.5)
     assert rec["sglang"]["run_ahead_frac"] == 0.0
@@ -839,14 +846,7 @@ def test_reanalyze_reads_the_returned_traces_again(tmp_path, groups, monkeypatch
     """--table-only --reanalyze: each cell's trace figures come again from OUT/traces/ by this
     checkout's analyser (a device run's traces, its recorded paths on the device), the meter's
     figures and the recorded path stay, and results.json keeps them."""
-    wl = Workload(prompt_len=16, new_tokens=9, repeats=2, warmup_tokens=4, profile_steps=5)
-    out = tmp_path / "o"
-    out.mkdir()
-    res = peer.Results.open(out / "results.json", wl)
-    tok = {"mtplab": [2000.0, 2100.0], "sglang": [1000.0, 1000.0]}
-    peer.run_groups(groups[:1], wl, res, lambda side, g, la, kn: KnownLeads(side, [], tok[side]),
-                    lambda c: 1000, float("inf"), 0.0, out / "traces", tmp_path / "models",
-                    0.3, say=lambda *_: None)
+    out, res = known_leads_run(tmp_path, groups)
     cell = "random-medium|eagle|overlap-on|bs1"
     doc = json.loads((out / "results.json").read_text())
     sgl = doc["cells"][cell]["profile"]["sglang"]

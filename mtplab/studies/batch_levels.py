@@ -15,11 +15,13 @@ The runners of `long_context_spec` and of the MoE speculation study (`moe`) shar
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
+import torch
 
-from mtplab import Engine
+from mtplab import Engine, RunConfig
 
 STEADY = 2                           # iterations either side with the same running count
 
@@ -78,3 +80,29 @@ def steady_cells(rows: list, batches: list[int], windows: int) -> dict:
         ms = [1e3 * float(np.median(w)) for w in np.array_split(dts, windows)]
         out[bs] = (ms, float(toks.mean()), len(sel))
     return out
+
+
+def run_levels(cfg: RunConfig, batches: list[int], steps: int, per_step: float,
+               prompt_len: int, seed: int) -> tuple[list, float, float]:
+    """One engine of `cfg` at its batch B (cfg.max_running_requests): B random prompts of
+    `prompt_len` tokens given request_tokens(batches, B, steps, per_step), run to the end ->
+    (time_levels' rows, build seconds, seconds until the last prefill). The engine is closed
+    and the device's cached memory given back however the run ends."""
+    B = cfg.max_running_requests
+    t0 = time.perf_counter()
+    eng = None
+    try:
+        eng = Engine(cfg)
+        build_s = time.perf_counter() - t0
+        g = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(3, eng.model.config.vocab_size, (B, prompt_len),
+                                generator=g).tolist()
+        rows, prefill_s = time_levels(eng, prompts, request_tokens(batches, B, steps, per_step))
+        return rows, build_s, prefill_s
+    finally:
+        if eng is not None:
+            eng.close()
+        del eng
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

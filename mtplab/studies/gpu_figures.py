@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,17 +25,14 @@ import torch
 
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.nogc import gc_paused
-from mtplab.studies.run_cells import target_decode_fn
+from mtplab.studies.run_cells import TimeBox, target_decode_fn
 
 
-class Report:
+class Report(TimeBox):
     def __init__(self, budget_s: float):
+        super().__init__(budget_s)
         self.rows: list[tuple] = []
         self.notes: list[str] = []             # lines after the table
-        self.deadline = time.perf_counter() + budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def add(self, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
         verdict = "" if ok is None else ("PASS" if ok else "MISS")

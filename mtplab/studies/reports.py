@@ -26,6 +26,7 @@ import json
 import math
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -130,6 +131,22 @@ def stamped(doc: dict, *, date: str, device: str, device_name: str, commit: Opti
     return {**doc, "date": date, "device": device, "device_name": device_name,
             "commit": report_commit(commit), "command": command, "software": software,
             "note": note}
+
+
+def measured_here(doc: dict, *, device: str, commit: Optional[str], command: str,
+                  note: str = "") -> dict:
+    """`doc` as a results file (plain) stamped with today's date and this process's `device`
+    ('cuda', 'cpu', ...): its name and slug, torch's version and, on CUDA, Triton's."""
+    import torch
+    cuda = torch.device(device).type == "cuda"
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    software = f"torch {torch.__version__}"
+    if cuda:
+        import triton
+        software += f"; triton {triton.__version__}"
+    return plain(stamped(doc, date=time.strftime("%Y-%m-%d"), device=device_slug(name),
+                         device_name=name, commit=commit, command=command, software=software,
+                         note=note))
 
 
 def device_slug(name: str) -> str:
@@ -251,6 +268,14 @@ def write(doc: dict, render: Callable[[dict], str], root: Optional[Path] = None)
     atomic_write_text(d / f"{stem}.json", dump(doc))
     atomic_write_text(d / f"{stem}.md", render(doc))
     return d / f"{stem}.md"
+
+
+def write_merged(doc: dict, render: Callable[[dict], str], root: Optional[Path],
+                 merge: Callable[[dict, dict], dict]) -> Path:
+    """`write`, where a report of the same stamp exists already: merge(its results, doc)
+    goes in its place, so that a runner's calls at one stamp build one report."""
+    old = question_dir(doc["question"], root) / f"{stamp_of(doc).stem}.json"
+    return write(merge(load(old), doc) if old.is_file() else doc, render, root)
 
 
 def regenerate(question: str, render: Callable[[dict], str], root: Optional[Path] = None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -9,6 +10,16 @@ import pandas as pd
 
 from mtplab.atomic import atomic_write_text
 from mtplab.sweep import grid_from_dict, run_sweep
+
+
+class TimeBox:
+    """A runner's time box: `left()` is what remains of `budget_s` seconds from its start."""
+
+    def __init__(self, budget_s: float):
+        self.deadline = time.perf_counter() + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
 
 
 def emit(table: str, out: Optional[str]) -> None:

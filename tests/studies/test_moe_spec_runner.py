@@ -36,12 +36,13 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     assert len(pts) == len(doc["rows"]) == 2 * 2 * 2       # bs x arms x windows
     assert all(r["decode_tok_per_s"] > 0 for r in doc["rows"])
     assert run.main([*ARGS, "--models", "random-tiny-gemma4", "--routings", "zipf:1.2",
-                     "--out-dir", str(out)]) == 0
+                     "--out-dir", str(out), "--note", "A CPU path check."]) == 0
     doc = json.loads(js.read_text())
     assert {r["point"]["moe_routing"] for r in doc["rows"]} == {"uniform", "zipf:1.2"}
     assert len(doc["engines"]) == 4 and " --routings zipf:1.2 " in doc["command"]
     md = js.with_suffix(".md").read_text()
     assert "- measured by one engine per model, routing and arm" in md
+    assert "A CPU path check." in md
     assert "## What zipf routing changes" in md
     assert R.regenerate("moe", render, out, check=True) == []
 

@@ -60,6 +60,7 @@ from mtplab.models.floor import engine_step_bytes
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth
 from mtplab.studies.gpu_figures import free
+from mtplab.studies.run_cells import TimeBox
 from mtplab.studies.long_context import floor_report as study
 
 FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm")
@@ -103,15 +104,12 @@ def windows_ms(step_times_s: list, windows: int) -> list[float]:
     return [1e3 * float(np.median(w)) for w in np.array_split(xs, windows)]
 
 
-class Run:
+class Run(TimeBox):
     """The results doc (floor_report.py), filled figure by figure under a time box."""
 
     def __init__(self, doc: dict, budget_s: float, windows: int, kernel_tables: bool):
+        super().__init__(budget_s)
         self.doc, self.windows, self.kernel_tables = doc, windows, kernel_tables
-        self.deadline = time.perf_counter() + budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def figure(self, name: str, fn, reserve_s: float = 40.0) -> None:
         """fn(self): its failure is recorded (traceback printed), never raised."""

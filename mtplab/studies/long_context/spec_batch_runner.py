@@ -33,17 +33,18 @@ import gc
 import shlex
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from mtplab import Engine, RunConfig
+from mtplab import RunConfig
 from mtplab.models.memory import (InsufficientMemoryError, device_free_bytes,
                                   estimate_memory)
 from mtplab.studies import reports as R
-from mtplab.studies.batch_levels import request_tokens, steady_cells, time_levels, tokens_per_step
+from mtplab.studies.run_cells import TimeBox
+from mtplab.studies.batch_levels import (request_tokens, run_levels, steady_cells,
+                                         tokens_per_step)
 from mtplab.studies.long_context import spec_batch as study
 
 RATES = (0.844, 0.7097, 0.6427)      # the field's per-position acceptance, positions 1-3
@@ -83,13 +84,10 @@ def largest_fit(model: str, ctx: int, batches: list[int], tokens_of, arm: str, d
     return 0, why
 
 
-class Run:
+class Run(TimeBox):
     def __init__(self, doc: dict, a):
+        super().__init__(a.budget_s)
         self.doc, self.a = doc, a
-        self.deadline = time.perf_counter() + a.budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def skip(self, ctx: int, arm: str, batches, reason: str) -> None:
         self.doc["cells"] += [{"ctx": ctx, "arm": arm, "bs": bs, "status": "skipped",
@@ -141,27 +139,10 @@ class Run:
 
     def measure(self, ctx: int, arm: str, B: int, batches: list[int], tokens_of,
                 per: float) -> tuple[list, float, float]:
-        """One engine at batch B: (time_levels' rows, build seconds, prefill seconds); the
-        engine is freed whatever happens."""
+        """One engine at batch B: batch_levels.run_levels' (rows, build s, prefill s)."""
         a = self.a
-        t0 = time.perf_counter()
-        eng = None
-        try:
-            eng = Engine(config(a.model, ctx, B, tokens_of(B), arm, a.dtype, a.device))
-            build_s = time.perf_counter() - t0
-            V = eng.model.config.vocab_size
-            g = torch.Generator().manual_seed(ctx + B)
-            prompts = torch.randint(3, V, (B, ctx), generator=g).tolist()
-            rows, prefill_s = time_levels(eng, prompts, request_tokens(
-                batches, B, a.steps_per_level, per))
-            return rows, build_s, prefill_s
-        finally:
-            if eng is not None:
-                eng.close()
-            del eng
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        return run_levels(config(a.model, ctx, B, tokens_of(B), arm, a.dtype, a.device),
+                          batches, a.steps_per_level, per, ctx, seed=ctx + B)
 
     def cell(self, ctx: int, arm: str) -> None:
         """engine_cell under the time box; an error is recorded, never raised."""
@@ -223,20 +204,9 @@ def main(argv=None) -> int:
     for ctx in sorted(a.contexts):
         for arm in a.arms:
             run.cell(ctx, arm)
-    cuda = torch.device(a.device).type == "cuda"
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    software = f"torch {torch.__version__}"
-    if cuda:
-        import triton
-        software += f"; triton {triton.__version__}"
-    doc = R.plain(R.stamped(
-        run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name), device_name=name,
-        commit=commit, command=shlex.join(["python", "-m", "benchmarks.bench_spec_batch",
-                                           *argv]), software=software))
-    old = R.question_dir(study.QUESTION, Path(a.out_dir)) / f"{R.stamp_of(doc).stem}.json"
-    if old.is_file():
-        doc = study.merge(R.load(old), doc)
-    path = R.write(doc, study.render, Path(a.out_dir))
+    doc = R.measured_here(run.doc, device=a.device, commit=commit, command=shlex.join(
+        ["python", "-m", "benchmarks.bench_spec_batch", *argv]))
+    path = R.write_merged(doc, study.render, Path(a.out_dir), study.merge)
     print(path.read_text(), flush=True)
     print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0

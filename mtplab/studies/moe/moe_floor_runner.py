@@ -70,7 +70,7 @@ from mtplab.nogc import gc_paused
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth, depth, gpu_activities, graph_us, prompts
 from mtplab.studies.moe import moe_floor as study
-from mtplab.studies.run_cells import target_decode_fn
+from mtplab.studies.run_cells import TimeBox, target_decode_fn
 
 MOE = "gemma4-26b-a4b-like"
 PROMPT = 64
@@ -80,16 +80,13 @@ ROUTE_WARPS = (4, 8, 16)        # the routing kernel's warps a program, timed si
 STEP_KERNELS = 25               # the whole step's kernel table: its busiest kernels
 
 
-class Log:
+class Log(TimeBox):
     """The run's results doc (studies/moe/moe_floor.py), filled phase by phase under a time box;
     each phase's section printed as it ends."""
 
     def __init__(self, doc: dict, budget_s: float):
+        super().__init__(budget_s)
         self.doc = doc
-        self.deadline = time.perf_counter() + budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def note(self, text: str) -> None:
         print(text, flush=True)

@@ -20,21 +20,21 @@ this checkout's HEAD; a tree with uncommitted changes is refused before anything
 from __future__ import annotations
 
 import argparse
-import gc
 import shlex
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 import yaml
 
-from mtplab import Engine, RunConfig
+from mtplab import RunConfig
 from mtplab.errors import ConfigError
 from mtplab.models.zoo import model_config
 from mtplab.studies import reports as R
-from mtplab.studies.batch_levels import request_tokens, steady_cells, time_levels, tokens_per_step
+from mtplab.studies.run_cells import TimeBox
+from mtplab.studies.batch_levels import (request_tokens, run_levels, steady_cells,
+                                         tokens_per_step)
 from mtplab.studies.bench import arm_label
 from mtplab.studies.group import BUBBLE, VALUE
 from mtplab.studies.moe import QUESTION, moe_spec, render
@@ -67,40 +67,23 @@ def config(model: str, routing: str, arm: dict, bs: int, tokens: int, device: st
                      device=device, dtype=dtype, **kw, **arm)
 
 
-class Run:
+class Run(TimeBox):
     def __init__(self, doc: dict, a):
+        super().__init__(a.budget_s)
         self.doc, self.a = doc, a
-        self.deadline = time.perf_counter() + a.budget_s
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def engine(self, model: str, routing: str, arm: dict) -> None:
         """One engine's cells: a row per window at every batch size with enough steady
-        steps; the engine is freed whatever happens."""
+        steps (run_levels frees the engine however the run ends)."""
         a = self.a
         key = {"model": model, "routing": routing, "arm": arm_label(arm)}
         batches = sorted(a.batches)
         B = batches[-1]
         per = tokens_per_step(arm)
-        tokens = request_tokens(batches, B, a.steps_per_level, per)
-        t0 = time.perf_counter()
-        eng = None
-        try:
-            eng = Engine(config(model, routing, arm, B, max(tokens), a.device, a.dtype))
-            build_s = time.perf_counter() - t0
-            g = torch.Generator().manual_seed(B)
-            V = eng.model.config.vocab_size
-            prompts = torch.randint(3, V, (B, int(GRID["base"]["prompt_len_tokens"])),
-                                    generator=g).tolist()
-            steps, _ = time_levels(eng, prompts, tokens)
-        finally:
-            if eng is not None:
-                eng.close()
-            del eng
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        tokens = max(request_tokens(batches, B, a.steps_per_level, per))
+        steps, build_s, _ = run_levels(config(model, routing, arm, B, tokens, a.device, a.dtype),
+                                       batches, a.steps_per_level, per,
+                                       int(GRID["base"]["prompt_len_tokens"]), seed=B)
         got = steady_cells(steps, batches, a.windows)
         for bs, (ms, toks, _) in sorted(got.items()):
             for w, m in enumerate(ms):
@@ -194,7 +177,7 @@ def main(argv=None) -> int:
         return 2
     labels = [arm_label(x) for x in chosen]
     doc = {"question": QUESTION, "group": moe_spec.STUDY, "study": moe_spec.STUDY,
-           "method": METHOD, "note": a.note, "arms": labels,
+           "method": METHOD, "arms": labels,
            "arm_keys": [{"arm": arm_label(x), "draft": x.get("draft", "none"),
                          "k": x.get("num_steps")} for x in chosen],
            "experts": experts, "rows": [], "engines": [],
@@ -205,20 +188,10 @@ def main(argv=None) -> int:
         for routing in (a.routings if experts[model] else [UNIFORM]):
             for arm in chosen:
                 run.cell(model, routing, arm)
-    cuda = torch.device(a.device).type == "cuda"
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    software = f"torch {torch.__version__}"
-    if cuda:
-        import triton
-        software += f"; triton {triton.__version__}"
-    doc = R.plain(R.stamped(
-        doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name), device_name=name,
-        commit=commit, command=shlex.join(["python", "-m", "benchmarks.bench_moe_spec",
-                                           *argv]), software=software))
-    old = R.question_dir(QUESTION, Path(a.out_dir)) / f"{R.stamp_of(doc).stem}.json"
-    if old.is_file():
-        doc = merge(R.load(old), doc)
-    path = R.write(doc, render, Path(a.out_dir))
+    doc = R.measured_here(doc, device=a.device, commit=commit, note=a.note,
+                          command=shlex.join(["python", "-m", "benchmarks.bench_moe_spec",
+                                              *argv]))
+    path = R.write_merged(doc, render, Path(a.out_dir), merge)
     print(path.read_text(), flush=True)
     print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0

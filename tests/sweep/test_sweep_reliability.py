@@ -28,9 +28,12 @@ def _env() -> dict[str, str]:
 
 
 def _sweep_proc(grid: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """`mtplab sweep` as a terminal starts it: SIGINT at its default (a test run started in the
+    background, `cmd &`, inherits it ignored, and Ctrl-C would then never reach the sweep)."""
     return subprocess.Popen([sys.executable, "-m", "mtplab.cli", "sweep", str(grid), "--out",
                              str(out), "--no-progress", *extra], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _cell_pids(out: Path) -> list[int]:

@@ -308,14 +308,9 @@ def main(argv=None) -> int:
         if name in a.only:
             run.figure(name, figs[name], reserve_s=90 if name == "frozen" else 40)
     gc.collect()
-    import triton
-    name = torch.cuda.get_device_name()
-    doc = R.stamped(run.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
-                    device_name=name, commit=commit,
-                    command=shlex.join(["python", "-m", "benchmarks.bench_long_context",
-                                        *argv]),
-                    software=f"torch {torch.__version__}; triton {triton.__version__}")
-    path = R.write(R.plain(doc), study.render, Path(a.out_dir))
+    doc = R.measured_here(run.doc, device="cuda", commit=commit, command=shlex.join(
+        ["python", "-m", "benchmarks.bench_long_context", *argv]))
+    path = R.write(doc, study.render, Path(a.out_dir))
     text = path.read_text()
     print(text, flush=True)
     if a.out:

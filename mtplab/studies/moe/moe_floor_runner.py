@@ -440,13 +440,9 @@ def main(argv=None) -> int:
     if "kernels" in a.only:
         log.phase("kernels", phase_kernels, log, engines, a, reserve_s=40)
     free_engines(engines)
-    import triton
-    name = torch.cuda.get_device_name()
-    doc = R.stamped(log.doc, date=time.strftime("%Y-%m-%d"), device=R.device_slug(name),
-                    device_name=name, commit=commit,
-                    command=shlex.join(["python", "-m", "benchmarks.bench_moe_floor", *argv]),
-                    software=f"torch {torch.__version__}; triton {triton.__version__}")
-    path = R.write(R.plain(doc), study.render, Path(a.out_dir))
+    doc = R.measured_here(log.doc, device="cuda", commit=commit, command=shlex.join(
+        ["python", "-m", "benchmarks.bench_moe_floor", *argv]))
+    path = R.write(doc, study.render, Path(a.out_dir))
     print(f"report: {path} (results: {path.with_suffix('.json').name})", flush=True)
     return 0
 

@@ -543,9 +543,10 @@ def _step_bounds(ctx: _Ctx, host_ts: np.ndarray, host_end: np.ndarray, notes: li
     launched = inside & ~np.isnan(ctx.launch_ts) & ~_within(*ctx.input_u, ctx.launch_ts)
     np.minimum.at(first_launch, k[launched], ctx.launch_ts[launched])
     nxt = np.append(first_launch[1:], np.inf)
-    owned = (k >= 0) if forward_spans else inside   # k: the last span begun before the launch
-    work_end = np.full(n, -np.inf)
-    np.maximum.at(work_end, k[owned], ctx.e[owned])
+    work_end = last_end
+    if forward_spans:          # k >= 0: launched after span k began, before span k+1 did
+        work_end = np.full(n, -np.inf)
+        np.maximum.at(work_end, k[k >= 0], ctx.e[k >= 0])
     leads = np.where(np.isfinite(last_end) & np.isfinite(nxt), launch_leads(work_end, nxt),
                      np.nan)
     first_step = int(k[inside].min())

@@ -106,3 +106,26 @@ def test_a_budget_stops_before_a_repeat_that_would_not_fit(tmp_path, monkeypatch
     clock[0] = 0.0
     assert ab.host_main(a, ROOT, {}) == 0
     assert "; 2 alternating sweeps, one process per cell" in out.read_text()
+
+
+def test_the_cells_file_keeps_the_device_side_beside_the_host_columns(tmp_path, monkeypatch):
+    """OUT.cells.csv holds each cell's host columns and the meter's wall and idle per step,
+    and nothing else of the row: a slower GPU is told from a slower host."""
+    def sweep(tree, grid, out):
+        return pd.DataFrame([{"status": "ok", "cfg.draft": "none",
+                              "cfg.graph_granularity": "stage", "batch_size": 32,
+                              "cfg.overlap": True, "host_step_us": 200.0, "host_sync_us": 50.0,
+                              "meter_wall_us_per_step": 480.0, "bubble_us_per_step": 12.0,
+                              "bubble_frac": 0.025, "tok_per_s": 9000.0, "accept_len": 1.0}])
+
+    monkeypatch.setattr(ab, "sweep_in", sweep)
+    out = tmp_path / "ab.md"
+    a = ab.argparse.Namespace(commit="abc", repeats=1, budget_s=float("inf"),
+                              old_tree=str(tmp_path), out=str(out))
+    assert ab.host_main(a, ROOT, {}) == 0
+    cells = pd.read_csv(out.with_suffix(".cells.csv"))
+    assert list(cells["tree"]) == ["abc", "working tree"]
+    assert set(cells.columns) == {"tree", "repeat", "cell", "host_step_us", "host_sync_us",
+                                  "meter_wall_us_per_step", "bubble_us_per_step",
+                                  "bubble_frac", "tok_per_s"}
+    assert list(cells["meter_wall_us_per_step"]) == [480.0, 480.0]

@@ -65,6 +65,9 @@ GRID = {"timeout_s": 600,
 
 
 HOST_AXES = ("cfg.draft", "cfg.graph_granularity", "batch_size", "cfg.overlap")
+# Kept beside the host columns in OUT.cells.csv: the device side of the same steps (the bubble
+# meter's wall and idle per step), which tells a slower host from a slower GPU.
+DEVICE_COLUMNS = ("meter_wall_us_per_step", "bubble_us_per_step", "bubble_frac", "tok_per_s")
 HASH_SEED = "0"                   # PYTHONHASHSEED of every sweep of both trees
 LEVEL = 0.90                      # the ratio's bootstrap interval
 RESAMPLES = 4000
@@ -223,7 +226,7 @@ def host_main(a, here: Path, grid_doc: dict) -> int:
     """--group host (module doc): `grid_doc` run in both trees."""
     res: dict[tuple[str, str], list[float]] = {}
     order: list[str] = []
-    cells: list[dict] = []            # every cell's host columns, for the per-stage table
+    cells: list[dict] = []            # every cell's host and DEVICE_COLUMNS, per stage
     done = 0
     for r, name, df in alternating_sweeps(a, here, grid_doc):
         done = r + 1
@@ -237,7 +240,8 @@ def host_main(a, here: Path, grid_doc: dict) -> int:
                 order.append(key)
             res.setdefault((name, key), []).append(row["host_step_us"])
             cells.append({"tree": name, "repeat": r, "cell": key} |
-                         {k: v for k, v in row.items() if k.startswith("host_")})
+                         {k: v for k, v in row.items()
+                          if k.startswith("host_") or k in DEVICE_COLUMNS})
     rows = [f"Host µs per decode step, {a.commit} vs the working tree (`mtplab bench --groups "
             f"host`'s grid; {done} alternating sweeps, one process per cell, "
             f"PYTHONHASHSEED={HASH_SEED}; median [min-max]; ratio = old / new, >= 1: no slower "

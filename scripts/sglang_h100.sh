@@ -31,6 +31,10 @@
 #   bash scripts/sglang_h100.sh pair                # probe, then overlap on / off HTTP arms
 #   bash scripts/sglang_h100.sh peer [FLAGS]        # probe, then the peer harness (both
 #                                                   # engines in-process; FLAGS are its own)
+#   bash scripts/sglang_h100.sh moe [FLAGS]         # bench_moe_floor with the staged SGLang
+#                                                   # importable: its `library` phase times
+#                                                   # SGLang's fused MoE beside mtplab's; the
+#                                                   # report goes to $OUT/results/moe_floor/
 # Device commands write under $OUT (else $MTP_SGL_TMP/out): sgl.log (this script's output),
 # arm_<warm|on|off>.log (client + server output), from `pair` summary.json and results.tgz
 # (each arm's metrics.json, analysis/ and trace), from `peer` peer_results.json (the harness's
@@ -454,6 +458,15 @@ peer() {         # the peer harness (benchmarks/bench_peer_sglang.py); "$@" are 
   return "$rc"
 }
 
+moe() {          # bench_moe_floor, SGLang on the path (its `library` phase); "$@": its flags
+  local start=$SECONDS rc
+  device_env
+  [ -f "$SITE/.payload_sha256" ] || { echo "$SITE is empty: run receive + install first"; return 2; }
+  $PY -m benchmarks.bench_moe_floor --out-dir "$OUTDIR/results" "$@"; rc=$?
+  echo "moe: exit $rc, $((SECONDS - start))s"
+  return "$rc"
+}
+
 peer_pack() {    # the harness's folder -> at most 7 files under $OUT (its limits: see the top)
   local work=$1 f t=$OUTDIR/peer_traces.tgz size
   rm -f "$t" "$t".part-*          # what an earlier `peer` of this call packed
@@ -506,7 +519,7 @@ EOF
 # ---------------------------------------------------------------- dispatch
 cmd=${1:-}; shift || true
 case "$cmd" in
-  receive|install|overlay|check|warm|pair|peer)
+  receive|install|overlay|check|warm|pair|peer|moe)
     OUTDIR=${OUT:-$MTP_SGL_TMP/out}; mkdir -p "$OUTDIR"
     exec > >(tee -a "$OUTDIR/sgl.log") 2>&1
     TEE_PID=$!
@@ -526,7 +539,8 @@ case "$cmd" in
   warm) warm ;;
   pair) pair ;;
   peer) peer "$@" ;;
+  moe) moe "$@" ;;
   *) echo "usage: $0 build|pack [PAYLOAD]|stage|dry  (here);" \
-       "receive DIR|install|overlay DIR|check|warm|pair|peer [FLAGS]  (device)" >&2
+       "receive DIR|install|overlay DIR|check|warm|pair|peer [FLAGS]|moe [FLAGS]  (device)" >&2
      exit 2 ;;
 esac

@@ -351,3 +351,18 @@ def test_peer_packs_large_traces_in_parts_that_join(tmp_path):
     assert not list(out.glob("peer_traces.tgz.part-*"))
     with tarfile.open(out / "peer_traces.tgz") as t:
         assert not [n for n in t.getnames() if n.endswith(".trace.json.gz")]
+
+
+def test_moe_runs_the_floor_runner_with_the_site_on_the_path(tmp_path):
+    """`moe FLAGS`: bench_moe_floor with its flags, the staged site first on PYTHONPATH and the
+    report folder under $OUT; here (no CUDA) the runner's own refusal and exit code come
+    back through sgl.log. Without an installed site it says what to run first."""
+    env = device_env(tmp_path, sys.executable, 1)
+    r = sh("moe", "--only", "library", env=env, check=False)
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (tmp_path / "out" / "sgl.log").read_text()
+    assert "== moe --only library" in log
+    assert "bench_moe_floor needs CUDA." in log and "moe: exit 2" in log
+    (tmp_path / "dev" / "site" / ".payload_sha256").unlink()
+    r = sh("moe", env=env, check=False)
+    assert r.returncode == 2 and "is empty: run receive + install first" in r.stdout

@@ -2,8 +2,9 @@
 MoE kernels (RunConfig `moe_kernels`), and where each microsecond goes.
 
 Runner: moe_floor_runner.py here (entry point benchmarks/bench_moe_floor.py; one process, one
-GPU: bandwidth, the grouped kernels against their references, one MoE FFN, the decode step of
-both arms at each bs and its floor, the kernels of a graph-captured bs-1 forward). It fills a
+GPU: bandwidth, the grouped kernels against their references, one MoE FFN, the routed experts
+beside a library's fused MoE (moe_library.py), the decode step of both arms at each bs and its
+floor, the kernels of a graph-captured bs-1 forward). It fills a
 results doc phase by phase (printing each phase's `section` as it is measured) and writes the
 report with `results.write(doc, render)`:
 
@@ -23,7 +24,7 @@ from .. import reports as R
 QUESTION = "moe_floor"
 TITLE = "MoE decode step at the floor: split vs grouped MoE kernels"
 WRITER = "python -m benchmarks.bench_moe_floor --out-dir DIR"   # what writes its reports
-PHASES = ("bandwidth", "check", "ffn", "decode", "kernels")
+PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels")
 ARMS = ("split", "grouped")            # models/moe.py MOE_KERNELS; the ratios: split / grouped
 NAME = 100                             # kernel names are cut to this many characters
 
@@ -34,6 +35,7 @@ def new_doc(*, model: str, layers: int, batches: list[int], repeats: int, tokens
     return {"question": QUESTION, "model": model, "layers": layers, "batches": list(batches),
             "repeats": repeats, "tokens": tokens, "prompt": prompt, "phases": {},
             "bandwidth": [], "check": {"cases": [], "graph": {}}, "ffn": [],
+            "library": {"name": None, "version": None, "unavailable": None, "rows": []},
             "decode": {"built": [], "together": None, "steps": []}, "floor": [],
             "kernels": []}
 
@@ -110,6 +112,13 @@ def ffn_ratios(doc: dict) -> list[dict]:
     return [{**r, **ratio(r["split_us"], r["grouped_us"])} for r in doc["ffn"]]
 
 
+def library_ratios(doc: dict) -> list[dict]:
+    """Per token count: the routed experts' device µs library / mtplab (above 1: mtplab's
+    grouped kernels are the faster)."""
+    return [{**r, **ratio(r["library_us"], r["mtplab_us"])}
+            for r in doc.get("library", {}).get("rows", [])]
+
+
 def _rt(r: dict) -> str:
     return R.ratio_text(r["ratio"], r["noise"], r["verdict"])
 
@@ -182,6 +191,28 @@ def _route_cells(r: dict) -> list[str]:
             f"programs {w['programs']}, phases {w['phases']}, aligning trips {w['align_trips']}"]
 
 
+def _library(doc: dict) -> list[str]:
+    lib = doc["library"]
+    if lib["unavailable"]:
+        return [f"- not measured: {lib['unavailable']}"]
+    rows = [[str(r["T"]), f"{statistics.median(r['mtplab_us']):.1f}", str(r["mtplab_kernels"]),
+             f"{statistics.median(r['library_us']):.1f}", str(r["library_kernels"]), _rt(r),
+             f"{r['n']}/{r['n_base']}", R.num(r["mtplab_err"], ".1e"),
+             R.num(r["library_err"], ".1e")] for r in library_ratios(doc)]
+    if not rows:
+        return []
+    name = f"{lib['name']} {lib['version']}"
+    return [f"The routed experts of one gemma MoE layer (bf16, random weights, no shared "
+            f"expert) from the layer's input, mtplab's grouped kernels beside {name}'s fused "
+            f"MoE (studies/moe/moe_library.py: router, top-k, alignment, gate/up, down, "
+            f"combine), the arms' captures alternating: device µs per call (each call "
+            f"captured 20x in a CUDA graph, median of the captures' medians), kernels per "
+            f"call, and each output's max |err| / max |ref| against the torch reference.", "",
+            R.md_table(["tokens", "mtplab µs", "mtplab kernels", f"{lib['name']} µs",
+                        f"{lib['name']} kernels", f"{lib['name']} / mtplab", "n",
+                        "mtplab err", f"{lib['name']} err"], rows)]
+
+
 def _decode(doc: dict) -> list[str]:
     d = doc["decode"]
     out = [f"- built the {b['kernels']} engine in {b['seconds']:.0f} s ({b['free_gb']:.0f} GB "
@@ -244,8 +275,8 @@ def _kernels(doc: dict) -> list[str]:
     return out[:-1] if out else out
 
 
-SECTIONS = {"bandwidth": _bandwidth, "check": _check, "ffn": _ffn, "decode": _decode,
-            "kernels": _kernels}
+SECTIONS = {"bandwidth": _bandwidth, "check": _check, "ffn": _ffn, "library": _library,
+            "decode": _decode, "kernels": _kernels}
 
 
 def section(doc: dict, name: str) -> str:
@@ -268,6 +299,14 @@ def answer(doc: dict) -> str:
     if fr:
         parts.append("one MoE FFN split / grouped " + ", ".join(
             f"{_said(r)} at T={r['T']}" for r in fr))
+    lib = doc.get("library", {})
+    lr = library_ratios(doc)
+    if lr:
+        parts.append(f"the routed experts {lib['name']} {lib['version']} / mtplab (above 1: "
+                     f"mtplab's kernels are the faster) " + ", ".join(
+                         f"{_said(r)} at T={r['T']}" for r in lr))
+    elif lib.get("unavailable"):
+        parts.append("no library MoE kernel measured (it did not import)")
     cases = doc["check"]["cases"]
     if cases:
         parts.append(f"the grouped kernels match their references at {sum(c['ok'] for c in cases)}"

@@ -28,6 +28,11 @@ measured:
              torch.profiler); the grouped arm's routing kernel alone, the same way, at 4,
              8 (its default) and 16 warps a program, with its serial work
              (kernels/moe_route.py serial_work)
+  library    the routed experts of one MoE layer at T = 1 / 8 / 32, mtplab's grouped kernels
+             beside SGLang's fused MoE (moe_library.py), both from the layer's input: device
+             µs per call (FFN_CAPTURES captures each, the arms alternating), kernels per call,
+             each output against the torch reference; where SGLang does not import, the
+             report says so and how to run it (scripts/sglang_h100.sh moe)
   decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
              bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
              engines built (together when the memory holds both, else one after the other)
@@ -70,6 +75,7 @@ from mtplab.nogc import gc_paused
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth, depth, gpu_activities, graph_us, prompts
 from mtplab.studies.moe import moe_floor as study
+from mtplab.studies.moe import moe_library as ml
 from mtplab.studies.run_cells import TimeBox, target_decode_fn
 
 MOE = "gemma4-26b-a4b-like"
@@ -261,6 +267,39 @@ def phase_ffn(log: Log) -> None:
     torch.cuda.empty_cache()
 
 
+# -- library ---------------------------------------------------------------------------------
+def phase_library(log: Log) -> None:
+    lib = log.doc["library"]
+    try:
+        theirs = ml.sglang_routed()
+    except ImportError as e:
+        lib["unavailable"] = str(e)
+        return
+    lib.update(name=theirs.name, version=theirs.version)
+    m = moe_layer()
+    w = (m.gate.weight, m.gate.bias, m.experts.gate_up_proj, m.experts.down_proj, m.top_k,
+         m.norm_topk)
+    for T in (1, 8, 32):
+        x = torch.randn(T, m.gate.weight.shape[1], device="cuda", dtype=torch.bfloat16)
+        arms = {"mtplab": ml.mtplab_routed(m.route_counts(x)), "library": theirs}
+        fns = {k: functools.partial(a.routed, x, *w) for k, a in arms.items()}
+        ref = ml.reference(x, *w)
+        row: dict = {"T": T}
+        with torch.no_grad():
+            for k, fn in fns.items():
+                row[f"{k}_err"] = ml.rel_err(fn(), ref)
+                row[f"{k}_us"] = []
+            for _ in range(FFN_CAPTURES):
+                for k, fn in fns.items():
+                    row[f"{k}_us"].append(graph_us(fn))
+            for k, fn in fns.items():
+                row[f"{k}_kernels"] = graph_trace(fn)[0]
+        lib["rows"].append(row)
+    del m
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 # -- decode, floor, kernels ------------------------------------------------------------------
 def build(kernels: str, layers: int, max_bs: int) -> Engine:
     return Engine(RunConfig(model=MOE, layers=layers, device="cuda", dtype="bfloat16",
@@ -418,8 +457,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--budget-s", type=float, default=400.0)
-    ap.add_argument("--only", nargs="+", default=["check", "ffn", "decode", "kernels"],
-                    choices=["check", "ffn", "decode", "kernels"])
+    ap.add_argument("--only", nargs="+", default=list(study.PHASES[1:]),
+                    choices=study.PHASES[1:])
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe_floor needs CUDA.", file=sys.stderr)
@@ -434,6 +473,8 @@ def main(argv=None) -> int:
         log.phase("check", phase_check, log)
     if "ffn" in a.only:
         log.phase("ffn", phase_ffn, log)
+    if "library" in a.only:
+        log.phase("library", phase_library, log)
     engines: dict = {}
     if "decode" in a.only:
         log.phase("decode", phase_decode, log, a, engines, reserve_s=120)

@@ -1,0 +1,88 @@
+"""A well-kept library's MoE kernels beside mtplab's grouped ones: the `library` phase of
+question `moe_floor` (moe_floor_runner.py runs it, moe_floor.py renders it).
+
+Both arms compute the routed experts of one MoE layer from its input, with no shared expert:
+
+    mtplab   route_align_triton (router GEMV, softmax, top-k, alignment: one kernel)
+             -> moe_ffn_triton (gate/up, down, combine)
+    SGLang   F.linear (the router logits) -> fused_topk (sgl_kernel's topk_softmax)
+             -> fused_experts (its moe_align_block_size, the Triton fused-MoE GEMMs with
+                SiLU-and-mul between them, the top-k sum), out of place
+
+The weights are shared as they lie: w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I],
+the layout SGLang's w1 / w2 take. SGLang is imported only here and only when the phase runs
+(`sglang_routed`); where it is missing the phase records why and how to run it
+(scripts/sglang_h100.sh moe stages SGLang 0.5.17 on the lent GPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import moe_route as mr
+
+TESTED = "0.5.17"               # the SGLang release this adapter was written against
+FIX = ("run the phase where SGLang is installed: on the lent GPU, `bash "
+       "scripts/sglang_h100.sh moe` after `receive` + `install` (it runs bench_moe_floor "
+       "with the staged SGLang on the path)")
+
+# routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize) -> the routed output [T, H]
+Routed = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor,
+                   torch.Tensor, int, bool], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Library:
+    """One arm of the comparison: its name, version and routed-experts function."""
+    name: str
+    version: str
+    routed: Routed
+
+
+def mtplab_routed(counts: torch.Tensor) -> Library:
+    """mtplab's grouped kernels; `counts`: the routing kernel's int32 counters (left zero)."""
+    def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
+        r = mr.route_align_triton(x, w_router, bias, None, top_k, renormalize,
+                                  fm.block_m(x.device.type), counts)
+        return fm.moe_ffn_triton(x, w_gate_up, w_down, r, None, None)
+    return Library("mtplab", "grouped", routed)
+
+
+def sglang_routed() -> Library:
+    """SGLang's fused MoE; ImportError naming the cause and the fix where it does not import."""
+    try:
+        import sglang
+        from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+        from sglang.srt.layers.moe.topk import StandardTopKOutput, fused_topk
+    except Exception as e:           # any failure of SGLang's import chain is the same answer
+        raise ImportError(f"SGLang's fused MoE does not import ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); {FIX}") from e
+
+    def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
+        logits = F.linear(x, w_router, bias)
+        weights, ids = fused_topk(x, logits, top_k, renormalize)
+        E = w_gate_up.shape[0]
+        cfg = MoeRunnerConfig(num_experts=E, num_local_experts=E, top_k=top_k, inplace=False)
+        return fused_experts(x, w_gate_up, w_down, StandardTopKOutput(weights, ids, logits),
+                             cfg)
+    return Library("SGLang", getattr(sglang, "__version__", "?"), routed)
+
+
+def reference(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
+              w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+              renormalize: bool) -> torch.Tensor:
+    """The torch reference both arms are held to (kernels/fused_moe.py moe_ffn_ref on
+    route_align_ref's routing)."""
+    r = mr.route_align_ref(x, w_router, bias, None, top_k, renormalize,
+                           fm.block_m(x.device.type))
+    return fm.moe_ffn_ref(x, w_gate_up, w_down, r, None, None)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|."""
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

@@ -1,0 +1,145 @@
+"""The `library` phase of question moe_floor (studies/moe/moe_library.py): SGLang's fused MoE
+beside mtplab's grouped kernels. Without a GPU: the adapter hands SGLang the weights in its
+documented layout (a stand-in SGLang, written from 0.5.17's fused_topk / fused_experts
+contract, must reproduce the torch reference), mtplab's arm (the Triton interpreter) matches
+the same reference, a missing SGLang is one message naming the fix, and the report renders
+both outcomes."""
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtplab.studies import reports as R
+from mtplab.studies.moe import moe_floor as floor
+from mtplab.studies.moe import moe_library as ml
+from mtplab.studies.moe.moe_floor_runner import Log, phase_library
+
+
+def case(T: int, seed: int, E: int = 8, H: int = 32, inter: int = 16, bias: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) / s[-1] ** 0.5   # noqa: E731
+    return (r(T, H), r(E, H), r(E) if bias else None, r(E, 2 * inter, H), r(E, H, inter))
+
+
+def fake_sglang(monkeypatch, calls: list) -> None:
+    """A stand-in for SGLang 0.5.17's modules the adapter imports: fused_topk (softmax top-k
+    of the logits, renormalised; fp32 weights, int32 ids) and fused_experts (w1 [E, 2I, H]
+    with the gate rows first, SiLU-and-mul, w2 [E, H, I], the top-k weighted sum; out of
+    place when the config says so)."""
+    class StandardTopKOutput(NamedTuple):
+        topk_weights: torch.Tensor
+        topk_ids: torch.Tensor
+        router_logits: torch.Tensor
+
+    @dataclass
+    class MoeRunnerConfig:
+        num_experts: Optional[int] = None
+        num_local_experts: Optional[int] = None
+        top_k: Optional[int] = None
+        activation: str = "silu"
+        inplace: bool = True
+
+    def fused_topk(hidden_states, gating_output, topk, renormalize):
+        p = torch.softmax(gating_output.float(), dim=-1)
+        w, ids = torch.topk(p, topk, dim=-1)
+        if renormalize:
+            w = w / w.sum(-1, keepdim=True)
+        return w, ids.to(torch.int32)
+
+    def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config):
+        w, ids, _ = topk_output
+        assert ids.dtype == torch.int32 and not moe_runner_config.inplace
+        assert moe_runner_config.num_experts == moe_runner_config.num_local_experts == w1.shape[0]
+        calls.append(moe_runner_config)
+        out = torch.zeros_like(hidden_states)
+        for t in range(hidden_states.shape[0]):
+            for j in range(ids.shape[1]):
+                e = int(ids[t, j])
+                g, u = (w1[e] @ hidden_states[t]).chunk(2)
+                out[t] += w[t, j] * (w2[e] @ (F.silu(g) * u))
+        return out
+
+    mods = {"sglang": {"__version__": "0.5.17"},
+            "sglang.srt": {}, "sglang.srt.layers": {}, "sglang.srt.layers.moe": {},
+            "sglang.srt.layers.moe.moe_runner": {"MoeRunnerConfig": MoeRunnerConfig},
+            "sglang.srt.layers.moe.moe_runner.triton_utils": {},
+            "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe":
+                {"fused_experts": fused_experts},
+            "sglang.srt.layers.moe.topk": {"StandardTopKOutput": StandardTopKOutput,
+                                           "fused_topk": fused_topk}}
+    for name, attrs in mods.items():
+        m = types.ModuleType(name)
+        m.__path__ = []
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+
+
+@pytest.mark.parametrize("T,renorm,bias", [(1, True, True), (5, True, False),
+                                            (3, False, True)])
+def test_the_sglang_adapter_hands_over_the_documented_layout(monkeypatch, T, renorm, bias):
+    calls: list = []
+    fake_sglang(monkeypatch, calls)
+    lib = ml.sglang_routed()
+    assert (lib.name, lib.version) == ("SGLang", "0.5.17")
+    x, wr, b, wgu, wd = case(T, T, bias=bias)
+    out = lib.routed(x, wr, b, wgu, wd, 2, renorm)
+    assert ml.rel_err(out, ml.reference(x, wr, b, wgu, wd, 2, renorm)) < 1e-5
+    assert [c.top_k for c in calls] == [2]
+
+
+@pytest.mark.parametrize("T", [1, 6])
+def test_mtplabs_arm_matches_the_same_reference(T):
+    x, wr, b, wgu, wd = case(T, 10 + T)
+    from mtplab.kernels import moe_route as mr
+    counts = torch.zeros(mr.counts_len(T, "cpu"), dtype=torch.int32)
+    out = ml.mtplab_routed(counts).routed(x, wr, b, wgu, wd, 2, True)
+    assert ml.rel_err(out, ml.reference(x, wr, b, wgu, wd, 2, True)) < 1e-5
+    assert not counts.any()
+
+
+def test_without_sglang_the_phase_records_why_and_how_to_run_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)           # import sglang -> ImportError
+    with pytest.raises(ImportError, match="scripts/sglang_h100.sh moe"):
+        ml.sglang_routed()
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    log = Log(doc, budget_s=100.0)
+    log.phase("library", phase_library, log, reserve_s=0)      # returns before any CUDA work
+    assert doc["phases"]["library"]["status"] == "done"
+    assert "SGLang's fused MoE does not import" in doc["library"]["unavailable"]
+    md = render(doc)
+    assert "## library\n\n- not measured: SGLang's fused MoE does not import" in md
+    assert "no library MoE kernel measured (it did not import)" in md.split(R.ANSWER)[1]
+
+
+def render(doc: dict) -> str:
+    return floor.render(R.plain(R.stamped(
+        doc, date="2026-12-06", device="h200", device_name="NVIDIA H200", commit="abc1234",
+        command="python -m benchmarks.bench_moe_floor --only library")))
+
+
+def test_the_library_section_and_answer_compare_the_arms():
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    doc["bandwidth"] = [4.0e12, 4.1e12, 4.2e12]
+    doc["phases"] = {"bandwidth": {"status": "done", "seconds": 0.4},
+                     "library": {"status": "done", "seconds": 30.0}}
+    doc["library"].update(name="SGLang", version="0.5.17")
+    doc["library"]["rows"] = [
+        {"T": 1, "mtplab_us": [40.0, 40.4, 40.2], "library_us": [60.0, 60.6, 60.3],
+         "mtplab_kernels": 2, "library_kernels": 7, "mtplab_err": 2e-3, "library_err": 3e-3},
+        {"T": 32, "mtplab_us": [200.0, 201.0, 200.5], "library_us": [150.0, 150.5, 151.0],
+         "mtplab_kernels": 2, "library_kernels": 7, "mtplab_err": 2e-3, "library_err": 4e-3}]
+    md = render(doc)
+    assert ("| tokens | mtplab µs | mtplab kernels | SGLang µs | SGLang kernels | "
+            "SGLang / mtplab | n | mtplab err | SGLang err |") in md
+    assert "| 1 | 40.2 | 2 | 60.3 | 7 | 1.500x ±2.0%, pays | 3/3 | 2.0e-03 | 3.0e-03 |" in md
+    answer = md.split(R.ANSWER)[1].splitlines()[0]
+    assert ("the routed experts SGLang 0.5.17 / mtplab (above 1: mtplab's kernels are the "
+            "faster) 1.500x ±2.0% (pays) at T=1, 0.751x ±2.0% (costs) at T=32") in answer

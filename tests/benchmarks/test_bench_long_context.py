@@ -101,3 +101,22 @@ def test_the_gemm_figure_measures_at_the_runs_bandwidth(monkeypatch):
     r.figure("gemm", run.fig_gemm, reserve_s=0)
     assert r.doc["figures"]["gemm"]["status"] == "done" and r.doc["gemm"] == [{"shape": "qkv"}]
     assert seen == dict(rows=[1, 8], with_configs=True, repeats=3, bw=F.bandwidth(r.doc))
+
+
+def test_the_attn_figure_measures_the_verify_shapes_at_the_runs_bandwidth(monkeypatch):
+    from mtplab.studies.long_context import attention_figures as af
+    seen = {}
+
+    def measure(shapes, sweep, bw, repeats):
+        seen.update(shapes=shapes, sweep=sweep, bw=bw, repeats=repeats)
+        return [{"shape": shapes[0]}]
+
+    monkeypatch.setattr(af, "measure", measure)
+    r = _run(windows=4)
+    r.figure("attn", run.fig_attn, reserve_s=0)
+    assert r.doc["figures"]["attn"]["status"] == "done"
+    assert r.doc["attn"] == [{"shape": "llama decode bs1 32k"}]
+    assert seen == dict(shapes=af.VERIFY, sweep=af.VERIFY_SWEEP, bw=F.bandwidth(r.doc),
+                        repeats=4)
+    assert set(af.VERIFY_SWEEP) <= set(af.VERIFY) <= set(af.SHAPES)
+    assert {af.SHAPES[s][0] for s in af.VERIFY} == {"decode", "tree4", "tree8"}

@@ -172,3 +172,21 @@ def test_experts_per_verify_inside_cuda_graphs(draft):
         dec = dec[dec["name"].str.startswith("step[decode")]
         assert (dec["experts"] == 4.0).all()
         eng.check_invariants()
+
+
+@pytest.mark.parametrize("T", [1, 8, 32])
+def test_the_library_phase_arms_match_the_reference_at_gemma_widths(T):
+    """studies/moe/moe_library.py: mtplab's routed arm (the routing kernel + the grouped FFN
+    without a shared expert) against the torch reference both arms are held to; SGLang's arm
+    too where SGLang imports."""
+    from mtplab.studies.moe import moe_library as ml
+    x, wr, _, wgu, wd, _, _ = grouped_case(T, seed=T + 7)
+    ref = ml.reference(x, wr, None, wgu, wd, 8, True)
+    counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
+    assert ml.rel_err(ml.mtplab_routed(counts).routed(x, wr, None, wgu, wd, 8, True), ref) < 2e-2
+    assert not counts.any()
+    try:
+        lib = ml.sglang_routed()
+    except ImportError:
+        return
+    assert ml.rel_err(lib.routed(x, wr, None, wgu, wd, 8, True), ref) < 2e-2

@@ -182,3 +182,33 @@ def test_the_gemm_figure_sets_cublas_beside_the_fastest_triton_launch():
            "arm per GEMM (-3.9%)" in md
     assert "decode GEMMs: the Triton GEMM beats cuBLAS beyond the noise on 1 of 2 " \
            "(o_proj M=1)" in F.answer(doc)
+
+
+def test_the_attn_section_sets_each_verify_beside_the_decode_of_its_bs():
+    """A 4-node verify at 60 µs beside a decode at 40 (same bs, same KV bytes): 1.50x, its
+    floor / µs from the cell's floor; the fastest swept launch and the engine's µs over it;
+    a bs with no decode reads '-'; the answer lists the verify shapes; a doc without the
+    figure shows no section."""
+    doc = _doc()
+    assert "## Verify attention" not in F.render(doc)
+
+    def cell(shape, q, bs, us, sweep=None):
+        c = {"shape": shape, "kind": "decode" if q == 1 else f"tree{q}", "bs": bs,
+             "kv_len": 32768, "queries": q, "splits": 66, "floor_us": 32.0, "us": us}
+        return {**c, "sweep": sweep} if sweep is not None else c
+    doc["attn"] = [cell("llama decode bs1 32k", 1, 1, [40.0, 40.4, 39.6]),
+                   cell("llama tree D4 bs1 32k", 4, 1, [60.0, 60.0, 61.0],
+                        [{"launch": "32/4/3/4", "us": 60.5}, {"launch": "64/8/2/2", "us": 48.0}]),
+                   cell("llama tree D4 bs8 32k", 4, 8, [300.0, 300.0, 300.0])]
+    rows = F.attn_rows(doc)
+    assert [round(r["vs_decode"], 3) for r in rows[:2]] == [1.0, 1.5]
+    assert rows[2]["vs_decode"] != rows[2]["vs_decode"]                     # NaN: no decode
+    assert rows[1]["best"] == {"launch": "64/8/2/2", "us": 48.0} and rows[1]["vs_best"] == 1.25
+    md = F.render(doc)
+    assert "## Verify attention at 32k: the split kernel per layer" in md
+    assert ("| llama tree D4 bs1 32k | 4 | 66 | 32.0 | 60.0 (1.7%, 3) | 0.533 | 1.50 | "
+            "64/8/2/2: 48.0 | 1.25 |") in md
+    assert "| llama tree D4 bs8 32k | 4 | 66 | 32.0 | 300.0 (0.0%, 3) | 0.107 | - | - | - |" \
+        in md
+    assert "verify attention per layer at 32k / a decode's 1.50x (4 nodes, bs 1); " in \
+        F.answer(doc)

@@ -11,10 +11,15 @@ bandwidth measured in the same process. Arms, side by side on the same inputs:
              pass (the layout of the decode and verify kernels before split-KV)
 --sweep: for the first shapes, every launch shape (BLOCK_N, warps, stages) and programs-per-SM
 in the grid below, µs each, then the best per shape (what SPLIT_LAUNCH / PROGRAMS_PER_SM hold).
+
+`measure` serves the `attn` figure of bench_long_context (floor_runner.py): the VERIFY shapes,
+the frozen arm's verify attention (a chain of 4 nodes for topk 1, 8 nodes for topk 4) beside a
+decode's over the same 32k rows, repeated, with the launch sweep on the bs-1 verify shapes.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 
 import torch
@@ -36,11 +41,16 @@ SHAPES = {
     "llama tree D4 bs1 32k": ("tree4", 1, 32768, 32, 8, 128, 0),
     "llama tree D8 bs1 32k": ("tree8", 1, 32768, 32, 8, 128, 0),
     "llama tree D4 bs8 32k": ("tree4", 8, 32768, 32, 8, 128, 0),
+    "llama tree D8 bs8 32k": ("tree8", 8, 32768, 32, 8, 128, 0),
     "llama draft K4 bs1 32k": ("shared4", 1, 32768, 32, 8, 128, 0),
     "gemma decode bs1 32k": ("decode", 1, 32768, 32, 16, 256, 0),
     "gemma sliding decode bs1 32k": ("decode", 1, 32768, 32, 16, 256, 1024),
     "llama decode bs1 1k": ("decode", 1, 1024, 32, 8, 128, 0),
 }
+# the attn figure: a decode per layer beside the frozen arm's verify per layer, bs 1 and 8
+VERIFY = ("llama decode bs1 32k", "llama tree D4 bs1 32k", "llama tree D8 bs1 32k",
+          "llama decode bs8 32k", "llama tree D4 bs8 32k", "llama tree D8 bs8 32k")
+VERIFY_SWEEP = ("llama tree D4 bs1 32k", "llama tree D8 bs1 32k")
 SWEEP = dict(block_n=(32, 64, 128), warps=(4, 8), stages=(2, 3), per_sm=(2, 4, 8))
 
 
@@ -94,13 +104,14 @@ def run_shape(name: str, bw: float, gen) -> list[str]:
     return row
 
 
-def sweep_shape(name: str, bw: float, gen) -> list[str]:
+def launches(name: str, gen) -> list[dict]:
+    """Every launch shape of SWEEP on shape `name`: [{launch: "BLOCK_N/warps/stages/per_sm",
+    us}] (a shape that does not launch, e.g. out of shared memory, is left out)."""
     kind, B, kv_len, Hq, Hkv, d, window = SHAPES[name]
     q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
     scale = d ** -0.5
-    floor = kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6
     saved = dict(ta.SPLIT_LAUNCH), ta.PROGRAMS_PER_SM
-    best = None
+    out = []
     try:
         for bn, w, st, per_sm in itertools.product(*SWEEP.values()):
             ta.SPLIT_LAUNCH[d] = (bn, w, st)
@@ -110,16 +121,48 @@ def sweep_shape(name: str, bw: float, gen) -> list[str]:
             except Exception as e:          # out of shared memory: not a candidate
                 print(f"  {name} {bn}/{w}/{st}/{per_sm}: {type(e).__name__}", flush=True)
                 continue
-            print(f"  {name} BLOCK_N {bn} warps {w} stages {st} per_sm {per_sm}: {us:.1f} µs "
-                  f"({floor / us:.2f} of floor)", flush=True)
-            if best is None or us < best[0]:
-                best = (us, bn, w, st, per_sm)
+            print(f"  {name} BLOCK_N {bn} warps {w} stages {st} per_sm {per_sm}: {us:.1f} µs",
+                  flush=True)
+            out.append({"launch": f"{bn}/{w}/{st}/{per_sm}", "us": us})
     finally:
         ta.SPLIT_LAUNCH.clear()
         ta.SPLIT_LAUNCH.update(saved[0])
         ta.PROGRAMS_PER_SM = saved[1]
-    us, bn, w, st, per_sm = best
-    return [name, f"{bn} / {w} / {st} / {per_sm}", f"{us:.1f}", f"{floor / us:.2f}"]
+    return out
+
+
+def sweep_shape(name: str, bw: float, gen) -> list[str]:
+    kind, B, kv_len, Hq, Hkv, d, window = SHAPES[name]
+    floor = kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6
+    best = min(launches(name, gen), key=lambda r: r["us"])
+    return [name, best["launch"].replace("/", " / "), f"{best['us']:.1f}",
+            f"{floor / best['us']:.2f}"]
+
+
+def measure(shapes, sweep, bw: float, repeats: int) -> list[dict]:
+    """The attn figure's cells: per shape its queries per lane, the engine's split plan, the
+    floor (its KV bytes over `bw`), the engine's launch `repeats` times (µs each, the shapes
+    interleaved), and for the shapes in `sweep` every launch shape's µs."""
+    gen = torch.Generator().manual_seed(0)
+    cells = []
+    for name in shapes:
+        kind, B, kv_len, Hq, Hkv, d, window = SHAPES[name]
+        cells.append({"shape": name, "kind": kind, "bs": B, "kv_len": kv_len,
+                      "queries": 1 if kind == "decode" else int(kind[-1]),
+                      "floor_us": kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6, "us": []})
+    inputs = {c["shape"]: make(*(SHAPES[c["shape"]][:6]), gen) for c in cells}
+    for _ in range(repeats):
+        for c in cells:
+            q, k, v, meta = inputs[c["shape"]]
+            kind, B, kv_len, Hq, Hkv, d, window = SHAPES[c["shape"]]
+            c["splits"] = ta.split_count(B * Hkv, meta.max_kv, ta.num_sms(q.device))
+            c["us"].append(time_us(functools.partial(ta.paged_attention_triton, q, k, v, meta,
+                                                     d ** -0.5, window)))
+    del inputs
+    for c in cells:
+        if c["shape"] in sweep:
+            c["sweep"] = launches(c["shape"], gen)
+    return cells
 
 
 def main(argv=None) -> int:

@@ -262,6 +262,10 @@ def answer(doc: dict) -> str:
         parts.append(f"decode GEMMs: the Triton GEMM beats cuBLAS beyond the noise on "
                      f"{len(faster)} of {len(gr)}" + (f" ({', '.join(faster)})" if faster
                                                        else ""))
+    ar = [r for r in attn_rows(doc) if r["queries"] > 1 and r["vs_decode"] == r["vs_decode"]]
+    if ar:
+        parts.append("verify attention per layer at 32k / a decode's " + ", ".join(
+            f"{r['vs_decode']:.2f}x ({r['queries']} nodes, bs {r['bs']})" for r in ar))
     bad = [n for n, f in doc["figures"].items() if f["status"] != "done"]
     if bad:
         parts.append("not measured: " + ", ".join(f"{n} ({doc['figures'][n]['status']})"
@@ -311,6 +315,48 @@ def _gemm_lines(doc: dict) -> list[str]:
         lines.append(f"- M = {m}: the {len(sel)} GEMMs once each take {cub:.1f} µs on cuBLAS, "
                      f"{best:.1f} µs with the faster arm per GEMM ({best / cub - 1:+.1%})")
     return lines
+
+
+def attn_rows(doc: dict) -> list[dict]:
+    """Per shape of the `attn` figure: its median µs, spread and floor / µs; µs / the decode's
+    at the same bs (vs_decode, NaN without one); the fastest swept launch shape (None unswept)
+    and the engine's µs / its µs."""
+    cells = doc.get("attn") or []
+    decode = {c["bs"]: statistics.median(c["us"]) for c in cells if c["queries"] == 1}
+    out = []
+    for c in cells:
+        us = statistics.median(c["us"])
+        best = min(c["sweep"], key=lambda r: r["us"]) if c.get("sweep") else None
+        out.append({**{k: c[k] for k in ("shape", "queries", "bs", "kv_len", "splits",
+                                          "floor_us")},
+                    "us": us, "spread": spread(c["us"]), "n": len(c["us"]),
+                    "vs_decode": us / decode[c["bs"]] if c["bs"] in decode else math.nan,
+                    "best": best, "vs_best": us / best["us"] if best else math.nan})
+    return out
+
+
+def _attn_lines(doc: dict) -> list[str]:
+    rows = attn_rows(doc)
+    if not rows:
+        return []
+    return ["", "## Verify attention at 32k: the split kernel per layer", "",
+            "The split-KV attention kernel alone (kernels/triton_attention.py; 20 calls "
+            "captured in one CUDA graph, median over 30 replays, repeated as the report's "
+            "windows) over rows of 32k entries (pages of 16, shuffled), bf16, llama3.1-8b's "
+            "heads: a decode's one query per lane beside a verify of a chain of D nodes (the "
+            "frozen arm's tree: D 4 at topk 1, D 8 at topk 4), all reading the same KV bytes "
+            "(the floor); *vs decode*: µs / the decode's at the same bs; *fastest launch*: the "
+            "fastest BLOCK_N / warps / stages / programs per SM of the sweep, and the engine's "
+            "µs over it.", "",
+            R.md_table(["shape", "nodes", "splits", "floor µs", "µs (spread, n)", "floor / µs",
+                        "vs decode", "fastest launch", "engine / fastest"],
+                       [[r["shape"], str(r["queries"]), str(r["splits"]),
+                         f"{r['floor_us']:.1f}",
+                         f"{r['us']:.1f} ({R.num(r['spread'], '.1%')}, {r['n']})",
+                         f"{r['floor_us'] / r['us']:.3f}", R.num(r["vs_decode"], ".2f"),
+                         "-" if r["best"] is None else
+                         f"{r['best']['launch']}: {r['best']['us']:.1f}",
+                         R.num(r["vs_best"], ".2f")] for r in rows])]
 
 
 def _figure_lines(doc: dict) -> list[str]:
@@ -375,6 +421,7 @@ def render(doc: dict) -> str:
         parts += ["", f"### {what}: MISS ({_ratio(r)})", "", *breakdown_lines(doc, k), "",
                   "Its busiest kernels:", "", *top_kernels(k), ""]
     parts += _gemm_lines(doc)
+    parts += _attn_lines(doc)
     parts += ["", "## Figures", "", *_figure_lines(doc)]
     return "\n".join(parts).replace("\n\n\n", "\n\n") + "\n"
 

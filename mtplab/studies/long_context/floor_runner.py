@@ -6,7 +6,7 @@ Markdown rendered from it) into the results folder --out-dir:
     DIR/long_context/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     python -m benchmarks.bench_long_context [--out-dir DIR] [--out table.md]
-        [--only short llama frozen hot gemma gemm] [--no-kernel-table] [--windows 3]
+        [--only short llama frozen hot gemma gemm attn] [--no-kernel-table] [--windows 3]
         [--budget-s 500]
 
 The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
@@ -34,6 +34,10 @@ draft serves every context and batch size of a figure.
             down, LM head) on cuBLAS beside the skinny Triton GEMM (kernels/gemv.py) at each
             launch shape of gemv_figures.launch_shapes(), each against its bytes floor
             (studies/decode_floor/gemv_figures.py): the faster one for the short-context GEMMs
+  attn      the split-KV attention kernel alone over 32k rows (attention_figures.py VERIFY):
+            the frozen arm's verify per layer (a chain of 4 nodes, topk 1; 8 nodes, topk 4)
+            beside a decode's, bs 1 and 8, --windows repeats each, against the KV bytes floor;
+            every launch shape on the bs-1 verify shapes (does one read the rows faster?)
 Kernel tables (on unless --no-kernel-table): every GPU activity of 3 profiled decode steps of
 the short @32 bs-1 cell, the llama 32k bs-1 cell and the frozen topk-1 32k bs-1 cell.
 """
@@ -63,7 +67,7 @@ from mtplab.studies.gpu_figures import free
 from mtplab.studies.run_cells import TimeBox
 from mtplab.studies.long_context import floor_report as study
 
-FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm")
+FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm", "attn")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table
@@ -264,6 +268,11 @@ def fig_gemm(run: Run) -> None:
     run.doc["gemm"] = got["cells"]
 
 
+def fig_attn(run: Run) -> None:
+    from mtplab.studies.long_context.attention_figures import VERIFY, VERIFY_SWEEP, measure
+    run.doc["attn"] = measure(VERIFY, VERIFY_SWEEP, study.bandwidth(run.doc), run.windows)
+
+
 def fig_gemma(run: Run) -> None:
     model = "gemma4-31b-like@12"
     eng = engine(model, 8, GEMMA_32K, new_tokens_max(run))
@@ -303,7 +312,7 @@ def main(argv=None) -> int:
     run.doc["bandwidth"] = [float(copy_bandwidth()) for _ in range(3)]
     print(f"copy bandwidth {study.bandwidth(run.doc) / 1e12:.3f} TB/s", flush=True)
     figs = {"short": fig_short, "llama": fig_llama, "frozen": fig_frozen, "hot": fig_hot,
-            "gemma": fig_gemma, "gemm": fig_gemm}
+            "gemma": fig_gemma, "gemm": fig_gemm, "attn": fig_attn}
     for name in FIGURES:
         if name in a.only:
             run.figure(name, figs[name], reserve_s=90 if name == "frozen" else 40)

@@ -54,16 +54,23 @@ def block_m(device_type: str) -> int:
     return 16 if device_type == "cuda" else 4
 
 
-def _tiles(dtype: torch.dtype, device_type: str) -> dict:
-    """Column / reduction tiles: fixed per dtype and device, never per T (batch invariance).
-    The interpreter's tl.dot mis-computes bfloat16 operands (Triton 3.9), so there the
-    operands are widened to fp32 first (exact; the products and sums are fp32 either way)."""
+# The grouped kernels' launch shapes for 16-bit weights on CUDA, per kernel (gate/up reads
+# K = H per tile, down K = I): studies/moe/moe_floor_runner.py's `tiles` phase times each
+# kernel at every shape of its TILE_SWEEP against these.
+TILES_16BIT = {"gate_up": dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4),
+               "down": dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)}
+
+
+def _tiles(dtype: torch.dtype, device_type: str, kernel: str) -> dict:
+    """Column / reduction tiles of `kernel` (gate_up | down): fixed per dtype and device,
+    never per T (batch invariance). The interpreter's tl.dot mis-computes bfloat16 operands
+    (Triton 3.9), so there the operands are widened to fp32 first (exact; the products and
+    sums are fp32 either way)."""
     if device_type != "cuda":
         return dict(BLOCK_N=32, BLOCK_K=32, DOT_PREC="ieee", UPCAST=True)
     if dtype == torch.float32:
         return dict(BLOCK_N=32, BLOCK_K=32, DOT_PREC="ieee", UPCAST=False, num_warps=4)
-    return dict(BLOCK_N=32, BLOCK_K=128, DOT_PREC="tf32", UPCAST=False, num_warps=4,
-                num_stages=4)
+    return dict(TILES_16BIT[kernel], DOT_PREC="tf32", UPCAST=False)
 
 
 def aligned_len(num_slots: int, num_experts: int, bm: int) -> int:
@@ -318,7 +325,7 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
         return out
     dev = x.device.type
     bm = block_m(dev)
-    cfg = _tiles(x.dtype, dev)
+    gu, dn = _tiles(x.dtype, dev, "gate_up"), _tiles(x.dtype, dev, "down")
     x, weights = x.contiguous(), weights.contiguous()
     folded = shared_gate_up is not None
     nbr = block_expert.numel()
@@ -327,17 +334,16 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
     act = torch.empty(rows, max(I, Is), dtype=x.dtype, device=x.device)
     y = torch.empty(rows, H, dtype=x.dtype, device=x.device)
     nbs = triton.cdiv(T, bm) if folded else 0
-    bn = cfg["BLOCK_N"]
     sgu = shared_gate_up if folded else w_gate_up
     sd = shared_down if folded else w_down
-    _gate_up_kernel[(nbr + nbs, triton.cdiv(max(I, Is), bn))](
+    _gate_up_kernel[(nbr + nbs, triton.cdiv(max(I, Is), gu["BLOCK_N"]))](
         x, w_gate_up, act, sorted_ids, block_expert, N, H, I, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), T, nbr, sgu, Is,
-        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, **cfg)
-    _down_kernel[(nbr + nbs, triton.cdiv(H, bn))](
+        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, **gu)
+    _down_kernel[(nbr + nbs, triton.cdiv(H, dn["BLOCK_N"]))](
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
         w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), SHARED=folded,
-        BLOCK_M=bm, **cfg)
+        BLOCK_M=bm, **dn)
     s = shared.contiguous() if shared is not None else x
     g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))

@@ -190,3 +190,16 @@ def test_the_library_phase_arms_match_the_reference_at_gemma_widths(T):
     except ImportError:
         return
     assert ml.rel_err(lib.routed(x, wr, None, wgu, wd, 8, True), ref) < 2e-2
+
+
+@pytest.mark.parametrize("kernel", ["gate_up", "down"])
+def test_another_launch_shape_of_a_grouped_kernel_matches_the_reference(monkeypatch, kernel):
+    """The tiles phase's candidates compute the same FFN (a wider, shorter tile here)."""
+    monkeypatch.setitem(fm.TILES_16BIT, kernel, dict(BLOCK_N=64, BLOCK_K=64, num_warps=4,
+                                                     num_stages=3))
+    for T in (1, 8, 33):
+        x, wr, wg, wgu, wd, sgu, sd = grouped_case(T, seed=T + 11)
+        r = route(x, wr, wg, T)
+        torch.testing.assert_close(fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd),
+                                   fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), atol=3e-2,
+                                   rtol=3e-2)

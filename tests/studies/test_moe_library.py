@@ -1,9 +1,10 @@
-"""The `library` phase of question moe_floor (studies/moe/moe_library.py): SGLang's fused MoE
-beside mtplab's grouped kernels. Without a GPU: the adapter hands SGLang the weights in its
-documented layout (a stand-in SGLang, written from 0.5.17's fused_topk / fused_experts
-contract, must reproduce the torch reference), mtplab's arm (the Triton interpreter) matches
-the same reference, a missing SGLang is one message naming the fix, and the report renders
-both outcomes."""
+"""The `library` and `tiles` phases of question moe_floor. `library` (studies/moe/
+moe_library.py): SGLang's fused MoE beside mtplab's grouped kernels. Without a GPU: the
+adapter hands SGLang the weights in its documented layout (a stand-in SGLang, written from
+0.5.17's fused_topk / fused_experts contract, must reproduce the torch reference), mtplab's
+arm (the Triton interpreter) matches the same reference, a missing SGLang is one message
+naming the fix, and the report renders both outcomes. `tiles`: each grouped kernel reads its
+own launch shape, and the report ranks the shapes timed against the engine's."""
 from __future__ import annotations
 
 import sys
@@ -143,3 +144,43 @@ def test_the_library_section_and_answer_compare_the_arms():
     answer = md.split(R.ANSWER)[1].splitlines()[0]
     assert ("the routed experts SGLang 0.5.17 / mtplab (above 1: mtplab's kernels are the "
             "faster) 1.500x ±2.0% (pays) at T=1, 0.751x ±2.0% (costs) at T=32") in answer
+
+
+def test_the_tiles_section_ranks_each_kernels_launch_shapes_against_the_engines():
+    """Per kernel: the engine's shape first, the others fastest first, a shape that did not
+    launch last with its error; vs engine = summed µs ratio; the answer names the fastest
+    other shape per kernel."""
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    doc["phases"] = {"tiles": {"status": "done", "seconds": 90.0}}
+    eng = dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
+    wide = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    big = dict(BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4)
+    doc["tiles"] = {"engine": {"gate_up": eng, "down": eng}, "rows": [
+        {"kernel": "down", "tile": eng, "us": {"1": 16.0, "8": 30.0}, "err": 2e-3},
+        {"kernel": "down", "tile": big, "us": {}, "err": 0.0,
+         "error": "OutOfResources: shared memory"},
+        {"kernel": "down", "tile": wide, "us": {"1": 12.0, "8": 28.0}, "err": 2e-3},
+        {"kernel": "gate_up", "tile": eng, "us": {"1": 25.0, "8": 40.0}, "err": 1e-3}]}
+    rows = floor.tile_rows(doc)
+    assert [r["name"] for r in rows["down"]] == ["32/128/4/4", "64/64/4/3", "64/128/8/4"]
+    assert rows["down"][1]["vs_engine"] == pytest.approx(46.0 / 40.0)
+    md = render(doc)
+    assert "| down | 32/128/4/4 (engine) | 16.0 | 30.0 | 46.0 | 1.000 | 2.0e-03 |" in md
+    assert "| down | 64/64/4/3 | 12.0 | 28.0 | 40.0 | 1.150 | 2.0e-03 |" in md
+    assert "| down | 64/128/8/4 | - | - | - | - | OutOfResources: shared memory |" in md
+    assert ("the fastest other launch shape of the grouped kernels down 64/64/4/3 1.150x the "
+            "engine's") in md.split(R.ANSWER)[1]
+
+
+def test_the_grouped_kernels_read_their_own_launch_shape(monkeypatch):
+    from mtplab.kernels import fused_moe as fm
+    monkeypatch.setitem(fm.TILES_16BIT, "down", dict(BLOCK_N=64, BLOCK_K=64, num_warps=8,
+                                                     num_stages=3))
+    down, gate_up = fm._tiles(torch.bfloat16, "cuda", "down"), fm._tiles(torch.bfloat16,
+                                                                           "cuda", "gate_up")
+    assert (down["BLOCK_N"], down["BLOCK_K"], down["num_warps"]) == (64, 64, 8)
+    assert (gate_up["BLOCK_N"], gate_up["BLOCK_K"], gate_up["num_warps"]) == (32, 128, 4)
+    assert down["DOT_PREC"] == gate_up["DOT_PREC"] == "tf32"
+    assert fm._tiles(torch.bfloat16, "cpu", "down") == fm._tiles(torch.bfloat16, "cpu",
+                                                                 "gate_up")

@@ -24,7 +24,7 @@ from .. import reports as R
 QUESTION = "moe_floor"
 TITLE = "MoE decode step at the floor: split vs grouped MoE kernels"
 WRITER = "python -m benchmarks.bench_moe_floor --out-dir DIR"   # what writes its reports
-PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels")
+PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels", "tiles")
 ARMS = ("split", "grouped")            # models/moe.py MOE_KERNELS; the ratios: split / grouped
 NAME = 100                             # kernel names are cut to this many characters
 
@@ -36,6 +36,7 @@ def new_doc(*, model: str, layers: int, batches: list[int], repeats: int, tokens
             "repeats": repeats, "tokens": tokens, "prompt": prompt, "phases": {},
             "bandwidth": [], "check": {"cases": [], "graph": {}}, "ffn": [],
             "library": {"name": None, "version": None, "unavailable": None, "rows": []},
+            "tiles": {"engine": {}, "rows": []},
             "decode": {"built": [], "together": None, "steps": []}, "floor": [],
             "kernels": []}
 
@@ -117,6 +118,28 @@ def library_ratios(doc: dict) -> list[dict]:
     grouped kernels are the faster)."""
     return [{**r, **ratio(r["library_us"], r["mtplab_us"])}
             for r in doc.get("library", {}).get("rows", [])]
+
+
+def _tile_name(t: dict) -> str:
+    return f"{t['BLOCK_N']}/{t['BLOCK_K']}/{t['num_warps']}/{t['num_stages']}"
+
+
+def tile_rows(doc: dict) -> dict[str, list[dict]]:
+    """Per grouped kernel: each launch shape timed (µs per T, their sum over the token
+    counts), the engine's first, the others fastest first; vs_engine = the engine's summed
+    µs / this shape's (> 1: faster); a shape that did not launch last, with its error."""
+    out: dict[str, list[dict]] = {}
+    t = doc.get("tiles") or {}
+    for kernel, engine in t.get("engine", {}).items():
+        rows = [{**r, "name": _tile_name(r["tile"]), "engine": r["tile"] == engine,
+                 "sum": sum(r["us"].values()) if "error" not in r else math.nan}
+                for r in t["rows"] if r["kernel"] == kernel]
+        base = next((r["sum"] for r in rows if r["engine"]), math.nan)
+        for r in rows:
+            r["vs_engine"] = base / r["sum"] if r["sum"] == r["sum"] else math.nan
+        out[kernel] = sorted(rows, key=lambda r: (not r["engine"], r["sum"] != r["sum"],
+                                                   r["sum"] if r["sum"] == r["sum"] else 0))
+    return out
 
 
 def _rt(r: dict) -> str:
@@ -213,6 +236,25 @@ def _library(doc: dict) -> list[str]:
                         "mtplab err", f"{lib['name']} err"], rows)]
 
 
+def _tiles(doc: dict) -> list[str]:
+    out = []
+    for kernel, rows in tile_rows(doc).items():
+        if not rows:
+            continue
+        Ts = list(next((r["us"] for r in rows if "error" not in r), {}))
+        out += [f"The grouped FFN (gemma widths, bf16, shared expert folded in) with the "
+                f"{kernel} kernel's launch shape (BLOCK_N / BLOCK_K / warps / stages) replaced, "
+                f"device µs per call; *vs engine*: the engine's summed µs / this shape's "
+                f"(> 1: faster); *err*: max |err| / max |ref| over the token counts.", "",
+                R.md_table(["kernel", "launch shape", *(f"µs T={T}" for T in Ts), "sum",
+                            "vs engine", "err"],
+                           [[kernel, r["name"] + (" (engine)" if r["engine"] else ""),
+                             *(f"{r['us'][T]:.1f}" if "error" not in r else "-" for T in Ts),
+                             R.num(r["sum"], ".1f"), R.num(r["vs_engine"], ".3f"),
+                             r.get("error") or R.num(r["err"], ".1e")] for r in rows]), ""]
+    return out[:-1]
+
+
 def _decode(doc: dict) -> list[str]:
     d = doc["decode"]
     out = [f"- built the {b['kernels']} engine in {b['seconds']:.0f} s ({b['free_gb']:.0f} GB "
@@ -276,7 +318,7 @@ def _kernels(doc: dict) -> list[str]:
 
 
 SECTIONS = {"bandwidth": _bandwidth, "check": _check, "ffn": _ffn, "library": _library,
-            "decode": _decode, "kernels": _kernels}
+            "decode": _decode, "kernels": _kernels, "tiles": _tiles}
 
 
 def section(doc: dict, name: str) -> str:
@@ -307,6 +349,12 @@ def answer(doc: dict) -> str:
                          f"{_said(r)} at T={r['T']}" for r in lr))
     elif lib.get("unavailable"):
         parts.append("no library MoE kernel measured (it did not import)")
+    best = {k: next((r for r in rows[1:] if r["sum"] == r["sum"]), None)
+            for k, rows in tile_rows(doc).items() if rows and rows[0]["engine"]}
+    if any(best.values()):
+        parts.append("the fastest other launch shape of the grouped kernels " + ", ".join(
+            f"{k} {r['name']} {r['vs_engine']:.3f}x the engine's" for k, r in best.items()
+            if r))
     cases = doc["check"]["cases"]
     if cases:
         parts.append(f"the grouped kernels match their references at {sum(c['ok'] for c in cases)}"

@@ -46,6 +46,10 @@ measured:
              sliding:full period), the per-layer kernel table (count and µs per layer by
              kernel) and the whole step's (where each microsecond goes), the replay's wall
              time against the summed kernel time (the gaps)
+  tiles      the grouped FFN at T = 1 / 8 / 32 (gemma widths, bf16, the shared expert folded
+             in) with each kernel's launch shape (kernels/fused_moe.py TILES_16BIT) replaced
+             by each of TILE_SWEEP in turn, the other kernel's kept: µs per call and the
+             output against the torch reference; the engine's shapes are restored after
   report     DIR/moe_floor/<date>_<device>_<commit>.{json,md}: every measurement, and the
              ratios, noise, floors and verdicts computed from them
 
@@ -84,6 +88,9 @@ PERIOD = 6                      # Gemma's 5:1 sliding:full pattern: one period o
 FFN_CAPTURES = 3                # graph_us captures per arm and token count (their spread)
 ROUTE_WARPS = (4, 8, 16)        # the routing kernel's warps a program, timed side by side
 STEP_KERNELS = 25               # the whole step's kernel table: its busiest kernels
+TILE_TOKENS = (1, 8, 32)        # the tiles phase's token counts
+TILE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
+              for bn in (32, 64) for bk in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
 
 
 class Log(TimeBox):
@@ -300,6 +307,39 @@ def phase_library(log: Log) -> None:
     torch.cuda.empty_cache()
 
 
+# -- tiles -----------------------------------------------------------------------------------
+def phase_tiles(log: Log) -> None:
+    k, bm = zoo_config(1).num_experts_per_tok, fm.block_m("cuda")
+    x, wr, wg, wgu, wd, sgu, sd = gemma_case(max(TILE_TOKENS), 3)
+    cases = {}
+    for T in TILE_TOKENS:
+        xt = x[:T].contiguous()
+        counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
+        r = mr.route_align_triton(xt, wr, None, wg, k, True, bm, counts)
+        cases[T] = (functools.partial(fm.moe_ffn_triton, xt, wgu, wd, r, sgu, sd),
+                    fm.moe_ffn_ref(xt, wgu, wd, r, sgu, sd))
+    saved = {kern: dict(t) for kern, t in fm.TILES_16BIT.items()}
+    log.doc["tiles"] = {"engine": saved, "rows": []}
+    try:
+        for kernel in saved:
+            for tile in [saved[kernel]] + [t for t in TILE_SWEEP if t != saved[kernel]]:
+                if log.left() < 20:
+                    return
+                fm.TILES_16BIT[kernel] = dict(tile)
+                row: dict = {"kernel": kernel, "tile": dict(tile), "us": {}, "err": 0.0}
+                try:
+                    for T, (fn, ref) in cases.items():
+                        row["err"] = max(row["err"], ml.rel_err(fn(), ref))
+                        row["us"][str(T)] = graph_us(fn)
+                except Exception as e:          # a shape that does not launch: recorded
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                log.doc["tiles"]["rows"].append(row)
+                fm.TILES_16BIT[kernel] = dict(saved[kernel])
+    finally:
+        fm.TILES_16BIT.clear()
+        fm.TILES_16BIT.update(saved)
+
+
 # -- decode, floor, kernels ------------------------------------------------------------------
 def build(kernels: str, layers: int, max_bs: int) -> Engine:
     return Engine(RunConfig(model=MOE, layers=layers, device="cuda", dtype="bfloat16",
@@ -481,6 +521,8 @@ def main(argv=None) -> int:
     if "kernels" in a.only:
         log.phase("kernels", phase_kernels, log, engines, a, reserve_s=40)
     free_engines(engines)
+    if "tiles" in a.only:
+        log.phase("tiles", phase_tiles, log, reserve_s=60)
     doc = R.measured_here(log.doc, device="cuda", commit=commit, command=shlex.join(
         ["python", "-m", "benchmarks.bench_moe_floor", *argv]))
     path = R.write(doc, study.render, Path(a.out_dir))

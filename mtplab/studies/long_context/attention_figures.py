@@ -144,21 +144,20 @@ def measure(shapes, sweep, bw: float, repeats: int) -> list[dict]:
     floor (its KV bytes over `bw`), the engine's launch `repeats` times (µs each, the shapes
     interleaved), and for the shapes in `sweep` every launch shape's µs."""
     gen = torch.Generator().manual_seed(0)
-    cells = []
+    cells, calls = [], []
     for name in shapes:
         kind, B, kv_len, Hq, Hkv, d, window = SHAPES[name]
+        q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
         cells.append({"shape": name, "kind": kind, "bs": B, "kv_len": kv_len,
                       "queries": 1 if kind == "decode" else int(kind[-1]),
+                      "splits": ta.split_count(B * Hkv, meta.max_kv, ta.num_sms(q.device)),
                       "floor_us": kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6, "us": []})
-    inputs = {c["shape"]: make(*(SHAPES[c["shape"]][:6]), gen) for c in cells}
+        calls.append(functools.partial(ta.paged_attention_triton, q, k, v, meta, d ** -0.5,
+                                       window))
     for _ in range(repeats):
-        for c in cells:
-            q, k, v, meta = inputs[c["shape"]]
-            kind, B, kv_len, Hq, Hkv, d, window = SHAPES[c["shape"]]
-            c["splits"] = ta.split_count(B * Hkv, meta.max_kv, ta.num_sms(q.device))
-            c["us"].append(time_us(functools.partial(ta.paged_attention_triton, q, k, v, meta,
-                                                     d ** -0.5, window)))
-    del inputs
+        for c, call in zip(cells, calls):
+            c["us"].append(time_us(call))
+    del calls
     for c in cells:
         if c["shape"] in sweep:
             c["sweep"] = launches(c["shape"], gen)

@@ -4,9 +4,9 @@ MoE kernels (RunConfig `moe_kernels`), and where each microsecond goes.
 Runner: moe_floor_runner.py here (entry point benchmarks/bench_moe_floor.py; one process, one
 GPU: bandwidth, the grouped kernels against their references, one MoE FFN, the routed experts
 beside a library's fused MoE (moe_library.py), the decode step of both arms at each bs and its
-floor, the kernels of a graph-captured bs-1 forward). It fills a
-results doc phase by phase (printing each phase's `section` as it is measured) and writes the
-report with `results.write(doc, render)`:
+floor, the kernels of a graph-captured bs-1 forward, the grouped kernels' launch shapes). It
+fills a results doc phase by phase (printing each phase's `section` as it is measured) and
+writes the report with `results.write(doc, render)`:
 
     docs/results/moe_floor/<date>_<device>_<commit>.{json,md}
 

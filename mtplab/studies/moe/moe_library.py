@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from mtplab.kernels import fused_moe as fm
 from mtplab.kernels import moe_route as mr
 
-TESTED = "0.5.17"               # the SGLang release this adapter was written against
 FIX = ("run the phase where SGLang is installed: on the lent GPU, `bash "
        "scripts/sglang_h100.sh moe` after `receive` + `install` (it runs bench_moe_floor "
        "with the staged SGLang on the path)")

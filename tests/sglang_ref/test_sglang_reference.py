@@ -309,3 +309,13 @@ def test_simulated_accept_length_distribution_matches_sglang(sg):
     shifted, dof2 = chi2(sg_counts, counts(mean + 0.25))
     assert shifted > {1: 10.83, 2: 13.82, 3: 16.27}[max(dof2, 1)]
     assert math.isclose(float((sg_counts * torch.arange(S + 2)).sum() / N), mean, abs_tol=0.05)
+
+
+def test_the_moe_library_arm_publishes_the_config_sglangs_fused_moe_reads():
+    """SGLang's fused-MoE launch-config lookup reads runtime_context.get_exec(), which raises
+    until a server config is published; studies/moe/moe_library.publish_config publishes the
+    defaults where nothing has (a bench process is no SGLang server)."""
+    rc = sglang_module("sglang.srt.runtime_context")
+    from mtplab.studies.moe import moe_library as ml
+    ml.publish_config("cpu")
+    assert rc.get_exec().deterministic.enable_deterministic_inference is False

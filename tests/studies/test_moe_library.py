@@ -53,7 +53,22 @@ def fake_sglang(monkeypatch, calls: list) -> None:
             w = w / w.sum(-1, keepdim=True)
         return w, ids.to(torch.int32)
 
+    published: list = []
+
+    def get_exec():
+        if not published:
+            raise ValueError("config namespace 'exec' not published")
+        return published[-1]
+
+    def publish(server_args, *, role):
+        published.append(server_args)
+
+    class ServerArgs:
+        def __init__(self, model_path: str, device: str):
+            self.model_path, self.device = model_path, device
+
     def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config):
+        get_exec()                         # its config lookup reads the published config
         w, ids, _ = topk_output
         assert ids.dtype == torch.int32 and not moe_runner_config.inplace
         assert moe_runner_config.num_experts == moe_runner_config.num_local_experts == w1.shape[0]
@@ -73,7 +88,10 @@ def fake_sglang(monkeypatch, calls: list) -> None:
             "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe":
                 {"fused_experts": fused_experts},
             "sglang.srt.layers.moe.topk": {"StandardTopKOutput": StandardTopKOutput,
-                                           "fused_topk": fused_topk}}
+                                           "fused_topk": fused_topk},
+            "sglang.srt.runtime_context": {"get_exec": get_exec, "publish": publish,
+                                           "published": published},
+            "sglang.srt.server_args": {"ServerArgs": ServerArgs}}
     for name, attrs in mods.items():
         m = types.ModuleType(name)
         m.__path__ = []
@@ -92,6 +110,19 @@ def test_the_sglang_adapter_hands_over_the_documented_layout(monkeypatch, T, ren
     out = lib.routed(x, wr, b, wgu, wd, 2, renorm)
     assert ml.rel_err(out, ml.reference(x, wr, b, wgu, wd, 2, renorm)) < 1e-5
     assert [c.top_k for c in calls] == [2]
+
+
+def test_the_adapter_publishes_a_server_config_once_and_keeps_one_published(monkeypatch):
+    """Outside an SGLang server nothing has published the config fused_experts' launch-config
+    lookup reads: the adapter publishes the defaults, once; a published one is kept."""
+    fake_sglang(monkeypatch, [])
+    published = sys.modules["sglang.srt.runtime_context"].published
+    ml.sglang_routed()
+    ml.sglang_routed()
+    assert [(a.model_path, a.device) for a in published] == [("dummy", "cuda")]
+    published[:] = ["a server's"]
+    ml.sglang_routed()
+    assert published == ["a server's"]
 
 
 @pytest.mark.parametrize("T", [1, 6])

@@ -449,40 +449,47 @@ def per_layer_table(full: dict, part: dict, n: int) -> list[tuple[str, float, fl
     return sorted(rows, key=lambda r: -r[2])
 
 
+def kernel_table(eng: Engine, kernels: str) -> dict:
+    """The kernels of one bs-1 decode forward of `eng` as one graph, per layer and per step.
+    Its graphs and their memory pools live only inside this call."""
+    L = eng.model.config.num_hidden_layers
+    short = L - PERIOD if L > PERIOD else max(1, L // 2)
+    dev = eng.device.torch_device
+    z = torch.zeros(1, dtype=torch.long, device=dev)
+    fn = target_decode_fn(eng, PROMPT)
+    args = dict(input_ids=z, rows=z, kv_lens=z + PROMPT)
+
+    def call():
+        return fn(**args)
+
+    n_full, full, _, wall = graph_trace(call)
+    with depth(eng.model, short):
+        n_part, part, _, _ = graph_trace(call)
+    how = "as one graph"
+    if n_full == 0:                 # a profiler that sees no kernels inside graph replays
+        with torch.no_grad():
+            n_full, full, _ = gpu_activities(call)
+            with depth(eng.model, short):
+                n_part, part, _ = gpu_activities(call)
+        how = "eager (the trace showed no kernels inside the graph replay)"
+    return {
+        "kernels": kernels, "how": how, "activities": n_full, "layers": L,
+        "span": L - short, "per_layer": (n_full - n_part) / (L - short), "wall_us": wall,
+        "busy_us": sum(us for _, us in full.values()),
+        "layer": [[n, c, us] for n, c, us in per_layer_table(full, part, L - short)],
+        "step": [[n, c, us] for n, (c, us) in
+                 sorted(full.items(), key=lambda kv: -kv[1][1])[:STEP_KERNELS]]}
+
+
 def phase_kernels(log: Log, engines: dict, a) -> None:
+    """One kernel table per arm; an arm's engine is built here (the others freed first
+    where the device lacks room for both) unless the decode phase left it."""
     for kernels in MOE_KERNELS:
-        eng = engines.get(kernels)
-        if eng is None:
+        if kernels not in engines:
             if torch.cuda.mem_get_info()[0] / 1e9 < 70:
                 free_engines(engines)
-            eng = engines[kernels] = build(kernels, a.layers, 1)
-        L = eng.model.config.num_hidden_layers
-        short = L - PERIOD if L > PERIOD else max(1, L // 2)
-        dev = eng.device.torch_device
-        z = torch.zeros(1, dtype=torch.long, device=dev)
-        fn = target_decode_fn(eng, PROMPT)
-        args = dict(input_ids=z, rows=z, kv_lens=z + PROMPT)
-
-        def call(fn=fn, args=args):
-            return fn(**args)
-
-        n_full, full, _, wall = graph_trace(call)
-        with depth(eng.model, short):
-            n_part, part, _, _ = graph_trace(call)
-        how = "as one graph"
-        if n_full == 0:                 # a profiler that sees no kernels inside graph replays
-            with torch.no_grad():
-                n_full, full, _ = gpu_activities(call)
-                with depth(eng.model, short):
-                    n_part, part, _ = gpu_activities(call)
-            how = "eager (the trace showed no kernels inside the graph replay)"
-        log.doc["kernels"].append({
-            "kernels": kernels, "how": how, "activities": n_full, "layers": L,
-            "span": L - short, "per_layer": (n_full - n_part) / (L - short), "wall_us": wall,
-            "busy_us": sum(us for _, us in full.values()),
-            "layer": [[n, c, us] for n, c, us in per_layer_table(full, part, L - short)],
-            "step": [[n, c, us] for n, (c, us) in
-                     sorted(full.items(), key=lambda kv: -kv[1][1])[:STEP_KERNELS]]})
+            engines[kernels] = build(kernels, a.layers, 1)
+        log.doc["kernels"].append(kernel_table(engines[kernels], kernels))
 
 
 def main(argv=None) -> int:

@@ -61,6 +61,7 @@ def sglang_routed() -> Library:
     except Exception as e:           # any failure of SGLang's import chain is the same answer
         raise ImportError(f"SGLang's fused MoE does not import ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); {FIX}") from e
+    publish_config()
 
     def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
         logits = F.linear(x, w_router, bias)
@@ -70,6 +71,19 @@ def sglang_routed() -> Library:
         return fused_experts(x, w_gate_up, w_down, StandardTopKOutput(weights, ids, logits),
                              cfg)
     return Library("SGLang", getattr(sglang, "__version__", "?"), routed)
+
+
+def publish_config(device: str = "cuda") -> None:
+    """SGLang's fused-MoE config lookup reads the process's published server config
+    (runtime_context.get_exec()); a process that is no SGLang server publishes the defaults
+    for `device` once, as SGLang's own kernel tests do (model path "dummy": no model config
+    is read). A published config is left as it is."""
+    from sglang.srt.runtime_context import get_exec, publish
+    from sglang.srt.server_args import ServerArgs
+    try:
+        get_exec()
+    except ValueError:
+        publish(ServerArgs(model_path="dummy", device=device), role="test")
 
 
 def reference(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],

@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from statistics import mean
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -551,17 +552,27 @@ class Engine:
         if self.experts is None:
             return {"experts_per_verify": nan, "experts_per_verify_uniform": nan,
                     "experts_per_draft_step": nan, "experts_note": "a dense target"}
-        rows = self.experts.read()
-        per = [sum(r) / len(r) for r in rows]
-        self._expert_steps += per
-        moe = self.model.config
-        uni = [expected_experts(moe.num_experts, moe.num_experts_per_tok,
-                                lanes * (1 + prop // max(lanes, 1)))
-               for _, lanes, _, prop in s.verify_steps]
-        return {"experts_per_verify": sum(per) / len(per) if per else nan,
-                "experts_per_verify_uniform": sum(uni) / len(uni) if uni else nan,
+        rows = self.verify_experts(s)
+        self._expert_steps += [per for _, per, _ in rows]
+        return {"experts_per_verify": mean([per for _, per, _ in rows]) if rows else nan,
+                "experts_per_verify_uniform": mean([u for *_, u in rows]) if rows else nan,
                 "experts_per_draft_step": nan,
                 "experts_note": "the draft's layers are dense: no experts per draft step"}
+
+    def verify_experts(self, s: Optional[StepStats] = None) -> list[tuple[int, float, float]]:
+        """Per verify recorded since the recorder's last reset (a generate resets it; s: its
+        StepStats, default the scheduler's): (live lanes, distinct experts per MoE layer,
+        health.expected_experts at its lanes x D tokens). One host read of the recorder;
+        needs moe_stats and an MoE target."""
+        if self.experts is None:
+            raise RuntimeError("no expert recorder: construct with moe_stats=True on an MoE "
+                               "target.")
+        s = self.scheduler.stats if s is None else s
+        moe = self.model.config
+        return [(lanes, sum(r) / len(r),
+                 expected_experts(moe.num_experts, moe.num_experts_per_tok,
+                                  lanes * (1 + prop // max(lanes, 1))))
+                for r, (_, lanes, _, prop) in zip(self.experts.read(), s.verify_steps)]
 
     @staticmethod
     def _warn_alarm(stretches) -> None:

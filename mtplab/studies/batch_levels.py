@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mtplab import Engine, RunConfig
+from mtplab.sched.scheduler import StepStats
 
 STEADY = 2                           # iterations either side with the same running count
 
@@ -45,10 +46,15 @@ def request_tokens(batches: list[int], B: int, steps: int, per_step: float) -> l
 
 def time_levels(eng: Engine, prompts: list[list[int]], tokens: list[int]) -> tuple[list, float]:
     """Run the staggered requests to the end: per iteration (seconds, running count, tokens
-    out so far, prefill steps so far); and the seconds until the last prefill."""
+    out so far, prefill steps so far); and the seconds until the last prefill. The
+    scheduler's step stats and an expert recorder (moe_stats) start afresh, as a generate's
+    do, so they hold this run's steps only."""
+    sched = eng.scheduler
+    sched.stats = StepStats()
+    if eng.experts is not None:
+        eng.experts.reset()
     reqs = [eng.add_request(p, max_new_tokens=n, ignore_eos=True)
             for p, n in zip(prompts, tokens)]
-    sched = eng.scheduler
     rows = []
     t_prefill = None
     t0 = last = time.perf_counter()
@@ -82,6 +88,13 @@ def steady_cells(rows: list, batches: list[int], windows: int) -> dict:
     return out
 
 
+def level_prompts(eng: Engine, B: int, prompt_len: int, seed: int) -> list[list[int]]:
+    """B random prompts of prompt_len tokens of eng's vocabulary (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, eng.model.config.vocab_size, (B, prompt_len),
+                         generator=g).tolist()
+
+
 def run_levels(cfg: RunConfig, batches: list[int], steps: int, per_step: float,
                prompt_len: int, seed: int) -> tuple[list, float, float]:
     """One engine of `cfg` at its batch B (cfg.max_running_requests): B random prompts of
@@ -94,10 +107,8 @@ def run_levels(cfg: RunConfig, batches: list[int], steps: int, per_step: float,
     try:
         eng = Engine(cfg)
         build_s = time.perf_counter() - t0
-        g = torch.Generator().manual_seed(seed)
-        prompts = torch.randint(3, eng.model.config.vocab_size, (B, prompt_len),
-                                generator=g).tolist()
-        rows, prefill_s = time_levels(eng, prompts, request_tokens(batches, B, steps, per_step))
+        rows, prefill_s = time_levels(eng, level_prompts(eng, B, prompt_len, seed),
+                                      request_tokens(batches, B, steps, per_step))
         return rows, build_s, prefill_s
     finally:
         if eng is not None:

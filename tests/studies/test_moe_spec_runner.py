@@ -35,6 +35,11 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     pts = {(r["point"]["batch_size"], r["arm"], r["repeat"]) for r in doc["rows"]}
     assert len(pts) == len(doc["rows"]) == 2 * 2 * 2       # bs x arms x windows
     assert all(r["decode_tok_per_s"] > 0 for r in doc["rows"])
+    ex = {(e["k"], e["bs"]): e for e in doc["experts_per_verify"]}
+    assert sorted(ex) == [(0, 1), (0, 2), (4, 1), (4, 2)]       # K x bs, each K's own pass
+    assert all(e["verifies"] > 0 and 0 < e["experts"] <= 16 for e in ex.values())
+    for (k, bs), e in ex.items():             # random-tiny-gemma4: 16 experts, top-4
+        assert e["uniform"] == pytest.approx(16 * (1 - (1 - 4 / 16) ** (bs * (k + 1))))
     assert run.main([*ARGS, "--models", "random-tiny-gemma4", "--routings", "zipf:1.2",
                      "--out-dir", str(out), "--note", "A CPU path check."]) == 0
     doc = json.loads(js.read_text())
@@ -44,6 +49,8 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     assert "- measured by one engine per model, routing and arm" in md
     assert "A CPU path check." in md
     assert "## What zipf routing changes" in md
+    assert {e["routing"] for e in doc["experts_per_verify"]} == {"uniform", "zipf:1.2"}
+    assert "## Experts touched per verify" in md and "of uniform routing's expectation" in md
     assert R.regenerate("moe", render, out, check=True) == []
 
 

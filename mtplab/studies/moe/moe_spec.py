@@ -18,6 +18,9 @@ each model's expert count beside it. Every figure is computed from those rows:
                      crossover is the smallest bs from which K=2 pays and no larger bs costs
     zipf             per arm and bs on an MoE model: tok/s under zipf / under uniform, and the
                      speedup and stop-paying bs under each
+    experts          (the one-process runner's experts pass) distinct experts per MoE layer per
+                     verify at each model, routing, K and bs, over uniform routing's
+                     expectation E(1 - (1 - k/E)^n) at the verify's n tokens
 """
 from __future__ import annotations
 
@@ -170,6 +173,21 @@ def _kind(doc: dict, model: str) -> str:
     return f"{model} (MoE, {e} experts)" if e else f"{model} (dense)"
 
 
+def experts_frame(doc: dict) -> pd.DataFrame:
+    """The experts pass's rows (model, routing, k, bs, experts, uniform, verifies) with
+    `vs_uniform` = experts / uniform; empty where none ran."""
+    df = pd.DataFrame(doc.get("experts_per_verify") or [],
+                      columns=["model", "routing", "k", "bs", "experts", "uniform", "verifies"])
+    return df.assign(vs_uniform=df["experts"] / df["uniform"])
+
+
+def experts_answer(ex: pd.DataFrame) -> list[str]:
+    """Per model and routing: the range of experts touched over the uniform expectation."""
+    return [f"experts touched per verify on {model}, {routing}: {g['vs_uniform'].min():.2f}"
+            f"..{g['vs_uniform'].max():.2f} of uniform routing's expectation"
+            for (model, routing), g in ex.groupby(["model", "routing"], sort=False)]
+
+
 def answer(doc: dict, sp: pd.DataFrame, kp: pd.DataFrame, zp: pd.DataFrame) -> str:
     if sp.empty:
         return "no drafting arm ran beside target-only."
@@ -191,6 +209,7 @@ def answer(doc: dict, sp: pd.DataFrame, kp: pd.DataFrame, zp: pd.DataFrame) -> s
             lo, hi = base["ratio"].min(), base["ratio"].max()
             parts.append(f"{skew} on {model}: target-only at {lo:.2f}x..{hi:.2f}x of "
                          "uniform's tok/s")
+    parts += experts_answer(experts_frame(doc))
     return ". ".join(parts) + "."
 
 
@@ -262,4 +281,17 @@ def render(doc: dict) -> str:
                 lines.append(f"- {arm} on {model}: " + "; ".join(f"{rt}: {s}"
                                                                 for rt, s in by.items()))
         parts += ["", *lines] if lines else []
+    ex = experts_frame(doc)
+    if not ex.empty:
+        parts += ["", "## Experts touched per verify", "",
+                  "Distinct experts per MoE layer per verify (mean over the verifies at that "
+                  "bs; the experts pass: each K's engine again with moe_stats, a few decode "
+                  "steps per level, untimed) beside uniform routing's expectation "
+                  "E(1 - (1 - k/E)^n) at the verify's n = bs x (K + 1) tokens (K 0: "
+                  "target-only).", ""]
+        rows = [[r["model"], r["routing"], str(r["k"]), str(r["bs"]), f"{r['experts']:.1f}",
+                 f"{r['uniform']:.1f}", f"{r['vs_uniform']:.2f}", str(r["verifies"])]
+                for r in ex.to_dict("records")]
+        parts += [R.md_table(["model", "routing", "K", "bs", "experts / layer",
+                              "uniform expectation", "experts / uniform", "verifies"], rows)]
     return "\n".join(parts) + "\n"

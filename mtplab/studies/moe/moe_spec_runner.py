@@ -13,34 +13,40 @@ The grid is moe_spec.yaml's: its models, routings (zipf only on a model with exp
 (by index; 0, target-only, always runs) and base settings (overlap + zero_bubble, CUDA graphs,
 page 16, 64-token random prompts). A cell's rows are its windows of steady steps: each one's
 decode tok/s (tokens out per iteration / the window's p50 iteration) is one repeat of the
-study's rows. A run at a stamp (date, device, commit) that already has a report adds its rows
-to it, so calls of one session build one report. The commit is MTP_GIT_COMMIT where set, else
-this checkout's HEAD; a tree with uncommitted changes is refused before anything runs.
+study's rows. Per MoE model, routing and K, an experts pass (the engine again with
+moe_stats, EXPERT_STEPS steps per level) records the distinct experts per layer each verify
+touches at every bs beside uniform routing's expectation. A run at a stamp (date, device,
+commit) that already has a report adds its rows to it, so calls of one session build one
+report. The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with
+uncommitted changes is refused before anything runs.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import shlex
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import yaml
 
-from mtplab import RunConfig
+from mtplab import Engine, RunConfig
 from mtplab.errors import ConfigError
 from mtplab.models.zoo import model_config
 from mtplab.studies import reports as R
 from mtplab.studies.run_cells import TimeBox
-from mtplab.studies.batch_levels import (request_tokens, run_levels, steady_cells,
-                                         tokens_per_step)
+from mtplab.studies.batch_levels import (level_prompts, request_tokens, run_levels,
+                                         steady_cells, time_levels, tokens_per_step)
 from mtplab.studies.bench import arm_label
 from mtplab.studies.group import BUBBLE, VALUE
 from mtplab.studies.moe import QUESTION, moe_spec, render
 
 GRID = yaml.safe_load(moe_spec.GRID.read_text())
 UNIFORM = moe_spec.UNIFORM
+EXPERT_STEPS = 6             # decode steps per bs level of an experts pass
 METHOD = ("one engine per model, routing and arm, its largest batch prefilled once and shrunk "
           "level by level (bench_moe_spec); each repeat a window of steady decode steps at "
           "that bs")
@@ -92,6 +98,15 @@ class Run(TimeBox):
                                          "arm": key["arm"], "repeat": w,
                                          VALUE: toks / (m / 1e3), BUBBLE: None})
         missing = [bs for bs in batches if bs not in got]
+        k = int(arm.get("num_steps") or 0)
+        if self.doc["experts"][model] and not any(
+                (e["model"], e["routing"], e["k"]) == (model, routing, k)
+                for e in self.doc["experts_per_verify"]):
+            cfg = config(model, routing, arm, B, tokens, a.device, a.dtype)
+            for bs, (n, measured, uniform) in sorted(experts_pass(cfg, batches, per).items()):
+                self.doc["experts_per_verify"].append(
+                    {"model": model, "routing": routing, "k": k, "bs": bs,
+                     "experts": measured, "uniform": uniform, "verifies": n})
         self.doc["engines"].append({**key, "status": "ok", "build_s": round(build_s, 1),
                                     "steps": len(steps), "missing_bs": missing})
         print(f"{model} {routing} {key['arm']}: built in {build_s:.0f} s; "
@@ -113,6 +128,26 @@ class Run(TimeBox):
             self.doc["engines"].append({**key, "status": "error", "reason": msg})
 
 
+def experts_pass(cfg: RunConfig, batches: list[int], per: float) -> dict:
+    """{bs: (verifies, distinct experts per MoE layer per verify, the uniform expectation at
+    its tokens)}: the arm's engine again with moe_stats on (its recorder adds kernels to every
+    MoE layer, so the timed run goes without), EXPERT_STEPS decode steps at each level."""
+    B = cfg.max_running_requests
+    by: dict[int, list] = {}
+    try:
+        with Engine(replace(cfg, moe_stats=True)) as eng:
+            time_levels(eng, level_prompts(eng, B, int(GRID["base"]["prompt_len_tokens"]), B),
+                        request_tokens(batches, B, EXPERT_STEPS, per))
+            for lanes, measured, uniform in eng.verify_experts():
+                by.setdefault(lanes, []).append((measured, uniform))
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return {bs: (len(v), sum(m for m, _ in v) / len(v), sum(u for _, u in v) / len(v))
+            for bs, v in by.items() if bs in batches}
+
+
 def merge(old: dict, new: dict) -> dict:
     """`new` with what `old` (a report of the same stamp) measured that `new` did not measure
     again: one report per stamp covers every call's engines. An engine `new` skipped or lost
@@ -123,6 +158,9 @@ def merge(old: dict, new: dict) -> dict:
     ran = {key(e) for e in new["engines"] if e["status"] == "ok"}
     rows = [r for r in old["rows"]
             if (r["point"]["model"], r["point"]["moe_routing"], r["arm"]) not in ran]
+    measured = {(e["model"], e["routing"], e["k"]) for e in new.get("experts_per_verify", [])}
+    experts = [e for e in old.get("experts_per_verify", [])
+               if (e["model"], e["routing"], e["k"]) not in measured]
     engines = {key(e): e for e in old["engines"]}
     for e in new["engines"]:
         if e["status"] == "ok" or engines.get(key(e), {}).get("status") != "ok":
@@ -134,6 +172,7 @@ def merge(old: dict, new: dict) -> dict:
     return {**new, "rows": rows + new["rows"], "engines": list(engines.values()),
             "arms": labels, "arm_keys": [arm_keys[a] for a in labels],
             "experts": dict(sorted({**old["experts"], **new["experts"]}.items())),
+            "experts_per_verify": experts + new.get("experts_per_verify", []),
             "command": command}
 
 
@@ -180,7 +219,7 @@ def main(argv=None) -> int:
            "method": METHOD, "arms": labels,
            "arm_keys": [{"arm": arm_label(x), "draft": x.get("draft", "none"),
                          "k": x.get("num_steps")} for x in chosen],
-           "experts": experts, "rows": [], "engines": [],
+           "experts": experts, "rows": [], "engines": [], "experts_per_verify": [],
            "batches": sorted(a.batches), "steps_per_level": a.steps_per_level,
            "windows": a.windows}
     run = Run(doc, a)

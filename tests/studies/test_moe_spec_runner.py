@@ -54,6 +54,23 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     assert R.regenerate("moe", render, out, check=True) == []
 
 
+def test_a_failed_experts_pass_keeps_the_timed_rows_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
+
+    def boom(*_):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(run, "experts_pass", boom)
+    out = tmp_path / "results"
+    assert run.main([*ARGS, "--models", "random-tiny-gemma4", "--routings", "uniform",
+                     "--out-dir", str(out)]) == 0
+    (js,) = (out / "moe").glob("*.json")
+    doc = json.loads(js.read_text())
+    assert [e["status"] for e in doc["engines"]] == ["ok", "ok"] and len(doc["rows"]) == 8
+    assert [e["reason"] for e in doc["experts_errors"]] == ["RuntimeError: out of memory"] * 2
+    assert "- experts pass not measured for random-tiny-gemma4, uniform, draft=none: " \
+        "RuntimeError: out of memory" in js.with_suffix(".md").read_text()
+
+
 def test_an_engine_a_later_call_skipped_keeps_the_earlier_rows():
     def doc(engines, rows, command):
         return {"engines": engines, "rows": rows, "arms": ["a"], "command": command,

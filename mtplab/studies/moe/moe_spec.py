@@ -294,4 +294,7 @@ def render(doc: dict) -> str:
                 for r in ex.to_dict("records")]
         parts += [R.md_table(["model", "routing", "K", "bs", "experts / layer",
                               "uniform expectation", "experts / uniform", "verifies"], rows)]
+    for e in doc.get("experts_errors", []):
+        parts += [f"- experts pass not measured for {e['model']}, {e['routing']}, {e['arm']}: "
+                  f"{e['reason']}"]
     return "\n".join(parts) + "\n"

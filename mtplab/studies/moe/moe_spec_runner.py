@@ -87,8 +87,8 @@ class Run(TimeBox):
         B = batches[-1]
         per = tokens_per_step(arm)
         tokens = max(request_tokens(batches, B, a.steps_per_level, per))
-        steps, build_s, _ = run_levels(config(model, routing, arm, B, tokens, a.device, a.dtype),
-                                       batches, a.steps_per_level, per,
+        cfg = config(model, routing, arm, B, tokens, a.device, a.dtype)
+        steps, build_s, _ = run_levels(cfg, batches, a.steps_per_level, per,
                                        int(GRID["base"]["prompt_len_tokens"]), seed=B)
         got = steady_cells(steps, batches, a.windows)
         for bs, (ms, toks, _) in sorted(got.items()):
@@ -98,20 +98,19 @@ class Run(TimeBox):
                                          "arm": key["arm"], "repeat": w,
                                          VALUE: toks / (m / 1e3), BUBBLE: None})
         missing = [bs for bs in batches if bs not in got]
-        k = int(arm.get("num_steps") or 0)
-        if self.doc["experts"][model] and not any(
-                (e["model"], e["routing"], e["k"]) == (model, routing, k)
-                for e in self.doc["experts_per_verify"]):
-            cfg = config(model, routing, arm, B, tokens, a.device, a.dtype)
-            for bs, (n, measured, uniform) in sorted(experts_pass(cfg, batches, per).items()):
-                self.doc["experts_per_verify"].append(
-                    {"model": model, "routing": routing, "k": k, "bs": bs,
-                     "experts": measured, "uniform": uniform, "verifies": n})
         self.doc["engines"].append({**key, "status": "ok", "build_s": round(build_s, 1),
                                     "steps": len(steps), "missing_bs": missing})
         print(f"{model} {routing} {key['arm']}: built in {build_s:.0f} s; "
               + ", ".join(f"bs {bs} {toks / (sorted(ms)[len(ms) // 2] / 1e3):.0f} tok/s"
                           for bs, (ms, toks, _) in sorted(got.items())), flush=True)
+        k = int(arm.get("num_steps") or 0)
+        if self.doc["experts"][model] and not any(
+                (e["model"], e["routing"], e["k"]) == (model, routing, k)
+                for e in self.doc["experts_per_verify"]):
+            for bs, (n, measured, uniform) in sorted(experts_pass(cfg, batches, per).items()):
+                self.doc["experts_per_verify"].append(
+                    {"model": model, "routing": routing, "k": k, "bs": bs,
+                     "experts": measured, "uniform": uniform, "verifies": n})
 
     def cell(self, model: str, routing: str, arm: dict) -> None:
         """engine() under the time box; a failure is recorded, never raised."""
@@ -125,7 +124,11 @@ class Run(TimeBox):
         except Exception as e:        # one engine failing must not hide the others
             traceback.print_exc()
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            self.doc["engines"].append({**key, "status": "error", "reason": msg})
+            if any(x["status"] == "ok" and all(x[k] == v for k, v in key.items())
+                   for x in self.doc["engines"]):         # timed; its experts pass failed
+                self.doc.setdefault("experts_errors", []).append({**key, "reason": msg})
+            else:
+                self.doc["engines"].append({**key, "status": "error", "reason": msg})
 
 
 def experts_pass(cfg: RunConfig, batches: list[int], per: float) -> dict:
@@ -173,6 +176,8 @@ def merge(old: dict, new: dict) -> dict:
             "arms": labels, "arm_keys": [arm_keys[a] for a in labels],
             "experts": dict(sorted({**old["experts"], **new["experts"]}.items())),
             "experts_per_verify": experts + new.get("experts_per_verify", []),
+            "experts_errors": [e for e in old.get("experts_errors", [])
+                               if key(e) not in ran] + new.get("experts_errors", []),
             "command": command}
 
 

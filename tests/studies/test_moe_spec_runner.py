@@ -54,6 +54,16 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     assert R.regenerate("moe", render, out, check=True) == []
 
 
+def test_the_kv_holds_what_the_shrinking_batch_holds_at_once_not_lanes_times_the_longest():
+    from mtplab.studies.batch_levels import request_tokens
+    tokens = request_tokens([1, 2, 4, 8, 16, 32, 64], 64, 24, 3.1)
+    cfg = run.config("gemma4-31b-like@60", "uniform", run.GRID["arms"][1], tokens, "cpu",
+                     "float32")
+    assert (cfg.max_running_requests, cfg.cuda_graph_max_bs) == (64, 64)
+    assert cfg.context_len == 64 + max(tokens) + 16
+    assert cfg.max_total_tokens == sum(tokens) + 64 * (64 + 32 + 16) < 64 * max(tokens) / 2
+
+
 def test_a_failed_experts_pass_keeps_the_timed_rows_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234def")
 

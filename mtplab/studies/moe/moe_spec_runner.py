@@ -61,16 +61,21 @@ def arms(indices: list[int]) -> list[dict]:
     return [grid_arms[i] for i in sorted({0, *indices})]
 
 
-def config(model: str, routing: str, arm: dict, bs: int, tokens: int, device: str,
+def config(model: str, routing: str, arm: dict, tokens: list[int], device: str,
            dtype: str) -> RunConfig:
+    """The engine for requests of `tokens` new tokens each (request_tokens): as many lanes,
+    a context for the longest, and KV for what they all hold at once at most (each its
+    prompt, its tokens, a decode reserve and a part-filled page), not lanes x the longest:
+    the dense 31B's spec arms at bs 32 fit an 80 GB device that way."""
     base = GRID["base"]
     prompt = int(base["prompt_len_tokens"])
     kw = {k: base[k] for k in ("overlap", "zero_bubble", "page_size")}
     if routing != UNIFORM:
         kw["moe_routing"] = routing
-    return RunConfig(model=model, max_running_requests=bs, context_len=prompt + tokens + 16,
-                     max_total_tokens=bs * (prompt + tokens + 64), cuda_graph_max_bs=bs,
-                     device=device, dtype=dtype, **kw, **arm)
+    B = len(tokens)
+    return RunConfig(model=model, max_running_requests=B, context_len=prompt + max(tokens) + 16,
+                     max_total_tokens=sum(tokens) + B * (prompt + 32 + int(base["page_size"])),
+                     cuda_graph_max_bs=B, device=device, dtype=dtype, **kw, **arm)
 
 
 class Run(TimeBox):
@@ -86,8 +91,8 @@ class Run(TimeBox):
         batches = sorted(a.batches)
         B = batches[-1]
         per = tokens_per_step(arm)
-        tokens = max(request_tokens(batches, B, a.steps_per_level, per))
-        cfg = config(model, routing, arm, B, tokens, a.device, a.dtype)
+        cfg = config(model, routing, arm, request_tokens(batches, B, a.steps_per_level, per),
+                     a.device, a.dtype)
         steps, build_s, _ = run_levels(cfg, batches, a.steps_per_level, per,
                                        int(GRID["base"]["prompt_len_tokens"]), seed=B)
         got = steady_cells(steps, batches, a.windows)

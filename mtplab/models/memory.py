@@ -16,6 +16,7 @@ CPU the host holds both (the float32 build is the model itself when dtype is flo
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -120,8 +121,14 @@ def host_available_bytes() -> int:
 
 
 def device_free_bytes(device: str) -> int:
+    """Bytes an engine can still allocate on `device`. On CUDA, blocks torch's caching
+    allocator holds with no tensor in them (an engine closed earlier in this process) are
+    given back to the device first, so they count as free."""
     dev = torch.device(device)
     if dev.type == "cuda":
+        if torch.cuda.memory_reserved(dev) > torch.cuda.memory_allocated(dev):
+            gc.collect()                   # tensors only a reference cycle still holds
+            torch.cuda.empty_cache()
         return torch.cuda.mem_get_info(dev)[0]
     return host_available_bytes()
 

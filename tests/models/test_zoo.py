@@ -214,3 +214,20 @@ def test_shape_preset_device_build_path_matches_the_cpu_build(monkeypatch):
     for a, b in ((k.build(want, 4), k.build(got, 4)) for k in DRAFT_KINDS.values()):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
                                                       b.state_dict().values()))
+
+
+def test_cuda_free_memory_counts_what_a_closed_engine_left_in_torchs_cache(monkeypatch):
+    """device_free_bytes: blocks torch's caching allocator holds with no tensor in them go
+    back to the device before free memory is read (a second engine in one process fits where
+    the first, closed, did)."""
+    from mtplab.models import memory
+    state = {"free": 10, "cached": 50}
+
+    def empty_cache():
+        state["free"], state["cached"] = state["free"] + state["cached"], 0
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 60 + state["cached"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 60)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (state["free"], 200))
+    assert memory.device_free_bytes("cuda") == 60
+    assert memory.device_free_bytes("cuda") == 60        # nothing cached: read as it is

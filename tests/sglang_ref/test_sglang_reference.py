@@ -311,11 +311,21 @@ def test_simulated_accept_length_distribution_matches_sglang(sg):
     assert math.isclose(float((sg_counts * torch.arange(S + 2)).sum() / N), mean, abs_tol=0.05)
 
 
-def test_the_moe_library_arm_publishes_the_config_sglangs_fused_moe_reads():
-    """SGLang's fused-MoE launch-config lookup reads runtime_context.get_exec(), which raises
-    until a server config is published; studies/moe/moe_library.publish_config publishes the
-    defaults where nothing has (a bench process is no SGLang server)."""
+def test_the_moe_library_arm_makes_what_sglangs_fused_moe_reads_of_a_server():
+    """Outside a server SGLang's fused MoE finds neither the published config its
+    launch-config lookup reads (runtime_context.get_exec() raises) nor the tensor-parallel
+    group its output buffer is made for; studies/moe/moe_library.sglang_context makes both
+    (a one-rank group), and a second call keeps them."""
     rc = sglang_module("sglang.srt.runtime_context")
+    ps = sglang_module("sglang.srt.distributed.parallel_state")
     from mtplab.studies.moe import moe_library as ml
-    ml.publish_config("cpu")
-    assert rc.get_exec().deterministic.enable_deterministic_inference is False
+    try:
+        ml.sglang_context("cpu")
+        bag, tp = rc.get_exec(), ps.get_tp_group()
+        ml.sglang_context("cpu")
+        assert rc.get_exec() is bag and ps.get_tp_group() is tp
+        assert bag.deterministic.enable_deterministic_inference is False
+        assert tp.world_size == 1
+    finally:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()

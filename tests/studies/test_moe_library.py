@@ -63,12 +63,23 @@ def fake_sglang(monkeypatch, calls: list) -> None:
     def publish(server_args, *, role):
         published.append(server_args)
 
+    groups: list = []
+
+    def init_distributed_environment(**kw):
+        assert kw["world_size"] == 1 and kw["backend"] == "gloo"
+        groups.append("world")
+
+    def initialize_model_parallel(**kw):
+        assert kw["tensor_model_parallel_size"] == 1
+        groups.append("tp")
+
     class ServerArgs:
         def __init__(self, model_path: str, device: str):
             self.model_path, self.device = model_path, device
 
     def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config):
         get_exec()                         # its config lookup reads the published config
+        assert "tp" in groups                # its output buffer is made for the TP group
         w, ids, _ = topk_output
         assert ids.dtype == torch.int32 and not moe_runner_config.inplace
         assert moe_runner_config.num_experts == moe_runner_config.num_local_experts == w1.shape[0]
@@ -91,7 +102,12 @@ def fake_sglang(monkeypatch, calls: list) -> None:
                                            "fused_topk": fused_topk},
             "sglang.srt.runtime_context": {"get_exec": get_exec, "publish": publish,
                                            "published": published},
-            "sglang.srt.server_args": {"ServerArgs": ServerArgs}}
+            "sglang.srt.server_args": {"ServerArgs": ServerArgs},
+            "sglang.srt.distributed": {},
+            "sglang.srt.distributed.parallel_state": {
+                "init_distributed_environment": init_distributed_environment,
+                "initialize_model_parallel": initialize_model_parallel,
+                "model_parallel_is_initialized": lambda: "tp" in groups, "groups": groups}}
     for name, attrs in mods.items():
         m = types.ModuleType(name)
         m.__path__ = []
@@ -112,17 +128,21 @@ def test_the_sglang_adapter_hands_over_the_documented_layout(monkeypatch, T, ren
     assert [c.top_k for c in calls] == [2]
 
 
-def test_the_adapter_publishes_a_server_config_once_and_keeps_one_published(monkeypatch):
+def test_the_adapter_makes_what_fused_moe_reads_of_a_server_once(monkeypatch):
     """Outside an SGLang server nothing has published the config fused_experts' launch-config
-    lookup reads: the adapter publishes the defaults, once; a published one is kept."""
+    lookup reads, nor made the tensor-parallel group its output is sized for: the adapter
+    makes both, once (a one-rank group); what a process has already is kept."""
     fake_sglang(monkeypatch, [])
     published = sys.modules["sglang.srt.runtime_context"].published
+    groups = sys.modules["sglang.srt.distributed.parallel_state"].groups
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: "world" in groups)
     ml.sglang_routed()
     ml.sglang_routed()
     assert [(a.model_path, a.device) for a in published] == [("dummy", "cuda")]
+    assert groups == ["world", "tp"]
     published[:] = ["a server's"]
     ml.sglang_routed()
-    assert published == ["a server's"]
+    assert published == ["a server's"] and groups == ["world", "tp"]
 
 
 @pytest.mark.parametrize("T", [1, 6])

@@ -16,6 +16,7 @@ the layout SGLang's w1 / w2 take. SGLang is imported only here and only when the
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -61,7 +62,7 @@ def sglang_routed() -> Library:
     except Exception as e:           # any failure of SGLang's import chain is the same answer
         raise ImportError(f"SGLang's fused MoE does not import ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); {FIX}") from e
-    publish_config()
+    sglang_context()
 
     def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
         logits = F.linear(x, w_router, bias)
@@ -73,17 +74,32 @@ def sglang_routed() -> Library:
     return Library("SGLang", getattr(sglang, "__version__", "?"), routed)
 
 
-def publish_config(device: str = "cuda") -> None:
-    """SGLang's fused-MoE config lookup reads the process's published server config
-    (runtime_context.get_exec()); a process that is no SGLang server publishes the defaults
-    for `device` once, as SGLang's own kernel tests do (model path "dummy": no model config
-    is read). A published config is left as it is."""
+def sglang_context(device: str = "cuda") -> None:
+    """What SGLang's fused MoE reads of a server outside one, made as SGLang's own kernel
+    tests make it; what a process has already is kept:
+      - the published server config (runtime_context.get_exec(): its launch-config lookup):
+        the defaults for `device` (model path "dummy": no model config is read);
+      - the tensor-parallel group (its output buffer): one rank over gloo, no communicator.
+    """
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.runtime_context import get_exec, publish
     from sglang.srt.server_args import ServerArgs
     try:
         get_exec()
     except ValueError:
         publish(ServerArgs(model_path="dummy", device=device), role="test")
+    if not dist.is_initialized():
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, backend="gloo")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def reference(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],

@@ -217,6 +217,37 @@ def test_bench_group_smoke_emits_a_schedule_the_knob_loads(tmp_path):
     assert (tmp_path / "results.json").read_text() == saved
 
 
+def test_a_device_holding_one_engine_times_the_gain_one_engine_after_the_other(
+        tmp_path, monkeypatch):
+    """The gain's second engine does not fit (InsufficientMemoryError): the first runs its
+    rounds and is closed, then the second is built; the report says so, and every engine
+    built is closed."""
+    from mtplab.models.memory import InsufficientMemoryError
+    from mtplab.studies.bench import grid_doc
+    from mtplab.studies.spec_schedule import runner
+    built, real = [], runner._Group._engine
+
+    def closed(e) -> bool:
+        return e.__dict__.get("_closed", True)
+
+    def engine(self, m, sched):
+        if not all(map(closed, built)) and "_gain" in callers():
+            raise InsufficientMemoryError("needs about 54.60 GiB but only 27.29 GiB is free")
+        built.append(real(self, m, sched))
+        return built[-1]
+    monkeypatch.setattr(runner._Group, "_engine", engine)
+    text = runner.run_group(grid_doc("schedule"), tmp_path, device="cpu", smoke=True)
+    gain = json.loads((tmp_path / "results.json").read_text())["random-tiny"]["gain"]
+    assert gain["order"] == "one after the other" and len(gain["ratios"]) == 1
+    assert "round(s) of one engine, then of the other (the device holds one engine" in text
+    assert all(map(closed, built))
+
+
+def callers() -> set:
+    import inspect
+    return {f.function for f in inspect.stack()}
+
+
 def test_best_schedule_merges_equal_neighbours(tmp_path):
     from mtplab.studies.spec_schedule.runner import _Group
     doc = dict(models=[{"model": "random-tiny"}], arms=["off", [1, 1], [3, 1]],

@@ -314,8 +314,11 @@ def model_section(doc: dict, m: dict, level: int = 2) -> list[str]:
     if gn["same"]:
         out.append(f"- the schedule is the best static setting `{gn['static']}` itself: the "
                    "gain below compares two such engines")
+    rounds = ("alternating round(s)" if raw.get("order", "alternating") == "alternating" else
+              "round(s) of one engine, then of the other (the device holds one engine of "
+              "this model)")
     out.append(f"- gain on the varying workload over the best static setting `{gn['static']}`, "
-               f"{len(raw['ratios'])} alternating round(s): schedule {_tok(raw['schedule'])} "
+               f"{len(raw['ratios'])} {rounds}: schedule {_tok(raw['schedule'])} "
                f"tok/s, static {_tok(raw['static'])}; per-round ratios "
                f"{', '.join(f'{x:.3f}' for x in raw['ratios'])}; median "
                f"{R.ratio_text(gn['ratio'], gn['noise'], gn['verdict'])}")

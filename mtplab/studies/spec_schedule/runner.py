@@ -235,22 +235,44 @@ class _Group:
         r["schedule_file"] = str(path)
 
     def _gain(self, m: dict, r: dict, sched: dict) -> None:
+        """The schedule's engine and the best static setting's on the workload, alternating
+        rounds; on a device that holds one engine of the model, one engine after the other
+        (`order` says which). Every engine built is closed however the unit ends."""
+        from ...models.memory import InsufficientMemoryError
         static = max(r["workload"], key=lambda n: statistics.median(r["workload"][n]))
         s = next(a for a in self.arms if _name(a) == static)
-        engs = {"static": self._engine(m, {self.maxrun: s}), "schedule": self._engine(m, sched)}
+        settings = {"static": {self.maxrun: s}, "schedule": sched}
+        runs: dict = {k: [] for k in settings}
+        engs: dict = {}
         try:
-            for e in engs.values():
-                self._workload(e)                           # warm-up
-            runs = {k: [] for k in engs}
-            for _ in range(self.repeats):                   # alternating rounds
-                for k, e in engs.items():
-                    runs[k].append(self._workload(e, seed=0))
-            self._stamp(r, engs["schedule"])
+            try:
+                for k, sc in settings.items():
+                    engs[k] = self._engine(m, sc)
+                order = "alternating"
+            except InsufficientMemoryError:
+                if not engs:
+                    raise
+                order = "one after the other"
+            if order == "alternating":
+                for e in engs.values():
+                    self._workload(e)                       # warm-up
+                for _ in range(self.repeats):
+                    for k, e in engs.items():
+                        runs[k].append(self._workload(e, seed=0))
+                self._stamp(r, engs["schedule"])
+            else:
+                for k, sc in settings.items():
+                    e = engs[k] if k in engs else engs.setdefault(k, self._engine(m, sc))
+                    self._workload(e)                       # warm-up
+                    runs[k] = [self._workload(e, seed=0) for _ in range(self.repeats)]
+                    self._stamp(r, e)
+                    engs.pop(k).close()
         finally:
             for e in engs.values():
                 e.close()
         r["gain"] = {"static_setting": static, "schedule_text": ss.text(sched), **runs,
-                     "ratios": [a / b for a, b in zip(runs["schedule"], runs["static"])]}
+                     "ratios": [a / b for a, b in zip(runs["schedule"], runs["static"])],
+                     "order": order}
         self._save()
 
     # -- the report -----------------------------------------------------------------------

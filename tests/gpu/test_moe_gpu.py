@@ -177,8 +177,9 @@ def test_experts_per_verify_inside_cuda_graphs(draft):
 @pytest.mark.parametrize("T", [1, 8, 32])
 def test_the_library_phase_arms_match_the_reference_at_gemma_widths(T):
     """studies/moe/moe_library.py: mtplab's routed arm (the routing kernel + the grouped FFN
-    without a shared expert) against the torch reference both arms are held to; SGLang's arm
-    too where SGLang imports."""
+    without a shared expert) against the torch reference both arms are held to; SGLang's arm,
+    where SGLang imports, against the reference FFN on its own routing (it routes on bf16
+    logits: a near-tied token may take another expert than the fp32 reference's)."""
     from mtplab.studies.moe import moe_library as ml
     x, wr, _, wgu, wd, _, _ = grouped_case(T, seed=T + 7)
     ref = ml.reference(x, wr, None, wgu, wd, 8, True)
@@ -189,7 +190,9 @@ def test_the_library_phase_arms_match_the_reference_at_gemma_widths(T):
         lib = ml.sglang_routed()
     except ImportError:
         return
-    assert ml.rel_err(lib.routed(x, wr, None, wgu, wd, 8, True), ref) < 2e-2
+    weights, ids = lib.routing(x, wr, None, 8, True)
+    assert ml.rel_err(lib.routed(x, wr, None, wgu, wd, 8, True),
+                      ml.reference_on(x, wgu, wd, weights, ids)) < 2e-2
 
 
 @pytest.mark.parametrize("kernel", ["gate_up", "down"])

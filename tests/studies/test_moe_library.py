@@ -125,6 +125,9 @@ def test_the_sglang_adapter_hands_over_the_documented_layout(monkeypatch, T, ren
     x, wr, b, wgu, wd = case(T, T, bias=bias)
     out = lib.routed(x, wr, b, wgu, wd, 2, renorm)
     assert ml.rel_err(out, ml.reference(x, wr, b, wgu, wd, 2, renorm)) < 1e-5
+    weights, ids = lib.routing(x, wr, b, 2, renorm)                 # its router alone
+    assert ml.rel_err(out, ml.reference_on(x, wgu, wd, weights, ids)) < 1e-5
+    assert ml.rerouted(ids, ml.reference_routing(x, wr, b, wgu, wd, 2, renorm).ids) == 0
     assert [c.top_k for c in calls] == [2]
 
 
@@ -150,8 +153,11 @@ def test_mtplabs_arm_matches_the_same_reference(T):
     x, wr, b, wgu, wd = case(T, 10 + T)
     from mtplab.kernels import moe_route as mr
     counts = torch.zeros(mr.counts_len(T, "cpu"), dtype=torch.int32)
-    out = ml.mtplab_routed(counts).routed(x, wr, b, wgu, wd, 2, True)
+    lib = ml.mtplab_routed(counts)
+    out = lib.routed(x, wr, b, wgu, wd, 2, True)
     assert ml.rel_err(out, ml.reference(x, wr, b, wgu, wd, 2, True)) < 1e-5
+    weights, ids = lib.routing(x, wr, b, 2, True)
+    assert ml.rel_err(out, ml.reference_on(x, wgu, wd, weights, ids)) < 1e-5
     assert not counts.any()
 
 
@@ -195,6 +201,20 @@ def test_the_library_section_and_answer_compare_the_arms():
     answer = md.split(R.ANSWER)[1].splitlines()[0]
     assert ("the routed experts SGLang 0.5.17 / mtplab (above 1: mtplab's kernels are the "
             "faster) 1.500x ±2.0% (pays) at T=1, 0.751x ±2.0% (costs) at T=32") in answer
+    assert "*Own routing*" not in md                     # a run without those columns
+    for r, (own, moved) in zip(doc["library"]["rows"], [(7e-3, 0), (6e-3, 2)]):
+        r.update(mtplab_own_err=2e-3, library_own_err=own, mtplab_rerouted=0,
+                 library_rerouted=moved)
+    md = render(doc)
+    assert ("| mtplab err | SGLang err | mtplab err (own routing) | SGLang err (own routing) "
+            "| tokens rerouted (mtplab / SGLang) |") in md
+    assert "| 2.0e-03 | 4.0e-03 | 2.0e-03 | 6.0e-03 | 0 / 2 |" in md and "*Own routing*" in md
+
+
+def test_rerouted_counts_the_tokens_whose_expert_set_differs():
+    ref = torch.tensor([[3, 1], [0, 2], [5, 4]])
+    assert ml.rerouted(torch.tensor([[1, 3], [0, 2], [5, 4]]), ref) == 0    # order is no move
+    assert ml.rerouted(torch.tensor([[1, 3], [0, 7], [4, 6]]), ref) == 2
 
 
 def test_the_tiles_section_ranks_each_kernels_launch_shapes_against_the_engines():

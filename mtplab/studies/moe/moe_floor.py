@@ -218,22 +218,37 @@ def _library(doc: dict) -> list[str]:
     lib = doc["library"]
     if lib["unavailable"]:
         return [f"- not measured: {lib['unavailable']}"]
+    lr = library_ratios(doc)
+    if not lr:
+        return []
+    own = all("library_own_err" in r for r in lr)     # the own-routing columns were measured
+    name, who = f"{lib['name']} {lib['version']}", lib["name"]
     rows = [[str(r["T"]), f"{statistics.median(r['mtplab_us']):.1f}", str(r["mtplab_kernels"]),
              f"{statistics.median(r['library_us']):.1f}", str(r["library_kernels"]), _rt(r),
              f"{r['n']}/{r['n_base']}", R.num(r["mtplab_err"], ".1e"),
-             R.num(r["library_err"], ".1e")] for r in library_ratios(doc)]
-    if not rows:
-        return []
-    name = f"{lib['name']} {lib['version']}"
+             R.num(r["library_err"], ".1e")]
+            + ([R.num(r["mtplab_own_err"], ".1e"), R.num(r["library_own_err"], ".1e"),
+                f"{r['mtplab_rerouted']} / {r['library_rerouted']}"] if own else [])
+            for r in lr]
+    head = ["tokens", "mtplab µs", "mtplab kernels", f"{who} µs", f"{who} kernels",
+            f"{who} / mtplab", "n", "mtplab err", f"{who} err"]
+    if own:
+        head += ["mtplab err (own routing)", f"{who} err (own routing)",
+                 f"tokens rerouted (mtplab / {who})"]
     return [f"The routed experts of one gemma MoE layer (bf16, random weights, no shared "
             f"expert) from the layer's input, mtplab's grouped kernels beside {name}'s fused "
             f"MoE (studies/moe/moe_library.py: router, top-k, alignment, gate/up, down, "
             f"combine), the arms' captures alternating: device µs per call (each call "
             f"captured 20x in a CUDA graph, median of the captures' medians), kernels per "
-            f"call, and each output's max |err| / max |ref| against the torch reference.", "",
-            R.md_table(["tokens", "mtplab µs", "mtplab kernels", f"{lib['name']} µs",
-                        f"{lib['name']} kernels", f"{lib['name']} / mtplab", "n",
-                        "mtplab err", f"{lib['name']} err"], rows)]
+            f"call, and each output's max |err| / max |ref| against the torch reference, "
+            f"which routes on fp32 router logits as mtplab's router does; {who}'s arm routes "
+            f"on logits in the model dtype, as {who} serves, so a token whose k-th and "
+            f"(k+1)-th experts are near-tied may take another expert and differ by a "
+            f"fraction of max |ref|."
+            + (" *Own routing*: against the reference FFN on the arm's own routing (its "
+               "expert kernels alone); *tokens rerouted*: tokens whose experts differ from "
+               "the reference's." if own else ""), "",
+            R.md_table(head, rows)]
 
 
 def _tiles(doc: dict) -> list[str]:

@@ -291,10 +291,16 @@ def phase_library(log: Log) -> None:
         arms = {"mtplab": ml.mtplab_routed(m.route_counts(x)), "library": theirs}
         fns = {k: functools.partial(a.routed, x, *w) for k, a in arms.items()}
         ref = ml.reference(x, *w)
+        ref_ids = ml.reference_routing(x, *w).ids
         row: dict = {"T": T}
         with torch.no_grad():
             for k, fn in fns.items():
-                row[f"{k}_err"] = ml.rel_err(fn(), ref)
+                out = fn()
+                weights, ids = arms[k].routing(x, w[0], w[1], w[4], w[5])
+                row[f"{k}_err"] = ml.rel_err(out, ref)
+                row[f"{k}_own_err"] = ml.rel_err(out, ml.reference_on(x, w[2], w[3], weights,
+                                                                      ids))
+                row[f"{k}_rerouted"] = ml.rerouted(ids, ref_ids)
                 row[f"{k}_us"] = []
             for _ in range(FFN_CAPTURES):
                 for k, fn in fns.items():

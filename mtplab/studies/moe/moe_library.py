@@ -33,23 +33,36 @@ FIX = ("run the phase where SGLang is installed: on the lent GPU, `bash "
 # routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize) -> the routed output [T, H]
 Routed = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor,
                    torch.Tensor, int, bool], torch.Tensor]
+# routing(x, w_router, bias, top_k, renormalize) -> (weights [T, k], ids [T, k]): the experts
+# an arm's own router picks (the routed output's first half)
+Routing = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], int, bool],
+                   tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
 class Library:
-    """One arm of the comparison: its name, version and routed-experts function."""
+    """One arm of the comparison: its name, version, routed-experts function and its router
+    alone (so its expert kernels can be held to the reference on its own routing)."""
     name: str
     version: str
     routed: Routed
+    routing: Routing
 
 
 def mtplab_routed(counts: torch.Tensor) -> Library:
     """mtplab's grouped kernels; `counts`: the routing kernel's int32 counters (left zero)."""
+    def route(x, w_router, bias, top_k, renormalize):
+        return mr.route_align_triton(x, w_router, bias, None, top_k, renormalize,
+                                     fm.block_m(x.device.type), counts)
+
     def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
-        r = mr.route_align_triton(x, w_router, bias, None, top_k, renormalize,
-                                  fm.block_m(x.device.type), counts)
-        return fm.moe_ffn_triton(x, w_gate_up, w_down, r, None, None)
-    return Library("mtplab", "grouped", routed)
+        return fm.moe_ffn_triton(x, w_gate_up, w_down,
+                                 route(x, w_router, bias, top_k, renormalize), None, None)
+
+    def routing(x, w_router, bias, top_k, renormalize):
+        r = route(x, w_router, bias, top_k, renormalize)
+        return r.weights, r.ids
+    return Library("mtplab", "grouped", routed, routing)
 
 
 def sglang_routed() -> Library:
@@ -64,6 +77,12 @@ def sglang_routed() -> Library:
                           f"{str(e).splitlines()[0] if str(e) else ''}); {FIX}") from e
     sglang_context()
 
+    def routing(x, w_router, bias, top_k, renormalize):
+        """Router logits in the model dtype, as SGLang serves them (the reference and
+        mtplab's router keep them in fp32: a near tie at the k-th expert may go either
+        way)."""
+        return fused_topk(x, F.linear(x, w_router, bias), top_k, renormalize)
+
     def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
         logits = F.linear(x, w_router, bias)
         weights, ids = fused_topk(x, logits, top_k, renormalize)
@@ -71,7 +90,7 @@ def sglang_routed() -> Library:
         cfg = MoeRunnerConfig(num_experts=E, num_local_experts=E, top_k=top_k, inplace=False)
         return fused_experts(x, w_gate_up, w_down, StandardTopKOutput(weights, ids, logits),
                              cfg)
-    return Library("SGLang", getattr(sglang, "__version__", "?"), routed)
+    return Library("SGLang", getattr(sglang, "__version__", "?"), routed, routing)
 
 
 def sglang_context(device: str = "cuda") -> None:
@@ -102,14 +121,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reference_routing(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
+                      w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+                      renormalize: bool) -> fm.Routing:
+    """The reference's routing (route_align_ref: fp32 router logits)."""
+    return mr.route_align_ref(x, w_router, bias, None, top_k, renormalize,
+                              fm.block_m(x.device.type))
+
+
 def reference(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
               w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
               renormalize: bool) -> torch.Tensor:
     """The torch reference both arms are held to (kernels/fused_moe.py moe_ffn_ref on
-    route_align_ref's routing)."""
-    r = mr.route_align_ref(x, w_router, bias, None, top_k, renormalize,
-                           fm.block_m(x.device.type))
+    reference_routing)."""
+    r = reference_routing(x, w_router, bias, w_gate_up, w_down, top_k, renormalize)
     return fm.moe_ffn_ref(x, w_gate_up, w_down, r, None, None)
+
+
+def reference_on(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The torch reference of the expert FFN on a given routing (an arm's own): its kernels'
+    error apart from which experts its router picked."""
+    ids = ids.long()
+    bm = fm.block_m(x.device.type)
+    r = fm.Routing(weights.float(), ids, None, *fm.align(ids, w_gate_up.shape[0], bm))
+    return fm.moe_ffn_ref(x, w_gate_up, w_down, r, None, None)
+
+
+def rerouted(ids: torch.Tensor, ref_ids: torch.Tensor) -> int:
+    """Tokens whose set of experts differs between two routings [T, k]."""
+    a, b = ids.long().sort(-1).values, ref_ids.long().sort(-1).values
+    return int((a != b).any(-1).sum())
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

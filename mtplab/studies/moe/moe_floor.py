@@ -24,6 +24,8 @@ from .. import reports as R
 QUESTION = "moe_floor"
 TITLE = "MoE decode step at the floor: split vs grouped MoE kernels"
 WRITER = "python -m benchmarks.bench_moe_floor --out-dir DIR"   # what writes its reports
+# floor / step the grouped decode step is held to, per bs (the MoE floor issue's targets)
+FLOOR_TARGETS = {1: 0.70, 8: 0.70, 32: 0.80}
 PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels", "tiles")
 ARMS = ("split", "grouped")            # models/moe.py MOE_KERNELS; the ratios: split / grouped
 NAME = 100                             # kernel names are cut to this many characters
@@ -342,6 +344,13 @@ def section(doc: dict, name: str) -> str:
     return "\n".join([f"## {name}", "", *body, *([""] if body else []), *_status(doc, name)])
 
 
+def _target(r: dict) -> str:
+    """' (target >= t: met / MISS)' where the bs has a target."""
+    t = FLOOR_TARGETS.get(r["bs"])
+    return "" if t is None else \
+        f" (target >= {t:.2f}: {'met' if r['of_floor'] >= t else 'MISS'})"
+
+
 def answer(doc: dict) -> str:
     parts = []
     sr = step_ratios(doc)
@@ -351,7 +360,7 @@ def answer(doc: dict) -> str:
     fl = [r for r in floor_rows(doc) if r["kernels"] == "grouped"]
     if fl:
         parts.append("grouped reaches floor / step " + ", ".join(
-            f"{r['of_floor']:.3f} at bs {r['bs']}" for r in fl))
+            f"{r['of_floor']:.3f} at bs {r['bs']}" + _target(r) for r in fl))
     fr = ffn_ratios(doc)
     if fr:
         parts.append("one MoE FFN split / grouped " + ", ".join(

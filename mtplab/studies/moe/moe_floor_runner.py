@@ -291,7 +291,7 @@ def phase_library(log: Log) -> None:
         arms = {"mtplab": ml.mtplab_routed(m.route_counts(x)), "library": theirs}
         fns = {k: functools.partial(a.routed, x, *w) for k, a in arms.items()}
         ref = ml.reference(x, *w)
-        ref_ids = ml.reference_routing(x, *w).ids
+        ref_ids = ml.reference_routing(x, w[0], w[1], w[4], w[5]).ids
         row: dict = {"T": T}
         with torch.no_grad():
             for k, fn in fns.items():

@@ -122,8 +122,7 @@ def free_port() -> int:
 
 
 def reference_routing(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
-                      w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
-                      renormalize: bool) -> fm.Routing:
+                      top_k: int, renormalize: bool) -> fm.Routing:
     """The reference's routing (route_align_ref: fp32 router logits)."""
     return mr.route_align_ref(x, w_router, bias, None, top_k, renormalize,
                               fm.block_m(x.device.type))
@@ -134,7 +133,7 @@ def reference(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tens
               renormalize: bool) -> torch.Tensor:
     """The torch reference both arms are held to (kernels/fused_moe.py moe_ffn_ref on
     reference_routing)."""
-    r = reference_routing(x, w_router, bias, w_gate_up, w_down, top_k, renormalize)
+    r = reference_routing(x, w_router, bias, top_k, renormalize)
     return fm.moe_ffn_ref(x, w_gate_up, w_down, r, None, None)
 
 

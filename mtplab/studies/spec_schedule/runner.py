@@ -262,7 +262,9 @@ class _Group:
                 self._stamp(r, engs["schedule"])
             else:
                 for k, sc in settings.items():
-                    e = engs[k] if k in engs else engs.setdefault(k, self._engine(m, sc))
+                    if k not in engs:
+                        engs[k] = self._engine(m, sc)
+                    e = engs[k]
                     self._workload(e)                       # warm-up
                     runs[k] = [self._workload(e, seed=0) for _ in range(self.repeats)]
                     self._stamp(r, e)

@@ -14,7 +14,8 @@ in the grid below, µs each, then the best per shape (what SPLIT_LAUNCH / PROGRA
 
 `measure` serves the `attn` figure of bench_long_context (floor_runner.py): the VERIFY shapes,
 the frozen arm's verify attention (a chain of 4 nodes for topk 1, 8 nodes for topk 4) beside a
-decode's over the same 32k rows, repeated, with the launch sweep on the bs-1 verify shapes.
+decode's over the same 32k rows, repeated, with the launch sweep on every shape but the bs-8
+decode (at its floor already): a launch per shape class, decode and verify, bs 1 and 8.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ SHAPES = {
 # the attn figure: a decode per layer beside the frozen arm's verify per layer, bs 1 and 8
 VERIFY = ("llama decode bs1 32k", "llama tree D4 bs1 32k", "llama tree D8 bs1 32k",
           "llama decode bs8 32k", "llama tree D4 bs8 32k", "llama tree D8 bs8 32k")
-VERIFY_SWEEP = ("llama tree D4 bs1 32k", "llama tree D8 bs1 32k")
+VERIFY_SWEEP = ("llama decode bs1 32k", "llama tree D4 bs1 32k", "llama tree D8 bs1 32k",
+                "llama tree D4 bs8 32k", "llama tree D8 bs8 32k")
 SWEEP = dict(block_n=(32, 64, 128), warps=(4, 8), stages=(2, 3), per_sm=(2, 4, 8))
 
 

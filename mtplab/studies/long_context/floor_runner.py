@@ -37,7 +37,8 @@ draft serves every context and batch size of a figure.
   attn      the split-KV attention kernel alone over 32k rows (attention_figures.py VERIFY):
             the frozen arm's verify per layer (a chain of 4 nodes, topk 1; 8 nodes, topk 4)
             beside a decode's, bs 1 and 8, --windows repeats each, against the KV bytes floor;
-            every launch shape on the bs-1 verify shapes (does one read the rows faster?)
+            every launch shape on each shape but the bs-8 decode (does one read the rows
+            faster, and is it the same for a decode and a verify, at bs 1 and 8?)
 Kernel tables (on unless --no-kernel-table): every GPU activity of 3 profiled decode steps of
 the short @32 bs-1 cell, the llama 32k bs-1 cell and the frozen topk-1 32k bs-1 cell.
 """

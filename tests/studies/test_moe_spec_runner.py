@@ -47,6 +47,7 @@ def test_a_cpu_run_writes_the_study_report_and_a_second_call_adds_to_it(tmp_path
     assert len(doc["engines"]) == 4 and " --routings zipf:1.2 " in doc["command"]
     md = js.with_suffix(".md").read_text()
     assert "- measured by one engine per model, routing and arm" in md
+    assert "- batch sizes measured: random-tiny-gemma4 1, 2\n" in md
     assert "A CPU path check." in md
     assert "## What zipf routing changes" in md
     assert {e["routing"] for e in doc["experts_per_verify"]} == {"uniform", "zipf:1.2"}

@@ -168,6 +168,14 @@ def crossover(curve: pd.DataFrame) -> str:
             else "no crossover: K=2 and K=4 within the noise")
 
 
+def _measured_bs(doc: dict) -> str:
+    """Per model the batch sizes its rows cover (a model run over fewer says so)."""
+    by: dict[str, set] = {}
+    for r in doc["rows"]:
+        by.setdefault(r["point"]["model"], set()).add(r["point"]["batch_size"])
+    return "; ".join(f"{m} {', '.join(map(str, sorted(bs)))}" for m, bs in by.items())
+
+
 def _kind(doc: dict, model: str) -> str:
     e = doc["experts"].get(model, 0)
     return f"{model} (MoE, {e} experts)" if e else f"{model} (dense)"
@@ -224,7 +232,8 @@ def render(doc: dict) -> str:
     title = f"{doc['question']}: {QUESTIONS[doc['question']]} (the MoE speculation study)"
     parts = [R.header(doc, title), f"- bench group: `{doc['group']}` (studies/moe/moe_spec.yaml)",
              *([f"- measured by {doc['method']}"] if doc.get("method") else []),
-             f"- models: {'; '.join(_kind(doc, m) for m in doc['experts'])}", ""]
+             f"- models: {'; '.join(_kind(doc, m) for m in doc['experts'])}",
+             f"- batch sizes measured: {_measured_bs(doc)}", ""]
     parts += R.note_and_answer(doc, answer(doc, sp, kp, zp))
     parts += ["", "## Where speculation stops paying", "",
               "Per model, routing and arm: the smallest batch size from which no larger one "

@@ -68,3 +68,28 @@ def test_a_malformed_chunk_is_one_server_error(stub, chunk, message):
         generate_one(stub.base, [1, 2, 3], 2)
     text = str(e.value)
     assert message in text and "\n" not in text and f"{stub.base}/generate" in text, text
+
+
+def test_health_polling_reads_a_malformed_answer_as_not_yet(monkeypatch):
+    """A poll before the server listens can connect to itself (a loopback port in the
+    ephemeral range) and read back its own request as the status line: not yet healthy."""
+    import http.client
+    import io
+
+    from mtplab.sglang import client
+
+    class Ok(io.BytesIO):
+        status = 200
+
+    answers = iter([http.client.BadStatusLine("GET /health HTTP/1.1"),
+                    ConnectionRefusedError(), Ok()])
+
+    def urlopen(url, timeout):
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    monkeypatch.setattr(client.urllib.request, "urlopen", urlopen)
+    client.wait_healthy("http://127.0.0.1:1", timeout_s=5.0, poll_s=0.0)
+    with pytest.raises(StopIteration):
+        next(answers)

@@ -59,7 +59,10 @@ def check_port_free(host: str, port: int) -> None:
 def wait_healthy(base_url: str, timeout_s: float = 600.0, poll_s: float = 1.0,
                  alive=lambda: True) -> None:
     """Poll GET /health until 200 from a live server: `alive()` False (the server process
-    died) stops early, and after the 200 too (then another process answered)."""
+    died) stops early, and after the 200 too (then another process answered). Until the
+    server listens, a poll may be refused, time out, or read a malformed answer (a
+    connection to a loopback port nothing listens on can connect to itself and read back
+    its own request): each is "not yet"."""
     t_end = time.monotonic() + timeout_s
     while time.monotonic() < t_end:
         if not alive():
@@ -71,7 +74,8 @@ def wait_healthy(base_url: str, timeout_s: float = 600.0, poll_s: float = 1.0,
                         raise ServerError(f"the server process exited; what answered "
                                           f"{base_url}/health is another process.")
                     return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError,
+                http.client.HTTPException):
             pass
         time.sleep(poll_s)
     raise ServerError(f"{base_url}/health did not answer within {timeout_s:.0f} s.")

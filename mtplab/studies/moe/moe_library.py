@@ -35,8 +35,8 @@ Routed = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Ten
                    torch.Tensor, int, bool], torch.Tensor]
 # routing(x, w_router, bias, top_k, renormalize) -> (weights [T, k], ids [T, k]): the experts
 # an arm's own router picks (the routed output's first half)
-Routing = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], int, bool],
-                   tuple[torch.Tensor, torch.Tensor]]
+Router = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], int, bool],
+                  tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Library:
     name: str
     version: str
     routed: Routed
-    routing: Routing
+    routing: Router
 
 
 def mtplab_routed(counts: torch.Tensor) -> Library:

@@ -65,8 +65,8 @@ def config(model: str, routing: str, arm: dict, tokens: list[int], device: str,
            dtype: str) -> RunConfig:
     """The engine for requests of `tokens` new tokens each (request_tokens): as many lanes,
     a context for the longest, and KV for what they all hold at once at most (each its
-    prompt, its tokens, a decode reserve and a part-filled page), not lanes x the longest:
-    the dense 31B's spec arms at bs 32 fit an 80 GB device that way."""
+    prompt, its tokens, a decode reserve and a part-filled page), not lanes x the longest
+    (several times more, as the batch shrinks level by level)."""
     base = GRID["base"]
     prompt = int(base["prompt_len_tokens"])
     kw = {k: base[k] for k in ("overlap", "zero_bubble", "page_size")}

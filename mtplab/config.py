@@ -30,6 +30,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "triton")
 GRANULARITIES = ("stage", "step")
 MOE_KERNELS = ("grouped", "split")       # = models/moe.py MOE_KERNELS (tests/models/test_moe.py)
+DECODE_GEMMS = ("auto", "cublas")        # = models/gemm_plan.py (tests/models/test_gemm_plan.py)
 
 
 def knob(default, help: str, choices: Optional[tuple] = None):
@@ -98,6 +99,11 @@ class RunConfig(ZeroBubbleKnobs):
                             "over the touched experts with the shared expert in it) | split "
                             "(torch routing, the shared expert's own GEMMs); models/moe.py",
                             MOE_KERNELS)
+    decode_gemm: str = knob("auto", "GEMMs of at most 8 rows (decode, draft steps, small "
+                            "verifies): auto (per weight shape, the skinny Triton GEMM where it "
+                            "measured faster than cuBLAS on this device at engine build; bf16/"
+                            "fp16 on CUDA, not deterministic) | cublas; models/gemm_plan.py",
+                            DECODE_GEMMS)
     simulate_accept_len: Optional[float] = knob(None, "simulated mean tokens per verify, bonus "
                                                 "incl. (target and draft still run)")
     simulate_accept_rates: Optional[tuple] = knob(None, "or simulated per-position acceptance "
@@ -176,6 +182,9 @@ class RunConfig(ZeroBubbleKnobs):
         if self.moe_kernels not in MOE_KERNELS:
             raise ConfigError(f"moe_kernels={self.moe_kernels!r} is unknown; use one of "
                               f"{MOE_KERNELS}.")
+        if self.decode_gemm not in DECODE_GEMMS:
+            raise ConfigError(f"decode_gemm={self.decode_gemm!r} is unknown; use one of "
+                              f"{DECODE_GEMMS}.")
         if self.graph_granularity not in GRANULARITIES:
             raise ConfigError(f"graph_granularity={self.graph_granularity!r} is unknown; use "
                               f"one of {GRANULARITIES}.")

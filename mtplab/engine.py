@@ -44,6 +44,7 @@ from .mem.kv_cache import KVCache
 from .mem.kv_manager import KVManager
 from .mem.req_pool import ReqToTokenPool
 from .models.memory import check_memory
+from .models import gemm_plan
 from .models.moe import set_moe_kernels
 from .models.reference import first_nonfinite, largest_weight
 from .models.weights import save_model
@@ -110,7 +111,8 @@ class EngineClosedError(RuntimeError):
 
 
 # what close() keeps: the figures a caller may still read (cfg, stats(), the run folder)
-_KEPT_AFTER_CLOSE = ("cfg", "run_dir", "_last_stats", "profile_note", "_closed", "_lock")
+_KEPT_AFTER_CLOSE = ("cfg", "run_dir", "_last_stats", "profile_note", "gemm_plan", "_closed",
+                     "_lock")
 
 
 def _check_invariants(scheduler: Scheduler, *, allocator: PagedAllocator,
@@ -144,6 +146,8 @@ class Engine:
                                              cfg.moe_routing)
         self.model = model.to(dev, cfg.torch_dtype).set_fused(cfg.fused)
         set_moe_kernels(self.model, cfg.moe_kernels)
+        # before the KV pool takes the memory its measurement borrows, and before any capture
+        self.gemm_plan = self._plan_gemms(self.model, "target")
         mc = self.model.config
         # before any graph is captured: the verify graphs hold the recorder's writes
         self.experts = attach_recorder(self.model) if cfg.moe_stats else None
@@ -186,7 +190,7 @@ class Engine:
         the profiler session is stopped (its trace written if its active window began), the
         CUDA graphs, KV pool, future map, streams, pinned buffers, bubble meter and event
         timeline are released. Idempotent. Afterwards only `cfg`, `stats()` and `run_dir`
-        remain; any other use raises EngineClosedError."""
+        remain, and `gemm_plan`; any other use raises EngineClosedError."""
         d = self.__dict__
         if d.get("_closed", True):             # closed already, or never built
             return
@@ -237,6 +241,7 @@ class Engine:
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,
             page_size=cfg.page_size, dtype=cfg.torch_dtype, device=dev, spans=self.spans)
         self.draft_model = draft.model.set_fused(cfg.fused)
+        self.gemm_plan += self._plan_gemms(self.draft_model, "draft")
         ids = self.draft_model.vocab_ids              # a hot vocabulary: its token ids
         if ids is not None:
             self._hot = np.zeros(self.model.config.vocab_size, dtype=bool)
@@ -251,6 +256,15 @@ class Engine:
                             **cfg.zb_options("worker"))
         return SpecWorker(self.target_worker, draft, self.future_map, params, cfg.cuda_graphs,
                           graph_max_bs, cfg.graph_granularity)
+
+    def _plan_gemms(self, model, role: str) -> list[dict]:
+        """RunConfig.decode_gemm on `model`'s GEMM sites (models/gemm_plan.py): one row per
+        weight shape (model role, n, k, dtype, sites, cublas_us, triton_us, launch) where it
+        applies."""
+        cfg = self.cfg
+        rows = gemm_plan.apply(cfg.decode_gemm, [model], self.device.torch_device,
+                               cfg.torch_dtype, cfg.deterministic)
+        return [{"model": role, **r} for r in rows]
 
     def _schedule_worker(self, draft, graph_max_bs: int) -> ScheduleWorker:
         """One arm per setting of cfg.spec_schedule, all captured now (speculative/arms.py).

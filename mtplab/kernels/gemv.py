@@ -24,6 +24,10 @@ via TF32-free fp32 dot).
 `references()` (fused_ops.dispatch). Static grids, no host synchronisation: CUDA-graph
 capturable (the split-K partials are allocated per call from the caching allocator, which a
 graph capture pools).
+
+`linear(x, w, launch)` is what a model's GEMM sites call (models/linear.py): the kernel at
+`launch` where the engine's GEMM plan chose it for w's shape (models/gemm_plan.py), x has at
+most PLAN_MAX_M rows and batch-invariant mode is off; F.linear otherwise.
 """
 from __future__ import annotations
 
@@ -33,9 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from ..lazy_triton import tl, triton
+from . import batch_invariant
 from .fused_ops import dispatch
 
 MAX_M = 16                   # rows of x the kernel takes (one tl.dot tile); more run cuBLAS
+PLAN_MAX_M = 8               # rows up to which `linear` follows a plan (the rows it measures)
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,14 @@ class GemvConfig:
 
 
 def config(n: int, k: int, sms: int = 132) -> GemvConfig:
-    """The launch shape for an [N, K] weight: enough programs to fill every SM about four
-    times over (memory-level parallelism), K split only where N alone cannot."""
-    block_n = 32 if n >= 4 * sms * 32 else 16
-    tiles = -(-n // block_n)
+    """The launch shape for an [N, K] weight when no plan names one: 32 rows of w by 256 of K
+    a program, 4 warps, 4 stages (within 4% of the fastest shape on llama3-8b's decode GEMMs,
+    docs/results/long_context/), K split only while the row tiles leave half the SMs idle."""
+    tiles = -(-n // 32)
     split = 1
-    while tiles * split < 4 * sms and k // (split * 2) >= 1024:
+    while 2 * tiles * split <= sms and k // (split * 2) >= 1024:
         split *= 2
-    return GemvConfig(block_n=block_n, block_k=256, split_k=split)
+    return GemvConfig(block_n=32, block_k=256, split_k=split)
 
 
 @triton.jit
@@ -86,7 +92,7 @@ def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
 
 
 @triton.jit
-def _split_reduce_kernel(P, Y, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gemv_reduce_kernel(P, Y, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          SPLIT_K: tl.constexpr):
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
@@ -118,7 +124,7 @@ def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None
         BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         UPCAST=not x.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
-        _split_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
+        _gemv_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
                                        BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
     return y
 
@@ -129,3 +135,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None) -> tor
     ok = (x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(-1) == 1 and w.is_contiguous()
           and x.dtype == w.dtype)
     return dispatch("gemv", _gemv_triton if ok else None, gemv_ref, x, w, cfg)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, launch: GemvConfig | None) -> torch.Tensor:
+    """F.linear(x, w), on the skinny GEMM at `launch` where one is given, x is a CUDA matrix
+    of at most PLAN_MAX_M rows, and batch-invariant mode is off (its matmul keeps a row's
+    bits across batch sizes; this kernel does not)."""
+    if (launch is not None and x.dim() == 2 and x.shape[0] <= PLAN_MAX_M and x.is_cuda
+            and not batch_invariant.is_active()):
+        return gemv(x, w, launch)
+    return F.linear(x, w)

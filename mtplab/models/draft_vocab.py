@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..draft_kinds import DraftVocab
+from .linear import GemmSites, linear
 
 
 def hot_ids(counts: torch.Tensor, n: int) -> torch.Tensor:
@@ -68,7 +69,7 @@ def cluster_tokens(weight: torch.Tensor, clusters: int) -> tuple[torch.Tensor, t
     return members, centroids.to(weight.dtype)
 
 
-class VocabHead(nn.Module):
+class VocabHead(GemmSites, nn.Module):
     """The head of one DraftVocab over weight W (see the module doc)."""
 
     def __init__(self, vocab: DraftVocab, weight: torch.Tensor,
@@ -92,6 +93,9 @@ class VocabHead(nn.Module):
         else:
             self.vocab_ids = None
 
+    def gemm_sites(self) -> dict[str, torch.Tensor]:
+        return {"hot": self.hot_weight} if self.vocab.kind == "hot" else {}
+
     def rows_read(self, vocab_size: int) -> int:
         """Head rows one scored state reads."""
         v = self.vocab
@@ -108,7 +112,7 @@ class VocabHead(nn.Module):
                     weight.is_cuda and torch.cuda.is_current_stream_capturing()):
                 self.hot_weight = weight.detach()[self.vocab_ids].to(self.hot_weight.dtype)
                 self._copy_version = weight._version
-            return F.linear(s, self.hot_weight)
+            return linear(s, self.hot_weight, self.gemv.get("hot"))
         if v.kind == "centroids":
             T = s.shape[0]
             top = F.linear(s, self.centroids).topk(v.top, dim=-1).indices          # [T, k]

@@ -25,13 +25,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
 from ..kernels.fused_ops import add_rmsnorm, rope_qkv_cache
 from .llama import (AttnFn, Block, DecoderLayer, FusableModel, KVView, LlamaForCausalLM, RMSNorm,
                     Rope)
+from .linear import GemmSites, Linear, linear
 from .llama_config import LlamaConfig
 from .mlp import MLP
 
@@ -58,8 +58,8 @@ class FrozenAttention(nn.Module):
     def __init__(self, Ha: int, tcfg: LlamaConfig, kv_layer: int = 0):
         super().__init__()
         self.nq, self.d = tcfg.num_attention_heads, tcfg.attn_shape(kv_layer)[1]
-        self.q_proj = nn.Linear(Ha, self.nq * self.d, bias=False)
-        self.o_proj = nn.Linear(self.nq * self.d, Ha, bias=False)
+        self.q_proj = Linear(Ha, self.nq * self.d, bias=False)
+        self.o_proj = Linear(self.nq * self.d, Ha, bias=False)
         self.scale = self.d ** -0.5
 
     def forward(self, x, positions, rope: Rope, kv: KVView, meta, window, attn_fn):
@@ -95,7 +95,7 @@ def last_layer_of_type(tcfg: LlamaConfig, layer_type: str) -> int:
     return idx[-1]
 
 
-class DraftHead(FusableModel):
+class DraftHead(GemmSites, FusableModel):
     """A draft's LM head: `head_weight` (the target's LM head unless a kind has its own),
     scored over the draft vocabulary (`vocab_head`, models/draft_vocab.py; None: full).
     `vocab_ids` maps a reduced head's indices back to token ids (None: they are token ids)."""
@@ -112,10 +112,14 @@ class DraftHead(FusableModel):
     def vocab_ids(self):
         return None if self.vocab_head is None else self.vocab_head.vocab_ids
 
+    def gemm_sites(self) -> dict[str, torch.Tensor]:
+        return {"head": self.head_weight} if self.vocab_head is None else {}
+
     def logits_of(self, s: torch.Tensor) -> torch.Tensor:
         w = self.head_weight
-        out = F.linear(s, w) if self.vocab_head is None else self.vocab_head(s, w)
-        return out.float()
+        if self.vocab_head is None:
+            return linear(s, w, self.gemv.get("head")).float()
+        return self.vocab_head(s, w).float()
 
 
 class FrozenKVAssistant(DraftHead):
@@ -124,10 +128,10 @@ class FrozenKVAssistant(DraftHead):
         tcfg = target.config
         H, Ha = tcfg.hidden_size, acfg.hidden_size
         self.acfg, self.tcfg = acfg, tcfg
-        self.pre_projection = nn.Linear(2 * H, Ha, bias=False)
+        self.pre_projection = Linear(2 * H, Ha, bias=False)
         self.layers = nn.ModuleList(FrozenLayer(Ha, acfg.intermediate_size, tcfg, li)
                                     for li in acfg.kv_layers)
-        self.post_projection = nn.Linear(Ha, H, bias=False)
+        self.post_projection = Linear(Ha, H, bias=False)
         self.norm = RMSNorm(H, tcfg.rms_norm_eps)
         # Shared with the target (not registered as this module's parameters).
         self._target = [target]
@@ -174,7 +178,7 @@ class EagleDraft(DraftHead):
         super().__init__()
         tcfg = target.config
         H = tcfg.hidden_size
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.fc = Linear(2 * H, H, bias=False)
         self.layer = DecoderLayer(tcfg, dense=True, layer=tcfg.num_hidden_layers - 1)
         self.norm = RMSNorm(H, tcfg.rms_norm_eps)
         self.window = tcfg.window_of(tcfg.num_hidden_layers - 1)

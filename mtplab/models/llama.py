@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
 from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache
+from .linear import GemmSites, Linear, linear
 from .llama_config import LlamaConfig
 from .mlp import MLP, fuse_linears
 from .moe import MoEFFN
@@ -111,7 +111,7 @@ class KVView:
     out_loc: Optional[torch.Tensor]
 
 
-class Attention(nn.Module):
+class Attention(GemmSites, nn.Module):
     def __init__(self, cfg: LlamaConfig, layer: int = 0):
         """The shapes of target layer `layer` (a Gemma-4 global layer has its own KV heads
         and head_dim: LlamaConfig.attn_shape)."""
@@ -119,10 +119,10 @@ class Attention(nn.Module):
         H = cfg.hidden_size
         nkv, d = cfg.attn_shape(layer)
         self.nq, self.nkv, self.d = cfg.num_attention_heads, nkv, d
-        self.q_proj = nn.Linear(H, self.nq * d, bias=False)
-        self.k_proj = nn.Linear(H, self.nkv * d, bias=False)
-        self.v_proj = nn.Linear(H, self.nkv * d, bias=False)
-        self.o_proj = nn.Linear(self.nq * d, H, bias=False)
+        self.q_proj = Linear(H, self.nq * d, bias=False)
+        self.k_proj = Linear(H, self.nkv * d, bias=False)
+        self.v_proj = Linear(H, self.nkv * d, bias=False)
+        self.o_proj = Linear(self.nq * d, H, bias=False)
         self.scale = d ** -0.5
 
     def forward(self, x, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
@@ -141,11 +141,16 @@ class Attention(nn.Module):
         self.qkv_weight = fuse_linears(getattr(self, "qkv_weight", None), self.q_proj,
                                        self.k_proj, self.v_proj)
 
+    def gemm_sites(self) -> dict[str, torch.Tensor]:
+        w = getattr(self, "qkv_weight", None)
+        return {} if w is None else {"qkv": w}
+
     def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
                       attn_fn: AttnFn) -> torch.Tensor:
         T = h.shape[0]
-        q = rope_qkv_cache(F.linear(h, self.qkv_weight), positions, rope.cos, rope.sin, self.nq,
-                           self.nkv, kv.k, kv.v, kv.out_loc)
+        qkv = linear(h, self.qkv_weight, self.gemv.get("qkv"))
+        q = rope_qkv_cache(qkv, positions, rope.cos, rope.sin, self.nq, self.nkv, kv.k, kv.v,
+                           kv.out_loc)
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
         return self.o_proj(o.reshape(T, self.nq * self.d))
 
@@ -225,7 +230,7 @@ class LlamaForCausalLM(FusableModel):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.make_ropes()

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.fused_ops import silu_mul
+from .linear import GemmSites, Linear, linear
 
 
 def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Tensor:
@@ -32,12 +33,12 @@ def fuse_linears(fused: Optional[torch.Tensor], *linears: nn.Linear) -> torch.Te
     return fused
 
 
-class MLP(nn.Module):
+class MLP(GemmSites, nn.Module):
     def __init__(self, H: int, I: int):
         super().__init__()
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
+        self.gate_proj = Linear(H, I, bias=False)
+        self.up_proj = Linear(H, I, bias=False)
+        self.down_proj = Linear(I, H, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -46,5 +47,9 @@ class MLP(nn.Module):
         self.gate_up_weight = fuse_linears(getattr(self, "gate_up_weight", None),
                                            self.gate_proj, self.up_proj)
 
+    def gemm_sites(self) -> dict[str, torch.Tensor]:
+        w = getattr(self, "gate_up_weight", None)
+        return {} if w is None else {"gate_up": w}
+
     def forward_fused(self, h):
-        return self.down_proj(silu_mul(F.linear(h, self.gate_up_weight)))
+        return self.down_proj(silu_mul(linear(h, self.gate_up_weight, self.gemv.get("gate_up"))))

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..kernels.fused_ops import add_rmsnorm
 from ..models.drafts import AssistantConfig, FrozenKVAssistant
+from ..models.linear import Linear
 from ..models.llama import RMSNorm
 from ..models.llama_config import LlamaConfig
 from ..models.zoo import build_draft, trained_draft_dir
@@ -56,7 +57,7 @@ class Gemma4Assistant(FrozenKVAssistant):
         Ha, V = acfg.hidden_size, target.config.vocab_size
         self.norm = RMSNorm(Ha, target.config.rms_norm_eps)
         self.embed_tokens = nn.Embedding(V, Ha)
-        self.lm_head = nn.Linear(Ha, V, bias=False)
+        self.lm_head = Linear(Ha, V, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

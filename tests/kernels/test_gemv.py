@@ -47,12 +47,20 @@ def test_split_k_changes_only_the_summation_order():
 
 
 def test_config_fills_the_device():
-    """Enough programs for four per SM; K is split only when N's tiles fall short."""
+    """The default launch: 32 x 256 tiles, no split where the row tiles cover half the SMs;
+    K is split only while they fall short."""
     for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)):
         c = G.config(n, k, sms=132)
-        assert -(-n // c.block_n) * c.split_k >= 4 * 132 or k // c.split_k < 2048
-        assert k % c.split_k == 0
-    assert G.config(128256, 4096).split_k == 1
+        assert (c.block_n, c.block_k) == (32, 256) and c.split_k == 1
+    assert G.config(2048, 8192, sms=132).split_k == 2             # 64 row tiles
+    assert G.config(1024, 8192, sms=132).split_k == 4             # 32 row tiles
+
+
+def test_linear_off_cuda_runs_f_linear(monkeypatch):
+    """`linear` with a launch on CPU tensors is F.linear, and the kernel is never called."""
+    monkeypatch.setattr(G, "gemv", lambda *a: pytest.fail("kernel called off CUDA"))
+    x, w = operands(2, 40, 64, torch.float32)
+    assert torch.equal(G.linear(x, w, G.GemvConfig()), torch.nn.functional.linear(x, w))
 
 
 def test_gemv_off_cuda_and_for_other_shapes_runs_the_reference(monkeypatch):

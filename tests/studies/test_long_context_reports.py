@@ -212,3 +212,27 @@ def test_the_attn_section_sets_each_verify_beside_the_decode_of_its_bs():
         in md
     assert "verify attention per layer at 32k / a decode's 1.50x (4 nodes, bs 1); " in \
         F.answer(doc)
+
+
+def test_the_plan_section_sets_the_cublas_engine_beside_the_planned_one():
+    """A CUBLAS_ARM cell pairs with its target-only twin (cuBLAS step / planned step), is
+    neither a floor row nor a spec row, and the recorded plan is tabled."""
+    doc = _doc()
+    m = "llama3-8b-like@32"
+    doc["steps"] += [_step(m, F.CUBLAS_ARM, 64, 1, [0.44, 0.44, 0.441], 0.30),    # 1.1x
+                     _step(m, F.CUBLAS_ARM, 64, 8, [0.333, 0.332, 0.333], 0.30)]  # a tie
+    doc["gemm_plan"] = {m: [
+        {"model": "target", "n": 6144, "k": 4096, "dtype": "bfloat16", "sites": 32,
+         "cublas_us": 46.0, "triton_us": 41.0, "launch": "64x128 s1 w4 st4"},
+        {"model": "target", "n": 28672, "k": 4096, "dtype": "bfloat16", "sites": 32,
+         "cublas_us": 161.5, "triton_us": 164.9, "launch": None}]}
+    rows = F.plan_rows(doc)
+    assert [(r["bs"], r["words"]) for r in rows] == [(1, R.PAYS), (8, R.NOISE)]
+    assert rows[0]["ratio"] == pytest.approx(0.44 / 0.40)
+    assert all(r["arm"] == "target" for r in F.floor_rows(doc))
+    assert all(r["arm"] != F.CUBLAS_ARM for r in F.spec_rows(doc))
+    md = F.render(doc)
+    assert "## The engine's decode GEMM plan beside cuBLAS" in md
+    assert "| 6144 x 4096 | 32 | 46.0 | 41.0 | 64x128 s1 w4 st4 |" in md
+    assert "| 28672 x 4096 | 32 | 161.5 | 164.9 | cuBLAS |" in md
+    assert "the engine's GEMM plan against cuBLAS (step / step) 1.100x" in F.answer(doc)

@@ -16,6 +16,9 @@ report long_context` regenerates the report byte for byte. Its fields:
                 (models/floor.py: a floor counts only the bytes a step reads)
     kernels     per profiled cell: every GPU activity of `steps` decode steps in launch order
                 ([name, µs]), the layers, the bytes of each projection's weights
+    gemm_plan   per model of the short figure: Engine.gemm_plan (models/gemm_plan.py), each
+                weight shape's cuBLAS and fastest Triton µs and the launch chosen (its cells'
+                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", side by side)
     figures     per figure: done / skipped (time box) / error
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ FLOOR_TARGET = 0.85                      # floor / step, short and long context
 SPEC_TARGETS = {1: 1.25, 4: 1.4}         # spec step / target step at 32k, per topk
 SPEC_CTX = 32768                          # the context the spec targets hold at
 SHORT_CTX = 64
+CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arm
 PROJ = ("qkv", "o_proj", "gate_up", "down")     # a decoder layer's GEMMs, launch order
 LM_HEAD = "lm_head"
 KINDS = ("gemm", "attention", "norm_rope_elementwise", "fill_copy", "other")
@@ -144,7 +148,8 @@ def spec_rows(doc: dict) -> list[dict]:
     target step (medians), its noise, the target at SPEC_CTX."""
     out = []
     for s in doc["steps"]:
-        t = _target_step(doc, s) if s["arm"] != "target" and _ms(s) else None
+        t = (_target_step(doc, s) if s["arm"] not in ("target", CUBLAS_ARM) and _ms(s)
+             else None)
         if t is None:
             continue
         a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
@@ -154,6 +159,22 @@ def spec_rows(doc: dict) -> list[dict]:
                     "n_base": len(_ms(t)), "noise": noise(spread(_ms(s)), spread(_ms(t))),
                     "target": target, "ok": None if target is None else r <= target,
                     "floor_ms": floor_ms(doc, s)})
+    return out
+
+
+def plan_rows(doc: dict) -> list[dict]:
+    """Per CUBLAS_ARM cell with its target-only twin: cuBLAS step / planned step (> 1: the
+    plan is faster), its noise and verdict."""
+    out = []
+    for s in doc["steps"]:
+        t = _target_step(doc, s) if s["arm"] == CUBLAS_ARM and _ms(s) else None
+        if t is None:
+            continue
+        a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
+        nz = noise(spread(_ms(s)), spread(_ms(t)))
+        out.append({"model": s["model"], "ctx": s["ctx"], "bs": s["bs"], "cublas_ms": a,
+                    "plan_ms": b, "ratio": a / b, "noise": nz,
+                    "words": R.verdict(a / b, nz, len(_ms(s)), len(_ms(t)))})
     return out
 
 
@@ -256,6 +277,11 @@ def answer(doc: dict) -> str:
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
             f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
             for r in sr))
+    pr = plan_rows(doc)
+    if pr:
+        parts.append("the engine's GEMM plan against cuBLAS (step / step) " + ", ".join(
+            f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs {r['bs']}"
+            for r in pr))
     gr = gemm_rows(doc)
     if gr:
         faster = [f"{r['shape']} M={r['M']}" for r in gr if r["words"] == R.PAYS]
@@ -314,6 +340,30 @@ def _gemm_lines(doc: dict) -> list[str]:
         best = sum(min(r["cublas_us"], r["best_us"]) for r in sel)
         lines.append(f"- M = {m}: the {len(sel)} GEMMs once each take {cub:.1f} µs on cuBLAS, "
                      f"{best:.1f} µs with the faster arm per GEMM ({best / cub - 1:+.1%})")
+    return lines
+
+
+def _plan_lines(doc: dict) -> list[str]:
+    rows, plans = plan_rows(doc), doc.get("gemm_plan") or {}
+    if not rows and not plans:
+        return []
+    lines = ["", "## The engine's decode GEMM plan beside cuBLAS", "",
+             "RunConfig decode_gemm (models/gemm_plan.py): at engine build each weight shape's "
+             "GEMMs of 1 and 8 rows run on cuBLAS and on each candidate launch of the skinny "
+             "Triton GEMM (µs summed over the two row counts, weights in rotation); the faster "
+             "is kept, Triton only where it wins by 2%. The short figure runs each cell on "
+             "that engine and on one with decode_gemm=cublas, side by side in one process.", ""]
+    if rows:
+        lines.append(R.md_table(
+            ["model", "ctx", "bs", "cuBLAS step ms", "planned step ms", "cuBLAS / planned"],
+            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['cublas_ms']:.3f}",
+              f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
+             for r in rows]))
+    for model, plan in plans.items():
+        lines += ["", f"{model}'s plan:", "", R.md_table(
+            ["model", "N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],
+            [[p["model"], f"{p['n']} x {p['k']}", str(p["sites"]), R.num(p["cublas_us"], ".1f"),
+              R.num(p["triton_us"], ".1f"), p["launch"] or "cuBLAS"] for p in plan])]
     return lines
 
 
@@ -420,6 +470,7 @@ def render(doc: dict) -> str:
             continue
         parts += ["", f"### {what}: MISS ({_ratio(r)})", "", *breakdown_lines(doc, k), "",
                   "Its busiest kernels:", "", *top_kernels(k), ""]
+    parts += _plan_lines(doc)
     parts += _gemm_lines(doc)
     parts += _attn_lines(doc)
     parts += ["", "## Figures", "", *_figure_lines(doc)]
@@ -452,6 +503,6 @@ def check(doc: dict) -> None:
 def new_doc(*, new_tokens: int, windows: int, warmup_steps: int) -> dict:
     return {"question": QUESTION, "kind": KIND, "bandwidth": [], "steps": [], "kernels": [],
             "figures": {}, "new_tokens": new_tokens, "windows": windows,
-            "warmup_steps": warmup_steps}
+            "warmup_steps": warmup_steps, "gemm_plan": {}}
 
 

@@ -20,7 +20,9 @@ reads (models/floor.py: weights actually read + the KV of the mean context, a sl
 window at most) over the copy bandwidth measured in this process. One engine per model and
 draft serves every context and batch size of a figure.
 
-  short     llama3-8b-like@16 and @32 target-only, 64-token prompts, bs 1 and 8 (>= 0.85)
+  short     llama3-8b-like@16 and @32 target-only, 64-token prompts, bs 1 and 8 (>= 0.85);
+            beside each cell the same engine with decode_gemm="cublas" (what the engine's
+            GEMM plan buys, models/gemm_plan.py), the plan itself recorded
   llama     llama3.1-8b-like@32 target-only, 8k and 32k prompts, bs 1 and 8 (>= 0.85)
   frozen    llama3.1-8b-like@32 frozen_kv_mtp (fold_seed, S 3, simulated accept 3.0) at 8k and
             32k, bs 1 and 8: spec step / target step (at 32k <= 1.25 with topk 1, <= 1.4 with
@@ -209,14 +211,20 @@ def proj_bytes(eng: Engine) -> dict:
 
 # -- figures -----------------------------------------------------------------------------------
 def fig_short(run: Run) -> None:
+    """Each depth's engine (decode_gemm auto, its GEMM plan recorded) beside one on cuBLAS
+    (the plan's side-by-side), cell by cell."""
     for depth in (16, 32):
         model = f"llama3-8b-like@{depth}"
-        eng = engine(model, 8, 64, new_tokens_max(run))
+        engs = {"target": engine(model, 8, 64, new_tokens_max(run)),
+                study.CUBLAS_ARM: engine(model, 8, 64, new_tokens_max(run),
+                                         decode_gemm="cublas")}
+        run.doc["gemm_plan"][model] = engs["target"].gemm_plan
         for bs in (1, 8):
-            run.cell(eng, "short", model, "target", 64, bs)
+            for arm, eng in engs.items():
+                run.cell(eng, "short", model, arm, 64, bs)
         if depth == 32:
-            run.kernels(eng, f"target-only {model}", model, "target", 64)
-        del eng
+            run.kernels(engs["target"], f"target-only {model}", model, "target", 64)
+        del engs, eng
         free()
 
 

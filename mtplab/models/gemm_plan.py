@@ -1,0 +1,187 @@
+"""The decode GEMM plan (RunConfig `decode_gemm`): for each weight shape of a model's GEMM
+sites (models/linear.py), cuBLAS or the skinny Triton GEMM (kernels/gemv.py), whichever
+measures faster on this device, side by side, before any graph is captured.
+
+    sites     every (module, site, weight) of the models            `sites()`
+    shapes    the sites grouped by (N, K, dtype)
+    per shape the median over TRIALS (arms interleaved) of device µs per call at each M in
+              PLAN_ROWS, cuBLAS and every CANDIDATES launch, over the shape's weights in turn
+              (at least ROTATE_BYTES of distinct weights, copies where the model has fewer,
+              up to ROTATE_MAX: what a decode step reads comes from HBM, not L2) `measure()`
+    choice    the launch with the least µs summed over PLAN_ROWS, where cuBLAS's sum is at
+              least MARGIN times it; cuBLAS otherwise                          `choose()`
+    apply     module.gemv = {site: launch} for the sites whose shape chose Triton
+
+A choice is cached per (device, N, K, dtype) for the process: engines built later, on the
+same device, take the same kernels (tokens of two engines compare kernel for kernel). The
+plan applies on CUDA to 16-bit weights outside deterministic mode; `decode_gemm="cublas"`, a
+CPU, fp32 or deterministic run leave every site on F.linear (`clear()`).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
+from .linear import NO_PLAN, GemmSites
+
+DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
+PLAN_ROWS = (1, PLAN_MAX_M)
+CANDIDATES = (GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 128, 1, 4, 4),
+              GemvConfig(16, 256, 1, 4, 4), GemvConfig(64, 256, 1, 8, 3))
+MARGIN = 1.02           # Triton must beat cuBLAS by this much: a tie keeps cuBLAS
+ROTATE_BYTES = 256 << 20
+ROTATE_MAX = 64         # weights in a rotation at most (a small model's stay in L2 anyway)
+TRIALS = 3
+REPS = 4                # passes over the rotation a trial
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One weight shape's measurement and decision (µs summed over PLAN_ROWS)."""
+    n: int
+    k: int
+    dtype: str
+    sites: int                       # sites of this shape in the models planned
+    cublas_us: float
+    triton_us: float                 # the fastest candidate's
+    launch: Optional[GemvConfig]     # None: cuBLAS
+
+    def row(self) -> dict:
+        d = asdict(self)
+        d["launch"] = None if self.launch is None else label(self.launch)
+        return d
+
+
+def label(c: GemvConfig) -> str:
+    return f"{c.block_n}x{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+
+
+Site = tuple[GemmSites, str, torch.Tensor]
+Measure = Callable[[list[torch.Tensor]], dict[Optional[GemvConfig], float]]
+_CACHE: dict[tuple, Choice] = {}
+
+
+def sites(*models: nn.Module) -> list[Site]:
+    """Every GEMM site of the models, each module once."""
+    seen, out = set(), []
+    for model in models:
+        for m in model.modules():
+            if isinstance(m, GemmSites) and id(m) not in seen:
+                seen.add(id(m))
+                out += [(m, name, w) for name, w in m.gemm_sites().items()]
+    return out
+
+
+def choose(us: dict[Optional[GemvConfig], float]) -> tuple[Optional[GemvConfig], float]:
+    """(the launch, its µs) from {None (cuBLAS) or a launch: µs}: the fastest launch where
+    cuBLAS takes at least MARGIN times as long, else (None, the fastest launch's µs)."""
+    launches = {c: t for c, t in us.items() if c is not None}
+    best = min(launches, key=launches.get)
+    return (best if us[None] >= MARGIN * launches[best] else None), launches[best]
+
+
+def _rotation(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Distinct weights of one shape totalling at least ROTATE_BYTES, copies added up to
+    ROTATE_MAX weights in all."""
+    uniq = list({w.data_ptr(): w for w in weights}.values())
+    nbytes = uniq[0].numel() * uniq[0].element_size()
+    out = list(uniq)
+    while len(out) * nbytes < ROTATE_BYTES and len(out) < ROTATE_MAX:
+        out.append(uniq[len(out) % len(uniq)].clone())
+    return out
+
+
+def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
+    """µs per call summed over PLAN_ROWS, per arm (None: cuBLAS), on the weights' device
+    (module doc). CUDA only."""
+    ws = _rotation(weights)
+    n, k = ws[0].shape
+    arms: dict = {None: F.linear}
+    arms.update({c: (lambda x, w, c=c: _gemv_triton(x, w, c)) for c in CANDIDATES})
+    total = dict.fromkeys(arms, 0.0)
+    gen = torch.Generator(device=ws[0].device).manual_seed(0)
+    for m in PLAN_ROWS:
+        x = torch.randn(m, k, generator=gen, device=ws[0].device, dtype=ws[0].dtype)
+        for fn in arms.values():                   # compile and warm
+            fn(x, ws[0])
+        trials: dict = {a: [] for a in arms}
+        for _ in range(TRIALS):
+            for a, fn in arms.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                for _ in range(REPS):
+                    for w in ws:
+                        fn(x, w)
+                end.record()
+                end.synchronize()
+                trials[a].append(start.elapsed_time(end) * 1e3 / (REPS * len(ws)))
+        for a in arms:
+            total[a] += statistics.median(trials[a])
+    return total
+
+
+def _key(w: torch.Tensor) -> tuple:
+    return (str(w.device), w.device.index, *w.shape, str(w.dtype).removeprefix("torch."))
+
+
+def plan(*models: nn.Module, measure: Measure = measure) -> list[Choice]:
+    """Measure (or take from the cache) every site shape of the models, set each module's
+    `gemv` to the launches chosen, and return the choices, one per shape. A shape whose
+    measurement runs out of device memory stays on cuBLAS (not cached)."""
+    found = sites(*models)
+    groups: dict[tuple, list[Site]] = {}
+    for s in found:
+        groups.setdefault(_key(s[2]), []).append(s)
+    choices = []
+    for key, group in groups.items():
+        c = _CACHE.get(key)
+        if c is None:
+            try:
+                us = measure([w for _, _, w in group])
+            except torch.OutOfMemoryError:
+                us = {None: float("nan"), CANDIDATES[0]: float("nan")}
+                c = Choice(key[2], key[3], key[4], 0, us[None], us[CANDIDATES[0]], None)
+            else:
+                best, t = choose(us)
+                c = _CACHE[key] = Choice(key[2], key[3], key[4], 0, us[None], t, best)
+        choices.append(Choice(**{**asdict(c), "launch": c.launch, "sites": len(group)}))
+    launch = {(c.n, c.k, c.dtype): c.launch for c in choices}
+    per_module: dict[int, tuple[GemmSites, dict]] = {}
+    for m, name, w in found:
+        _, mine = per_module.setdefault(id(m), (m, {}))
+        chosen = launch[_key(w)[2:]]
+        if chosen is not None:
+            mine[name] = chosen
+    for m, mine in per_module.values():
+        m.gemv = mine or NO_PLAN
+    return choices
+
+
+def clear(*models: nn.Module) -> None:
+    """Every site back on cuBLAS."""
+    for m, _, _ in sites(*models):
+        m.gemv = NO_PLAN
+
+
+def applies(mode: str, device: torch.device, dtype: torch.dtype, deterministic: bool) -> bool:
+    """Whether a run's GEMM sites are planned (module doc)."""
+    return (mode == "auto" and device.type == "cuda" and not deterministic
+            and dtype in (torch.bfloat16, torch.float16))
+
+
+def apply(mode: str, models: Iterable[nn.Module], device: torch.device, dtype: torch.dtype,
+          deterministic: bool) -> list[dict]:
+    """The engine's entry: plan the models where `applies`, else clear them; the choices as
+    rows (Engine.gemm_plan)."""
+    models = list(models)
+    if not applies(mode, device, dtype, deterministic):
+        clear(*models)
+        return []
+    return [c.row() for c in plan(*models)]

@@ -4,8 +4,9 @@ measures faster on this device, side by side, before any graph is captured.
 
     sites     every (module, site, weight) of the models            `sites()`
     shapes    the sites grouped by (N, K, dtype)
-    per shape the median over TRIALS (arms interleaved) of device µs per call at each M in
-              PLAN_ROWS, cuBLAS and every CANDIDATES launch, over the shape's weights in turn
+    per shape device µs per call at each M in PLAN_ROWS, cuBLAS and every CANDIDATES
+              launch: REPS passes over the shape's weights in turn captured in one CUDA graph
+              (as a decode step runs them: no host launch cost), the median of TRIALS replays
               (at least ROTATE_BYTES of distinct weights, copies where the model has fewer,
               up to ROTATE_MAX: what a decode step reads comes from HBM, not L2) `measure()`
     choice    the launch with the least µs summed over PLAN_ROWS, where cuBLAS's sum is at
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
+from ..nogc import gc_paused
 from .linear import NO_PLAN, GemmSites
 
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
@@ -37,8 +39,8 @@ CANDIDATES = (GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 128, 1, 4, 4),
 MARGIN = 1.02           # Triton must beat cuBLAS by this much: a tie keeps cuBLAS
 ROTATE_BYTES = 256 << 20
 ROTATE_MAX = 64         # weights in a rotation at most (a small model's stay in L2 anyway)
-TRIALS = 3
-REPS = 4                # passes over the rotation a trial
+TRIALS = 5              # graph replays timed
+REPS = 2                # passes over the rotation a graph holds
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,31 @@ def _rotation(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def _graph_us(fn, calls: int) -> float:
+    """Median µs of one of `calls` fn() calls captured in one CUDA graph, over TRIALS
+    replays: device time as a decode step's graph spends it (no host launch cost)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()                                        # compile and warm
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with gc_paused(), torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(TRIALS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (REPS * calls))
+    del g
+    return statistics.median(times)
+
+
 def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     """µs per call summed over PLAN_ROWS, per arm (None: cuBLAS), on the weights' device
     (module doc). CUDA only."""
@@ -108,22 +135,8 @@ def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     gen = torch.Generator(device=ws[0].device).manual_seed(0)
     for m in PLAN_ROWS:
         x = torch.randn(m, k, generator=gen, device=ws[0].device, dtype=ws[0].dtype)
-        for fn in arms.values():                   # compile and warm
-            fn(x, ws[0])
-        trials: dict = {a: [] for a in arms}
-        for _ in range(TRIALS):
-            for a, fn in arms.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
-                start.record()
-                for _ in range(REPS):
-                    for w in ws:
-                        fn(x, w)
-                end.record()
-                end.synchronize()
-                trials[a].append(start.elapsed_time(end) * 1e3 / (REPS * len(ws)))
-        for a in arms:
-            total[a] += statistics.median(trials[a])
+        for a, fn in arms.items():
+            total[a] += _graph_us(lambda fn=fn, x=x: [fn(x, w) for w in ws], len(ws))
     return total
 
 

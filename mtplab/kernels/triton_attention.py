@@ -21,8 +21,9 @@ into parts so that bs 1 with 8 KV heads still fills the GPU:
     part p -> Part[t, h, p, :] (unnormalised fp32), ML[t, h, p] = (running max, sum)
     reduce, grid (B, max_q, Hq): out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the
     parts in index order (no atomics: the same bits on every run)
-ns = split_count(B x Hkv, split_kv, SMs): about PROGRAMS_PER_SM programs per SM, never chunks under
-MIN_CHUNK entries of the longest row; ns == 1 (large batches) writes the output directly, with
+ns = split_count(B x Hkv, split_kv, SMs, launch): about launch.per_sm programs per SM, never
+chunks under launch.min_chunk entries of the longest row (the launch of the lanes' shape
+class, LAUNCHES); ns == 1 (large batches) writes the output directly, with
 no partials and no reduce launch. ns depends only on static ints (B, Hkv, meta.split_kv: the
 row width W in eager and captured steps alike), so a CUDA graph captures one plan and an eager
 step of the same lanes makes the same one; the chunk size is computed on the device from kv_len.
@@ -78,6 +79,7 @@ Invariants
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -90,7 +92,7 @@ _NEG_INIT = tl.constexpr(-1.0e30)   # finite start of the running max (see invar
 _NO_WINDOW = tl.constexpr(1 << 30)  # the kernels' `window` when there is none (> any position)
 SPLIT_MAX_ROWS = 128   # lanes of up to this many (query, head) rows per KV head: split kernel
 MIN_CHUNK = 256        # fewest row entries per split worth a program of their own
-PROGRAMS_PER_SM = 4    # split plan: about this many split programs per SM in all
+PROGRAMS_PER_SM = 4    # split plan (decode class): about this many split programs per SM in all
 _SMS: dict = {}
 
 
@@ -105,23 +107,58 @@ def num_sms(device: torch.device) -> int:
     return _SMS[idx]
 
 
-# Launch shape of the split kernel by head_dim: (BLOCK_N, num_warps, num_stages), from
-# benchmarks/bench_attention.py --sweep on the H100 (docs/results/long_context/).
-SPLIT_LAUNCH = {64: (64, 4, 3), 128: (32, 4, 3), 256: (32, 4, 3),
-                512: (16, 4, 2)}     # Gemma-4's global layers: half the keys per tile, 2 stages
+@dataclass(frozen=True)
+class SplitLaunch:
+    """The split kernel's launch for one shape class: keys a tile (BLOCK_N), warps, pipeline
+    stages, and the split plan's aim: about `per_sm` programs per SM in all, never chunks
+    under `min_chunk` entries of the longest row."""
+    block_n: int
+    warps: int
+    stages: int
+    per_sm: int = PROGRAMS_PER_SM
+    min_chunk: int = MIN_CHUNK
 
 
-def split_launch(head_dim: int, block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the split kernel for a tile of block_m rows."""
-    block_n, warps, stages = SPLIT_LAUNCH.get(head_dim, (32, 4, 2))
-    return block_n, (8 if block_m >= 128 else warps), stages
+# Shape class -> head_dim -> launch, from the launch sweep of `python -m
+# benchmarks.bench_long_context --only attn` on the H100 (docs/results/long_context/):
+#   decode  one query a lane, or a draft step's branches (MODE 0), and fp32 verifies
+#   verify  a lane's causal or tree queries (MODE 1, 2) in 16 bits: 128 keys a tile in two
+#           stages over fewer, longer chunks (32k rows: 32 splits at bs 1, 17 at bs 8), where
+#           the decode launch took 1.2-1.6x as long; fp32 tiles that wide overflow shared memory
+LAUNCHES = {"decode": {64: SplitLaunch(64, 4, 3), 128: SplitLaunch(32, 4, 3),
+                       256: SplitLaunch(32, 4, 3),
+                       512: SplitLaunch(16, 4, 2)},   # Gemma-4's global layers: half the keys
+            "verify": {128: SplitLaunch(128, 4, 2, per_sm=8, min_chunk=1024)}}
+OTHER_HEAD_DIM = SplitLaunch(32, 4, 2)
 
 
-def split_count(programs: int, max_kv: int, sms: int) -> int:
-    """Splits per (lane, KV head): about PROGRAMS_PER_SM programs per SM in all, never chunks
-    under MIN_CHUNK entries of the longest row (max_kv is static, so a CUDA graph keeps it)."""
-    want = -(-PROGRAMS_PER_SM * sms // max(programs, 1))
-    return max(1, min(want, -(-max_kv // MIN_CHUNK)))
+def split_launch(head_dim: int, block_m: int, verify: bool = False) -> SplitLaunch:
+    """The split kernel's launch for a tile of block_m rows: the verify class's where
+    `verify` and it has one for head_dim, else the decode class's; 8 warps from 128 rows."""
+    table = LAUNCHES["verify"] if verify and head_dim in LAUNCHES["verify"] else LAUNCHES[
+        "decode"]
+    launch = table.get(head_dim, OTHER_HEAD_DIM)
+    return replace(launch, warps=8) if block_m >= 128 else launch
+
+
+def split_count(programs: int, max_kv: int, sms: int,
+                launch: SplitLaunch = SplitLaunch(32, 4, 3)) -> int:
+    """Splits per (lane, KV head): about launch.per_sm programs per SM in all, never chunks
+    under launch.min_chunk entries of the longest row (max_kv is static, so a CUDA graph
+    keeps it)."""
+    want = -(-launch.per_sm * sms // max(programs, 1))
+    return max(1, min(want, -(-max_kv // launch.min_chunk)))
+
+
+def split_plan(meta: AttnMeta, head_dim: int, group: int, Hkv: int, dtype: torch.dtype,
+               sms: int) -> tuple[int, int, SplitLaunch, int]:
+    """(MODE, BLOCK_M, launch, splits) of the split kernel for these lanes (module doc)."""
+    mode = 2 if meta.tree_mask is not None else (0 if meta.kv_shared or meta.max_q == 1
+                                                 else 1)
+    block_m = max(16, triton.next_power_of_2(meta.max_q * group))
+    launch = split_launch(head_dim, block_m, verify=mode != 0 and dtype != torch.float32)
+    return mode, block_m, launch, split_count(meta.batch_size * Hkv,
+                                              meta.split_kv or meta.max_kv, sms, launch)
 
 
 @triton.jit
@@ -515,13 +552,14 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
     Hkv = k_cache.shape[1]
     B = meta.batch_size
     tree = meta.tree_mask
-    mode = 2 if tree is not None else (0 if meta.kv_shared or meta.max_q == 1 else 1)
+    mode, block_m, launch, planned = split_plan(meta, d, group, Hkv, q.dtype,
+                                                num_sms(q.device))
     if tree is not None:
         tree = tree.view(torch.uint8)          # same storage, loadable as bytes
         tree_strides = (tree.stride(0), tree.stride(1))
     else:
         tree, tree_strides = meta.positions, (0, 0)   # never read without a tree
-    ns = num_splits or split_count(B * Hkv, meta.split_kv or meta.max_kv, num_sms(q.device))
+    ns = num_splits or planned
     direct = ns == 1
     parts = ns + (0 if mode == 0 or direct else 1)     # MODE 1/2: the tail is one more part
     if direct:
@@ -531,8 +569,7 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         part = torch.empty(T, Hq, parts, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(T, Hq, parts, 2, dtype=torch.float32, device=q.device)
         pstr, lstr = part.stride()[:3], ml.stride()[:3]
-    block_m = max(16, triton.next_power_of_2(meta.max_q * group))
-    block_n, warps, stages = split_launch(d, block_m)
+    block_n, warps, stages = launch.block_n, launch.warps, launch.stages
     _split_kernel[(parts, Hkv, B)](
         q, k_cache, v_cache, out, part, ml, meta.table, meta.rows, meta.kv_lens, meta.q_lens,
         meta.cu_q, meta.positions, tree,

@@ -149,12 +149,12 @@ def test_split_plan_is_captured_and_replays(max_q):
 def test_the_attn_figure_times_each_shape_and_sweeps_the_named_ones(monkeypatch):
     """attention_figures.measure (bench_long_context's attn figure): a cell per shape with its
     split plan, floor and one µs per repeat; the swept shape gets one entry per launch shape
-    of SWEEP (two here); the engine's launch table is left as it was."""
+    of SWEEP (two here); the engine's launch tables are left as they were."""
     from mtplab.kernels import triton_attention as ta
     from mtplab.studies.long_context import attention_figures as af
     monkeypatch.setattr(af, "SWEEP", dict(block_n=(32,), warps=(4,), stages=(2, 3),
                                           per_sm=(4,)))
-    before = dict(ta.SPLIT_LAUNCH), ta.PROGRAMS_PER_SM
+    before = {c: dict(t) for c, t in ta.LAUNCHES.items()}
     cells = af.measure(["llama decode bs1 1k", "llama decode bs1 8k"], ["llama decode bs1 1k"],
                        3.0e12, 2)
     assert [c["shape"] for c in cells] == ["llama decode bs1 1k", "llama decode bs1 8k"]
@@ -162,4 +162,4 @@ def test_the_attn_figure_times_each_shape_and_sweeps_the_named_ones(monkeypatch)
     assert cells[0]["floor_us"] == pytest.approx(1024 * 8 * 128 * 4 / 3.0e12 * 1e6)
     assert [r["launch"] for r in cells[0]["sweep"]] == ["32/4/2/4", "32/4/3/4"]
     assert "sweep" not in cells[1]
-    assert (dict(ta.SPLIT_LAUNCH), ta.PROGRAMS_PER_SM) == before
+    assert {c: dict(t) for c, t in ta.LAUNCHES.items()} == before

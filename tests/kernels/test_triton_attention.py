@@ -240,3 +240,47 @@ def test_bad_head_dim_raises():
     q, k, v, meta = make_case([1], [4], d=32)
     with pytest.raises(ValueError, match="head_dim"):
         paged_attention_triton(q[..., :24], k[..., :24], v[..., :24], meta, 1.0)
+
+
+# ---- launch per shape class ---------------------------------------------------------------
+
+def test_the_split_plan_gives_a_16_bit_verify_its_own_launch():
+    """A bf16 tree or causal verify at head_dim 128 takes the verify class's launch and its
+    longer chunks; a decode, a draft step's shared branches and an fp32 verify the decode
+    class's; a head_dim without a verify launch the decode one."""
+    from mtplab.kernels import triton_attention as ta
+    verify, decode = ta.LAUNCHES["verify"][128], ta.LAUNCHES["decode"][128]
+    cases = {  # name: (case, dtype, the launch wanted)
+        "tree": (make_case([4], [32768], Hq=4, Hkv=1, d=128, tree=True, device="cpu"),
+                 torch.bfloat16, verify),
+        "chain": (make_case([4], [32768], Hq=4, Hkv=1, d=128, device="cpu"), torch.bfloat16,
+                  verify),
+        "fp32": (make_case([4], [32768], Hq=4, Hkv=1, d=128, tree=True, device="cpu"),
+                 torch.float32, decode),
+        "decode": (make_case([1], [32768], Hq=4, Hkv=1, d=128, device="cpu"), torch.bfloat16,
+                   decode),
+        "branches": (make_case([4], [32768], Hq=4, Hkv=1, d=128, kv_shared=True,
+                               device="cpu"), torch.bfloat16, decode),
+        "d64": (make_case([4], [32768], Hq=4, Hkv=1, d=64, tree=True, device="cpu"),
+                torch.bfloat16, ta.LAUNCHES["decode"][64]),
+    }
+    for name, ((q, _, _, meta), dtype, want) in cases.items():
+        mode, block_m, launch, ns = ta.split_plan(meta, q.shape[-1], 4, 1, dtype, 132)
+        assert launch == want, name
+        assert ns == ta.split_count(1, 32768, 132, want), name
+    assert ta.split_count(8, 32768, 132, verify) == 32768 // verify.min_chunk   # bs 1, 8 heads
+    assert ta.split_count(64, 32768, 132, verify) == 17                          # bs 8
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_the_verify_launch_matches_the_reference(tree, monkeypatch):
+    """The verify class's launch (BLOCK_N 128, 2 stages, chunks of 1024) over rows of several
+    chunks, a ragged tail and shuffled pages. The interpreter's bf16 dots are unreliable, so
+    the launch runs fp32 here (as the decode class, which fp32 takes); bf16 on CUDA:
+    tests/gpu/test_triton_attention_gpu.py."""
+    from mtplab.kernels import triton_attention as ta
+    monkeypatch.setitem(ta.LAUNCHES["decode"], 128, ta.LAUNCHES["verify"][128])
+    case = make_case([4, 4], [2500, 700], Hq=4, Hkv=2, d=128, page=16, tree=tree, seed=3)
+    _, block_m, launch, ns = ta.split_plan(case[3], 128, 2, 2, torch.float32, 132)
+    assert launch.block_n == 128 and ns == 3                 # 2500 entries in chunks of 1024
+    check(case, splits=(None, 2))

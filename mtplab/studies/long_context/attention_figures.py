@@ -10,7 +10,8 @@ bandwidth measured in the same process. Arms, side by side on the same inputs:
   unsplit    num_splits=1: one program per (lane, KV head) over the whole row, no reduce
              pass (the layout of the decode and verify kernels before split-KV)
 --sweep: for the first shapes, every launch shape (BLOCK_N, warps, stages) and programs-per-SM
-in the grid below, µs each, then the best per shape (what SPLIT_LAUNCH / PROGRAMS_PER_SM hold).
+in the grid below (chunks of at least MIN_CHUNK entries), µs each, then the best per shape:
+what kernels/triton_attention.py LAUNCHES holds for the shape's class (decode or verify).
 
 `measure` serves the `attn` figure of bench_long_context (floor_runner.py): the VERIFY shapes,
 the frozen arm's verify attention (a chain of 4 nodes for topk 1, 8 nodes for topk 4) beside a
@@ -82,6 +83,12 @@ def make(kind: str, B: int, kv_len: int, Hq: int, Hkv: int, d: int, gen: torch.G
     return q, k, v, meta
 
 
+def splits(q: torch.Tensor, Hkv: int, meta: AttnMeta) -> int:
+    """The engine's split count for these lanes (kernels/triton_attention.py split_plan)."""
+    d = q.shape[-1]
+    return ta.split_plan(meta, d, q.shape[1] // Hkv, Hkv, q.dtype, ta.num_sms(q.device))[3]
+
+
 def time_us(fn) -> float:
     """µs per call: 20 calls captured in one CUDA graph, median over 30 replays."""
     return graph_us(fn, reps=20, replays=30)
@@ -96,7 +103,7 @@ def run_shape(name: str, bw: float, gen) -> list[str]:
     q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
     scale = d ** -0.5
     floor = kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6
-    ns = ta.split_count(B * Hkv, meta.max_kv, ta.num_sms(q.device))
+    ns = splits(q, Hkv, meta)
     split = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window))
     unsplit = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window,
                                                         num_splits=1))
@@ -112,12 +119,12 @@ def launches(name: str, gen) -> list[dict]:
     kind, B, kv_len, Hq, Hkv, d, window = SHAPES[name]
     q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
     scale = d ** -0.5
-    saved = dict(ta.SPLIT_LAUNCH), ta.PROGRAMS_PER_SM
+    cls = "decode" if kind.startswith(("decode", "shared")) else "verify"
+    saved = {c: dict(t) for c, t in ta.LAUNCHES.items()}
     out = []
     try:
         for bn, w, st, per_sm in itertools.product(*SWEEP.values()):
-            ta.SPLIT_LAUNCH[d] = (bn, w, st)
-            ta.PROGRAMS_PER_SM = per_sm
+            ta.LAUNCHES[cls][d] = ta.SplitLaunch(bn, w, st, per_sm, ta.MIN_CHUNK)
             try:
                 us = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window))
             except Exception as e:          # out of shared memory: not a candidate
@@ -127,9 +134,9 @@ def launches(name: str, gen) -> list[dict]:
                   flush=True)
             out.append({"launch": f"{bn}/{w}/{st}/{per_sm}", "us": us})
     finally:
-        ta.SPLIT_LAUNCH.clear()
-        ta.SPLIT_LAUNCH.update(saved[0])
-        ta.PROGRAMS_PER_SM = saved[1]
+        for c, t in saved.items():
+            ta.LAUNCHES[c].clear()
+            ta.LAUNCHES[c].update(t)
     return out
 
 
@@ -152,7 +159,7 @@ def measure(shapes, sweep, bw: float, repeats: int) -> list[dict]:
         q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
         cells.append({"shape": name, "kind": kind, "bs": B, "kv_len": kv_len,
                       "queries": 1 if kind == "decode" else int(kind[-1]),
-                      "splits": ta.split_count(B * Hkv, meta.max_kv, ta.num_sms(q.device)),
+                      "splits": splits(q, Hkv, meta),
                       "floor_us": kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6, "us": []})
         calls.append(functools.partial(ta.paged_attention_triton, q, k, v, meta, d ** -0.5,
                                        window))

@@ -120,3 +120,15 @@ def test_the_attn_figure_measures_the_verify_shapes_at_the_runs_bandwidth(monkey
                         repeats=4)
     assert set(af.VERIFY_SWEEP) <= set(af.VERIFY) <= set(af.SHAPES)
     assert {af.SHAPES[s][0] for s in af.VERIFY} == {"decode", "tree4", "tree8"}
+
+
+@pytest.mark.parametrize("windows", [1, 3, 5])
+def test_the_gemma_figure_fits_its_longest_prompt_in_the_presets_positions(windows):
+    """context_len = prompt + the most tokens a cell generates + 16 stays within the preset's
+    positions (RunConfig refuses more), in whole pages, and the prompt stays past 31k."""
+    from mtplab.models.zoo import model_config
+    r = _run(windows=windows)
+    ctx = run.gemma_long_ctx(r)
+    limit = model_config("gemma4-31b-like@12").max_position_embeddings
+    assert ctx % 16 == 0 and ctx + run.new_tokens_max(r) + 16 <= limit == run.GEMMA_POSITIONS
+    assert ctx > 31 * 1024

@@ -31,7 +31,8 @@ draft serves every context and batch size of a figure.
             (draft_vocab hot:32768, FR-Spec): the option that cuts the draft's three LM-head
             reads to a quarter; a random preset ranks its ids in order, so this is timing only
             (simulated acceptance does not move)
-  gemma     gemma4-31b-like@12 target-only, 8k and 32,656-token prompts, bs 1 and 8
+  gemma     gemma4-31b-like@12 target-only, 8k and 32k prompts (as long as its 32,768
+            positions hold with the cell's new tokens: 32,288 at 3 windows), bs 1 and 8
   gemm      the decode GEMMs at M = 1 and 8 (llama3-8b-like's fused QKV, o_proj, fused gate/up,
             down, LM head) on cuBLAS beside the skinny Triton GEMM (kernels/gemv.py) at each
             launch shape of gemv_figures.launch_shapes(), each against its bytes floor
@@ -74,7 +75,7 @@ FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm", "attn")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table
-GEMMA_32K = 32768 - 16 - 96        # its longest prompt: the preset has 32,768 positions
+GEMMA_POSITIONS = 32768           # gemma4-31b-like's positions: its longest prompt's bound
 BASE = dict(page_size=16, overlap=True, zero_bubble=True, dtype="bfloat16")
 FROZEN = dict(draft="frozen_kv_mtp", fold_seed=True, num_steps=3, simulate_accept_len=3.0)
 HOT = "hot:32768"                  # the hot figure's draft vocabulary
@@ -282,10 +283,17 @@ def fig_attn(run: Run) -> None:
     run.doc["attn"] = measure(VERIFY, VERIFY_SWEEP, study.bandwidth(run.doc), run.windows)
 
 
+def gemma_long_ctx(run: Run) -> int:
+    """gemma4-31b-like's longest prompt: its engine's context_len (prompt + the most tokens a
+    cell generates + 16) within GEMMA_POSITIONS, a whole number of pages."""
+    return (GEMMA_POSITIONS - new_tokens_max(run) - 16) // 16 * 16
+
+
 def fig_gemma(run: Run) -> None:
     model = "gemma4-31b-like@12"
-    eng = engine(model, 8, GEMMA_32K, new_tokens_max(run))
-    for ctx in (8192, GEMMA_32K):
+    long_ctx = gemma_long_ctx(run)
+    eng = engine(model, 8, long_ctx, new_tokens_max(run))
+    for ctx in (8192, long_ctx):
         for bs in (1, 8):
             run.cell(eng, "gemma", model, "target", ctx, bs)
     del eng

@@ -236,3 +236,16 @@ def test_the_plan_section_sets_the_cublas_engine_beside_the_planned_one():
     assert "| 6144 x 4096 | 32 | 46.0 | 41.0 | 64x128 s1 w4 st4 |" in md
     assert "| 28672 x 4096 | 32 | 161.5 | 164.9 | cuBLAS |" in md
     assert "the engine's GEMM plan against cuBLAS (step / step) 1.100x" in F.answer(doc)
+
+
+def test_a_kernel_serving_several_projections_shows_them_all():
+    """The skinny GEMM runs qkv, o_proj, down and the LM head under one name: its row in the
+    busiest kernels names every projection, in launch order."""
+    layer = [["_gemv_kernel", 16.0], ["_rope_kv_kernel", 3.0], ["_split_kernel", 5.0],
+             ["_gemv_kernel", 12.0], ["_add_rmsnorm_kernel", 2.0], ["nvjet_gate_up", 50.0],
+             ["_gemv_kernel", 30.0]]
+    k = {"kernels": layer * 2 + [["_gemv_kernel", 40.0]], "layers": 2, "steps": 1}
+    rows = {r.split(" | ")[0].strip("| "): r for r in F.top_kernels(k)[0].splitlines()[2:]}
+    assert "| gemm qkv, o_proj, down, lm_head |" in rows["_gemv_kernel"]
+    assert "| gemm gate_up |" in rows["nvjet_gate_up"]
+    assert F._labels_text(["attention", "other"]) == "attention, other"

@@ -243,14 +243,24 @@ def breakdown_lines(doc: dict, k: dict) -> list[str]:
                         "weights read, share of copy bandwidth"], rows)]
 
 
+def _labels_text(labels: list[str]) -> str:
+    """One kernel's labels in launch order: "gemm qkv, o_proj, down" when they share a kind."""
+    kinds = {lab.split(" ", 1)[0] for lab in labels}
+    if len(labels) > 1 and len(kinds) == 1 and all(" " in lab for lab in labels):
+        return f"{kinds.pop()} " + ", ".join(lab.split(" ", 1)[1] for lab in labels)
+    return ", ".join(labels)
+
+
 def top_kernels(k: dict, n: int = 12) -> list[str]:
+    """The n kernels of most µs: each with every label it ran under (one kernel can serve
+    several projections)."""
     by: dict = {}
     for name, label, us in label_kernels(k["kernels"], k["layers"], k["steps"]):
-        c, t, _ = by.get(name, (0, 0.0, label))
-        by[name] = (c + 1, t + us, label)
+        c, t, labs = by.get(name, (0, 0.0, []))
+        by[name] = (c + 1, t + us, labs + [label] if label not in labs else labs)
     total = sum(t for _, t, _ in by.values()) or 1.0
-    rows = [[name[:NAME], lab, f"{c / k['steps']:.0f}", f"{t / k['steps']:.1f}",
-             f"{t / total:.1%}"] for name, (c, t, lab) in
+    rows = [[name[:NAME], _labels_text(labs), f"{c / k['steps']:.0f}",
+             f"{t / k['steps']:.1f}", f"{t / total:.1%}"] for name, (c, t, labs) in
             sorted(by.items(), key=lambda kv: -kv[1][1])[:n]]
     return [R.md_table(["kernel", "label", "count / step", "µs / step", "share"], rows)]
 

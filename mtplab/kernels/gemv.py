@@ -28,13 +28,9 @@ graph capture pools).
 `linear(x, w, launch)` is what a model's GEMM sites call (models/linear.py): the kernel at
 `launch` where the engine's GEMM plan chose it for w's shape (models/gemm_plan.py), x has at
 most PLAN_MAX_M rows and batch-invariant mode is off; F.linear otherwise.
-`linear_silu_mul(gu, w, launch)` is an MLP's down projection of gu = [gate | up]: there the
-kernel applies SiLU * mul to each x tile it loads (SILU_MUL; x is M rows, so every program
-recomputing its K slice costs nothing against reading w), one launch instead of two.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +38,7 @@ import torch.nn.functional as F
 
 from ..lazy_triton import tl, triton
 from . import batch_invariant
-from .fused_ops import dispatch, silu_mul
+from .fused_ops import dispatch
 
 MAX_M = 16                   # rows of x the kernel takes (one tl.dot tile); more run cuBLAS
 PLAN_MAX_M = 8               # rows up to which `linear` follows a plan (the rows it measures)
@@ -72,7 +68,7 @@ def config(n: int, k: int, sms: int = 132) -> GemvConfig:
 @triton.jit
 def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, UPCAST: tl.constexpr, SILU_MUL: tl.constexpr):
+                 SPLIT_K: tl.constexpr, UPCAST: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -81,14 +77,8 @@ def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
     k0 = pid_k * k_per
     for kk in range(0, k_per, BLOCK_K):
         rk = k0 + kk + tl.arange(0, BLOCK_K)
-        x_ok = (rm[:, None] < M) & (rk[None, :] < K)
-        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=x_ok, other=0.0)
-        if SILU_MUL:     # X = [gate | up], K wide each: silu_mul's rounding, then the dot
-            g = x.to(tl.float32)
-            u = tl.load(X + rm[:, None] * stride_xm + K + rk[None, :], mask=x_ok,
-                        other=0.0).to(tl.float32)
-            a = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
-            x = (a * u).to(X.dtype.element_ty)
+        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :],
+                    mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + rk[None, :],
                     mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
         if UPCAST:       # the interpreter's tl.dot mis-computes bfloat16 (Triton 3.9)
@@ -119,18 +109,8 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None) ->
     return F.linear(x, w)
 
 
-def gemv_silu_mul_ref(gu: torch.Tensor, w: torch.Tensor,
-                      cfg: GemvConfig | None = None) -> torch.Tensor:
-    """The plain-torch reference of the fused down projection: F.linear(silu_mul(gu), w)."""
-    return F.linear(silu_mul(gu), w)
-
-
-def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None,
-                 silu_mul: bool = False) -> torch.Tensor:
-    """y = x @ w^T; with silu_mul, x = [gate | up] ([M, 2K]) and y = silu_mul(x) @ w^T."""
+def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None) -> torch.Tensor:
     m, k = x.shape
-    if silu_mul:
-        k //= 2
     n = w.shape[0]
     if cfg is None:
         cfg = config(n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
@@ -142,8 +122,7 @@ def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None
     _gemv_kernel[(tiles, cfg.split_k)](
         x, w, y, part, m, n, k, x.stride(0), w.stride(0), y.stride(0), k_per,
         BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        UPCAST=not x.is_cuda, SILU_MUL=silu_mul, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        UPCAST=not x.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         _gemv_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
                                        BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
@@ -158,28 +137,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None) -> tor
     return dispatch("gemv", _gemv_triton if ok else None, gemv_ref, x, w, cfg)
 
 
-def _planned(x: torch.Tensor, launch: GemvConfig | None) -> bool:
-    """Whether `linear` takes the kernel: a launch, x a CUDA matrix of at most PLAN_MAX_M
-    rows, and batch-invariant mode off (its matmul keeps a row's bits across batch sizes;
-    this kernel does not)."""
-    return (launch is not None and x.dim() == 2 and x.shape[0] <= PLAN_MAX_M and x.is_cuda
-            and not batch_invariant.is_active())
-
-
 def linear(x: torch.Tensor, w: torch.Tensor, launch: GemvConfig | None) -> torch.Tensor:
-    """F.linear(x, w), on the skinny GEMM at `launch` where `_planned`."""
-    if _planned(x, launch):
+    """F.linear(x, w), on the skinny GEMM at `launch` where one is given, x is a CUDA matrix
+    of at most PLAN_MAX_M rows, and batch-invariant mode is off (its matmul keeps a row's
+    bits across batch sizes; this kernel does not)."""
+    if (launch is not None and x.dim() == 2 and x.shape[0] <= PLAN_MAX_M and x.is_cuda
+            and not batch_invariant.is_active()):
         return gemv(x, w, launch)
     return F.linear(x, w)
-
-
-def linear_silu_mul(gu: torch.Tensor, w: torch.Tensor,
-                    launch: GemvConfig | None) -> torch.Tensor:
-    """linear(silu_mul(gu), w, launch), gu = [gate | up]: where `_planned`, one kernel that
-    applies silu_mul to the rows it loads (the same rounding, so the same result as the two
-    kernels): an MLP's down projection without the SiLU * mul launch."""
-    if (_planned(gu, launch) and gu.stride(-1) == 1 and w.is_contiguous()
-            and gu.dtype == w.dtype and gu.shape[1] == 2 * w.shape[1]):
-        return dispatch("gemv_silu_mul", functools.partial(_gemv_triton, silu_mul=True),
-                        gemv_silu_mul_ref, gu, w, launch)
-    return linear(silu_mul(gu), w, launch)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.gemv import linear_silu_mul
+from ..kernels.fused_ops import silu_mul
 from .linear import GemmSites, Linear, linear
 
 
@@ -52,5 +52,4 @@ class MLP(GemmSites, nn.Module):
         return {} if w is None else {"gate_up": w}
 
     def forward_fused(self, h):
-        gu = linear(h, self.gate_up_weight, self.gemv.get("gate_up"))
-        return linear_silu_mul(gu, self.down_proj.weight, self.down_proj.gemv.get("weight"))
+        return self.down_proj(silu_mul(linear(h, self.gate_up_weight, self.gemv.get("gate_up"))))

@@ -30,19 +30,6 @@ def test_candidates_match_f_linear(launch, n, k):
         torch.testing.assert_close(got.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("launch", gemm_plan.CANDIDATES[:2], ids=gemm_plan.label)
-def test_the_fused_down_projection_equals_silu_mul_then_the_kernel(launch):
-    """One launch (SiLU * mul on the loaded rows) gives the bits of silu_mul's kernel then
-    the GEMM at the same launch: the plan's down projection changes no token."""
-    from mtplab.kernels.fused_ops import silu_mul_triton
-    w = rnd(4096, 14336, seed=2, scale=14336 ** -0.5)
-    for m in (1, 4, 8):
-        gu = rnd(m, 2 * 14336, seed=m)
-        fused = G._gemv_triton(gu, w, launch, silu_mul=True)
-        assert torch.equal(fused, G._gemv_triton(silu_mul_triton(gu), w, launch))
-        assert torch.equal(G.linear_silu_mul(gu, w, launch), fused)
-
-
 def test_linear_takes_the_kernel_only_where_planned(monkeypatch):
     calls, real = [], G.gemv
     monkeypatch.setattr(G, "gemv", lambda x, w, c: calls.append(x.shape[0]) or real(x, w, c))

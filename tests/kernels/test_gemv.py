@@ -73,27 +73,3 @@ def test_gemv_off_cuda_and_for_other_shapes_runs_the_reference(monkeypatch):
         w = torch.randn(8, 64)
         torch.testing.assert_close(G.gemv(x, w), torch.nn.functional.linear(x, w))
     assert called == []
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,cfg", [
-    (1, 40, 96, G.GemvConfig(block_n=16, block_k=32)),
-    (5, 33, 70, G.GemvConfig(block_n=16, block_k=32, split_k=2)),    # ragged, split-K
-])
-def test_the_fused_down_projection_matches_silu_mul_then_linear(dtype, m, n, k, cfg):
-    """silu_mul applied to the loaded rows of [gate | up] ([m, 2k]) then the dot: the
-    reference F.linear(silu_mul(gu), w)."""
-    g = torch.Generator().manual_seed(m + n)
-    gu = torch.randn(m, 2 * k, generator=g).to(dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    got = G._gemv_triton(gu, w, cfg, silu_mul=True)
-    assert got.shape == (m, n) and got.dtype == dtype
-    torch.testing.assert_close(got.float(), G.gemv_silu_mul_ref(gu, w).float(), **tol(dtype))
-
-
-def test_linear_silu_mul_off_cuda_is_the_reference(monkeypatch):
-    monkeypatch.setattr(G, "dispatch", lambda *a: pytest.fail("kernel dispatched off CUDA"))
-    gu, _ = operands(3, 24, 64, torch.float32)
-    w = operands(3, 24, 32, torch.float32, seed=1)[1]
-    want = torch.nn.functional.linear(torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:], w)
-    torch.testing.assert_close(G.linear_silu_mul(gu, w, G.GemvConfig()), want)

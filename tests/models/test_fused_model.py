@@ -26,7 +26,7 @@ def test_fused_knob_resolves_and_switches_paths(monkeypatch):
     assert RunConfig(device="cpu").fused is False
     calls = []
     real = fused_ops.silu_mul
-    monkeypatch.setattr("mtplab.kernels.gemv.silu_mul", lambda gu: calls.append(1) or real(gu))
+    monkeypatch.setattr("mtplab.models.mlp.silu_mul", lambda gu: calls.append(1) or real(gu))
     unfused, _ = generate(model="random-tiny", fused=False)
     assert not unfused.model.fused and not calls
     fused, _ = generate(model="random-tiny", fused=True)

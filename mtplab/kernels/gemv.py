@@ -93,7 +93,7 @@ def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
 
 @triton.jit
 def _gemv_reduce_kernel(P, Y, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SPLIT_K: tl.constexpr):
+                        SPLIT_K: tl.constexpr):
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -125,7 +125,7 @@ def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None
         UPCAST=not x.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         _gemv_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
-                                       BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
+                                      BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
     return y
 
 

@@ -4,6 +4,8 @@ synchronous no-ops on CPU, so the same engine code path runs in CI and on a GPU.
     Device("cuda") -> real streams/events, pinned host buffers, CUDA graphs allowed
     Device("cpu")  -> NullStream/NullEvent: every wait/record/synchronize is a no-op
                       (CPU ops are already executed in program order)
+
+`graph_us(fn)`: a call's device time as a CUDA graph replays it (no host launch cost).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .nogc import gc_paused
 
 
 class NullEvent:
@@ -236,3 +240,29 @@ def resolve_device(name: str) -> Device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return Device(dev)
+
+
+def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
+    """Median device µs of one fn() call: fn captured `reps` times in one CUDA graph, the graph
+    replayed `replays` times, each replay between two CUDA events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):                 # compile / autotune / allocator warm-up
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with gc_paused(), torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b) / reps)
+    del g
+    return float(np.median(times))

@@ -13,7 +13,7 @@ itself (`test_no_import_cycle`: the module graph is acyclic, graphlib's topologi
               yamlfile (only errors: the one YAML loader)
               spec_schedule (errors, yamlfile: the schedule knob's forms and checks)
               flags (validate: the command line's argparse types)
-              device  <- kernels  <- models, mem  <- graphs  <- speculative
+              device (+ nogc)  <- kernels  <- models, mem  <- graphs  <- speculative
               sched (core, mem, device, instrument, kernels, loop_options)   never speculative
               or models
               instrument (spans, timeline, session, syncs)   analysis (+ validate, zero_bubble,
@@ -55,7 +55,7 @@ ALLOWED = {
     "yamlfile": {"errors"},        # the one YAML loader (safe, bounded, one-sentence errors)
     "spec_schedule": {"errors", "yamlfile"},   # the batch-aware schedule knob (torch-free)
     "flags": {"validate"},
-    "device": {"core"},
+    "device": {"core", "nogc"},
     "kernels": {"core", "device", "lazy_triton"},
     "analysis": {"stages", "atomic", "nogc", "validate", "flags",   # the CLI's flag checks
                  "zero_bubble", "draft_kinds", "loop_options",  # the what-if's knobs, loop

@@ -20,7 +20,6 @@ CPU, fp32 or deterministic run leave every site on F.linear (`clear()`).
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Optional
 
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
-from ..nogc import gc_paused
+from ..device import graph_us
 from .linear import NO_PLAN, GemmSites
 
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
@@ -99,31 +98,6 @@ def _rotation(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _graph_us(fn, calls: int) -> float:
-    """Median µs of one of `calls` fn() calls captured in one CUDA graph, over TRIALS
-    replays: device time as a decode step's graph spends it (no host launch cost)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()                                        # compile and warm
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with gc_paused(), torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(TRIALS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (REPS * calls))
-    del g
-    return statistics.median(times)
-
-
 def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     """µs per call summed over PLAN_ROWS, per arm (None: cuBLAS), on the weights' device
     (module doc). CUDA only."""
@@ -136,7 +110,8 @@ def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     for m in PLAN_ROWS:
         x = torch.randn(m, k, generator=gen, device=ws[0].device, dtype=ws[0].dtype)
         for a, fn in arms.items():
-            total[a] += _graph_us(lambda fn=fn, x=x: [fn(x, w) for w in ws], len(ws))
+            total[a] += graph_us(lambda fn=fn, x=x: [fn(x, w) for w in ws], reps=REPS,
+                                 replays=TRIALS) / len(ws)
     return total
 
 

@@ -1,6 +1,6 @@
 """What the GPU figure runners share (decode_floor/kernel_figures, long_context/*, bench_moe,
 attention_figures): the report, the time-boxed figure loop, freeing the device between engines
-and `graph_us`, a call's device time by CUDA graph replay.
+and `graph_us` (mtplab/device.py), a call's device time by CUDA graph replay.
 
     rep = Report(budget_s)                    rep.add(figure, value, target, ok) prints a row
     run_figures(rep, [(name, fn), ...], only, reserve_s)
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
-from mtplab.nogc import gc_paused
+from mtplab.device import graph_us  # noqa: F401  (the figure runners' import)
 from mtplab.studies.run_cells import TimeBox, target_decode_fn
 
 
@@ -69,32 +69,6 @@ def run_figures(rep: Report, figures: list, only, reserve_s: float) -> None:
             rep.add(name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}", "",
                     False)
             free()
-
-
-def graph_us(fn, reps: int = 20, replays: int = 50) -> float:
-    """Median device µs of one fn() call: fn captured `reps` times in one CUDA graph, the graph
-    replayed `replays` times, each replay between two CUDA events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):                 # compile / autotune / allocator warm-up
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with gc_paused(), torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / reps)
-    del g
-    return float(np.median(times))
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:

@@ -99,3 +99,25 @@ def test_the_kernel_tables_profile_the_greedy_decode_the_steps_run():
     assert 1 <= moe_floor_runner.experts_touched(eng, 3) <= 12        # top-4 of 16, 3 tokens
     eng.check_invariants()
     eng.close()
+
+
+def test_the_decode_section_tables_the_grouped_engines_gemm_plan():
+    """The decode phase keeps the grouped engine's Engine.gemm_plan; the section tables each
+    shape's cuBLAS and Triton µs and what the engine kept (a results file without a plan
+    renders as before)."""
+    doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
+                        tokens=48, prompt=64)
+    doc["bandwidth"] = [4.0e12, 4.1e12, 4.2e12]
+    doc["phases"] = {"decode": {"status": "done", "seconds": 50.0}}
+    stamp = dict(date="2026-12-03", device="h200", device_name="NVIDIA H200",
+                 commit="abc1234", command="python -m benchmarks.bench_moe_floor")
+    plain = floor.render(R.plain(R.stamped(doc, **stamp)))
+    assert "decode GEMM plan" not in plain
+    doc["decode"]["gemm_plan"] = [
+        {"model": "target", "n": 8192, "k": 2816, "dtype": "bfloat16", "sites": 30,
+         "cublas_us": 30.1, "triton_us": 25.0, "launch": "32x256 s1 w4 st4"},
+        {"model": "target", "n": 262144, "k": 2816, "dtype": "bfloat16", "sites": 1,
+         "cublas_us": 900.0, "triton_us": 910.0, "launch": None}]
+    md = floor.render(R.plain(R.stamped(doc, **stamp)))
+    assert "| 8192 x 2816 | 30 | 30.1 | 25.0 | 32x256 s1 w4 st4 |" in md
+    assert "| 262144 x 2816 | 1 | 900.0 | 910.0 | cuBLAS |" in md

@@ -302,6 +302,15 @@ def _decode(doc: dict) -> list[str]:
     ratios = [[str(r["bs"]), _rt(r), f"{r['n']}/{r['n_base']}"] for r in step_ratios(doc)]
     if ratios:
         out += ["", R.md_table(["bs", "decode step split / grouped", "n"], ratios)]
+    plan = d.get("gemm_plan")
+    if plan:
+        out += ["", "The grouped engine's decode GEMM plan (RunConfig decode_gemm, "
+                "models/gemm_plan.py: µs summed over GEMMs of 1 and 8 rows; Triton kept where "
+                "it wins by 2%):", "",
+                R.md_table(["N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],
+                           [[f"{p['n']} x {p['k']}", str(p["sites"]),
+                             R.num(p["cublas_us"], ".1f"), R.num(p["triton_us"], ".1f"),
+                             p["launch"] or "cuBLAS"] for p in plan])]
     return out
 
 

@@ -413,6 +413,8 @@ def phase_decode(log: Log, a, engines: dict) -> None:
             break
         d["built"].append({"kernels": kernels, "seconds": round(time.perf_counter() - t0, 1),
                            "free_gb": round(free_gb, 1)})
+        if kernels == "grouped":
+            d["gemm_plan"] = engines[kernels].gemm_plan
         log.note(f"built the {kernels} engine")
     d["together"] = together
     if together:

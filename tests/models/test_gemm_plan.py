@@ -123,3 +123,12 @@ def test_the_rotation_reads_distinct_weights_up_to_its_bounds(monkeypatch):
     assert len(rot) == P.ROTATE_MAX and len({w.data_ptr() for w in rot}) == P.ROTATE_MAX
     monkeypatch.setattr(P, "ROTATE_BYTES", 5 * 4 * 8 * 4)   # five weights' bytes
     assert len(P._rotation(ws)) == 5
+
+
+def test_a_cpu_engine_plans_nothing_and_keeps_its_plan_after_close():
+    from mtplab import Engine
+    with Engine(RunConfig(model="random-tiny", device="cpu", draft="frozen_kv_mtp")) as eng:
+        assert eng.gemm_plan == []
+        assert all(m.gemv is NO_PLAN for m, _, _ in P.sites(eng.model, eng.draft_model))
+        eng.check_invariants()
+    assert eng.gemm_plan == []

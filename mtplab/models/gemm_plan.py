@@ -20,6 +20,7 @@ CPU, fp32 or deterministic run leave every site on F.linear (`clear()`).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Optional
 
@@ -27,9 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
 from ..device import graph_us
+from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
 from .linear import NO_PLAN, GemmSites
+
+logger = logging.getLogger("mtplab")
 
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
 PLAN_ROWS = (1, PLAN_MAX_M)
@@ -81,8 +84,11 @@ def sites(*models: nn.Module) -> list[Site]:
 
 def choose(us: dict[Optional[GemvConfig], float]) -> tuple[Optional[GemvConfig], float]:
     """(the launch, its µs) from {None (cuBLAS) or a launch: µs}: the fastest launch where
-    cuBLAS takes at least MARGIN times as long, else (None, the fastest launch's µs)."""
+    cuBLAS takes at least MARGIN times as long, else (None, the fastest launch's µs; NaN
+    when no launch ran)."""
     launches = {c: t for c, t in us.items() if c is not None}
+    if not launches:
+        return None, float("nan")
     best = min(launches, key=launches.get)
     return (best if us[None] >= MARGIN * launches[best] else None), launches[best]
 
@@ -100,7 +106,8 @@ def _rotation(weights: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     """µs per call summed over PLAN_ROWS, per arm (None: cuBLAS), on the weights' device
-    (module doc). CUDA only."""
+    (module doc). CUDA only. A launch this device cannot compile or run (shared memory, an
+    older architecture) is left out, logged once; out of memory is raised (`plan`)."""
     ws = _rotation(weights)
     n, k = ws[0].shape
     arms: dict = {None: F.linear}
@@ -109,9 +116,21 @@ def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     gen = torch.Generator(device=ws[0].device).manual_seed(0)
     for m in PLAN_ROWS:
         x = torch.randn(m, k, generator=gen, device=ws[0].device, dtype=ws[0].dtype)
-        for a, fn in arms.items():
-            total[a] += graph_us(lambda fn=fn, x=x: [fn(x, w) for w in ws], reps=REPS,
-                                 replays=TRIALS) / len(ws)
+        for a, fn in list(arms.items()):
+            try:
+                us = graph_us(lambda fn=fn, x=x: [fn(x, w) for w in ws], reps=REPS,
+                              replays=TRIALS)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:
+                if a is None:
+                    raise
+                logger.warning("decode GEMM plan: launch %s fails on [%d, %d] (%s: %s); it "
+                               "is left out.", label(a), n, k, type(e).__name__,
+                               str(e).splitlines()[0] if str(e) else "")
+                del arms[a], total[a]
+                continue
+            total[a] += us / len(ws)
     return total
 
 

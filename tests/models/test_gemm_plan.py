@@ -132,3 +132,37 @@ def test_a_cpu_engine_plans_nothing_and_keeps_its_plan_after_close():
         assert all(m.gemv is NO_PLAN for m, _, _ in P.sites(eng.model, eng.draft_model))
         eng.check_invariants()
     assert eng.gemm_plan == []
+
+
+def test_a_launch_that_fails_is_left_out_and_cublas_failing_is_raised(monkeypatch, caplog):
+    """measure() on a stand-in device: each arm's pass over the rotation runs once (graph_us
+    replaced); the second candidate raises as a launch out of shared memory would, and is left
+    out with one warning; the rest are timed. A shape where every launch fails keeps cuBLAS."""
+    import logging
+    bad = P.CANDIDATES[1]
+
+    def gemv(x, w, c):
+        if c == bad:
+            raise RuntimeError("out of resource: shared memory")
+        return torch.nn.functional.linear(x, w)
+
+    def graph_us(fn, reps, replays):
+        fn()
+        return 8.0
+    monkeypatch.setattr(P, "_gemv_triton", gemv)
+    monkeypatch.setattr(P, "graph_us", graph_us)
+    monkeypatch.setattr(P, "ROTATE_MAX", 2)
+    w = torch.zeros(16, 32)
+    with caplog.at_level(logging.WARNING, logger="mtplab"):
+        us = P.measure([w])
+    assert bad not in us and set(us) == {None, *P.CANDIDATES} - {bad}
+    assert us[None] == pytest.approx(2 * 8.0 / 2)          # two row counts, two weights
+    assert sum("is left out" in r.message for r in caplog.records) == 1
+    assert P.choose({None: 3.0}) == (None, pytest.approx(float("nan"), nan_ok=True))
+    monkeypatch.setattr(P, "_gemv_triton", lambda *a: 1 / 0)        # every launch fails
+    model = tiny()
+    choices = P.plan(model)
+    assert all(c.launch is None for c in choices) and model.lm_head.gemv is NO_PLAN
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        P.measure([w])

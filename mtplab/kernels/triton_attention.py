@@ -141,8 +141,7 @@ def split_launch(head_dim: int, block_m: int, verify: bool = False) -> SplitLaun
     return replace(launch, warps=8) if block_m >= 128 else launch
 
 
-def split_count(programs: int, max_kv: int, sms: int,
-                launch: SplitLaunch = SplitLaunch(32, 4, 3)) -> int:
+def split_count(programs: int, max_kv: int, sms: int, launch: SplitLaunch) -> int:
     """Splits per (lane, KV head): about launch.per_sm programs per SM in all, never chunks
     under launch.min_chunk entries of the longest row (max_kv is static, so a CUDA graph
     keeps it)."""

@@ -146,24 +146,23 @@ def plan(*models: nn.Module, measure: Measure = measure) -> list[Choice]:
     groups: dict[tuple, list[Site]] = {}
     for s in found:
         groups.setdefault(_key(s[2]), []).append(s)
-    choices = []
+    choices, launch = [], {}
     for key, group in groups.items():
         c = _CACHE.get(key)
         if c is None:
             try:
                 us = measure([w for _, _, w in group])
             except torch.OutOfMemoryError:
-                us = {None: float("nan"), CANDIDATES[0]: float("nan")}
-                c = Choice(key[2], key[3], key[4], 0, us[None], us[CANDIDATES[0]], None)
+                c = Choice(*key[2:], 0, float("nan"), float("nan"), None)
             else:
                 best, t = choose(us)
-                c = _CACHE[key] = Choice(key[2], key[3], key[4], 0, us[None], t, best)
+                c = _CACHE[key] = Choice(*key[2:], 0, us[None], t, best)
         choices.append(Choice(**{**asdict(c), "launch": c.launch, "sites": len(group)}))
-    launch = {(c.n, c.k, c.dtype): c.launch for c in choices}
+        launch[key] = c.launch
     per_module: dict[int, tuple[GemmSites, dict]] = {}
     for m, name, w in found:
         _, mine = per_module.setdefault(id(m), (m, {}))
-        chosen = launch[_key(w)[2:]]
+        chosen = launch[_key(w)]
         if chosen is not None:
             mine[name] = chosen
     for m, mine in per_module.values():

@@ -84,7 +84,7 @@ phase_peer() {
 # 08: its quick ladder, NB_REPEATS08=2 rounds, within what is left of the budget
 # NB_BUDGET_S=520 (no notebook starts after it, a running one is stopped at it)
 # NB_WORK=/tmp/mtplab_nb (the notebooks' out_dirs: sweeps, traces).
-# A machine without papermill/ipykernel and no network (the lent H100): download their cp312
+# A machine without papermill/ipykernel and no network (an offline H100): download their cp312
 # wheels here into an ignored folder (echo /.whl_nb/ >> .git/info/exclude), carry it, and
 # install them first on the device (34 wheels, 15 MB, the versions of `.[notebooks]`):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \

@@ -3,7 +3,7 @@
 # A machine with SGLang installed needs none of this: it runs `mtplab sglang launch` and
 # `python -m benchmarks.bench_peer_sglang` directly (docs/sglang.md, docs/peers.md).
 #
-# The machine this was written for (the lent H100, image 'cuda'): Python 3.12.3, torch
+# The machine this was written for (an H100 without network, image 'cuda'): Python 3.12.3, torch
 # 2.11.0+cu130, triton 3.6, transformers 5.17, tokenizers 0.23.2, torchvision 0.26,
 # cuda-bindings, nvidia-ml-py, aiohttp, uvloop, requests, psutil, einops, nvcc 13.0; no
 # network; each call carries at most 64 MiB of files (the checkout's tracked tree, ~18 MB, rides

@@ -24,7 +24,7 @@ from .. import reports as R
 QUESTION = "moe_floor"
 TITLE = "MoE decode step at the floor: split vs grouped MoE kernels"
 WRITER = "python -m benchmarks.bench_moe_floor --out-dir DIR"   # what writes its reports
-# floor / step the grouped decode step is held to, per bs (the MoE floor issue's targets)
+# floor / step the grouped decode step is held to, per bs
 FLOOR_TARGETS = {1: 0.70, 8: 0.70, 32: 0.80}
 PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels", "tiles")
 ARMS = ("split", "grouped")            # models/moe.py MOE_KERNELS; the ratios: split / grouped

@@ -12,7 +12,7 @@ Both arms compute the routed experts of one MoE layer from its input, with no sh
 The weights are shared as they lie: w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I],
 the layout SGLang's w1 / w2 take. SGLang is imported only here and only when the phase runs
 (`sglang_routed`); where it is missing the phase records why and how to run it
-(scripts/sglang_h100.sh moe stages SGLang 0.5.17 on the lent GPU).
+(scripts/sglang_h100.sh moe stages SGLang 0.5.17 on a GPU machine without network).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from mtplab.kernels import fused_moe as fm
 from mtplab.kernels import moe_route as mr
 
-FIX = ("run the phase where SGLang is installed: on the lent GPU, `bash "
+FIX = ("run the phase where SGLang is installed: on a GPU machine without network, `bash "
        "scripts/sglang_h100.sh moe` after `receive` + `install` (it runs bench_moe_floor "
        "with the staged SGLang on the path)")
 

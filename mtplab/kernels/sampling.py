@@ -10,12 +10,20 @@ boundaries (accept lengths), nor retraction, nor the device kind. Greedy lanes
 
     stream 0  SAMPLE    the draw that picks the token at t
     stream 1  SIMULATE  the coin of simulated acceptance at t (independent of stream 0)
+
+On CUDA two of the step's helpers are one Triton kernel each, beside their torch references
+(`*_ref`, the CPU path and the tests' oracles): `position_uniform` (the hash's 32-bit integer
+ops, bit for bit) and `finite_rows` (one pass over the logits and the hidden states, where
+torch runs about ten small kernels).
 """
 from __future__ import annotations
 
 import torch
 
 from ..core import NONFINITE_TOKEN
+from ..lazy_triton import tl, triton
+from .fused_ops import dispatch
+from .topk import argmax
 
 _M32 = 0xFFFFFFFF
 SAMPLE, SIMULATE = 0, 1     # streams: columns of counter_uniform
@@ -40,12 +48,55 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torc
 def position_uniform(seeds: torch.Tensor, first_position: torch.Tensor, n: int,
                      stream: int = SAMPLE) -> torch.Tensor:
     """[B, n] float64: u[b, k] = the `stream` uniform of seed b at absolute token position
-    first_position[b] + k. A pure function of (seed, position, stream), never of the step."""
+    first_position[b] + k. A pure function of (seed, position, stream), never of the step.
+    One kernel on CUDA (`_position_uniform_kernel`), `position_uniform_ref` elsewhere."""
+    return dispatch("position_uniform", _position_uniform_triton, position_uniform_ref, seeds,
+                    first_position, n, stream)
+
+
+def position_uniform_ref(seeds: torch.Tensor, first_position: torch.Tensor, n: int,
+                         stream: int = SAMPLE) -> torch.Tensor:
+    """`position_uniform` in torch: column `stream` of counter_uniform over the positions."""
     B = seeds.shape[0]
     pos = first_position.long()[:, None] + torch.arange(n, device=seeds.device)
     u = counter_uniform(seeds.long()[:, None].expand(B, n).reshape(-1), pos.reshape(-1),
                         stream + 1)
     return u[:, stream].view(B, n)
+
+
+@triton.jit
+def _mix32_tl(x):
+    """`_mix32` on uint32 values: each product in int64 (below 2^59), kept mod 2^32."""
+    m32 = tl.full([], 0xFFFFFFFF, tl.int64)
+    x = (((x ^ (x >> 16)).to(tl.int64) * 0x45D9F3B) & m32).to(tl.uint32)
+    x = (((x ^ (x >> 16)).to(tl.int64) * 0x45D9F3B) & m32).to(tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _position_uniform_kernel(Seeds, First, Out, total, n, STREAM: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    """Element i = (b, k) of the [B, n] output: counter_uniform's column STREAM for
+    (seed b, counter first[b] + k), the same 32-bit ops (seed and counter taken mod 2^32)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < total
+    b = i // n
+    seed = tl.load(Seeds + b, mask=ok, other=0).to(tl.int64).to(tl.uint32)
+    pos = (tl.load(First + b, mask=ok, other=0).to(tl.int64) + i % n).to(tl.uint32)
+    key = _mix32_tl(seed ^ _mix32_tl(pos + 0x9E3779B9))
+    col = _mix32_tl(tl.zeros([BLOCK], tl.uint32) + (STREAM + 0x85EBCA6B))
+    u = _mix32_tl(key ^ col)
+    tl.store(Out + i, (u.to(tl.float64) + 0.5) / 4294967296.0, mask=ok)
+
+
+def _position_uniform_triton(seeds, first_position, n, stream=SAMPLE):
+    B = seeds.shape[0]
+    out = torch.empty(B, n, dtype=torch.float64, device=seeds.device)
+    block = 128
+    if B * n:
+        _position_uniform_kernel[(triton.cdiv(B * n, block),)](
+            seeds, first_position, out, B * n, n, STREAM=stream, BLOCK=block)
+    return out
 
 
 def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -91,15 +142,61 @@ def inverse_cdf(cdf: torch.Tensor, last: torch.Tensor, u: torch.Tensor) -> torch
 
 
 def finite_rows(logits: torch.Tensor, hidden: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows] bool: row r's logits hold no NaN and no inf, and neither does the mean square
-    of its hidden state before the final norm (`logits` / `hidden` reshaped to [rows, -1]: one
-    token, or the D tree nodes of one request, per row). The second part catches an
-    overflowing residual stream (|h| above ~1e19: weights of 1e30), which the final RMSNorm
-    would turn into all-zero, finite logits. Two sums, an add and an isfinite: small kernels,
-    no host sync (a NaN or an inf anywhere makes a sum non-finite; real logits and hidden
-    states are far too small for their sums to overflow)."""
+    """[rows] bool: row r's logits hold no NaN and no inf, and the sum of squares of its
+    hidden states before the final norm is finite (`logits` / `hidden` reshaped to [rows, -1]:
+    one token, or the D tree nodes of one request, per row). The second part catches an
+    overflowing residual stream (|h| above ~1e17: weights of 1e30), whose fp32 sum of squares
+    the final RMSNorm would turn into all-zero, finite logits. No host sync; on CUDA one
+    kernel over row chunks and one `all` (`_finite_kernel`), `finite_rows_ref` elsewhere."""
+    return dispatch("finite_rows", _finite_rows_triton, finite_rows_ref, logits, hidden, rows)
+
+
+def finite_rows_ref(logits: torch.Tensor, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """`finite_rows` in torch."""
     energy = hidden.float().square().reshape(rows, -1).sum(-1)
-    return torch.isfinite(logits.reshape(rows, -1).sum(-1) + energy)
+    return torch.isfinite(logits.reshape(rows, -1)).all(-1) & torch.isfinite(energy)
+
+
+FINITE_BLOCK = 2048          # logits a program reads per trip
+FINITE_PROGRAMS = 256        # programs a launch aims at (a row's chunks: at least one each)
+
+
+@triton.jit
+def _finite_kernel(L, Hd, Ok, nl, nh, chunk, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (r, s): Ok[r, s] = its chunk [s*chunk, (s+1)*chunk) of row r's logits is all
+    finite and, for s = 0, so is the fp32 sum of squares of row r's hidden states."""
+    r = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    lo = s * chunk
+    for k in range(lo, tl.minimum(lo + chunk, nl), BLOCK):
+        m = k + offs < tl.minimum(lo + chunk, nl)
+        x = tl.load(L + r * nl + k + offs, mask=m, other=0.0).to(tl.float32)
+        bad |= ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
+    ok = tl.max(bad, axis=0) == 0
+    if s == 0:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for k in range(0, nh, BLOCK):
+            h = tl.load(Hd + r * nh + k + offs, mask=k + offs < nh, other=0.0).to(tl.float32)
+            acc += h * h
+        e = tl.sum(acc, axis=0)
+        ok = ok & (e == e) & (tl.abs(e) != float("inf"))
+    tl.store(Ok + r * SPLIT + s, ok)
+
+
+def _finite_rows_triton(logits, hidden, rows):
+    lg, hd = logits.reshape(rows, -1), hidden.reshape(rows, -1)
+    if not (lg.is_contiguous() and hd.is_contiguous()) or rows == 0:
+        return finite_rows_ref(logits, hidden, rows)
+    nl, nh = lg.shape[1], hd.shape[1]
+    trips = max(1, triton.cdiv(nl, FINITE_BLOCK))
+    split = max(1, min(trips, triton.cdiv(FINITE_PROGRAMS, rows)))
+    chunk = triton.cdiv(trips, split) * FINITE_BLOCK
+    split = max(1, triton.cdiv(nl, chunk))
+    ok = torch.empty(rows, split, dtype=torch.bool, device=lg.device)
+    _finite_kernel[(rows, split)](lg, hd, ok, nl, nh, chunk, SPLIT=split, BLOCK=FINITE_BLOCK)
+    return ok.all(-1) if split > 1 else ok[:, 0]
 
 
 def nonfinite_token(device) -> torch.Tensor:
@@ -120,7 +217,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """logits [B, V] -> tokens [B] (int64). counters [B]: the absolute position of the token
     being sampled (= tokens before it). Inverse CDF over the top-p set."""
-    greedy = logits.argmax(-1)
+    greedy = argmax(logits)
     probs = target_probs(logits, temperature, top_p)
     u = position_uniform(seeds, counters, 1)[:, 0]
     tok = inverse_cdf(torch.cumsum(probs, dim=-1), last_in_support(probs), u)

@@ -246,8 +246,8 @@ class Segments:
             if rec is not None:
                 rec.end()
             # the sampling counter: the new length
-            tok = logits.argmax(-1) if greedy else sample(logits, temperature, top_p, seeds,
-                                                              kv_lens)
+            tok = vocab_argmax(logits) if greedy else sample(logits, temperature, top_p, seeds,
+                                                             kv_lens)
             report = flag_nonfinite(tok, finite_rows(logits, hidden, B), self._nonfinite)
             future_map.write(rows, mark, seq_lens=kv_lens, inputs=DraftInputs(tok))
             return report[:, None], ones[:B]

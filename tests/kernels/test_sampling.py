@@ -87,3 +87,43 @@ def test_speculative_sampling_does_not_depend_on_retraction(draft):
     assert tight.stats()["retractions"] > 0, tight.stats()
     tight.check_invariants()
     assert got == want
+
+
+# -- the Triton kernels (TRITON_INTERPRET=1 on CPU) against their torch references ----------
+def test_position_uniform_kernel_is_the_reference_bit_for_bit():
+    """The kernel's 32-bit hash equals counter_uniform's int64-masked ops, seeds and positions
+    past 2^32 and 2^31 included (both take them mod 2^32), in both streams."""
+    from mtplab.kernels.sampling import _position_uniform_triton, position_uniform_ref
+    seeds = torch.tensor([3, 3, 9, 2**32 - 1, 12345678901, 0], dtype=torch.long)
+    first = torch.tensor([10, 12, 10, 2**31 + 5, 7, 2**33 + 1])
+    for stream in (0, SIMULATE):
+        for n in (1, 4, 33):
+            got = _position_uniform_triton(seeds, first, n, stream)
+            want = position_uniform_ref(seeds, first, n, stream)
+            assert got.dtype == torch.float64 and torch.equal(got, want), (stream, n)
+    # int32 inputs (the engine's seq_lens) read the same
+    got = _position_uniform_triton(seeds.int(), first.int(), 3, SIMULATE)
+    assert torch.equal(got, position_uniform_ref(seeds.int(), first.int(), 3, SIMULATE))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.parametrize("rows,nodes,vocab", [(1, 4, 5000), (5, 2, 7), (3, 1, 4097)])
+def test_finite_rows_kernel_matches_the_reference(rows, nodes, vocab):
+    """Row chunks over several programs (split > 1) and one (split 1): each planted
+    non-finite logit, and a hidden state whose fp32 sum of squares overflows while each of
+    its squares is finite, flag their row and no other."""
+    from mtplab.kernels.sampling import _finite_rows_triton, finite_rows_ref
+    g = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows * nodes, vocab, generator=g)
+    hidden = torch.randn(rows * nodes, 64, generator=g).to(torch.bfloat16)
+    want_ok = [True] * rows
+    plants = [(float("nan"), 0), (float("inf"), -1), (float("-inf"), vocab // 2)]
+    for r, (v, col) in zip(range(1, rows), plants):
+        logits[r * nodes + nodes - 1, col] = v
+        want_ok[r] = False
+    if rows >= 3:
+        hidden[(rows - 1) * nodes] = 3e18          # 64 squares of 9e36: the sum overflows
+        want_ok[rows - 1] = False
+    got = _finite_rows_triton(logits, hidden, rows)
+    assert got.dtype == torch.bool and got.tolist() == want_ok
+    assert torch.equal(got, finite_rows_ref(logits, hidden, rows))

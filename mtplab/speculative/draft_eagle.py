@@ -25,7 +25,8 @@ from ..mem.kv_cache import KVCache
 from ..models.drafts import EagleDraft
 from ..models.zoo import build_draft, trained_draft_dir
 from ..models.llama import AttnFn
-from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from .draft_select import (StepCandidates, branch_hidden, branch_topk, select_root,
+                           select_step)
 from ..instrument.spans import NO_SPANS, Spans
 from ..core import DraftInputs
 from ..draft_kinds import DRAFT_KINDS
@@ -120,11 +121,10 @@ class EagleDraftWorker:
         h = hidden[:, None, :].expand(B, K, hidden.shape[-1])
         for s in range(1, S):
             with self.spans.stage("draft.step"):
-                hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
                 pos = seq_k + s - 1
                 meta = AttnMeta(vtable, lanes, seq_k + s, ones, cu, pos, 1, max_kv,
                                 split_kv=self.table.shape[1], full_lanes=True)
-                hs, logits = self.model(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
+                hs, logits = self.model(branches.tokens.reshape(-1), branch_hidden(h, branches),
                                         pos, self.kv.k, self.kv.v,
                                         slots[:, :, s - 1].reshape(-1), meta, self.attn_fn)
             logp, toks = branch_topk(logits.view(B, K, -1), K, self.model.vocab_ids)

@@ -20,7 +20,8 @@ from ..mem.kv_cache import KVCache
 from ..models.drafts import AssistantConfig, FrozenKVAssistant
 from ..models.zoo import assistant_config, build_draft, trained_draft_dir
 from ..models.llama import AttnFn
-from .draft_select import StepCandidates, branch_topk, select_root, select_step
+from .draft_select import (StepCandidates, branch_hidden, branch_topk, select_root,
+                           select_step)
 from ..instrument.spans import NO_SPANS, Spans
 from ..core import DraftInputs
 from ..draft_kinds import DRAFT_KINDS
@@ -55,22 +56,26 @@ class FrozenDraftWorker:
         w.S, w.K = num_steps, topk
         return w
 
-    def _forward(self, tokens, hidden, rows, seq_lens, max_kv, per_lane: int = 1):
-        """`per_lane` queries per request (tokens/hidden request-major [B*per_lane]), all at
-        position seq_len - 1 over the request's committed prefix [0, seq_len)."""
+    def _meta(self, rows, seq_lens, max_kv, per_lane: int = 1) -> AttnMeta:
+        """`per_lane` queries per request, all at position seq_len - 1 over the request's
+        committed prefix [0, seq_len): one meta serves every step of a draft pass."""
         n = rows.shape[0]
         positions = (seq_lens - 1).clamp(min=0).long().repeat_interleave(per_lane)
-        meta = AttnMeta(self.table, rows, seq_lens, torch.full_like(seq_lens, per_lane),
+        return AttnMeta(self.table, rows, seq_lens, torch.full_like(seq_lens, per_lane),
                         torch.arange(n + 1, device=rows.device) * per_lane, positions,
                         per_lane, max_kv, kv_shared=True, split_kv=self.table.shape[1],
                         full_lanes=True)
-        return self.model(tokens, hidden, positions, self.kv.k, self.kv.v, meta, self.attn_fn)
+
+    def _forward(self, tokens, hidden, meta: AttnMeta):
+        """tokens/hidden request-major [B*per_lane] over `meta` (`_meta`)."""
+        return self.model(tokens, hidden, meta.positions, self.kv.k, self.kv.v, meta,
+                          self.attn_fn)
 
     def seed(self, inp: DraftInputs, rows, seq_lens, max_kv) -> DraftInputs:
         """The seed forward on (bonus, target hidden) -> (h0 [B,H], logp [B,K], index [B,K]).
         Its caller spans it as `draft.seed`, top-k included (speculative/worker.py: the
         unfolded seed's segment, or the folded draft's nested stage)."""
-        h0, logits = self._forward(inp.bonus, inp.hidden, rows, seq_lens, max_kv)
+        h0, logits = self._forward(inp.bonus, inp.hidden, self._meta(rows, seq_lens, max_kv))
         return DraftInputs(inp.bonus, h0, *branch_topk(logits, self.K, self.model.vocab_ids))
 
     def steps(self, inp: DraftInputs, rows, seq_lens, max_kv) -> list[StepCandidates]:
@@ -79,11 +84,11 @@ class FrozenDraftWorker:
         branches, cand = select_root(inp.topk_logp, inp.topk_index)
         out = [cand]
         h = h0[:, None, :].expand(B, K, h0.shape[-1])
+        meta = self._meta(rows, seq_lens, max_kv, per_lane=K) if self.S > 1 else None
         for s in range(1, self.S):
             with self.spans.stage("draft.step"):
-                hin = h.gather(1, branches.lane[:, :, None].expand(B, K, h.shape[-1]))
-                hs, logits = self._forward(branches.tokens.reshape(-1), hin.reshape(B * K, -1),
-                                           rows, seq_lens, max_kv, per_lane=K)
+                hs, logits = self._forward(branches.tokens.reshape(-1),
+                                           branch_hidden(h, branches), meta)
             logp, toks = branch_topk(logits.view(B, K, -1), K, self.model.vocab_ids)
             branches, cand = select_step(branches, logp, toks, s)
             out.append(cand)

@@ -70,6 +70,15 @@ def branch_topk(logits: torch.Tensor, topk: int,
     return (logp, idx) if vocab_ids is None else (logp, vocab_ids[idx])
 
 
+def branch_hidden(h: torch.Tensor, branches: DraftBranches) -> torch.Tensor:
+    """h [B, K, H] (the previous step's hidden per lane) -> [B*K, H]: each branch's parent
+    lane's hidden. topk 1: the one branch descends from lane 0, so h itself (no gather)."""
+    B, K, H = h.shape
+    if K > 1:
+        h = h.gather(1, branches.lane[:, :, None].expand(B, K, H))
+    return h.reshape(B * K, H)
+
+
 def select_root(logp: torch.Tensor, tokens: torch.Tensor) -> tuple[DraftBranches, StepCandidates]:
     """Step 0: the root's top-k (logp, tokens) [B, K] become the K branches."""
     B, K = tokens.shape

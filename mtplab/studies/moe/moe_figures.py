@@ -175,9 +175,9 @@ def head_share(eng: Engine, reps: int = 30) -> float:
     dw = eng.worker.draft_worker
     seq = torch.full((1,), PROMPT, dtype=torch.int32, device=dev)
     rows = torch.ones(1, dtype=torch.long, device=dev)
-    if hasattr(dw, "_forward"):                  # a Frozen-KV draft: one seed forward
-        whole = graph_us(lambda: dw._forward(tok, hid, rows, seq, PROMPT + 8), reps=10,
-                         replays=reps)
+    if hasattr(dw, "_meta"):                     # a Frozen-KV draft: one seed forward
+        meta = dw._meta(rows, seq, PROMPT + 8)
+        whole = graph_us(lambda: dw._forward(tok, hid, meta), reps=10, replays=reps)
     else:
         whole = float("nan")
     return head / whole

@@ -90,7 +90,7 @@ ROUTE_WARPS = (4, 8, 16)        # the routing kernel's warps a program, timed si
 STEP_KERNELS = 25               # the whole step's kernel table: its busiest kernels
 TILE_TOKENS = (1, 8, 32)        # the tiles phase's token counts
 TILE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
-              for bn in (32, 64) for bk in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+              for bn in (16, 32, 64) for bk in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
 
 
 class Log(TimeBox):

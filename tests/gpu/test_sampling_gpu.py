@@ -42,10 +42,11 @@ def test_simulated_accept_graph_keeps_the_mean():
 def test_position_uniform_kernel_is_the_reference_on_cuda():
     from mtplab.kernels.sampling import SIMULATE, position_uniform, position_uniform_ref
     seeds = torch.tensor([3, 3, 9, 2**32 - 1, 12345678901], device="cuda")
-    first = torch.tensor([10, 12, 10, 2**31 + 5, 7], device="cuda", dtype=torch.int32)
+    first = torch.tensor([10, 12, 10, 2**31 + 5, 7], device="cuda")
     for stream in (0, SIMULATE):
-        got = position_uniform(seeds, first, 5, stream)
-        assert torch.equal(got, position_uniform_ref(seeds, first, 5, stream))
+        for pos in (first, (first % 4096).int()):       # int64, and int32 as seq_lens are
+            got = position_uniform(seeds, pos, 5, stream)
+            assert torch.equal(got, position_uniform_ref(seeds, pos, 5, stream))
     assert "position_uniform" not in fused_ops._failed        # the kernel ran, not the ref
 
 

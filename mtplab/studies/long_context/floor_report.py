@@ -18,7 +18,8 @@ report long_context` regenerates the report byte for byte. Its fields:
                 ([name, µs]), the layers, the bytes of each projection's weights
     gemm_plan   per model of the short figure: Engine.gemm_plan (models/gemm_plan.py), each
                 weight shape's cuBLAS and fastest Triton µs and the launch chosen (its cells'
-                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", side by side)
+                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", and NO_PDL_ARM
+                with its graphs captured without programmatic dependent launch, side by side)
     figures     per figure: done / skipped (time box) / error
 """
 from __future__ import annotations
@@ -39,7 +40,9 @@ FLOOR_TARGET = 0.85                      # floor / step, short and long context
 SPEC_TARGETS = {1: 1.25, 4: 1.4}         # spec step / target step at 32k, per topk
 SPEC_CTX = 32768                          # the context the spec targets hold at
 SHORT_CTX = 64
-CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arm
+CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arms
+NO_PDL_ARM = "target, no PDL"                 # kernels/pdl.py off at the engine's capture
+SIDE_ARMS = (CUBLAS_ARM, NO_PDL_ARM)
 PROJ = ("qkv", "o_proj", "gate_up", "down")     # a decoder layer's GEMMs, launch order
 LM_HEAD = "lm_head"
 KINDS = ("gemm", "attention", "norm_rope_elementwise", "fill_copy", "other")
@@ -148,7 +151,7 @@ def spec_rows(doc: dict) -> list[dict]:
     target step (medians), its noise, the target at SPEC_CTX."""
     out = []
     for s in doc["steps"]:
-        t = (_target_step(doc, s) if s["arm"] not in ("target", CUBLAS_ARM) and _ms(s)
+        t = (_target_step(doc, s) if s["arm"] not in ("target",) + SIDE_ARMS and _ms(s)
              else None)
         if t is None:
             continue
@@ -162,17 +165,17 @@ def spec_rows(doc: dict) -> list[dict]:
     return out
 
 
-def plan_rows(doc: dict) -> list[dict]:
-    """Per CUBLAS_ARM cell with its target-only twin: cuBLAS step / planned step (> 1: the
-    plan is faster), its noise and verdict."""
+def plan_rows(doc: dict, arm: str = CUBLAS_ARM) -> list[dict]:
+    """Per `arm` cell (SIDE_ARMS) with its target-only twin: arm step / engine step (> 1: the
+    engine's way is faster), its noise and verdict."""
     out = []
     for s in doc["steps"]:
-        t = _target_step(doc, s) if s["arm"] == CUBLAS_ARM and _ms(s) else None
+        t = _target_step(doc, s) if s["arm"] == arm and _ms(s) else None
         if t is None:
             continue
         a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
         nz = noise(spread(_ms(s)), spread(_ms(t)))
-        out.append({"model": s["model"], "ctx": s["ctx"], "bs": s["bs"], "cublas_ms": a,
+        out.append({"model": s["model"], "ctx": s["ctx"], "bs": s["bs"], "arm_ms": a,
                     "plan_ms": b, "ratio": a / b, "noise": nz,
                     "words": R.verdict(a / b, nz, len(_ms(s)), len(_ms(t)))})
     return out
@@ -287,11 +290,13 @@ def answer(doc: dict) -> str:
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
             f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
             for r in sr))
-    pr = plan_rows(doc)
-    if pr:
-        parts.append("the engine's GEMM plan against cuBLAS (step / step) " + ", ".join(
-            f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs {r['bs']}"
-            for r in pr))
+    for arm, what in ((CUBLAS_ARM, "the engine's GEMM plan against cuBLAS"),
+                      (NO_PDL_ARM, "programmatic dependent launch against ordinary launches")):
+        pr = plan_rows(doc, arm)
+        if pr:
+            parts.append(f"{what} (step / step) " + ", ".join(
+                f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs "
+                f"{r['bs']}" for r in pr))
     gr = gemm_rows(doc)
     if gr:
         faster = [f"{r['shape']} M={r['M']}" for r in gr if r["words"] == R.PAYS]
@@ -355,7 +360,8 @@ def _gemm_lines(doc: dict) -> list[str]:
 
 def _plan_lines(doc: dict) -> list[str]:
     rows, plans = plan_rows(doc), doc.get("gemm_plan") or {}
-    if not rows and not plans:
+    pdl = plan_rows(doc, NO_PDL_ARM)
+    if not rows and not plans and not pdl:
         return []
     lines = ["", "## The engine's decode GEMM plan beside cuBLAS", "",
              "RunConfig decode_gemm (models/gemm_plan.py): at engine build each weight shape's "
@@ -366,9 +372,19 @@ def _plan_lines(doc: dict) -> list[str]:
     if rows:
         lines.append(R.md_table(
             ["model", "ctx", "bs", "cuBLAS step ms", "planned step ms", "cuBLAS / planned"],
-            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['cublas_ms']:.3f}",
+            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
               f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
              for r in rows]))
+    if pdl:
+        lines += ["", "Programmatic dependent launch (kernels/pdl.py): the skinny GEMM is "
+                  "launched to overlap the kernel before it (its first weight tile loaded before "
+                  "it waits for its input), which triggers at entry; the same engine built with "
+                  "it off beside it:", "", R.md_table(
+                      ["model", "ctx", "bs", "no-PDL step ms", "engine step ms",
+                       "no PDL / engine"],
+                      [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
+                        f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
+                       for r in pdl])]
     for model, plan in plans.items():
         lines += ["", f"{model}'s plan:", "", R.md_table(
             ["model", "N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],

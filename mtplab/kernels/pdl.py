@@ -7,9 +7,20 @@ its launch and its first weight loads overlap that kernel's tail.
                             gdc_wait()      <- waits until A has completed, its writes visible
                             every read of an activation, every store
 
+    who                     waits                          triggers
+    skinny GEMM (gemv)      after its first weight tile    -
+    add_rmsnorm, silu_mul,  -                              at entry
+    split_reduce
+    MoE routing             after its first router tile    at entry
+    MoE gate_up (grouped)   at entry                       after its wait
+    MoE down (grouped)      after the routing's block map  -
+                            and its first weight tile
+
 Invariants: a kernel launched with `launch_pdl` reads no activation and stores nothing before
 its gdc_wait, in every program; so when it completes, so has everything before it (by
 induction over the stream), and a kernel launched without PDL after it sees the usual order.
+The one activation read before a wait: the grouped down GEMM reads the routing (two kernels
+back), which has completed because gate_up triggers only after its own wait.
 A trigger whose successor is launched without PDL does nothing; a PDL launch after a kernel
 that never triggers starts when that kernel completes. The kernels take `PDL` as a constexpr
 (False: no GDC instruction, the interpreter's case) and their launchers pass `enabled(t)`.

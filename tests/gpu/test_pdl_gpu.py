@@ -1,7 +1,11 @@
 """Programmatic dependent launch on the GPU (kernels/pdl.py): a skinny GEMM launched with it
 right after a kernel that triggers at entry, captured in a CUDA graph and replayed on new
-inputs, gives the bits of an ordinary launch; an engine's graphs with PDL give the tokens of
-one built without it. A GEMM that read x before its wait would read the last replay's x."""
+inputs, gives the bits of an ordinary launch, and so does a MoE layer's chain (routing,
+grouped gate_up and down); an engine's graphs with PDL give the tokens of one built without
+it, dense and MoE. A kernel that read an activation before its wait would read the last
+replay's."""
+import contextlib
+
 import pytest
 import torch
 
@@ -70,3 +74,53 @@ def test_engine_graphs_with_pdl_give_the_tokens_of_graphs_without(monkeypatch):
             without = eng.generate(prompts, 24, ignore_eos=True)
             eng.check_invariants()
     assert with_pdl == without
+
+
+@pytest.mark.parametrize("T", [1, 8, 40])
+def test_a_moe_layer_after_a_trigger_in_a_graph_gives_an_ordinary_launchs_bits(T):
+    """add_rmsnorm (triggers) -> the routing (PDL, triggers) -> gate_up (PDL, waits at entry,
+    triggers after) -> down (PDL, reads the routing before its wait) -> combine, at the
+    Gemma-4 26B-A4B widths; new inputs (so new experts) at every replay."""
+    from tests.gpu.test_moe_gpu import grouped_case
+    from mtplab.kernels import fused_moe as fm
+    from mtplab.kernels import moe_route as mr
+    x0, wr, wsg, wgu, wd, sgu, sd = grouped_case(T, seed=11)
+    x_in = torch.zeros_like(x0)
+    res, norm_w = rnd(*x0.shape, seed=12), rnd(x0.shape[1], seed=13)
+    counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
+
+    def layer():
+        h = F.add_rmsnorm_triton(x_in, res, norm_w, 1e-6)[0]
+        r = mr.route_align_triton(h, wr, None, wsg, 8, True, fm.block_m("cuda"), counts)
+        return fm.moe_ffn_triton(h, wgu, wd, r, sgu, sd), r.ids
+
+    assert pdl.enabled(x_in)
+    layer()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        out, ids = layer()
+    torch.cuda.current_stream().wait_stream(s)
+    seen = set()
+    for i in range(8):
+        x_in.copy_(grouped_case(T, seed=200 + i)[0])
+        g.replay()
+        with pdl.off():
+            want, want_ids = layer()
+        assert torch.equal(ids, want_ids) and torch.equal(out, want), f"replay {i}"
+        seen.add(tuple(ids.flatten().tolist()))
+    assert len(seen) == 8 and not counts.any()
+
+
+def test_a_moe_engines_graphs_with_pdl_give_the_tokens_of_graphs_without():
+    cfg = RunConfig(model="random-tiny-moe", device="cuda", dtype="bfloat16",
+                    max_running_requests=8, context_len=256, draft="frozen_kv_mtp", topk=2,
+                    fold_seed=True, overlap=True, zero_bubble=True, moe_kernels="grouped")
+    prompts = random_prompts(8, [5, 9, 3, 12, 7, 20, 4, 15], 320, seed=3)
+    outs = []
+    for ctx in (contextlib.nullcontext, pdl.off):
+        with ctx(), Engine(cfg) as eng:
+            outs.append(eng.generate(prompts, 40, ignore_eos=True))
+            eng.check_invariants()
+    assert outs[0] == outs[1]

@@ -108,3 +108,71 @@ def test_enabled_only_on_a_cuda_device_and_outside_off(monkeypatch):
             assert not pdl.enabled(cuda)
         assert not pdl.enabled(cuda)
     assert pdl.enabled(cuda)
+
+
+_MOE_PTRS = {"X": "*bf16", "Wr": "*bf16", "Br": "*bf16", "Wsg": "*bf16", "Part": "*fp32",
+             "Counts": "*i32", "Wout": "*fp32", "Iout": "*i64", "Gout": "*fp32",
+             "Sorted": "*i32", "BlockExpert": "*i32", "Scratch": "*i32"}
+ROUTE_SIG = {**_MOE_PTRS, "T": "i32", "H": "i32", "L": "i32", "NB": "i32", "stride_x": "i32",
+             "stride_w": "i32"}
+ROUTE_CONST = dict(E=128, E_P2=128, EW=129, TOPK=8, TOPK_P2=8, NORM=True, HAS_BIAS=False,
+                   HAS_GATE=True, ALIGN=True, BM=16, BT=16, BE=16, BK=64, KSTEPS=6, KS=8,
+                   CHUNK=512, TBC=32, DOT_PREC="tf32", UPCAST=False)
+GROUPED_SIG = {"X": "*bf16", "W": "*bf16", "A": "*bf16", "Sorted": "*i32",
+               "BlockExpert": "*i32", "N": "i32", "K": "i32", "I": "i32", "stride_xt": "i32",
+               "stride_we": "i32", "stride_wn": "i32", "stride_as": "i32", "T": "i32",
+               "NBR": "i32", "WS": "*bf16", "IS": "i32", "stride_wsn": "i32"}
+DOWN_SIG = {"A": "*bf16", "W": "*bf16", "Y": "*bf16", "Sorted": "*i32", "BlockExpert": "*i32",
+            "N": "i32", "K": "i32", "H": "i32", "stride_as": "i32", "stride_we": "i32",
+            "stride_wn": "i32", "stride_ys": "i32", "T": "i32", "NBR": "i32", "WS": "*bf16",
+            "IS": "i32", "stride_wsn": "i32"}
+_TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOT_PREC="tf32", UPCAST=False)
+
+
+def _moe_ptx(tmp_path, name: str, on: bool) -> list[str]:
+    module, kernel, sig, const = {
+        "route": ("moe_route", "_route_kernel", ROUTE_SIG, ROUTE_CONST),
+        "gate_up": ("fused_moe", "_gate_up_kernel", GROUPED_SIG,
+                    dict(_TILE, TOPK=8, SHARED=True)),
+        "down": ("fused_moe", "_down_kernel", DOWN_SIG, dict(_TILE, SHARED=True)),
+    }[name]
+    return sm90_ptx(tmp_path, f"mtplab.kernels.{module}", kernel, sig, dict(const, PDL=on))
+
+
+def _at(lines: list[str], pattern: str) -> list[int]:
+    return [i for i, ln in enumerate(lines) if re.search(pattern, ln)]
+
+
+STORE = r"\b(st|atom|red)\.global"
+
+
+@pytest.mark.parametrize("name", ["route", "gate_up", "down"])
+def test_the_moe_kernels_without_pdl_have_no_gdc_instruction(tmp_path, name):
+    assert not any("griddepcontrol" in ln for ln in _moe_ptx(tmp_path, name, False))
+
+
+def test_the_routing_triggers_at_entry_and_waits_before_it_reads_x_or_stores(tmp_path):
+    lines = _moe_ptx(tmp_path, "route", True)
+    trig, waits = _at(lines, r"^griddepcontrol\.launch"), _at(lines, r"^griddepcontrol\.wait")
+    loads = _at(lines, r"\bld\.global")
+    assert len(trig) == 1 and len(waits) == 1 and trig[0] < loads[0]
+    assert loads[0] < waits[0]                       # the first router tile
+    assert min(_at(lines, STORE)) > waits[0]
+
+
+def test_gate_up_waits_at_entry_and_triggers_after_its_wait(tmp_path):
+    """The down GEMM's reads of the routing before its own wait rely on this order."""
+    lines = _moe_ptx(tmp_path, "gate_up", True)
+    trig, waits = _at(lines, r"^griddepcontrol\.launch"), _at(lines, r"^griddepcontrol\.wait")
+    assert len(trig) == 1 and len(waits) == 1
+    assert waits[0] < trig[0] < min(_at(lines, r"\bld\.global"))
+
+
+def test_down_waits_in_every_branch_before_it_reads_act_or_stores(tmp_path):
+    """Three waits: a routed block's (after its block map and first weight tile), an unused
+    block's, the shared expert's block's; each store comes after a wait."""
+    lines = _moe_ptx(tmp_path, "down", True)
+    waits = _at(lines, r"^griddepcontrol\.wait")
+    assert len(waits) == 3
+    assert min(_at(lines, r"\bld\.global")) < waits[0] < min(_at(lines, STORE))
+    assert not _at(lines, r"^griddepcontrol\.launch")

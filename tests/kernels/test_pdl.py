@@ -117,7 +117,7 @@ ROUTE_SIG = {**_MOE_PTRS, "T": "i32", "H": "i32", "L": "i32", "NB": "i32", "stri
              "stride_w": "i32"}
 ROUTE_CONST = dict(E=128, E_P2=128, EW=129, TOPK=8, TOPK_P2=8, NORM=True, HAS_BIAS=False,
                    HAS_GATE=True, ALIGN=True, BM=16, BT=16, BE=16, BK=64, KSTEPS=6, KS=8,
-                   CHUNK=512, TBC=32, DOT_PREC="tf32", UPCAST=False)
+                   CHUNK=512, TBC=32, BC=64, DOT_PREC="tf32", UPCAST=False)
 GROUPED_SIG = {"X": "*bf16", "W": "*bf16", "A": "*bf16", "Sorted": "*i32",
                "BlockExpert": "*i32", "N": "i32", "K": "i32", "I": "i32", "stride_xt": "i32",
                "stride_we": "i32", "stride_wn": "i32", "stride_as": "i32", "T": "i32",

@@ -69,6 +69,8 @@ def config(n: int, k: int, sms: int = 132) -> GemvConfig:
 def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    if PDL and SPLIT_K > 1:  # kernels/pdl.py: a trigger (the reduce may launch, then wait)
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -103,7 +105,9 @@ def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
 
 @triton.jit
 def _gemv_reduce_kernel(P, Y, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLIT_K: tl.constexpr):
+                        SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:          # kernels/pdl.py: launched while the split GEMM runs; waits for its end
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -137,7 +141,8 @@ def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None
         **({"launch_pdl": True} if on else {}))
     if cfg.split_k > 1:
         _gemv_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
-                                      BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
+                                      BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, PDL=on,
+                                      **({"launch_pdl": True} if on else {}))
     return y
 
 

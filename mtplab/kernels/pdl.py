@@ -8,7 +8,8 @@ its launch and its first weight loads overlap that kernel's tail.
                             every read of an activation, every store
 
     who                     waits                          triggers
-    skinny GEMM (gemv)      after its first weight tile    -
+    skinny GEMM (gemv)      after its first weight tile    at entry when split over K
+    its split-K reduce      at entry                       -
     add_rmsnorm, silu_mul,  -                              at entry
     split_reduce
     MoE routing             after its first router tile    at entry

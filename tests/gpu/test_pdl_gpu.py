@@ -26,15 +26,17 @@ def rnd(*shape, seed=0, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to("cuda", torch.bfloat16)
 
 
+@pytest.mark.parametrize("split", [1, 3])
 @pytest.mark.parametrize("m", [1, 8])
 @pytest.mark.parametrize("feeder", ["add_rmsnorm", "silu_mul"])
-def test_a_gemm_after_a_trigger_in_a_graph_gives_an_ordinary_launchs_bits(feeder, m):
+def test_a_gemm_after_a_trigger_in_a_graph_gives_an_ordinary_launchs_bits(feeder, m, split):
+    """split 3: the GEMM triggers at entry too, and its reduce waits for it."""
     k, n = 14336, 4096                     # a long feeder row: its tail overlaps the GEMM
     x_in = torch.zeros(m, 2 * k if feeder == "silu_mul" else k, device="cuda",
                        dtype=torch.bfloat16)
     res, norm_w = rnd(m, k, seed=2), rnd(k, seed=3)
     w = rnd(n, k, seed=4, scale=k ** -0.5)
-    cfg = G.config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cfg = G.GemvConfig(32, 256, split, 4, 4)
 
     def step():
         h = (F.add_rmsnorm_triton(x_in, res, norm_w, 1e-5)[0] if feeder == "add_rmsnorm"

@@ -49,9 +49,26 @@ GEMV_SIG = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "P": "*fp32", "M": "i32", 
             "k_per": "i32"}
 
 
-def _gemv_ptx(tmp_path, on: bool) -> list[str]:
-    const = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, UPCAST=False, PDL=on)
+def _gemv_ptx(tmp_path, on: bool, split: int = 1) -> list[str]:
+    const = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split, UPCAST=False, PDL=on)
     return sm90_ptx(tmp_path, "mtplab.kernels.gemv", "_gemv_kernel", GEMV_SIG, const)
+
+
+def test_a_gemm_split_over_k_triggers_at_entry_and_its_reduce_waits_at_entry(tmp_path):
+    lines = _gemv_ptx(tmp_path, True, split=2)
+    trig = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch")]
+    assert len(trig) == 1 and trig[0] < min(i for i, ln in enumerate(lines)
+                                            if re.search(r"\bld\.global", ln))
+    assert not any(ln.startswith("griddepcontrol.launch") for ln in _gemv_ptx(tmp_path, True))
+    sig = {"P": "*fp32", "Y": "*bf16", "M": "i32", "N": "i32", "stride_ym": "i32"}
+    for on in (True, False):
+        red = sm90_ptx(tmp_path, "mtplab.kernels.gemv", "_gemv_reduce_kernel", sig,
+                       dict(BLOCK_M=16, BLOCK_N=32, SPLIT_K=2, PDL=on))
+        waits = [i for i, ln in enumerate(red) if ln.startswith("griddepcontrol.wait")]
+        assert len(waits) == on
+        if on:
+            assert waits[0] < min(i for i, ln in enumerate(red)
+                                  if re.search(r"\b(ld|st)\.global", ln))
 
 
 def test_the_gemm_waits_before_it_reads_x_or_stores(tmp_path):

@@ -126,11 +126,6 @@ def counts_len(T: int, device_type: str = "cuda") -> int:
 
 
 @triton.jit
-def _max2(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
 def _router_tile(Wr, Wsg, cols, k, k_ok, stride_w, E: tl.constexpr, HAS_GATE: tl.constexpr):
     """[BK, BE]: the router rows `cols` (row E: the shared gate's) over columns k,
     transposed."""
@@ -164,7 +159,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
     acc = tl.zeros([BT, BE], tl.float32)
     start = 0
     if PDL:          # kernels/pdl.py: the first router tile is loaded before waiting for x
-        tl.extra.cuda.gdc_launch_dependents()      # the GEMMs' wait for this kernel's end
+        tl.extra.cuda.gdc_launch_dependents()      # gate_up may launch; it waits for our end
         k = ks * KSTEPS * BK + rk
         w = _router_tile(Wr, Wsg, cols, k, k < H, stride_w, E, HAS_GATE)
         tl.extra.cuda.gdc_wait()

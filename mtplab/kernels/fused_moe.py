@@ -45,7 +45,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from ..lazy_triton import tl, triton
-from . import batch_invariant, pdl
+from . import batch_invariant
 from .fused_ops import dispatch
 
 
@@ -226,12 +226,9 @@ def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we,
                     stride_as, T, NBR, WS, IS, stride_wsn,
                     TOPK: tl.constexpr, SHARED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                    UPCAST: tl.constexpr, PDL: tl.constexpr):
+                    UPCAST: tl.constexpr):
     """Blocks 0..NBR-1: the routed blocks of the alignment; from NBR on (SHARED): the
     shared expert's blocks of BLOCK_M tokens, rows N + t."""
-    if PDL:          # kernels/pdl.py: the routing has ended past the wait, so the down
-        tl.extra.cuda.gdc_wait()                   # GEMM, triggered after it, may read it
-        tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m < NBR:
@@ -256,20 +253,13 @@ def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we,
 @triton.jit
 def _down_tile(A, W, Y, rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_n,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+               DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """y[rows, n tile] = act[rows, :K] @ W[n tile, :K]^T."""
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < H
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = 0
-    if PDL:          # kernels/pdl.py: the first weight tile is loaded before waiting for act
-        w = _weight_tile(W, rn, stride_wn, rk, n_ok, rk < K)
-        tl.extra.cuda.gdc_wait()
-        a = _row_tile(A, rows, stride_as, rk, valid, rk < K)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
-        start = BLOCK_K
-    for k0 in range(start, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         k_ok = k < K
         a = _row_tile(A, rows, stride_as, k, valid, k_ok)
@@ -285,9 +275,7 @@ def _down_tile(A, W, Y, rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_
 def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, stride_wn,
                  stride_ys, T, NBR, WS, IS, stride_wsn, SHARED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
-    """PDL: BlockExpert and Sorted (the routing's, ended before gate_up triggered) and the
-    first weight tile are read before the wait; a program with no block waits and exits."""
+                 DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m < NBR:
@@ -296,15 +284,13 @@ def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, st
             slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
             _down_tile(A, W + e.to(tl.int64) * stride_we, Y, slots.to(tl.int64), slots < N,
                        K, H, stride_as, stride_wn, stride_ys, pid_n, BLOCK_M, BLOCK_N,
-                       BLOCK_K, DOT_PREC, UPCAST, PDL)
-        elif PDL:
-            tl.extra.cuda.gdc_wait()
+                       BLOCK_K, DOT_PREC, UPCAST)
     if SHARED:
         if pid_m >= NBR:
             tok = (pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)
             _down_tile(A, WS, Y, (N + tok).to(tl.int64), tok < T, IS, H, stride_as,
                        stride_wsn, stride_ys, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC,
-                       UPCAST, PDL)
+                       UPCAST)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -350,16 +336,14 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
     nbs = triton.cdiv(T, bm) if folded else 0
     sgu = shared_gate_up if folded else w_gate_up
     sd = shared_down if folded else w_down
-    on = folded and pdl.enabled(x)        # the grouped path: after the routing kernel
-    launch = {"launch_pdl": True} if on else {}
     _gate_up_kernel[(nbr + nbs, triton.cdiv(max(I, Is), gu["BLOCK_N"]))](
         x, w_gate_up, act, sorted_ids, block_expert, N, H, I, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), T, nbr, sgu, Is,
-        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, PDL=on, **gu, **launch)
+        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, **gu)
     _down_kernel[(nbr + nbs, triton.cdiv(H, dn["BLOCK_N"]))](
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
         w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), SHARED=folded,
-        BLOCK_M=bm, PDL=on, **dn, **launch)
+        BLOCK_M=bm, **dn)
     s = shared.contiguous() if shared is not None else x
     g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))

@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from ..lazy_triton import tl, triton
-from . import pdl
 from .stamp import stamp_around
 
 logger = logging.getLogger("mtplab")
@@ -96,12 +95,10 @@ def dispatch(name: str, kernel, ref, *args):
 # -- residual add + RMSNorm ---------------------------------------------------------------
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, Y, RO, stride_x, stride_r, stride_y, stride_ro, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     """One program per row; the row's sum of squares is one tl.sum over the row in a fixed
     order, so a row's result never depends on how many rows the batch has (batch-invariant
     by construction)."""
-    if PDL:                  # kernels/pdl.py: a trigger (the next GEMM may launch)
-        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -141,7 +138,7 @@ def add_rmsnorm_triton(x: torch.Tensor, residual: Optional[torch.Tensor], weight
         block = triton.next_power_of_2(N)
         _add_rmsnorm_kernel[(T,)](x, r, weight, y, ro, x.stride(0), r.stride(0), y.stride(0),
                                   ro.stride(0), N, float(eps), HAS_RES=has_res, BLOCK=block,
-                                  PDL=pdl.enabled(x), num_warps=_warps(block))
+                                  num_warps=_warps(block))
     return y, ro
 
 
@@ -268,10 +265,8 @@ def rope_qkv_cache(qkv, positions, cos, sin, nq, nkv, k_cache, v_cache, out_loc)
 
 # -- SiLU * mul -----------------------------------------------------------------------------
 @triton.jit
-def _silu_mul_kernel(GU, O, stride_g, stride_o, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(GU, O, stride_g, stride_o, I, BLOCK: tl.constexpr):
     """Grid (rows, column blocks): out[t, c] = silu(gu[t, c]) * gu[t, I + c]."""
-    if PDL:                  # kernels/pdl.py: a trigger (the down GEMM may launch)
-        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -296,8 +291,7 @@ def silu_mul_triton(gu: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(I))
     if T:
         _silu_mul_kernel[(T, triton.cdiv(I, block))](gu, out, gu.stride(0), out.stride(0), I,
-                                                     BLOCK=block, PDL=pdl.enabled(gu),
-                                                     num_warps=4)
+                                                     BLOCK=block, num_warps=4)
     return out
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..lazy_triton import tl, triton
-from . import batch_invariant, pdl
+from . import batch_invariant
 from .fused_ops import dispatch
 
 MAX_M = 16                   # rows of x the kernel takes (one tl.dot tile); more run cuBLAS
@@ -68,26 +68,14 @@ def config(n: int, k: int, sms: int = 132) -> GemvConfig:
 @triton.jit
 def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
-    if PDL and SPLIT_K > 1:  # kernels/pdl.py: a trigger (the reduce may launch, then wait)
-        tl.extra.cuda.gdc_launch_dependents()
+                 SPLIT_K: tl.constexpr, UPCAST: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k0 = pid_k * k_per
-    start = 0
-    if PDL:          # kernels/pdl.py: the first w tile is loaded before waiting for x's writer
-        rk = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(W + rn[:, None] * stride_wn + rk[None, :],
-                    mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
-        tl.extra.cuda.gdc_wait()
-        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :],
-                    mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        start = BLOCK_K
-    for kk in range(start, k_per, BLOCK_K):
+    for kk in range(0, k_per, BLOCK_K):
         rk = k0 + kk + tl.arange(0, BLOCK_K)
         x = tl.load(X + rm[:, None] * stride_xm + rk[None, :],
                     mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
@@ -105,9 +93,7 @@ def _gemv_kernel(X, W, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, k_per,
 
 @triton.jit
 def _gemv_reduce_kernel(P, Y, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLIT_K: tl.constexpr, PDL: tl.constexpr):
-    if PDL:          # kernels/pdl.py: launched while the split GEMM runs; waits for its end
-        tl.extra.cuda.gdc_wait()
+                        SPLIT_K: tl.constexpr):
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,16 +119,13 @@ def _gemv_triton(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None
     tiles = triton.cdiv(n, cfg.block_n)
     part = (torch.empty(cfg.split_k, MAX_M, n, device=x.device, dtype=torch.float32)
             if cfg.split_k > 1 else y)
-    on = pdl.enabled(x)
     _gemv_kernel[(tiles, cfg.split_k)](
         x, w, y, part, m, n, k, x.stride(0), w.stride(0), y.stride(0), k_per,
         BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        UPCAST=not x.is_cuda, PDL=on, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if on else {}))
+        UPCAST=not x.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         _gemv_reduce_kernel[(tiles,)](part, y, m, n, y.stride(0), BLOCK_M=MAX_M,
-                                      BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, PDL=on,
-                                      **({"launch_pdl": True} if on else {}))
+                                      BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k)
     return y
 
 

@@ -28,15 +28,15 @@ shared gate's row, KS splits of H):
                          trip), writes each block's first row per expert over its c, the used
                          blocks' experts, then scatters the slots CHUNK at a time:
                          Sorted[first[tb(t), e] + r[t, e]] = s
-    used blocks        BlockExpert[b] = #{e : place[e] + padded[e] <= b * BM} (torch
-                       align's searchsorted), from registers, BC blocks a trip
+    used blocks        BlockExpert[place[e] / BM] = e for each used expert, then a running
+                       max along the used blocks (experts ascend along them)
 
 The finishing programs run their code once per launch, on whichever SM they land, so its
 size is on the critical path: the top-k is a loop (its body fetched once), not unrolled, and
 the resets of the counters are relaxed (no fence). `serial_work` counts what runs one after
 the other (programs, arrival phases, fill trips of a program, loop trips of the aligning
 program) from the shapes alone: at gemma4-26b-a4b's router (E 128, k 8, BM 16) one trip up
-to 8 tokens, at most 16 up to ALIGN_MAX_SLOTS.
+to 16 tokens, at most 11 up to ALIGN_MAX_SLOTS.
 
 Arrivals are acq_rel atomics after a CTA barrier, and the finishing programs read the
 others' results with L1-bypassing loads: what the earlier programs stored (the fill
@@ -62,7 +62,7 @@ from typing import Optional
 import torch
 
 from ..lazy_triton import tl, triton
-from . import batch_invariant, pdl
+from . import batch_invariant
 from .fused_moe import Routing, align, aligned_len
 from .fused_ops import dispatch
 from .topk import _SENT, _index, _key, _value
@@ -91,7 +91,6 @@ def _config(H: int, E: int, dtype: torch.dtype, device_type: str) -> dict:
     return dict(BT=_block_t(device_type), BE=16 if gpu else 8, BK=bk, KSTEPS=per,
                 KS=triton.cdiv(steps, per), E_P2=e_p2, CHUNK=512 if gpu else 8,
                 TBC=max(1, min(32, 4096 // e_p2)) if gpu else 2,
-                BC=max(1, 8192 // e_p2) if gpu else 2,
                 DOT_PREC="ieee" if dtype == torch.float32 or not gpu else "tf32",
                 UPCAST=not gpu, **(dict(num_warps=8) if gpu else {}))
 
@@ -110,7 +109,7 @@ def serial_work(T: int, H: int, E: int, top_k: int, bm: int, dtype: torch.dtype,
     N = T * top_k
     L = aligned_len(N, E, bm)
     used = min(L // bm, N // bm + min(E, N))              # at most: the used blocks
-    trips = triton.cdiv(used, cfg["BC"])
+    trips = triton.cdiv(used, ch)
     if ntb > 1:
         trips += 2 * triton.cdiv(ntb, cfg["TBC"]) + triton.cdiv(N, ch)
     return dict(programs=programs, phases=2 if ntb == 1 else 3,
@@ -126,15 +125,8 @@ def counts_len(T: int, device_type: str = "cuda") -> int:
 
 
 @triton.jit
-def _router_tile(Wr, Wsg, cols, k, k_ok, stride_w, E: tl.constexpr, HAS_GATE: tl.constexpr):
-    """[BK, BE]: the router rows `cols` (row E: the shared gate's) over columns k,
-    transposed."""
-    w = tl.load(Wr + cols[None, :].to(tl.int64) * stride_w + k[:, None],
-                mask=(cols < E)[None, :] & k_ok[:, None], other=0.0)
-    if HAS_GATE:
-        w += tl.load(Wsg + k[:, None] + 0 * cols[None, :],
-                     mask=(cols == E)[None, :] & k_ok[:, None], other=0.0)
-    return w
+def _max2(a, b):
+    return tl.maximum(a, b)
 
 
 @triton.jit(do_not_specialize=["T", "L", "NB"])
@@ -145,8 +137,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
                   HAS_GATE: tl.constexpr, ALIGN: tl.constexpr, BM: tl.constexpr,
                   BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                   KSTEPS: tl.constexpr, KS: tl.constexpr, CHUNK: tl.constexpr,
-                  TBC: tl.constexpr, BC: tl.constexpr, DOT_PREC: tl.constexpr,
-                  UPCAST: tl.constexpr, PDL: tl.constexpr):
+                  TBC: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     tb = tl.program_id(0)
     eb = tl.program_id(1)
     ks = tl.program_id(2)
@@ -157,22 +148,16 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
     cols = eb * BE + tl.arange(0, BE)            # router rows; row E is the shared gate's
     rk = tl.arange(0, BK)
     acc = tl.zeros([BT, BE], tl.float32)
-    start = 0
-    if PDL:          # kernels/pdl.py: the first router tile is loaded before waiting for x
-        tl.extra.cuda.gdc_launch_dependents()      # gate_up may launch; it waits for our end
-        k = ks * KSTEPS * BK + rk
-        w = _router_tile(Wr, Wsg, cols, k, k < H, stride_w, E, HAS_GATE)
-        tl.extra.cuda.gdc_wait()
-        x = tl.load(X + rows64[:, None] * stride_x + k[None, :],
-                    mask=r_ok[:, None] & (k < H)[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=DOT_PREC)
-        start = 1
-    for i in range(start, KSTEPS):
+    for i in range(KSTEPS):
         k = (ks * KSTEPS + i) * BK + rk
         k_ok = k < H
         x = tl.load(X + rows64[:, None] * stride_x + k[None, :],
                     mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        w = _router_tile(Wr, Wsg, cols, k, k_ok, stride_w, E, HAS_GATE)
+        w = tl.load(Wr + cols[None, :].to(tl.int64) * stride_w + k[:, None],
+                    mask=(cols < E)[None, :] & k_ok[:, None], other=0.0)
+        if HAS_GATE:
+            w += tl.load(Wsg + k[:, None] + 0 * cols[None, :],
+                         mask=(cols == E)[None, :] & k_ok[:, None], other=0.0)
         if UPCAST:
             x, w = x.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(x, w, acc, input_precision=DOT_PREC)
@@ -242,7 +227,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
                 padded = (counts + BM - 1) // BM * BM
                 place = tl.cumsum(padded, axis=0) - padded      # each expert's first row
                 tl.store(Sorted + place[None, :] + rank, rows[:, None] * TOPK + pos, mask=sel)
-                _block_experts(BlockExpert, place, padded, e_ok, BM, BC)
+                _block_experts(BlockExpert, place, counts, padded, e, e_ok, BM, CHUNK)
             else:
                 tl.store(Scratch + tb * E + e, tl.sum(seli, axis=0), mask=e_ok)
                 tl.store(Scratch + ntb * E + rows64[:, None] * E + e[None, :], rank, mask=sel)
@@ -270,7 +255,7 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
                         tl.store(Scratch + (b0 + b)[:, None] * E + e[None, :],
                                  run[None, :] + tl.cumsum(c, axis=0) - c, mask=b_ok)
                         run += tl.sum(c, axis=0)
-                    _block_experts(BlockExpert, place, padded, e_ok, BM, BC)
+                    _block_experts(BlockExpert, place, counts, padded, e, e_ok, BM, CHUNK)
                     f = tl.arange(0, CHUNK)
                     N = T * TOPK
                     for s0 in range(0, N, CHUNK):
@@ -286,17 +271,20 @@ def _route_kernel(X, Wr, Br, Wsg, Part, Counts, Wout, Iout, Gout, Sorted, BlockE
 
 
 @triton.jit
-def _block_experts(BlockExpert, place, padded, e_ok, BM: tl.constexpr, BC: tl.constexpr):
-    """BlockExpert of the used blocks (the rest hold -1 from the fill), from registers:
-    block b's expert is the number of experts whose padded run ends at or before b * BM
-    (torch `align`'s searchsorted, right=True), BC blocks a trip."""
-    end = tl.where(e_ok, place + padded, 1 << 30)
+def _block_experts(BlockExpert, place, counts, padded, e, e_ok, BM: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    """BlockExpert of the used blocks (the rest hold -1 from the fill): each used expert's
+    first block, then a running max over the blocks (experts ascend along them)."""
+    tl.store(BlockExpert + place // BM, e, mask=e_ok & (counts > 0))
+    tl.debug_barrier()
     used = tl.sum(padded, axis=0) // BM
-    b = tl.arange(0, BC)
-    for b0 in range(0, used, BC):
-        first = (b0 + b) * BM
-        be = tl.sum((end[None, :] <= first[:, None]).to(tl.int32), axis=1)
-        tl.store(BlockExpert + b0 + b, be, mask=b0 + b < used)
+    f = tl.arange(0, CHUNK)
+    carry = tl.zeros([CHUNK], tl.int32) - 1
+    for b0 in range(0, used, CHUNK):
+        v = tl.load(BlockExpert + b0 + f, mask=b0 + f < used, other=-1, cache_modifier=".cg")
+        v = tl.maximum(tl.associative_scan(v, 0, _max2), carry)
+        tl.store(BlockExpert + b0 + f, v, mask=b0 + f < used)
+        carry = tl.zeros([CHUNK], tl.int32) + tl.max(v, axis=0)
 
 
 def route_align_ref(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[torch.Tensor],
@@ -354,7 +342,6 @@ def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[t
     grid = (triton.cdiv(T, cfg["BT"]), triton.cdiv(EW, cfg["BE"]), cfg["KS"])
     # the blocks' counts per expert [NTB, E], then each token's rank per chosen expert [T, E]
     scratch = torch.empty((grid[0] + T) * E if do_align else 1, dtype=torch.int32, device=dev)
-    on = pdl.enabled(x)
     _route_kernel[grid](
         x, w_router, bias if bias is not None else w_router,
         w_gate if has_gate else w_router, part, counts, weights, ids,
@@ -362,8 +349,7 @@ def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[t
         L // bm,
         x.stride(0), w_router.stride(0), E=E, EW=EW, TOPK=top_k,
         TOPK_P2=triton.next_power_of_2(top_k), NORM=bool(norm), HAS_BIAS=bias is not None,
-        HAS_GATE=has_gate, ALIGN=do_align, BM=bm, PDL=on, **cfg,
-        **({"launch_pdl": True} if on else {}))
+        HAS_GATE=has_gate, ALIGN=do_align, BM=bm, **cfg)
     if not do_align:
         sorted_ids, block_expert = align(ids, E, bm)
     return Routing(weights, ids, gate, sorted_ids, block_expert)

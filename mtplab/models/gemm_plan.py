@@ -36,8 +36,7 @@ logger = logging.getLogger("mtplab")
 
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
 PLAN_ROWS = (1, PLAN_MAX_M)
-# split over K: for narrow weights (N = 2816 gives 88 tiles of 32 rows on 132 SMs); its reduce
-# launches with PDL while the split GEMM runs (kernels/pdl.py)
+# the last two split K: for narrow weights (N = 2816 gives 88 tiles of 32 rows on 132 SMs)
 CANDIDATES = (GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 128, 1, 4, 4),
               GemvConfig(16, 256, 1, 4, 4), GemvConfig(64, 256, 1, 8, 3),
               GemvConfig(32, 256, 2, 4, 4), GemvConfig(16, 256, 3, 4, 4))

@@ -252,7 +252,7 @@ def test_a_kernel_serving_several_projections_shows_them_all():
 
 
 def test_the_no_pdl_arm_pairs_with_the_engine_and_is_tabled_beside_the_plan():
-    """A NO_PDL_ARM cell (the engine's graphs captured without programmatic dependent launch)
+    """A NO_PDL_ARM cell (ordinary launches beside an engine with programmatic dependent launch)
     pairs with its target-only twin, is neither a floor nor a spec row, and gets its own
     line in the answer and its own table."""
     doc = _doc()

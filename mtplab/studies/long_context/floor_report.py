@@ -18,8 +18,9 @@ report long_context` regenerates the report byte for byte. Its fields:
                 ([name, µs]), the layers, the bytes of each projection's weights
     gemm_plan   per model of the short figure: Engine.gemm_plan (models/gemm_plan.py), each
                 weight shape's cuBLAS and fastest Triton µs and the launch chosen (its cells'
-                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", and NO_PDL_ARM
-                with its graphs captured without programmatic dependent launch, side by side)
+                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", side by side; a
+                run whose engine launched its skinny GEMM with programmatic dependent launch
+                has NO_PDL_ARM cells too: the same engine with ordinary launches)
     figures     per figure: done / skipped (time box) / error
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ SPEC_TARGETS = {1: 1.25, 4: 1.4}         # spec step / target step at 32k, per t
 SPEC_CTX = 32768                          # the context the spec targets hold at
 SHORT_CTX = 64
 CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arms
-NO_PDL_ARM = "target, no PDL"                 # kernels/pdl.py off at the engine's capture
+NO_PDL_ARM = "target, no PDL"                 # ordinary launches beside a PDL engine
 SIDE_ARMS = (CUBLAS_ARM, NO_PDL_ARM)
 PROJ = ("qkv", "o_proj", "gate_up", "down")     # a decoder layer's GEMMs, launch order
 LM_HEAD = "lm_head"
@@ -376,10 +377,10 @@ def _plan_lines(doc: dict) -> list[str]:
               f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
              for r in rows]))
     if pdl:
-        lines += ["", "Programmatic dependent launch (kernels/pdl.py): the skinny GEMM is "
-                  "launched to overlap the kernel before it (its first weight tile loaded before "
-                  "it waits for its input), which triggers at entry; the same engine built with "
-                  "it off beside it:", "", R.md_table(
+        lines += ["", "Programmatic dependent launch (sm_90): the run's engine launched the "
+                  "skinny GEMM to overlap the kernel before it (its first weight tile loaded "
+                  "before it waits for its input), which triggers at entry; the same engine with "
+                  "ordinary launches beside it:", "", R.md_table(
                       ["model", "ctx", "bs", "no-PDL step ms", "engine step ms",
                        "no PDL / engine"],
                       [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",

@@ -64,7 +64,6 @@ import torch
 from mtplab import Engine, RunConfig
 from mtplab.analysis.trace_io import GPU_ACTIVITY_CATS, load_trace
 from mtplab.atomic import atomic_write_text
-from mtplab.kernels import pdl
 from mtplab.models.floor import engine_step_bytes
 from mtplab.studies import reports as R
 from mtplab.studies.gpu_figures import copy_bandwidth
@@ -214,14 +213,12 @@ def proj_bytes(eng: Engine) -> dict:
 # -- figures -----------------------------------------------------------------------------------
 def fig_short(run: Run) -> None:
     """Each depth's engine (decode_gemm auto, its GEMM plan recorded) beside one on cuBLAS
-    (the plan's side-by-side) and one whose graphs launch without PDL, cell by cell."""
+    (the plan's side-by-side), cell by cell."""
     for depth in (16, 32):
         model = f"llama3-8b-like@{depth}"
         engs = {"target": engine(model, 8, 64, new_tokens_max(run)),
                 study.CUBLAS_ARM: engine(model, 8, 64, new_tokens_max(run),
                                          decode_gemm="cublas")}
-        with pdl.off():
-            engs[study.NO_PDL_ARM] = engine(model, 8, 64, new_tokens_max(run))
         run.doc["gemm_plan"][model] = engs["target"].gemm_plan
         for bs in (1, 8):
             for arm, eng in engs.items():

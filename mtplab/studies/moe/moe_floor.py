@@ -27,9 +27,7 @@ WRITER = "python -m benchmarks.bench_moe_floor --out-dir DIR"   # what writes it
 # floor / step the grouped decode step is held to, per bs
 FLOOR_TARGETS = {1: 0.70, 8: 0.70, 32: 0.80}
 PHASES = ("bandwidth", "check", "ffn", "library", "decode", "kernels", "tiles")
-NO_PDL_ARM = "grouped, no PDL"         # grouped, its graphs captured under kernels/pdl.py off()
-ARMS = ("split", "grouped", NO_PDL_ARM)  # the decode arms; models/moe.py MOE_KERNELS, then
-                                         # grouped without PDL (the ratios: x / grouped)
+ARMS = ("split", "grouped")            # models/moe.py MOE_KERNELS; the ratios: split / grouped
 NAME = 100                             # kernel names are cut to this many characters
 
 
@@ -110,13 +108,6 @@ def step_ratios(doc: dict) -> list[dict]:
     """Per bs: the decode step split / grouped (grouped's speed-up)."""
     return [{"bs": bs, **ratio(steps(doc, "split", bs), steps(doc, "grouped", bs))}
             for bs in doc["batches"] if steps(doc, "split", bs) and steps(doc, "grouped", bs)]
-
-
-def pdl_ratios(doc: dict) -> list[dict]:
-    """Per bs: the grouped decode step without / with programmatic dependent launch (above
-    1: PDL pays)."""
-    return [{"bs": bs, **ratio(steps(doc, NO_PDL_ARM, bs), steps(doc, "grouped", bs))}
-            for bs in doc["batches"] if steps(doc, NO_PDL_ARM, bs) and steps(doc, "grouped", bs)]
 
 
 def ffn_ratios(doc: dict) -> list[dict]:
@@ -311,9 +302,6 @@ def _decode(doc: dict) -> list[str]:
     ratios = [[str(r["bs"]), _rt(r), f"{r['n']}/{r['n_base']}"] for r in step_ratios(doc)]
     if ratios:
         out += ["", R.md_table(["bs", "decode step split / grouped", "n"], ratios)]
-    ratios = [[str(r["bs"]), _rt(r), f"{r['n']}/{r['n_base']}"] for r in pdl_ratios(doc)]
-    if ratios:
-        out += ["", R.md_table(["bs", "decode step grouped without / with PDL", "n"], ratios)]
     plan = d.get("gemm_plan")
     if plan:
         out += ["", "The grouped engine's decode GEMM plan (RunConfig decode_gemm, "
@@ -378,10 +366,6 @@ def answer(doc: dict) -> str:
     if sr:
         parts.append("decode step time split / grouped (above 1: the grouped MoE kernels "
                      "pay) " + ", ".join(f"{_said(r)} at bs {r['bs']}" for r in sr))
-    pr = pdl_ratios(doc)
-    if pr:
-        parts.append("the grouped step without / with programmatic dependent launch (above "
-                     "1: PDL pays) " + ", ".join(f"{_said(r)} at bs {r['bs']}" for r in pr))
     fl = [r for r in floor_rows(doc) if r["kernels"] == "grouped"]
     if fl:
         parts.append("grouped reaches floor / step " + ", ".join(

@@ -34,11 +34,9 @@ measured:
              each output against the torch reference; where SGLang does not import, the
              report says so and how to run it (scripts/sglang_h100.sh moe)
   decode     gemma4-26b-a4b-like@L target-only, overlap + zero_bubble, CUDA graphs, fused,
-             bf16, page 16, random 64-token prompts: p50 decode step at each bs of each arm
-             (split, grouped, and grouped with its graphs captured without programmatic
-             dependent launch), the engines built (together when the memory holds them,
-             else one after the other) and the arms interleaved over repeats; noise =
-             max/min - 1 over the repeats
+             bf16, page 16, random 64-token prompts: p50 decode step at each bs, both arms'
+             engines built (together when the memory holds both, else one after the other)
+             and the arms interleaved over repeats; noise = max/min - 1 over the repeats
   floor      the bytes one step reads (models/floor.py step_bytes: every parameter once, the
              tied embedding as the LM head, per MoE layer the experts touched by bs random
              tokens, counted on one eager forward; the KV in context) / the bandwidth ->
@@ -61,7 +59,6 @@ worker's decode function) that a sweep row does not carry.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gc
 import shlex
@@ -75,7 +72,6 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.kernels import fused_moe as fm
-from mtplab.kernels import pdl
 from mtplab.kernels import moe_route as mr
 from mtplab.models.floor import expected_experts, step_bytes
 from mtplab.models.moe import MOE_KERNELS, recording
@@ -351,15 +347,11 @@ def phase_tiles(log: Log) -> None:
 
 
 # -- decode, floor, kernels ------------------------------------------------------------------
-def build(arm: str, layers: int, max_bs: int) -> Engine:
-    """The engine of a decode arm (moe_floor.py ARMS): its MoE kernels, and the no-PDL arm's
-    graphs captured under kernels/pdl.py `off()`."""
-    kernels = "grouped" if arm == study.NO_PDL_ARM else arm
-    with pdl.off() if arm == study.NO_PDL_ARM else contextlib.nullcontext():
-        return Engine(RunConfig(model=MOE, layers=layers, device="cuda", dtype="bfloat16",
-                                page_size=16, context_len=512, max_running_requests=max_bs,
-                                cuda_graph_max_bs=max_bs, overlap=True, zero_bubble=True,
-                                fused=True, moe_kernels=kernels))
+def build(kernels: str, layers: int, max_bs: int) -> Engine:
+    return Engine(RunConfig(model=MOE, layers=layers, device="cuda", dtype="bfloat16",
+                            page_size=16, context_len=512, max_running_requests=max_bs,
+                            cuda_graph_max_bs=max_bs, overlap=True, zero_bubble=True,
+                            fused=True, moe_kernels=kernels))
 
 
 def step_p50(eng: Engine, bs: int, tokens: int, seed: int) -> float:
@@ -398,12 +390,12 @@ def phase_decode(log: Log, a, engines: dict) -> None:
     """Fills `engines` ({kernels: Engine}, kept for the kernels phase), the doc's decode
     steps as they are measured, then the floor of each bs."""
     d = log.doc["decode"]
-    runs = {(k, bs): {"kernels": k, "bs": bs, "ms": []} for k in study.ARMS
+    runs = {(k, bs): {"kernels": k, "bs": bs, "ms": []} for k in MOE_KERNELS
             for bs in a.batches}
     d["steps"] = list(runs.values())
     max_bs = max(a.batches)
     together = True
-    for kernels in study.ARMS:                   # all in memory when they fit
+    for kernels in MOE_KERNELS:                  # both in memory when they fit
         free_gb = torch.cuda.mem_get_info()[0] / 1e9
         if engines and free_gb < 70:
             together = False
@@ -428,12 +420,12 @@ def phase_decode(log: Log, a, engines: dict) -> None:
     if together:
         for rep in range(a.repeats):
             for bs in a.batches:
-                for kernels in (study.ARMS if rep % 2 == 0 else study.ARMS[::-1]):
+                for kernels in (MOE_KERNELS if rep % 2 == 0 else MOE_KERNELS[::-1]):
                     if log.left() > 30:
                         runs[(kernels, bs)]["ms"].append(
                             step_p50(engines[kernels], bs, a.tokens, rep))
     else:
-        for kernels in study.ARMS:
+        for kernels in MOE_KERNELS:
             if kernels not in engines:
                 free_engines(engines)
                 engines[kernels] = build(kernels, a.layers, max_bs)

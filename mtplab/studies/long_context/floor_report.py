@@ -41,7 +41,7 @@ FLOOR_TARGET = 0.85                      # floor / step, short and long context
 SPEC_TARGETS = {1: 1.25, 4: 1.4}         # spec step / target step at 32k, per topk
 SPEC_CTX = 32768                          # the context the spec targets hold at
 SHORT_CTX = 64
-CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arms
+CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arm
 NO_PDL_ARM = "target, no PDL"                 # ordinary launches beside a PDL engine
 SIDE_ARMS = (CUBLAS_ARM, NO_PDL_ARM)
 PROJ = ("qkv", "o_proj", "gate_up", "down")     # a decoder layer's GEMMs, launch order
@@ -359,6 +359,15 @@ def _gemm_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _side_table(rows: list[dict], heads: tuple[str, str, str]) -> str:
+    """plan_rows' rows as a table: model, ctx, bs, then the arm's step, the engine's step and
+    their ratio under `heads`."""
+    return R.md_table(
+        ["model", "ctx", "bs", *heads],
+        [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}", f"{r['plan_ms']:.3f}",
+          R.ratio_text(r["ratio"], r["noise"], r["words"])] for r in rows])
+
+
 def _plan_lines(doc: dict) -> list[str]:
     rows, plans = plan_rows(doc), doc.get("gemm_plan") or {}
     pdl = plan_rows(doc, NO_PDL_ARM)
@@ -371,21 +380,14 @@ def _plan_lines(doc: dict) -> list[str]:
              "is kept, Triton only where it wins by 2%. The short figure runs each cell on "
              "that engine and on one with decode_gemm=cublas, side by side in one process.", ""]
     if rows:
-        lines.append(R.md_table(
-            ["model", "ctx", "bs", "cuBLAS step ms", "planned step ms", "cuBLAS / planned"],
-            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
-              f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
-             for r in rows]))
+        lines.append(_side_table(rows, ("cuBLAS step ms", "planned step ms",
+                                        "cuBLAS / planned")))
     if pdl:
         lines += ["", "Programmatic dependent launch (sm_90): the run's engine launched the "
                   "skinny GEMM to overlap the kernel before it (its first weight tile loaded "
                   "before it waits for its input), which triggers at entry; the same engine with "
-                  "ordinary launches beside it:", "", R.md_table(
-                      ["model", "ctx", "bs", "no-PDL step ms", "engine step ms",
-                       "no PDL / engine"],
-                      [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
-                        f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
-                       for r in pdl])]
+                  "ordinary launches beside it:", "",
+                  _side_table(pdl, ("no-PDL step ms", "engine step ms", "no PDL / engine"))]
     for model, plan in plans.items():
         lines += ["", f"{model}'s plan:", "", R.md_table(
             ["model", "N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],

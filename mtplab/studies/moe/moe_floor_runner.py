@@ -241,9 +241,11 @@ def moe_layer():
 
 
 def ffn_rows(log: Log, m) -> None:
-    """Per token count: the FFN of each arm (µs and kernels per call), and the grouped arm's
+    """Per token count: the FFN of each arm (µs and kernels per call), the grouped arm's
     routing kernel alone at each of ROUTE_WARPS warps a program (µs per call), with its
-    serial work (kernels/moe_route.py serial_work)."""
+    serial work (kernels/moe_route.py serial_work), and the grouped FFN with the shared
+    expert's act rows computed by gate_up beside the engine's (by the routing launch), their
+    captures alternating."""
     H, E = m.gate.weight.shape[1], m.num_experts
     bm = fm.block_m("cuda")
     sg = m.shared_expert_gate
@@ -267,6 +269,19 @@ def ffn_rows(log: Log, m) -> None:
                                             for _ in range(FFN_CAPTURES)]}
                         for w in ROUTE_WARPS]
         row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
+        if m.shared_expert is not None:
+            def in_gate_up(h=h, se=m.shared_expert):   # the shared rows computed by gate_up
+                r = mr.route_align_triton(h, m.gate.weight, m.gate.bias, sg.weight, m.top_k,
+                                          m.norm_topk, bm, m.route_counts(h))
+                return fm.moe_ffn_triton(h, m.experts.gate_up_proj, m.experts.down_proj, r,
+                                         se.gate_up_weight, se.down_proj.weight)
+
+            m.kernels = "grouped"
+            with torch.no_grad():
+                pairs = [(graph_us(in_gate_up), graph_us(lambda h=h: m.forward_fused(h)))
+                         for _ in range(FFN_CAPTURES)]
+            row["shared_in_gate_up_us"] = [a for a, _ in pairs]
+            row["shared_in_route_us"] = [b for _, b in pairs]
         log.doc["ffn"].append(row)
 
 

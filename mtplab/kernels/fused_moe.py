@@ -23,7 +23,10 @@ Two ways in:
                            NB routed blocks come ceil(T / BLOCK_M) shared blocks whose rows
                            are the tokens (act / y rows N + t) and whose weights are the
                            shared expert's own (width Is, not I);
-                           shared = gate[t] * y[N + t], gate = sigmoid(x . w_shared_gate)
+                           shared = gate[t] * y[N + t], gate = sigmoid(x . w_shared_gate);
+                           where the routing launch computed the shared act rows
+                           (Routing.shared_act) gate_up skips the shared blocks and down
+                           reads those rows
 
 Each GEMM program owns one expert's tile: the expert's weights are read once per block that
 holds its tokens (an expert no token chose is never read), and a row's result depends on its
@@ -116,12 +119,15 @@ class Routing:
     """One MoE layer's routing of T tokens (kernels/moe_route.py makes it): weights [T, k]
     float32 and ids [T, k] int64 (best first), the shared expert's gate [T] float32 (None
     without one), and the alignment of the T*k slots (`align`'s layout at `bm` rows a block):
-    sorted_ids [L] int32, block_expert [L / bm] int32."""
+    sorted_ids [L] int32, block_expert [L / bm] int32; shared_act [T, Is]: the shared
+    expert's silu(gate) * up rows where the routing launch computed them (then gate_up reads
+    only the routed blocks), else None."""
     weights: torch.Tensor
     ids: torch.Tensor
     gate: Optional[torch.Tensor]
     sorted_ids: torch.Tensor
     block_expert: torch.Tensor
+    shared_act: Optional[torch.Tensor] = None
 
 
 # -- torch references -----------------------------------------------------------------------
@@ -251,10 +257,10 @@ def _gate_up_kernel(X, W, A, Sorted, BlockExpert, N, K, I, stride_xt, stride_we,
 
 
 @triton.jit
-def _down_tile(A, W, Y, rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_n,
+def _down_tile(A, W, Y, rows, y_rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_n,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """y[rows, n tile] = act[rows, :K] @ W[n tile, :K]^T."""
+    """y[y_rows, n tile] = act[rows, :K] @ W[n tile, :K]^T."""
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < H
     rk = tl.arange(0, BLOCK_K)
@@ -267,28 +273,30 @@ def _down_tile(A, W, Y, rows, valid, K, H, stride_as, stride_wn, stride_ys, pid_
         if UPCAST:
             a, w = a.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
-    tl.store(Y + rows[:, None] * stride_ys + rn[None, :], acc.to(Y.dtype.element_ty),
+    tl.store(Y + y_rows[:, None] * stride_ys + rn[None, :], acc.to(Y.dtype.element_ty),
              mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["N", "T", "NBR"])
 def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, stride_wn,
-                 stride_ys, T, NBR, WS, IS, stride_wsn, SHARED: tl.constexpr,
+                 stride_ys, T, NBR, WS, IS, stride_wsn, AS, stride_ass, SHARED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """Shared blocks read the shared expert's act rows t from AS (act[N:] or the routing's
+    shared_act) and write y rows N + t."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m < NBR:
         e = tl.load(BlockExpert + pid_m)
         if e >= 0:
-            slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-            _down_tile(A, W + e.to(tl.int64) * stride_we, Y, slots.to(tl.int64), slots < N,
+            slots = tl.load(Sorted + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            _down_tile(A, W + e.to(tl.int64) * stride_we, Y, slots, slots, slots < N,
                        K, H, stride_as, stride_wn, stride_ys, pid_n, BLOCK_M, BLOCK_N,
                        BLOCK_K, DOT_PREC, UPCAST)
     if SHARED:
         if pid_m >= NBR:
-            tok = (pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)
-            _down_tile(A, WS, Y, (N + tok).to(tl.int64), tok < T, IS, H, stride_as,
+            tok = ((pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            _down_tile(AS, WS, Y, tok, N + tok, tok < T, IS, H, stride_ass,
                        stride_wsn, stride_ys, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC,
                        UPCAST)
 
@@ -314,9 +322,11 @@ def _combine_kernel(Y, Wt, S, G, Out, N, H, stride_ys, stride_ot, stride_st,
 
 
 def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=None,
-            gate=None, shared_gate_up=None, shared_down=None) -> torch.Tensor:
+            gate=None, shared_gate_up=None, shared_down=None,
+            shared_act=None) -> torch.Tensor:
     """The three launches; `shared` (a [T, H] output, combine mode 1) or the shared expert's
-    weights and gate (folded in, mode 2) or neither."""
+    weights and gate (folded in, mode 2) or neither. Folded with `shared_act` (the routing
+    launch's shared rows): gate_up runs the routed blocks only, down reads shared_act."""
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
     I, N = I2 // 2, T * k
@@ -331,19 +341,25 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
     nbr = block_expert.numel()
     Is = shared_gate_up.shape[0] // 2 if folded else 0
     rows = N + (T if folded else 0)
-    act = torch.empty(rows, max(I, Is), dtype=x.dtype, device=x.device)
     y = torch.empty(rows, H, dtype=x.dtype, device=x.device)
     nbs = triton.cdiv(T, bm) if folded else 0
     sgu = shared_gate_up if folded else w_gate_up
     sd = shared_down if folded else w_down
-    _gate_up_kernel[(nbr + nbs, triton.cdiv(max(I, Is), gu["BLOCK_N"]))](
+    gu_shared = folded and shared_act is None          # gate_up computes the shared rows
+    if gu_shared:
+        act = torch.empty(rows, max(I, Is), dtype=x.dtype, device=x.device)
+    else:
+        act = torch.empty(N, I, dtype=x.dtype, device=x.device)
+    sact = act[N:] if gu_shared else shared_act if folded else act
+    _gate_up_kernel[(nbr + (nbs if gu_shared else 0),
+                     triton.cdiv(max(I, Is if gu_shared else 0), gu["BLOCK_N"]))](
         x, w_gate_up, act, sorted_ids, block_expert, N, H, I, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), T, nbr, sgu, Is,
-        sgu.stride(-2), TOPK=k, SHARED=folded, BLOCK_M=bm, **gu)
+        sgu.stride(-2), TOPK=k, SHARED=gu_shared, BLOCK_M=bm, **gu)
     _down_kernel[(nbr + nbs, triton.cdiv(H, dn["BLOCK_N"]))](
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
-        w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), SHARED=folded,
-        BLOCK_M=bm, **dn)
+        w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), sact, sact.stride(0),
+        SHARED=folded, BLOCK_M=bm, **dn)
     s = shared.contiguous() if shared is not None else x
     g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))
@@ -374,7 +390,8 @@ def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
                          f" rows a block, the kernels {bm}; route with bm={bm}.")
     return _launch(x, w_gate_up, w_down, routing.weights, routing.ids.shape[1],
                    routing.sorted_ids, routing.block_expert, gate=routing.gate,
-                   shared_gate_up=shared_gate_up, shared_down=shared_down)
+                   shared_gate_up=shared_gate_up, shared_down=shared_down,
+                   shared_act=routing.shared_act if shared_gate_up is not None else None)
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

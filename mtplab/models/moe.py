@@ -15,9 +15,11 @@ The unfused path computes it with the torch reference (kernels/fused_moe.py
 `moe_kernels`), both CUDA-graph capturable (shapes fixed by T, nothing read on the host):
 
     grouped  4 launches: the router, softmax, top-k, the shared expert's gate and the
-             alignment of the slots in one kernel (kernels/moe_route.py); one grouped
-             gate/up GEMM and one grouped down GEMM over the touched experts' blocks and the
-             shared expert's; the weighted combine (kernels/fused_moe.py `moe_ffn`)
+             alignment of the slots in one kernel (kernels/moe_route.py), whose extra
+             programs compute the shared expert's silu(gate) * up rows meanwhile; one grouped
+             gate/up GEMM over the touched experts' blocks and one grouped down GEMM over
+             theirs and the shared expert's; the weighted combine (kernels/fused_moe.py
+             `moe_ffn`)
     split    the router GEMM, softmax / top-k and the alignment in torch ops, the shared
              expert's own GEMMs, then the three routed-expert kernels (`fused_moe`)
 
@@ -147,12 +149,12 @@ class MoEFFN(nn.Module):
             return fused_moe(h, self.experts.gate_up_proj, self.experts.down_proj, w, ids,
                              shared)
         sg = self.shared_expert_gate
+        se = self.shared_expert
         r = route_align(h, self.gate.weight, self.gate.bias, None if sg is None else sg.weight,
                         self.top_k, self.norm_topk, block_m(h.device.type),
-                        self.route_counts(h))
+                        self.route_counts(h), None if se is None else se.gate_up_weight)
         if self.recorder is not None:
             self.recorder.add(self.index, r.ids)
-        se = self.shared_expert
         return moe_ffn(h, self.experts.gate_up_proj, self.experts.down_proj, r,
                        None if se is None else se.gate_up_weight,
                        None if se is None else se.down_proj.weight)

@@ -141,6 +141,29 @@ def test_grouped_kernels_match_the_reference(dtype, T, E, k, H, Im, Is):
     torch.testing.assert_close(got, fm.moe_ffn_ref(*args), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,E,k,H,Im,Is", [g for g in GROUPED if g[-1]] + [(13, 8, 2, 32, 16, 100)])
+def test_the_routing_launchs_shared_rows_give_gate_ups_bits(dtype, T, E, k, H, Im, Is):
+    """route_align_triton with the shared expert's gate_up computes its act rows (extra
+    programs of the routing launch, several token blocks and column tiles here): the FFN
+    from them equals, bit for bit, the FFN whose gate_up kernel computes them, and the
+    reference; the rows are silu(gate) * up of the shared weights."""
+    x, wgu, wd, _, sgu, sd = grouped_case(T, E, k, H, Im, Is, dtype=dtype, seed=T + 5)
+    g = torch.Generator().manual_seed(T)
+    wr = (torch.randn(E, H, generator=g) / H ** 0.5).to(dtype)
+    wg = (torch.randn(1, H, generator=g) / H ** 0.5).to(dtype)
+    c = torch.zeros(mr.counts_len(T, "cpu"), dtype=torch.int32)
+    r = mr.route_align_triton(x, wr, None, wg, k, True, 4, c, sgu)
+    assert r.shared_act.shape == (T, Is) and not c.any()
+    gt, ut = (x.float() @ sgu.float().T).to(dtype).float().split(Is, dim=-1)
+    want_act = (F.silu(gt).to(dtype).float() * ut).to(dtype)
+    torch.testing.assert_close(r.shared_act, want_act, **TOL[dtype])
+    plain = fm.Routing(r.weights, r.ids, r.gate, r.sorted_ids, r.block_expert)
+    got = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd)
+    assert torch.equal(got, fm.moe_ffn_triton(x, wgu, wd, plain, sgu, sd))
+    torch.testing.assert_close(got, fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), **TOL[dtype])
+
+
 def test_grouped_kernels_refuse_another_block_size():
     args = grouped_case(3, 8, 2, 32, 16, 16, bm=16)
     with pytest.raises(ValueError, match="route with bm=4"):

@@ -115,6 +115,13 @@ def ffn_ratios(doc: dict) -> list[dict]:
     return [{**r, **ratio(r["split_us"], r["grouped_us"])} for r in doc["ffn"]]
 
 
+def shared_rows_ratios(doc: dict) -> list[dict]:
+    """Per token count where measured: the grouped FFN with the shared expert's act rows in
+    gate_up / in the routing launch (above 1: the routing launch's rows pay)."""
+    return [{"T": r["T"], **ratio(r["shared_in_gate_up_us"], r["shared_in_route_us"])}
+            for r in doc["ffn"] if "shared_in_gate_up_us" in r]
+
+
 def library_ratios(doc: dict) -> list[dict]:
     """Per token count: the routed experts' device µs library / mtplab (above 1: mtplab's
     grouped kernels are the faster)."""
@@ -206,7 +213,20 @@ def _ffn(doc: dict) -> list[str]:
         text += (" The grouped arm's routing kernel alone, the same way, at each number of "
                  "warps a program; its serial work (kernels/moe_route.py serial_work): "
                  "programs, arrival phases, the aligning program's loop trips.")
-    return [text, "", R.md_table(head, rows)]
+    out = [text, "", R.md_table(head, rows)]
+    sr = shared_rows_ratios(doc)
+    if sr:
+        out += ["", "The grouped FFN with the shared expert's act rows computed by the gate_up "
+                "kernel beside the engine's (by extra programs of the routing launch), the "
+                "captures alternating:", "",
+                R.md_table(["tokens", "rows in gate_up µs", "rows in the routing launch µs",
+                            "gate_up / routing launch", "n"],
+                           [[str(r["T"]), f"{statistics.median(f['shared_in_gate_up_us']):.1f}",
+                             f"{statistics.median(f['shared_in_route_us']):.1f}", _rt(r),
+                             f"{r['n']}/{r['n_base']}"]
+                            for r, f in zip(sr, [f for f in doc["ffn"]
+                                                 if "shared_in_gate_up_us" in f])])]
+    return out
 
 
 def _route_cells(r: dict) -> list[str]:
@@ -374,6 +394,10 @@ def answer(doc: dict) -> str:
     if fr:
         parts.append("one MoE FFN split / grouped " + ", ".join(
             f"{_said(r)} at T={r['T']}" for r in fr))
+    sr = shared_rows_ratios(doc)
+    if sr:
+        parts.append("the grouped FFN with the shared rows in gate_up / in the routing launch "
+                     + ", ".join(f"{_said(r)} at T={r['T']}" for r in sr))
     lib = doc.get("library", {})
     lr = library_ratios(doc)
     if lr:

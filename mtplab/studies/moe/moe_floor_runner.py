@@ -25,7 +25,8 @@ measured:
   ffn        one MoE layer's FFN at T = 1 / 8 / 32 tokens, split vs grouped: device µs per
              call (the call captured 20x in a CUDA graph, median of replays; 3 captures per
              arm, their spread the noise) and kernels per call (one captured call,
-             torch.profiler); the grouped arm's routing kernel alone, the same way, at 4,
+             torch.profiler); the grouped arm's routing kernel alone (with the shared
+             expert's act rows, as the engine launches it), the same way, at 4,
              8 (its default) and 16 warps a program, with its serial work
              (kernels/moe_route.py serial_work)
   library    the routed experts of one MoE layer at T = 1 / 8 / 32, mtplab's grouped kernels
@@ -156,7 +157,7 @@ def phase_check(log: Log) -> None:
     for T in (1, 8, 32, 256, 600):
         x, wr, wg, wgu, wd, sgu, sd = gemma_case(T, T)
         counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
-        got = mr.route_align_triton(x, wr, None, wg, k, True, bm, counts)
+        got = mr.route_align_triton(x, wr, None, wg, k, True, bm, counts, sgu)
         want = mr.route_align_ref(x, wr, None, wg, k, True, bm)
         top = (x.float() @ wr.float().T).sort(-1, descending=True).values
         clear = (top[:, :k] - top[:, 1:k + 1]).min(-1).values > 1e-4
@@ -178,7 +179,7 @@ def phase_check(log: Log) -> None:
     counts = torch.zeros(mr.counts_len(24), dtype=torch.int32, device="cuda")
 
     def layer(h):
-        r = mr.route_align_triton(h, wr, None, wg, k, True, bm, counts)
+        r = mr.route_align_triton(h, wr, None, wg, k, True, bm, counts, sgu)
         return fm.moe_ffn_triton(h, wgu, wd, r, sgu, sd)
 
     full = layer(x)
@@ -240,9 +241,11 @@ def moe_layer():
 
 
 def ffn_rows(log: Log, m) -> None:
-    """Per token count: the FFN of each arm (µs and kernels per call), and the grouped arm's
+    """Per token count: the FFN of each arm (µs and kernels per call), the grouped arm's
     routing kernel alone at each of ROUTE_WARPS warps a program (µs per call), with its
-    serial work (kernels/moe_route.py serial_work)."""
+    serial work (kernels/moe_route.py serial_work), and the grouped FFN with the shared
+    expert's act rows computed by gate_up beside the engine's (by the routing launch), their
+    captures alternating."""
     H, E = m.gate.weight.shape[1], m.num_experts
     bm = fm.block_m("cuda")
     sg = m.shared_expert_gate
@@ -259,12 +262,26 @@ def ffn_rows(log: Log, m) -> None:
         def route(h=h, warps=None):
             return mr.route_align_triton(h, m.gate.weight, m.gate.bias,
                                          None if sg is None else sg.weight, m.top_k,
-                                         m.norm_topk, bm, m.route_counts(h), num_warps=warps)
+                                         m.norm_topk, bm, m.route_counts(h),
+                                         m.shared_expert.gate_up_weight, num_warps=warps)
 
         row["route"] = [{"warps": w, "us": [graph_us(functools.partial(route, warps=w))
                                             for _ in range(FFN_CAPTURES)]}
                         for w in ROUTE_WARPS]
         row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
+        if m.shared_expert is not None:
+            def in_gate_up(h=h, se=m.shared_expert):   # the shared rows computed by gate_up
+                r = mr.route_align_triton(h, m.gate.weight, m.gate.bias, sg.weight, m.top_k,
+                                          m.norm_topk, bm, m.route_counts(h))
+                return fm.moe_ffn_triton(h, m.experts.gate_up_proj, m.experts.down_proj, r,
+                                         se.gate_up_weight, se.down_proj.weight)
+
+            m.kernels = "grouped"
+            with torch.no_grad():
+                pairs = [(graph_us(in_gate_up), graph_us(lambda h=h: m.forward_fused(h)))
+                         for _ in range(FFN_CAPTURES)]
+            row["shared_in_gate_up_us"] = [a for a, _ in pairs]
+            row["shared_in_route_us"] = [b for _, b in pairs]
         log.doc["ffn"].append(row)
 
 
@@ -321,7 +338,7 @@ def phase_tiles(log: Log) -> None:
     for T in TILE_TOKENS:
         xt = x[:T].contiguous()
         counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
-        r = mr.route_align_triton(xt, wr, None, wg, k, True, bm, counts)
+        r = mr.route_align_triton(xt, wr, None, wg, k, True, bm, counts, sgu)
         cases[T] = (functools.partial(fm.moe_ffn_triton, xt, wgu, wd, r, sgu, sd),
                     fm.moe_ffn_ref(xt, wgu, wd, r, sgu, sd))
     saved = {kern: dict(t) for kern, t in fm.TILES_16BIT.items()}

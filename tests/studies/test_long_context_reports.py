@@ -249,22 +249,3 @@ def test_a_kernel_serving_several_projections_shows_them_all():
     assert "| gemm qkv, o_proj, down, lm_head |" in rows["_gemv_kernel"]
     assert "| gemm gate_up |" in rows["nvjet_gate_up"]
     assert F._labels_text(["attention", "other"]) == "attention, other"
-
-
-def test_the_no_pdl_arm_pairs_with_the_engine_and_is_tabled_beside_the_plan():
-    """A NO_PDL_ARM cell (ordinary launches beside an engine with programmatic dependent launch)
-    pairs with its target-only twin, is neither a floor nor a spec row, and gets its own
-    line in the answer and its own table."""
-    doc = _doc()
-    m = "llama3-8b-like@32"
-    doc["steps"] += [_step(m, F.NO_PDL_ARM, 64, 1, [0.42, 0.42, 0.421], 0.30)]     # 1.05x
-    rows = F.plan_rows(doc, F.NO_PDL_ARM)
-    assert [r["bs"] for r in rows] == [1] and rows[0]["ratio"] == pytest.approx(0.42 / 0.40)
-    assert F.plan_rows(doc) == []                       # not a cuBLAS row
-    assert all(r["arm"] == "target" for r in F.floor_rows(doc))
-    assert all(r["arm"] != F.NO_PDL_ARM for r in F.spec_rows(doc))
-    ans = F.answer(doc)
-    assert "programmatic dependent launch against ordinary launches (step / step) 1.050x" in ans
-    md = F.render(doc)
-    assert "| no-PDL step ms | engine step ms | no PDL / engine |" in md
-    assert f"| {m} | 64 | 1 | 0.420 | 0.400 | 1.050x" in md

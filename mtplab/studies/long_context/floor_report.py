@@ -18,9 +18,7 @@ report long_context` regenerates the report byte for byte. Its fields:
                 ([name, µs]), the layers, the bytes of each projection's weights
     gemm_plan   per model of the short figure: Engine.gemm_plan (models/gemm_plan.py), each
                 weight shape's cuBLAS and fastest Triton µs and the launch chosen (its cells'
-                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", side by side; a
-                run whose engine launched its skinny GEMM with programmatic dependent launch
-                has NO_PDL_ARM cells too: the same engine with ordinary launches)
+                arm CUBLAS_ARM ran the same model with decode_gemm="cublas", side by side)
     figures     per figure: done / skipped (time box) / error
 """
 from __future__ import annotations
@@ -42,8 +40,6 @@ SPEC_TARGETS = {1: 1.25, 4: 1.4}         # spec step / target step at 32k, per t
 SPEC_CTX = 32768                          # the context the spec targets hold at
 SHORT_CTX = 64
 CUBLAS_ARM = "target, decode_gemm=cublas"   # the short figure's side-by-side arm
-NO_PDL_ARM = "target, no PDL"                 # ordinary launches beside a PDL engine
-SIDE_ARMS = (CUBLAS_ARM, NO_PDL_ARM)
 PROJ = ("qkv", "o_proj", "gate_up", "down")     # a decoder layer's GEMMs, launch order
 LM_HEAD = "lm_head"
 KINDS = ("gemm", "attention", "norm_rope_elementwise", "fill_copy", "other")
@@ -152,7 +148,7 @@ def spec_rows(doc: dict) -> list[dict]:
     target step (medians), its noise, the target at SPEC_CTX."""
     out = []
     for s in doc["steps"]:
-        t = (_target_step(doc, s) if s["arm"] not in ("target",) + SIDE_ARMS and _ms(s)
+        t = (_target_step(doc, s) if s["arm"] not in ("target", CUBLAS_ARM) and _ms(s)
              else None)
         if t is None:
             continue
@@ -166,12 +162,12 @@ def spec_rows(doc: dict) -> list[dict]:
     return out
 
 
-def plan_rows(doc: dict, arm: str = CUBLAS_ARM) -> list[dict]:
-    """Per `arm` cell (SIDE_ARMS) with its target-only twin: arm step / engine step (> 1: the
-    engine's way is faster), its noise and verdict."""
+def plan_rows(doc: dict) -> list[dict]:
+    """Per CUBLAS_ARM cell with its target-only twin: cuBLAS step / planned step (> 1: the
+    plan is faster), its noise and verdict."""
     out = []
     for s in doc["steps"]:
-        t = _target_step(doc, s) if s["arm"] == arm and _ms(s) else None
+        t = _target_step(doc, s) if s["arm"] == CUBLAS_ARM and _ms(s) else None
         if t is None:
             continue
         a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
@@ -291,13 +287,11 @@ def answer(doc: dict) -> str:
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
             f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
             for r in sr))
-    for arm, what in ((CUBLAS_ARM, "the engine's GEMM plan against cuBLAS"),
-                      (NO_PDL_ARM, "programmatic dependent launch against ordinary launches")):
-        pr = plan_rows(doc, arm)
-        if pr:
-            parts.append(f"{what} (step / step) " + ", ".join(
-                f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs "
-                f"{r['bs']}" for r in pr))
+    pr = plan_rows(doc)
+    if pr:
+        parts.append("the engine's GEMM plan against cuBLAS (step / step) " + ", ".join(
+            f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs "
+            f"{r['bs']}" for r in pr))
     gr = gemm_rows(doc)
     if gr:
         faster = [f"{r['shape']} M={r['M']}" for r in gr if r["words"] == R.PAYS]
@@ -359,19 +353,9 @@ def _gemm_lines(doc: dict) -> list[str]:
     return lines
 
 
-def _side_table(rows: list[dict], heads: tuple[str, str, str]) -> str:
-    """plan_rows' rows as a table: model, ctx, bs, then the arm's step, the engine's step and
-    their ratio under `heads`."""
-    return R.md_table(
-        ["model", "ctx", "bs", *heads],
-        [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}", f"{r['plan_ms']:.3f}",
-          R.ratio_text(r["ratio"], r["noise"], r["words"])] for r in rows])
-
-
 def _plan_lines(doc: dict) -> list[str]:
     rows, plans = plan_rows(doc), doc.get("gemm_plan") or {}
-    pdl = plan_rows(doc, NO_PDL_ARM)
-    if not rows and not plans and not pdl:
+    if not rows and not plans:
         return []
     lines = ["", "## The engine's decode GEMM plan beside cuBLAS", "",
              "RunConfig decode_gemm (models/gemm_plan.py): at engine build each weight shape's "
@@ -380,14 +364,11 @@ def _plan_lines(doc: dict) -> list[str]:
              "is kept, Triton only where it wins by 2%. The short figure runs each cell on "
              "that engine and on one with decode_gemm=cublas, side by side in one process.", ""]
     if rows:
-        lines.append(_side_table(rows, ("cuBLAS step ms", "planned step ms",
-                                        "cuBLAS / planned")))
-    if pdl:
-        lines += ["", "Programmatic dependent launch (sm_90): the run's engine launched the "
-                  "skinny GEMM to overlap the kernel before it (its first weight tile loaded "
-                  "before it waits for its input), which triggers at entry; the same engine with "
-                  "ordinary launches beside it:", "",
-                  _side_table(pdl, ("no-PDL step ms", "engine step ms", "no PDL / engine"))]
+        lines.append(R.md_table(
+            ["model", "ctx", "bs", "cuBLAS step ms", "planned step ms", "cuBLAS / planned"],
+            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
+              f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
+             for r in rows]))
     for model, plan in plans.items():
         lines += ["", f"{model}'s plan:", "", R.md_table(
             ["model", "N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],

@@ -164,6 +164,78 @@ def test_the_routing_launchs_shared_rows_give_gate_ups_bits(dtype, T, E, k, H, I
     torch.testing.assert_close(got, fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,E,k,H,Im,Is", GROUPED)
+def test_downs_combine_gives_the_combine_kernels_bits(dtype, T, E, k, H, Im, Is):
+    """With arrivals, the down GEMM's last program per token and column tile combines: the
+    same bits as the combine kernel, with the shared rows from gate_up or from the routing
+    launch; the counters are zero after each launch (two launches on one buffer here)."""
+    x, wgu, wd, r, sgu, sd = grouped_case(T, E, k, H, Im, Is, dtype=dtype, seed=T + 7)
+    a = torch.zeros(fm.arrivals_len(T, H), dtype=torch.int32)
+    want = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd)
+    assert torch.equal(fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd, a), want) and not a.any()
+    if Is:
+        g = torch.Generator().manual_seed(T)
+        wr = (torch.randn(E, H, generator=g) / H ** 0.5).to(dtype)
+        wg = (torch.randn(1, H, generator=g) / H ** 0.5).to(dtype)
+        c = torch.zeros(mr.counts_len(T, "cpu"), dtype=torch.int32)
+        rs = mr.route_align_triton(x, wr, None, wg, k, True, 4, c, sgu)
+        got = fm.moe_ffn_triton(x, wgu, wd, rs, sgu, sd, a)
+        assert torch.equal(got, fm.moe_ffn_triton(x, wgu, wd, rs, sgu, sd)) and not a.any()
+    for bad in (a[:0], a.long()):
+        with pytest.raises(ValueError, match="arrivals must be int32"):
+            fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd, bad)
+
+
+_DOWN_PTX = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mtplab.kernels import fused_moe as fm
+k = fm._down_kernel.real()
+ptrs = ("A", "W", "Y", "Sorted", "BlockExpert", "WS", "AS", "Wt", "G", "Out", "Arrive")
+types = {"Sorted": "*i32", "BlockExpert": "*i32", "Wt": "*fp32", "G": "*fp32", "Arrive": "*i32"}
+ints = ("N", "K", "H", "stride_as", "stride_we", "stride_wn", "stride_ys", "T", "NBR", "IS",
+        "stride_wsn", "stride_ass", "stride_ot", "NT")
+sig = {a: ("i32" if a in ints else types.get(a, "*bf16")) for a in k.arg_names
+       if a in ints or a in ptrs}
+const = dict(fm.TILES_16BIT["down"], TOPK=8, SHARED=True, COMBINE=True, BLOCK_M=16,
+             DOT_PREC="tf32", UPCAST=False)
+nw = const.pop("num_warps"); const.pop("num_stages")
+sig.update({c: "constexpr" for c in const})
+src = ASTSource(fn=k, signature=sig, constexprs=const)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw}).asm["ptx"]
+json.dump([ln.strip() for ln in ptx.splitlines()], sys.stdout)
+"""
+
+
+def test_downs_combine_compiles_for_sm90_with_ordered_arrivals():
+    """Compiled ahead of time for an H100 (the interpreter runs one program at a time, so it
+    cannot show a race; the compile runs in a process without it): every arrival is an
+    acq_rel atomic after the y tile's stores and a CTA barrier, the counter's reset comes after
+    it, and the combining program reads the y rows other programs wrote with L1-bypassing
+    loads."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _DOWN_PTX], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = json.loads(run.stdout)
+    adds = [i for i, ln in enumerate(lines) if "atom.global" in ln and ".add" in ln]
+    xchg = [i for i, ln in enumerate(lines) if "atom.global" in ln and ".exch" in ln]
+    assert len(adds) == len(xchg) == 2                        # routed and shared blocks
+    assert all(".gpu.acq_rel" in lines[i] for i in adds)
+    for i in adds:                         # the y tile's stores, a barrier, the arrival
+        last_store = max(j for j in range(i) if "st.global" in lines[j])
+        assert any("bar.sync" in ln for ln in lines[last_store:i])
+    assert all(a < x for a, x in zip(adds, xchg))
+    assert sum("ld.global.cg" in ln for ln in lines) >= 2 * 9        # k + 1 rows, twice
+
+
 def test_grouped_kernels_refuse_another_block_size():
     args = grouped_case(3, 8, 2, 32, 16, 16, bm=16)
     with pytest.raises(ValueError, match="route with bm=4"):

@@ -36,10 +36,12 @@ logger = logging.getLogger("mtplab")
 
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
 PLAN_ROWS = (1, PLAN_MAX_M)
-# the last two split K: for narrow weights (N = 2816 gives 88 tiles of 32 rows on 132 SMs)
+# the last four for narrow weights (N = 2816 gives 88 tiles of 32 rows on 132 SMs): three
+# split K (32 rows by 3 slices: 264 programs, two a SM), one with twice the loads in flight
 CANDIDATES = (GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 128, 1, 4, 4),
               GemvConfig(16, 256, 1, 4, 4), GemvConfig(64, 256, 1, 8, 3),
-              GemvConfig(32, 256, 2, 4, 4), GemvConfig(16, 256, 3, 4, 4))
+              GemvConfig(32, 256, 2, 4, 4), GemvConfig(16, 256, 3, 4, 4),
+              GemvConfig(32, 128, 3, 4, 4), GemvConfig(32, 256, 1, 8, 4))
 MARGIN = 1.02           # Triton must beat cuBLAS by this much: a tie keeps cuBLAS
 ROTATE_BYTES = 256 << 20
 ROTATE_MAX = 64         # weights in a rotation at most (a small model's stay in L2 anyway)

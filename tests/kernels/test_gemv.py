@@ -27,6 +27,7 @@ def tol(dtype):
     (8, 64, 256, G.GemvConfig(block_n=32, block_k=64, split_k=2)),   # split-K, two slices
     (16, 50, 200, G.GemvConfig(block_n=16, block_k=32, split_k=4)),  # MAX_M rows, ragged split
     (5, 17, 31, G.GemvConfig(block_n=16, block_k=32, split_k=2)),    # a slice past K reads 0
+    (2, 40, 300, G.GemvConfig(block_n=32, block_k=32, split_k=3)),   # three slices, the last short
 ])
 def test_gemv_kernel_matches_linear(dtype, m, n, k, cfg):
     x, w = operands(m, n, k, dtype, seed=m * 7 + n)

@@ -11,11 +11,6 @@ in its epilogue, a grouped down GEMM, and a weighted combine with the shared exp
     down         program (block b, column tile n): y[slot] = round(act[slot] @ Wd[e, n])
     combine      program (token t, column tile): out[t] = round(shared + sum_j w[t,j] *
                  y[t*k + j])   (fp32, j in order 0..k-1, then the shared term)
-                 or, with `arrivals` (moe_ffn), in down itself: after its tile a down
-                 program arrives once per row on arrivals[token, column tile] (acq_rel,
-                 after a CTA barrier); the token's last arrival (k, + 1 for its shared row)
-                 reads the k (+ 1) y rows with L1-bypassing loads, combines them in the order
-                 above and sets the counter back to 0: one launch fewer, the same bits
 
     sorted   | e0 e0 e0 -- | e3 -- -- -- | e7 e7 e7 e7 | e7 -- -- -- | (-1 blocks) | shared |
     block    |     0       |     1       |     2       |     3       |   4 ...     | NB ... |
@@ -85,12 +80,6 @@ def aligned_len(num_slots: int, num_experts: int, bm: int) -> int:
     """L: the slots plus at most BLOCK_M - 1 padding rows per expert that holds one."""
     n = num_slots + min(num_experts, num_slots) * (bm - 1)
     return (n + bm - 1) // bm * bm
-
-
-def arrivals_len(T: int, H: int) -> int:
-    """Entries of the counters with which down combines (`moe_ffn`'s `arrivals`): one per
-    token and down column tile of at least 16 columns (any launch shape's)."""
-    return T * ((H + 15) // 16)
 
 
 def align(ids: torch.Tensor, num_experts: int, bm: int):
@@ -178,8 +167,7 @@ def fused_moe_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 def moe_ffn_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 routing: Routing, shared_gate_up: Optional[torch.Tensor],
-                shared_down: Optional[torch.Tensor],
-                arrivals: Optional[torch.Tensor] = None) -> torch.Tensor:
+                shared_down: Optional[torch.Tensor]) -> torch.Tensor:
     """The grouped FFN (module doc): the routed experts as `fused_moe_ref` (the routing's
     alignment), plus gate[t] * the shared expert's SwiGLU (shared_gate_up [2Is, H], gate rows
     first; shared_down [H, Is]), each GEMM's output rounded to x's dtype."""
@@ -289,45 +277,13 @@ def _down_tile(A, W, Y, rows, y_rows, valid, K, H, stride_as, stride_wn, stride_
              mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _arrive_combine(Y, Wt, G, Out, Arrive, tok, valid, N, H, stride_ys, stride_ot, NT, pid_n,
-                    TOPK: tl.constexpr, SHARED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """After a down tile: one arrival per valid row on Arrive[tok, pid_n]; where it is the
-    token's last (TOPK + SHARED arrivals: its k slots and its shared row), this program
-    combines the token's column tile as `_combine_kernel` does (same order, same rounding)
-    and sets the counter back to 0."""
-    tl.debug_barrier()
-    ctr = Arrive + tok * NT + pid_n
-    arrived = tl.atomic_add(ctr, 1, mask=valid, sem="acq_rel")
-    last = valid & (arrived == TOPK + SHARED - 1)
-    if tl.max(last.to(tl.int32), axis=0) > 0:
-        tl.atomic_xchg(ctr, 0, mask=last, sem="relaxed")
-        tl.debug_barrier()
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = last[:, None] & (cols < H)[None, :]
-        acc = tl.zeros([tok.shape[0], BLOCK_N], tl.float32)
-        for j in tl.static_range(TOPK):
-            w = tl.load(Wt + tok * TOPK + j, mask=last, other=0.0).to(tl.float32)
-            y = tl.load(Y + (tok * TOPK + j)[:, None] * stride_ys + cols[None, :], mask=m,
-                        other=0.0, cache_modifier=".cg").to(tl.float32)
-            acc += w[:, None] * y
-        if SHARED:
-            g = tl.load(G + tok, mask=last, other=0.0)
-            acc += g[:, None] * tl.load(Y + (N + tok)[:, None] * stride_ys + cols[None, :],
-                                        mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(Out + tok[:, None] * stride_ot + cols[None, :], acc.to(Out.dtype.element_ty),
-                 mask=m)
-
-
 @triton.jit(do_not_specialize=["N", "T", "NBR"])
 def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, stride_wn,
-                 stride_ys, T, NBR, WS, IS, stride_wsn, AS, stride_ass, Wt, G, Out, Arrive,
-                 stride_ot, NT, TOPK: tl.constexpr, SHARED: tl.constexpr,
-                 COMBINE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+                 stride_ys, T, NBR, WS, IS, stride_wsn, AS, stride_ass, SHARED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """Shared blocks read the shared expert's act rows t from AS (act[N:] or the routing's
-    shared_act) and write y rows N + t. COMBINE: each tile's last arrival per token writes
-    out (`_arrive_combine`)."""
+    shared_act) and write y rows N + t."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m < NBR:
@@ -337,18 +293,12 @@ def _down_kernel(A, W, Y, Sorted, BlockExpert, N, K, H, stride_as, stride_we, st
             _down_tile(A, W + e.to(tl.int64) * stride_we, Y, slots, slots, slots < N,
                        K, H, stride_as, stride_wn, stride_ys, pid_n, BLOCK_M, BLOCK_N,
                        BLOCK_K, DOT_PREC, UPCAST)
-            if COMBINE:
-                _arrive_combine(Y, Wt, G, Out, Arrive, slots // TOPK, slots < N, N, H,
-                                stride_ys, stride_ot, NT, pid_n, TOPK, SHARED, BLOCK_N)
     if SHARED:
         if pid_m >= NBR:
             tok = ((pid_m - NBR) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             _down_tile(AS, WS, Y, tok, N + tok, tok < T, IS, H, stride_ass,
                        stride_wsn, stride_ys, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC,
                        UPCAST)
-            if COMBINE:
-                _arrive_combine(Y, Wt, G, Out, Arrive, tok, tok < T, N, H, stride_ys,
-                                stride_ot, NT, pid_n, TOPK, SHARED, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -373,12 +323,10 @@ def _combine_kernel(Y, Wt, S, G, Out, N, H, stride_ys, stride_ot, stride_st,
 
 def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=None,
             gate=None, shared_gate_up=None, shared_down=None,
-            shared_act=None, arrivals=None) -> torch.Tensor:
+            shared_act=None) -> torch.Tensor:
     """The three launches; `shared` (a [T, H] output, combine mode 1) or the shared expert's
     weights and gate (folded in, mode 2) or neither. Folded with `shared_act` (the routing
-    launch's shared rows): gate_up runs the routed blocks only, down reads shared_act. With
-    `arrivals` (int32 zeros, at least `arrivals_len` entries; left zero) down combines and
-    no combine kernel runs."""
+    launch's shared rows): gate_up runs the routed blocks only, down reads shared_act."""
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
     I, N = I2 // 2, T * k
@@ -408,20 +356,12 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
         x, w_gate_up, act, sorted_ids, block_expert, N, H, I, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), T, nbr, sgu, Is,
         sgu.stride(-2), TOPK=k, SHARED=gu_shared, BLOCK_M=bm, **gu)
-    nt = triton.cdiv(H, dn["BLOCK_N"])
-    combine = arrivals is not None and shared is None
-    if combine and (arrivals.dtype != torch.int32 or arrivals.numel() < T * nt):
-        raise ValueError(f"moe_ffn: arrivals must be int32 with at least {T * nt} entries "
-                         f"for T={T} (arrivals_len).")
-    g = gate if folded else weights
-    _down_kernel[(nbr + nbs, nt)](
+    _down_kernel[(nbr + nbs, triton.cdiv(H, dn["BLOCK_N"]))](
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
         w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), sact, sact.stride(0),
-        weights, g, out, arrivals if combine else sorted_ids, out.stride(0), nt, TOPK=k,
-        SHARED=folded, COMBINE=combine, BLOCK_M=bm, **dn)
-    if combine:
-        return out
+        SHARED=folded, BLOCK_M=bm, **dn)
     s = shared.contiguous() if shared is not None else x
+    g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))
     _combine_kernel[(T, triton.cdiv(H, block))](
         y, weights, s, g, out, N, H, y.stride(0), out.stride(0), s.stride(0), TOPK=k,
@@ -440,12 +380,9 @@ def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
 
 def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                    routing: Routing, shared_gate_up: Optional[torch.Tensor],
-                   shared_down: Optional[torch.Tensor],
-                   arrivals: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   shared_down: Optional[torch.Tensor]) -> torch.Tensor:
     """Triton version of `moe_ffn_ref`: the routing's alignment must have `block_m` rows a
-    block on x's device (kernels/moe_route.py makes it so); weights' last dims contiguous.
-    `arrivals` (int32 zeros, `arrivals_len(T, H)` entries, left zero): down combines (two
-    launches, not three); launches that share them must not run concurrently."""
+    block on x's device (kernels/moe_route.py makes it so); weights' last dims contiguous."""
     bm = block_m(x.device.type)
     if routing.sorted_ids.numel() != routing.block_expert.numel() * bm:
         raise ValueError(f"moe_ffn_triton: the routing's alignment has "
@@ -454,8 +391,7 @@ def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
     return _launch(x, w_gate_up, w_down, routing.weights, routing.ids.shape[1],
                    routing.sorted_ids, routing.block_expert, gate=routing.gate,
                    shared_gate_up=shared_gate_up, shared_down=shared_down,
-                   shared_act=routing.shared_act if shared_gate_up is not None else None,
-                   arrivals=arrivals)
+                   shared_act=routing.shared_act if shared_gate_up is not None else None)
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -476,12 +412,10 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
 
 def moe_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing: Routing,
             shared_gate_up: Optional[torch.Tensor] = None,
-            shared_down: Optional[torch.Tensor] = None,
-            arrivals: Optional[torch.Tensor] = None) -> torch.Tensor:
+            shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The grouped FFN: the kernels in deterministic mode (any device) and on CUDA, the
-    reference elsewhere or inside `references()` (as `fused_moe`); `arrivals` as
-    `moe_ffn_triton`'s (the reference ignores them)."""
-    args = (x, w_gate_up, w_down, routing, shared_gate_up, shared_down, arrivals)
+    reference elsewhere or inside `references()` (as `fused_moe`)."""
+    args = (x, w_gate_up, w_down, routing, shared_gate_up, shared_down)
     if batch_invariant.is_active():
         return moe_ffn_triton(*args)
     return dispatch("moe_ffn", moe_ffn_triton, moe_ffn_ref, *args)

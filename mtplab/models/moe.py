@@ -18,9 +18,8 @@ The unfused path computes it with the torch reference (kernels/fused_moe.py
              alignment of the slots in one kernel (kernels/moe_route.py), whose extra
              programs compute the shared expert's silu(gate) * up rows meanwhile; one grouped
              gate/up GEMM over the touched experts' blocks and one grouped down GEMM over
-             theirs and the shared expert's, whose last program per token and column tile
-             writes the weighted combine (kernels/fused_moe.py `moe_ffn`; up to
-             COMBINE_MAX_T tokens, a combine kernel above)
+             theirs and the shared expert's; the weighted combine (kernels/fused_moe.py
+             `moe_ffn`)
     split    the router GEMM, softmax / top-k and the alignment in torch ops, the shared
              expert's own GEMMs, then the three routed-expert kernels (`fused_moe`)
 
@@ -47,7 +46,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
-from ..kernels.fused_moe import arrivals_len, block_m, fused_moe, moe_ffn, route
+from ..kernels.fused_moe import block_m, fused_moe, moe_ffn, route
 from ..kernels.moe_route import counts_len, route_align
 from .mlp import MLP
 from .llama_config import LlamaConfig
@@ -63,7 +62,6 @@ class Experts(nn.Module):
 
 
 MOE_KERNELS = ("grouped", "split")     # the fused path's kernel sets (RunConfig.moe_kernels)
-COMBINE_MAX_T = 256     # tokens up to which the grouped down GEMM combines (a verify of bs 64, D 4)
 
 
 class ExpertRecorder:
@@ -119,7 +117,6 @@ class MoEFFN(nn.Module):
         self.shared_expert = MLP(H, Is) if Is else None
         self.shared_expert_gate = nn.Linear(H, 1, bias=False) if Is else None
         self._counts: Optional[torch.Tensor] = None      # the routing kernel's counters
-        self._arrivals: Optional[torch.Tensor] = None    # the down GEMM's combine counters
         self.recorder: Optional[ExpertRecorder] = None   # attach_recorder
         self.index = 0                                   # this layer's index among the MoE ones
 
@@ -160,7 +157,7 @@ class MoEFFN(nn.Module):
             self.recorder.add(self.index, r.ids)
         return moe_ffn(h, self.experts.gate_up_proj, self.experts.down_proj, r,
                        None if se is None else se.gate_up_weight,
-                       None if se is None else se.down_proj.weight, self.arrivals(h))
+                       None if se is None else se.down_proj.weight)
 
     def route_counts(self, h: torch.Tensor) -> torch.Tensor:
         """The routing kernel's counters on h's device, enough for h's T (made on first use
@@ -170,18 +167,6 @@ class MoEFFN(nn.Module):
         if c is None or c.device != h.device or c.numel() < need:
             c = self._counts = torch.zeros(max(need, 257), dtype=torch.int32, device=h.device)
         return c
-
-
-    def arrivals(self, h: torch.Tensor) -> Optional[torch.Tensor]:
-        """The down GEMM's combine counters on h's device for h's T (made on first use, for
-        COMBINE_MAX_T tokens; the kernel leaves them zero); None above COMBINE_MAX_T."""
-        if h.shape[0] > COMBINE_MAX_T:
-            return None
-        a = self._arrivals
-        if a is None or a.device != h.device:
-            a = self._arrivals = torch.zeros(arrivals_len(COMBINE_MAX_T, h.shape[1]),
-                                             dtype=torch.int32, device=h.device)
-        return a
 
 
 def moe_layers(model: nn.Module) -> list[MoEFFN]:

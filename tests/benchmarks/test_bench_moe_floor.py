@@ -74,32 +74,27 @@ def test_the_ffn_section_shows_the_routing_kernel_alone_when_measured():
         command="python -m benchmarks.bench_moe_floor --only ffn")))
     assert "| routing kernel µs at 4 / 8 warps (spread) | its serial work |" in md
     assert "| 20.2 (2%) / 12.2 (4%) | programs 72, phases 2, aligning trips 1 |" in md
-    assert "engine µs" not in md
+    assert "gate_up / routing launch" not in md
 
 
-def test_the_ffn_section_sets_each_variant_beside_the_engines_ffn():
-    """ffn rows with variants of the engine's FFN get one table (a µs and a ratio column per
-    variant, '-' where a row lacks one) and a part of the answer each: variant / engine."""
+def test_the_ffn_section_sets_the_shared_rows_in_gate_up_beside_the_routing_launch():
+    """ffn rows with both placements of the shared expert's act rows get their own table and
+    a part of the answer: gate_up's µs / the routing launch's."""
     doc = floor.new_doc(model="gemma4-26b-a4b-like", layers=30, batches=[1], repeats=3,
                         tokens=48, prompt=64)
     doc["bandwidth"] = [4.0e12, 4.1e12, 4.2e12]
     doc["phases"] = {"ffn": {"status": "done", "seconds": 5.0}}
-    for T, extra in ((1, {"combine_kernel_us": [63.0, 63.0, 63.5]}), (8, {})):
-        doc["ffn"].append({"T": T, "split_us": [150.0, 151.0, 152.0], "split_kernels": 54,
-                           "grouped_us": [60.0, 60.5, 61.0], "grouped_kernels": 3,
-                           "shared_in_gate_up_us": [66.0, 66.0, 66.5],
-                           "shared_in_route_us": [60.0, 60.0, 60.5], **extra})
+    doc["ffn"].append({"T": 1, "split_us": [150.0, 151.0, 152.0], "split_kernels": 54,
+                       "grouped_us": [60.0, 60.5, 61.0], "grouped_kernels": 4,
+                       "shared_in_gate_up_us": [66.0, 66.0, 66.5],
+                       "shared_in_route_us": [60.0, 60.0, 60.5]})
     md = floor.render(R.plain(R.stamped(
         doc, date="2026-12-03", device="h200", device_name="NVIDIA H200", commit="abc1234",
         command="python -m benchmarks.bench_moe_floor --only ffn")))
-    assert ("| tokens | engine µs | rows in gate_up µs | rows in gate_up / engine | "
-            "combine kernel µs | combine kernel / engine |") in md
-    assert "| 1 | 60.0 | 66.0 | 1.100x ±2.0%, pays | 63.0 | 1.050x ±2.0%, pays |" in md
-    assert "| 8 | 60.0 | 66.0 | 1.100x ±2.0%, pays | - | - |" in md
-    assert "the grouped FFN with the shared rows in gate_up / the engine's 1.100x ±2.0% " \
-        "(pays) at T=1, 1.100x ±2.0% (pays) at T=8" in md
-    assert "the grouped FFN with a combine kernel / the engine's 1.050x ±2.0% (pays) at " \
-        "T=1." in md
+    assert "| tokens | rows in gate_up µs | rows in the routing launch µs |" in md
+    assert "| 1 | 66.0 | 60.0 | 1.100x ±2.0%, pays | 3/3 |" in md
+    assert "the grouped FFN with the shared rows in gate_up / in the routing launch " \
+        "1.100x ±2.0% (pays) at T=1" in md
 
 
 def test_the_kernel_tables_profile_the_greedy_decode_the_steps_run():

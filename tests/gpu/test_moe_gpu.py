@@ -91,27 +91,6 @@ def test_grouped_ffn_matches_the_reference_at_gemma_widths(T):
                                fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("T", [1, 8, 33, 256])
-def test_downs_combine_gives_the_combine_kernels_bits_at_gemma_widths(T):
-    """The down GEMM's last arrivals combine (concurrent programs, real atomics): the combine
-    kernel's bits, the shared rows from the routing launch; 20 replays of a captured FFN
-    reuse the counters, each replay the same bits, the counters zero after."""
-    x, wr, wg, wgu, wd, sgu, sd = grouped_case(T, seed=T + 2)
-    counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
-    a = torch.zeros(fm.arrivals_len(T, x.shape[1]), dtype=torch.int32, device="cuda")
-    r = mr.route_align_triton(x, wr, None, wg, 8, True, fm.block_m("cuda"), counts, sgu)
-    want = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd)
-    assert torch.equal(fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd, a), want)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd, a)
-    for _ in range(20):
-        out.zero_()
-        graph.replay()
-        assert torch.equal(out, want)
-    assert not a.any() and not counts.any()
-
-
 def test_grouped_set_is_batch_invariant_and_capturable():
     x, wr, wg, wgu, wd, sgu, sd = grouped_case(24, seed=5)
 
@@ -205,10 +184,8 @@ def test_the_library_phase_arms_match_the_reference_at_gemma_widths(T):
     x, wr, _, wgu, wd, _, _ = grouped_case(T, seed=T + 7)
     ref = ml.reference(x, wr, None, wgu, wd, 8, True)
     counts = torch.zeros(mr.counts_len(T), dtype=torch.int32, device="cuda")
-    a = torch.zeros(fm.arrivals_len(T, x.shape[1]), dtype=torch.int32, device="cuda")
-    out = ml.mtplab_routed(counts, a).routed(x, wr, None, wgu, wd, 8, True)
-    assert ml.rel_err(out, ref) < 2e-2
-    assert not counts.any() and not a.any()
+    assert ml.rel_err(ml.mtplab_routed(counts).routed(x, wr, None, wgu, wd, 8, True), ref) < 2e-2
+    assert not counts.any()
     try:
         lib = ml.sglang_routed()
     except ImportError:

@@ -115,17 +115,11 @@ def ffn_ratios(doc: dict) -> list[dict]:
     return [{**r, **ratio(r["split_us"], r["grouped_us"])} for r in doc["ffn"]]
 
 
-# An ffn row's engine FFN (grouped: the shared expert's act rows from the routing launch, down
-# combining) and the variants timed beside it: (key, what the variant does, its column).
-ENGINE_FFN = "shared_in_route_us"
-FFN_VARIANTS = (("shared_in_gate_up_us", "with the shared rows in gate_up", "rows in gate_up"),
-                ("combine_kernel_us", "with a combine kernel", "combine kernel"))
-
-
-def variant_ratios(doc: dict, key: str) -> list[dict]:
-    """Per token count where measured: the FFN variant `key` / the engine's FFN (above 1:
-    the engine's way pays)."""
-    return [{"T": r["T"], **ratio(r[key], r[ENGINE_FFN])} for r in doc["ffn"] if key in r]
+def shared_rows_ratios(doc: dict) -> list[dict]:
+    """Per token count where measured: the grouped FFN with the shared expert's act rows in
+    gate_up / in the routing launch (above 1: the routing launch's rows pay)."""
+    return [{"T": r["T"], **ratio(r["shared_in_gate_up_us"], r["shared_in_route_us"])}
+            for r in doc["ffn"] if "shared_in_gate_up_us" in r]
 
 
 def library_ratios(doc: dict) -> list[dict]:
@@ -220,23 +214,18 @@ def _ffn(doc: dict) -> list[str]:
                  "warps a program; its serial work (kernels/moe_route.py serial_work): "
                  "programs, arrival phases, the aligning program's loop trips.")
     out = [text, "", R.md_table(head, rows)]
-    keys = [v for v in FFN_VARIANTS if any(v[0] in f for f in doc["ffn"])]
-    if keys:
-        cells = [f for f in doc["ffn"] if ENGINE_FFN in f]
-        ratios = {key: {r["T"]: r for r in variant_ratios(doc, key)} for key, _, _ in keys}
-        combines = ("the down GEMM's last program per token and column tile combines"
-                    if any("combine_kernel_us" in f for f in cells) else "a combine kernel")
-        out += ["", "The engine's grouped FFN (the shared expert's act rows computed by extra "
-                f"programs of the routing launch; {combines}) beside variants of it, the "
+    sr = shared_rows_ratios(doc)
+    if sr:
+        out += ["", "The grouped FFN with the shared expert's act rows computed by the gate_up "
+                "kernel beside the engine's (by extra programs of the routing launch), the "
                 "captures alternating:", "",
-                R.md_table(["tokens", "engine µs"] + [h for _, _, c in keys
-                                                      for h in (f"{c} µs", f"{c} / engine")],
-                           [[str(f["T"]), f"{statistics.median(f[ENGINE_FFN]):.1f}"]
-                            + [c for key, _, _ in keys
-                               for c in ((f"{statistics.median(f[key]):.1f}",
-                                          _rt(ratios[key][f["T"]])) if key in f
-                                         else ("-", "-"))]
-                            for f in cells])]
+                R.md_table(["tokens", "rows in gate_up µs", "rows in the routing launch µs",
+                            "gate_up / routing launch", "n"],
+                           [[str(r["T"]), f"{statistics.median(f['shared_in_gate_up_us']):.1f}",
+                             f"{statistics.median(f['shared_in_route_us']):.1f}", _rt(r),
+                             f"{r['n']}/{r['n_base']}"]
+                            for r, f in zip(sr, [f for f in doc["ffn"]
+                                                 if "shared_in_gate_up_us" in f])])]
     return out
 
 
@@ -405,11 +394,10 @@ def answer(doc: dict) -> str:
     if fr:
         parts.append("one MoE FFN split / grouped " + ", ".join(
             f"{_said(r)} at T={r['T']}" for r in fr))
-    for key, what, _ in FFN_VARIANTS:
-        vr = variant_ratios(doc, key)
-        if vr:
-            parts.append(f"the grouped FFN {what} / the engine's " + ", ".join(
-                f"{_said(r)} at T={r['T']}" for r in vr))
+    sr = shared_rows_ratios(doc)
+    if sr:
+        parts.append("the grouped FFN with the shared rows in gate_up / in the routing launch "
+                     + ", ".join(f"{_said(r)} at T={r['T']}" for r in sr))
     lib = doc.get("library", {})
     lr = library_ratios(doc)
     if lr:

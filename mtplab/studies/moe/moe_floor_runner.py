@@ -243,13 +243,12 @@ def moe_layer():
 def ffn_rows(log: Log, m) -> None:
     """Per token count: the FFN of each arm (µs and kernels per call), the grouped arm's
     routing kernel alone at each of ROUTE_WARPS warps a program (µs per call), with its
-    serial work (kernels/moe_route.py serial_work), and beside the engine's grouped FFN (the
-    shared expert's act rows from the routing launch, down combining) the same FFN with the
-    rows computed by gate_up and the same with a combine kernel, their captures
-    alternating."""
+    serial work (kernels/moe_route.py serial_work), and the grouped FFN with the shared
+    expert's act rows computed by gate_up beside the engine's (by the routing launch), their
+    captures alternating."""
     H, E = m.gate.weight.shape[1], m.num_experts
     bm = fm.block_m("cuda")
-    sg, se = m.shared_expert_gate, m.shared_expert
+    sg = m.shared_expert_gate
     for T in (1, 8, 32):
         h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
         row = {"T": T}
@@ -270,23 +269,19 @@ def ffn_rows(log: Log, m) -> None:
                                             for _ in range(FFN_CAPTURES)]}
                         for w in ROUTE_WARPS]
         row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
-        if se is not None:
-            def variant(rows_in_route: bool, down_combines: bool, h=h):
+        if m.shared_expert is not None:
+            def in_gate_up(h=h, se=m.shared_expert):   # the shared rows computed by gate_up
                 r = mr.route_align_triton(h, m.gate.weight, m.gate.bias, sg.weight, m.top_k,
-                                          m.norm_topk, bm, m.route_counts(h),
-                                          se.gate_up_weight if rows_in_route else None)
+                                          m.norm_topk, bm, m.route_counts(h))
                 return fm.moe_ffn_triton(h, m.experts.gate_up_proj, m.experts.down_proj, r,
-                                         se.gate_up_weight, se.down_proj.weight,
-                                         m.arrivals(h) if down_combines else None)
+                                         se.gate_up_weight, se.down_proj.weight)
 
             m.kernels = "grouped"
-            arms = {"shared_in_route_us": lambda h=h: m.forward_fused(h),      # the engine's
-                    "shared_in_gate_up_us": functools.partial(variant, False, True),
-                    "combine_kernel_us": functools.partial(variant, True, False)}
             with torch.no_grad():
-                for _ in range(FFN_CAPTURES):
-                    for key, fn in arms.items():
-                        row.setdefault(key, []).append(graph_us(fn))
+                pairs = [(graph_us(in_gate_up), graph_us(lambda h=h: m.forward_fused(h)))
+                         for _ in range(FFN_CAPTURES)]
+            row["shared_in_gate_up_us"] = [a for a, _ in pairs]
+            row["shared_in_route_us"] = [b for _, b in pairs]
         log.doc["ffn"].append(row)
 
 
@@ -310,8 +305,7 @@ def phase_library(log: Log) -> None:
          m.norm_topk)
     for T in (1, 8, 32):
         x = torch.randn(T, m.gate.weight.shape[1], device="cuda", dtype=torch.bfloat16)
-        arms = {"mtplab": ml.mtplab_routed(m.route_counts(x), m.arrivals(x)),
-                "library": theirs}
+        arms = {"mtplab": ml.mtplab_routed(m.route_counts(x)), "library": theirs}
         fns = {k: functools.partial(a.routed, x, *w) for k, a in arms.items()}
         ref = ml.reference(x, *w)
         ref_ids = ml.reference_routing(x, w[0], w[1], w[4], w[5]).ids

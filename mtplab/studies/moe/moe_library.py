@@ -4,7 +4,7 @@ question `moe_floor` (moe_floor_runner.py runs it, moe_floor.py renders it).
 Both arms compute the routed experts of one MoE layer from its input, with no shared expert:
 
     mtplab   route_align_triton (router GEMV, softmax, top-k, alignment: one kernel)
-             -> moe_ffn_triton (gate/up, down whose last programs combine)
+             -> moe_ffn_triton (gate/up, down, combine)
     SGLang   F.linear (the router logits) -> fused_topk (sgl_kernel's topk_softmax)
              -> fused_experts (its moe_align_block_size, the Triton fused-MoE GEMMs with
                 SiLU-and-mul between them, the top-k sum), out of place
@@ -49,17 +49,15 @@ class Library:
     routing: Router
 
 
-def mtplab_routed(counts: torch.Tensor, arrivals: torch.Tensor) -> Library:
-    """mtplab's grouped kernels as the engine runs them; `counts`: the routing kernel's int32
-    counters, `arrivals`: the down GEMM's combine counters (both left zero)."""
+def mtplab_routed(counts: torch.Tensor) -> Library:
+    """mtplab's grouped kernels; `counts`: the routing kernel's int32 counters (left zero)."""
     def route(x, w_router, bias, top_k, renormalize):
         return mr.route_align_triton(x, w_router, bias, None, top_k, renormalize,
                                      fm.block_m(x.device.type), counts)
 
     def routed(x, w_router, bias, w_gate_up, w_down, top_k, renormalize):
         return fm.moe_ffn_triton(x, w_gate_up, w_down,
-                                 route(x, w_router, bias, top_k, renormalize), None, None,
-                                 arrivals)
+                                 route(x, w_router, bias, top_k, renormalize), None, None)
 
     def routing(x, w_router, bias, top_k, renormalize):
         r = route(x, w_router, bias, top_k, renormalize)

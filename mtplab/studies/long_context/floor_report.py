@@ -172,7 +172,7 @@ def plan_rows(doc: dict) -> list[dict]:
             continue
         a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
         nz = noise(spread(_ms(s)), spread(_ms(t)))
-        out.append({"model": s["model"], "ctx": s["ctx"], "bs": s["bs"], "arm_ms": a,
+        out.append({"model": s["model"], "ctx": s["ctx"], "bs": s["bs"], "cublas_ms": a,
                     "plan_ms": b, "ratio": a / b, "noise": nz,
                     "words": R.verdict(a / b, nz, len(_ms(s)), len(_ms(t)))})
     return out
@@ -290,8 +290,8 @@ def answer(doc: dict) -> str:
     pr = plan_rows(doc)
     if pr:
         parts.append("the engine's GEMM plan against cuBLAS (step / step) " + ", ".join(
-            f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs "
-            f"{r['bs']}" for r in pr))
+            f"{R.ratio_text(r['ratio'], r['noise'], r['words'])} at {r['model']} bs {r['bs']}"
+            for r in pr))
     gr = gemm_rows(doc)
     if gr:
         faster = [f"{r['shape']} M={r['M']}" for r in gr if r["words"] == R.PAYS]
@@ -366,7 +366,7 @@ def _plan_lines(doc: dict) -> list[str]:
     if rows:
         lines.append(R.md_table(
             ["model", "ctx", "bs", "cuBLAS step ms", "planned step ms", "cuBLAS / planned"],
-            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['arm_ms']:.3f}",
+            [[r["model"], str(r["ctx"]), str(r["bs"]), f"{r['cublas_ms']:.3f}",
               f"{r['plan_ms']:.3f}", R.ratio_text(r["ratio"], r["noise"], r["words"])]
              for r in rows]))
     for model, plan in plans.items():

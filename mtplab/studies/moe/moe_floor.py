@@ -118,7 +118,7 @@ def ffn_ratios(doc: dict) -> list[dict]:
 def shared_rows_ratios(doc: dict) -> list[dict]:
     """Per token count where measured: the grouped FFN with the shared expert's act rows in
     gate_up / in the routing launch (above 1: the routing launch's rows pay)."""
-    return [{"T": r["T"], **ratio(r["shared_in_gate_up_us"], r["shared_in_route_us"])}
+    return [{**r, **ratio(r["shared_in_gate_up_us"], r["shared_in_route_us"])}
             for r in doc["ffn"] if "shared_in_gate_up_us" in r]
 
 
@@ -221,11 +221,9 @@ def _ffn(doc: dict) -> list[str]:
                 "captures alternating:", "",
                 R.md_table(["tokens", "rows in gate_up µs", "rows in the routing launch µs",
                             "gate_up / routing launch", "n"],
-                           [[str(r["T"]), f"{statistics.median(f['shared_in_gate_up_us']):.1f}",
-                             f"{statistics.median(f['shared_in_route_us']):.1f}", _rt(r),
-                             f"{r['n']}/{r['n_base']}"]
-                            for r, f in zip(sr, [f for f in doc["ffn"]
-                                                 if "shared_in_gate_up_us" in f])])]
+                           [[str(r["T"]), f"{statistics.median(r['shared_in_gate_up_us']):.1f}",
+                             f"{statistics.median(r['shared_in_route_us']):.1f}", _rt(r),
+                             f"{r['n']}/{r['n_base']}"] for r in sr])]
     return out
 
 

@@ -248,7 +248,7 @@ def ffn_rows(log: Log, m) -> None:
     captures alternating."""
     H, E = m.gate.weight.shape[1], m.num_experts
     bm = fm.block_m("cuda")
-    sg = m.shared_expert_gate
+    sg, se = m.shared_expert_gate, m.shared_expert
     for T in (1, 8, 32):
         h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
         row = {"T": T}
@@ -259,22 +259,22 @@ def ffn_rows(log: Log, m) -> None:
                                         for _ in range(FFN_CAPTURES)]
             row[f"{kernels}_kernels"] = graph_trace(lambda h=h: m.forward_fused(h))[0]
 
-        def route(h=h, warps=None):
+        def route(h=h, warps=None, shared_rows=True):   # the engine's: the shared rows too
             return mr.route_align_triton(h, m.gate.weight, m.gate.bias,
                                          None if sg is None else sg.weight, m.top_k,
                                          m.norm_topk, bm, m.route_counts(h),
-                                         m.shared_expert.gate_up_weight, num_warps=warps)
+                                         se.gate_up_weight if se is not None and shared_rows
+                                         else None, num_warps=warps)
 
         row["route"] = [{"warps": w, "us": [graph_us(functools.partial(route, warps=w))
                                             for _ in range(FFN_CAPTURES)]}
                         for w in ROUTE_WARPS]
         row["route_work"] = mr.serial_work(T, H, E, m.top_k, bm, torch.bfloat16)
-        if m.shared_expert is not None:
-            def in_gate_up(h=h, se=m.shared_expert):   # the shared rows computed by gate_up
-                r = mr.route_align_triton(h, m.gate.weight, m.gate.bias, sg.weight, m.top_k,
-                                          m.norm_topk, bm, m.route_counts(h))
-                return fm.moe_ffn_triton(h, m.experts.gate_up_proj, m.experts.down_proj, r,
-                                         se.gate_up_weight, se.down_proj.weight)
+        if se is not None:
+            def in_gate_up(h=h, route=route):           # the shared rows computed by gate_up
+                return fm.moe_ffn_triton(h, m.experts.gate_up_proj, m.experts.down_proj,
+                                         route(shared_rows=False), se.gate_up_weight,
+                                         se.down_proj.weight)
 
             m.kernels = "grouped"
             with torch.no_grad():

@@ -37,7 +37,8 @@ logger = logging.getLogger("mtplab")
 DECODE_GEMMS = ("auto", "cublas")      # RunConfig.decode_gemm (= config.py DECODE_GEMMS)
 PLAN_ROWS = (1, PLAN_MAX_M)
 # the last four for narrow weights (N = 2816 gives 88 tiles of 32 rows on 132 SMs): three
-# split K (32 rows by 3 slices: 264 programs, two a SM), one with twice the loads in flight
+# split K (at N = 2816: 32 rows x 2 slices, 176 programs; 16 x 3, 528; 32 x 3, 264), and the
+# first launch at 8 warps
 CANDIDATES = (GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 128, 1, 4, 4),
               GemvConfig(16, 256, 1, 4, 4), GemvConfig(64, 256, 1, 8, 3),
               GemvConfig(32, 256, 2, 4, 4), GemvConfig(16, 256, 3, 4, 4),

@@ -16,9 +16,9 @@ decode tok/s (tokens out per iteration / the window's p50 iteration) is one repe
 study's rows. Per MoE model, routing and K, an experts pass (the engine again with
 moe_stats, EXPERT_STEPS steps per level) records the distinct experts per layer each verify
 touches at every bs beside uniform routing's expectation. A run at a stamp (date, device,
-commit) that already has a report adds its rows to it, so calls of one session build one
-report. The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with
-uncommitted changes is refused before anything runs.
+commit) that already has a report adds its rows to it, so several runs of one commit on one
+device build one report. The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a
+tree with uncommitted changes is refused before anything runs.
 """
 from __future__ import annotations
 

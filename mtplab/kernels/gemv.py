@@ -137,11 +137,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig | None = None) -> tor
     return dispatch("gemv", _gemv_triton if ok else None, gemv_ref, x, w, cfg)
 
 
+def planned(x: torch.Tensor, launch: GemvConfig | None) -> bool:
+    """Whether a planned launch applies to x: one is given, x is a CUDA matrix of at most
+    PLAN_MAX_M rows, and batch-invariant mode is off (its matmul keeps a row's bits across
+    batch sizes; this kernel does not)."""
+    return (launch is not None and x.dim() == 2 and x.shape[0] <= PLAN_MAX_M and x.is_cuda
+            and not batch_invariant.is_active())
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, launch: GemvConfig | None) -> torch.Tensor:
-    """F.linear(x, w), on the skinny GEMM at `launch` where one is given, x is a CUDA matrix
-    of at most PLAN_MAX_M rows, and batch-invariant mode is off (its matmul keeps a row's
-    bits across batch sizes; this kernel does not)."""
-    if (launch is not None and x.dim() == 2 and x.shape[0] <= PLAN_MAX_M and x.is_cuda
-            and not batch_invariant.is_active()):
+    """F.linear(x, w), on the skinny GEMM at `launch` where it is `planned`."""
+    if planned(x, launch):
         return gemv(x, w, launch)
     return F.linear(x, w)

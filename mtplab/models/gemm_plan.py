@@ -3,7 +3,10 @@ sites (models/linear.py), cuBLAS or the skinny Triton GEMM (kernels/gemv.py), wh
 measures faster on this device, side by side, before any graph is captured.
 
     sites     every (module, site, weight) of the models            `sites()`
-    shapes    the sites grouped by (N, K, dtype)
+    shapes    the sites grouped by (N, K, dtype, RoPE heads): a site whose output is RoPE'd
+              and written to the KV cache (`site_rope`, the "qkv" site) is timed with that
+              epilogue: cuBLAS then the RoPE kernel, against the skinny GEMM with it fused
+              (kernels/qkv_rope.py) at each CANDIDATES launch it `fits`
     per shape device µs per call at each M in PLAN_ROWS, cuBLAS and every CANDIDATES
               launch: REPS passes over the shape's weights in turn captured in one CUDA graph
               (as a decode step runs them: no host launch cost), the median of TRIALS replays
@@ -13,15 +16,16 @@ measures faster on this device, side by side, before any graph is captured.
               least MARGIN times it; cuBLAS otherwise                          `choose()`
     apply     module.gemv = {site: launch} for the sites whose shape chose Triton
 
-A choice is cached per (device, N, K, dtype) for the process: engines built later, on the
-same device, take the same kernels (tokens of two engines compare kernel for kernel). The
-plan applies on CUDA to 16-bit weights outside deterministic mode; `decode_gemm="cublas"`, a
-CPU, fp32 or deterministic run leave every site on F.linear (`clear()`).
+A choice is cached per (device, N, K, dtype, RoPE heads) for the process: engines built
+later, on the same device, take the same kernels (tokens of two engines compare kernel for
+kernel). The plan applies on CUDA to 16-bit weights outside deterministic mode;
+`decode_gemm="cublas"`, a CPU, fp32 or deterministic run leave every site on F.linear
+(`clear()`).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -29,7 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..device import graph_us
+from ..kernels.fused_ops import rope_qkv_cache
 from ..kernels.gemv import GemvConfig, PLAN_MAX_M, _gemv_triton
+from ..kernels.qkv_rope import RopeShape, _qkv_rope_triton, fits
 from .linear import NO_PLAN, GemmSites
 
 logger = logging.getLogger("mtplab")
@@ -56,13 +62,17 @@ class Choice:
     n: int
     k: int
     dtype: str
+    rope: Optional[RopeShape]        # the RoPE epilogue both arms ran (None: a plain GEMM)
     sites: int                       # sites of this shape in the models planned
     cublas_us: float
     triton_us: float                 # the fastest candidate's
     launch: Optional[GemvConfig]     # None: cuBLAS
 
     def row(self) -> dict:
+        """The engine's row: `epilogue` "rope" where both arms ran the RoPE epilogue."""
         d = asdict(self)
+        del d["rope"]
+        d["epilogue"] = None if self.rope is None else "rope"
         d["launch"] = None if self.launch is None else label(self.launch)
         return d
 
@@ -72,7 +82,7 @@ def label(c: GemvConfig) -> str:
 
 
 Site = tuple[GemmSites, str, torch.Tensor]
-Measure = Callable[[list[torch.Tensor]], dict[Optional[GemvConfig], float]]
+Measure = Callable[[list[torch.Tensor], Optional[RopeShape]], dict[Optional[GemvConfig], float]]
 _CACHE: dict[tuple, Choice] = {}
 
 
@@ -109,14 +119,42 @@ def _rotation(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
+def _arms(rope: Optional[RopeShape], w: torch.Tensor) -> dict:
+    """{None (cuBLAS) or a launch: fn(x, w)}: the plain GEMMs, or with `rope` cuBLAS then the
+    RoPE kernel beside the fused kernel at each launch that fits, on stand-in operands (a
+    cos/sin table, positions and cache slots for up to PLAN_MAX_M rows: their values do not
+    change the time)."""
+    if rope is None:
+        arms: dict = {None: F.linear}
+        arms.update({c: (lambda x, w, c=c: _gemv_triton(x, w, c)) for c in CANDIDATES})
+        return arms
+    dev, d, nkv = w.device, rope.head_dim, max(rope.nkv, 1)
+    table = torch.rand(2 * PLAN_MAX_M, d, device=dev)
+    kc, vc = (torch.zeros(2 * PLAN_MAX_M, nkv, d, device=dev, dtype=w.dtype) for _ in "kv")
+    idx = torch.arange(PLAN_MAX_M, device=dev)
+    ops = (rope.nq, rope.nkv, kc, vc)
+
+    def rows(x):                          # positions, cos, sin for x's rows
+        return idx[:x.shape[0]] + PLAN_MAX_M, table, table
+
+    def cublas(x, w):
+        return rope_qkv_cache(F.linear(x, w), *rows(x), *ops, idx[:x.shape[0]])
+    arms = {None: cublas}
+    arms.update({c: (lambda x, w, c=c: _qkv_rope_triton(x, w, c, *rows(x), *ops,
+                                                         idx[:x.shape[0]]))
+                 for c in CANDIDATES if fits(c, rope)})
+    return arms
+
+
+def measure(weights: list[torch.Tensor],
+            rope: Optional[RopeShape] = None) -> dict[Optional[GemvConfig], float]:
     """µs per call summed over PLAN_ROWS, per arm (None: cuBLAS), on the weights' device
-    (module doc). CUDA only. A launch this device cannot compile or run (shared memory, an
-    older architecture) is left out, logged once; out of memory is raised (`plan`)."""
+    (module doc; with `rope`, each arm with the RoPE epilogue). CUDA only. A launch this
+    device cannot compile or run (shared memory, an older architecture) is left out, logged
+    once; out of memory is raised (`plan`)."""
     ws = _rotation(weights)
     n, k = ws[0].shape
-    arms: dict = {None: F.linear}
-    arms.update({c: (lambda x, w, c=c: _gemv_triton(x, w, c)) for c in CANDIDATES})
+    arms = _arms(rope, ws[0])
     total = dict.fromkeys(arms, 0.0)
     gen = torch.Generator(device=ws[0].device).manual_seed(0)
     for m in PLAN_ROWS:
@@ -139,8 +177,9 @@ def measure(weights: list[torch.Tensor]) -> dict[Optional[GemvConfig], float]:
     return total
 
 
-def _key(w: torch.Tensor) -> tuple:
-    return (str(w.device), w.device.index, *w.shape, str(w.dtype).removeprefix("torch."))
+def _key(m: GemmSites, site: str, w: torch.Tensor) -> tuple:
+    return (str(w.device), w.device.index, *w.shape, str(w.dtype).removeprefix("torch."),
+            m.site_rope(site))
 
 
 def plan(*models: nn.Module, measure: Measure = measure) -> list[Choice]:
@@ -150,24 +189,24 @@ def plan(*models: nn.Module, measure: Measure = measure) -> list[Choice]:
     found = sites(*models)
     groups: dict[tuple, list[Site]] = {}
     for s in found:
-        groups.setdefault(_key(s[2]), []).append(s)
+        groups.setdefault(_key(*s), []).append(s)
     choices, launch = [], {}
     for key, group in groups.items():
         c = _CACHE.get(key)
         if c is None:
             try:
-                us = measure([w for _, _, w in group])
+                us = measure([w for _, _, w in group], key[-1])
             except torch.OutOfMemoryError:
                 c = Choice(*key[2:], 0, float("nan"), float("nan"), None)
             else:
                 best, t = choose(us)
                 c = _CACHE[key] = Choice(*key[2:], 0, us[None], t, best)
-        choices.append(Choice(**{**asdict(c), "launch": c.launch, "sites": len(group)}))
+        choices.append(replace(c, sites=len(group)))
         launch[key] = c.launch
     per_module: dict[int, tuple[GemmSites, dict]] = {}
     for m, name, w in found:
         _, mine = per_module.setdefault(id(m), (m, {}))
-        chosen = launch[_key(w)]
+        chosen = launch[_key(m, name, w)]
         if chosen is not None:
             mine[name] = chosen
     for m, mine in per_module.values():

@@ -8,18 +8,21 @@ to the skinny Triton GEMM (kernels/gemv.py) where that measured faster than cuBL
 
 `Linear` is nn.Linear with one site, "weight" (same parameters, same state-dict names). The
 fused paths name their concatenated weights as sites: "qkv" (llama.Attention), "gate_up"
-(mlp.MLP), "head" (drafts.DraftHead), "hot" (draft_vocab.VocabHead).
+(mlp.MLP), "head" (drafts.DraftHead), "hot" (draft_vocab.VocabHead). A site whose output is
+RoPE'd and written to the KV cache ("qkv") names its heads (`site_rope`): the plan then times
+the GEMM with that epilogue, and the forward runs `qkv_rope`.
 """
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.gemv import GemvConfig, linear
+from ..kernels.qkv_rope import RopeShape
 
 NO_PLAN: Mapping[str, GemvConfig] = MappingProxyType({})
 
@@ -31,6 +34,11 @@ class GemmSites:
 
     def gemm_sites(self) -> dict[str, torch.Tensor]:
         return {}
+
+    def site_rope(self, site: str) -> Optional[RopeShape]:
+        """The heads of a site whose output its forward rotates and writes to the KV cache
+        (kernels/qkv_rope.py: the GEMM and that epilogue in one kernel), or None."""
+        return None
 
 
 class Linear(GemmSites, nn.Linear):

@@ -18,6 +18,8 @@ Two paths compute that same function (`set_fused`):
 
         (res, delta) -> h, res = add_rmsnorm(res, delta)        delta = None before layer 0
                         q = rope_qkv_cache(h @ Wqkv^T)  -> k, v into the cache at out_loc
+                            (one kernel at decode rows where the GEMM plan chose it:
+                             kernels/qkv_rope.py)
                         h, res = add_rmsnorm(res, o_proj(attn(q)))
                         delta = down(silu_mul(h @ Wgu^T))
         hidden, h = add_rmsnorm(res, delta, final norm)  ; logits = lm_head(h[logits_idx])
@@ -38,8 +40,9 @@ import torch
 from torch import nn
 
 from ..kernels.attn_meta import AttnMeta
-from ..kernels.fused_ops import add_rmsnorm, apply_rope, rope_qkv_cache
-from .linear import GemmSites, Linear, linear
+from ..kernels.fused_ops import add_rmsnorm, apply_rope
+from ..kernels.qkv_rope import RopeShape, qkv_rope
+from .linear import GemmSites, Linear
 from .llama_config import LlamaConfig
 from .mlp import MLP, fuse_linears
 from .moe import MoEFFN
@@ -145,12 +148,14 @@ class Attention(GemmSites, nn.Module):
         w = getattr(self, "qkv_weight", None)
         return {} if w is None else {"qkv": w}
 
+    def site_rope(self, site: str) -> Optional[RopeShape]:
+        return RopeShape(self.nq, self.nkv, self.d) if site == "qkv" else None
+
     def forward_fused(self, h, positions, rope: Rope, kv: KVView, meta: AttnMeta, window: int,
                       attn_fn: AttnFn) -> torch.Tensor:
         T = h.shape[0]
-        qkv = linear(h, self.qkv_weight, self.gemv.get("qkv"))
-        q = rope_qkv_cache(qkv, positions, rope.cos, rope.sin, self.nq, self.nkv, kv.k, kv.v,
-                           kv.out_loc)
+        q = qkv_rope(h, self.qkv_weight, self.gemv.get("qkv"), positions, rope.cos, rope.sin,
+                     self.nq, self.nkv, kv.k, kv.v, kv.out_loc)
         o = attn_fn(q, kv.k, kv.v, meta, self.scale, window)
         return self.o_proj(o.reshape(T, self.nq * self.d))
 

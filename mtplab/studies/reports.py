@@ -178,6 +178,13 @@ def num(v: Any, spec: str) -> str:
     return format(v, spec)
 
 
+def plan_shape(row: dict) -> str:
+    """A decode GEMM plan row's shape (Engine.gemm_plan): "N x K", "+ RoPE" where both arms
+    ran the RoPE epilogue (cuBLAS then the RoPE kernel, against the fused kernel)."""
+    rope = " + RoPE" if row.get("epilogue") == "rope" else ""
+    return f"{row['n']} x {row['k']}{rope}"
+
+
 def md_table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]

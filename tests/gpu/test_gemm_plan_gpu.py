@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from mtplab import Engine, RunConfig
 from mtplab.kernels import gemv as G
+from mtplab.kernels import qkv_rope as QR
 from mtplab.kernels.batch_invariant import batch_invariant_mode
 from mtplab.models import gemm_plan
 from tests.helpers import random_prompts
@@ -28,6 +29,32 @@ def test_candidates_match_f_linear(launch, n, k):
         x = rnd(m, k, seed=m)
         got = G._gemv_triton(x, w, launch)
         torch.testing.assert_close(got.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("launch", [c for c in gemm_plan.CANDIDATES if c.split_k == 1
+                                    and c.block_n >= 32], ids=gemm_plan.label)
+@pytest.mark.parametrize("nq,nkv,d,k", [(32, 8, 128, 4096), (16, 8, 256, 2816),
+                                        (16, 2, 512, 2816)])
+def test_qkv_rope_kernel_matches_gemm_then_rope(launch, nq, nkv, d, k):
+    """Decode shapes (llama3-8b, a Gemma-4 sliding and global layer): q and the cache rows
+    against rope_qkv_cache_ref(F.linear), rows 1 to 8, with and without the KV write."""
+    if not QR.fits(launch, QR.RopeShape(nq, nkv, d)):
+        pytest.skip("the launch does not fit these heads")
+    w = rnd((nq + 2 * nkv) * d, k, seed=2, scale=k ** -0.5)
+    freqs = torch.outer(torch.arange(512.0), 1e-2 * torch.arange(d // 2)).cuda()
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    for m in (1, 3, 8):
+        x = rnd(m, k, seed=m)
+        pos = torch.randint(0, 512, (m,), device="cuda")
+        loc = torch.randperm(64, device="cuda")[:m]
+        kc, vc = rnd(64, nkv, d, seed=5), rnd(64, nkv, d, seed=6)
+        kr, vr = kc.clone(), vc.clone()
+        want = QR.qkv_rope_ref(x, w, launch, pos, cos, sin, nq, nkv, kr, vr, loc)
+        got = QR._qkv_rope_triton(x, w, launch, pos, cos, sin, nq, nkv, kc, vc, loc)
+        for a, b in ((got, want), (kc, kr), (vc, vr)):
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+        q_only = QR._qkv_rope_triton(x, w, launch, pos, cos, sin, nq, nkv, None, None, None)
+        torch.testing.assert_close(q_only.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_linear_takes_the_kernel_only_where_planned(monkeypatch):
@@ -74,14 +101,17 @@ def test_planned_kernel_in_graphs_equals_eager(monkeypatch):
     same tokens (8 lanes: the graphs' bucket, so both run the same rows)."""
     monkeypatch.setattr(gemm_plan, "_CACHE", {})
     monkeypatch.setattr(gemm_plan, "choose", lambda us: (gemm_plan.CANDIDATES[0], 1.0))
-    calls, real = [], G._gemv_triton
-    monkeypatch.setattr(G, "_gemv_triton", lambda *a: calls.append(1) or real(*a))
+    calls, real, real_rope = [], G._gemv_triton, QR._qkv_rope_triton
+    monkeypatch.setattr(G, "_gemv_triton", lambda *a: calls.append("gemv") or real(*a))
+    monkeypatch.setattr(QR, "_qkv_rope_triton", lambda *a: calls.append("qkv_rope") or
+                        real_rope(*a))
     prompts = random_prompts(8, [20, 33], 128000, seed=5)
     outs = {}
     for graphs in (False, True):
         with Engine(cfg(cuda_graphs=graphs)) as eng:
             assert all(r["launch"] for r in eng.gemm_plan)
+            assert any(r["epilogue"] == "rope" for r in eng.gemm_plan)
             outs[graphs] = eng.generate(prompts, 24, ignore_eos=True)
             eng.check_invariants()
-    assert calls                                   # the kernel ran (eager, and captured)
+    assert set(calls) == {"gemv", "qkv_rope"}      # the kernels ran (eager, and captured)
     assert outs[True] == outs[False]

@@ -33,7 +33,7 @@ def empty_cache(monkeypatch):
 def fake_measure(triton_wins: set, calls: list):
     """Triton (FAST) 2x faster than cuBLAS on the shapes (N, K) in triton_wins, 1.01x
     (inside the margin) elsewhere."""
-    def measure(weights):
+    def measure(weights, rope=None):
         n, k = weights[0].shape
         calls.append((n, k, len(weights)))
         faster = 2.0 if (n, k) in triton_wins else 1.01
@@ -86,7 +86,7 @@ def test_plan_measures_each_shape_once_and_sets_the_sites():
 
 
 def test_a_shape_out_of_memory_stays_on_cublas_uncached():
-    def oom(weights):
+    def oom(weights, rope=None):
         raise torch.OutOfMemoryError("CUDA out of memory")
     model = tiny()
     choices = P.plan(model, measure=oom)
@@ -166,3 +166,40 @@ def test_a_launch_that_fails_is_left_out_and_cublas_failing_is_raised(monkeypatc
     monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         P.measure([w])
+
+
+def test_a_rope_site_is_its_own_shape_timed_with_its_epilogue():
+    """The fused qkv site carries its heads: measured with them, apart from a plain weight of
+    the same shape, and its row names the epilogue."""
+    from mtplab.kernels.qkv_rope import RopeShape
+    model, seen = tiny(), []
+
+    def measure(weights, rope=None):
+        seen.append((tuple(weights[0].shape), rope))
+        return {None: 10.0, FAST: 5.0}
+    model.lm_head.weight = torch.nn.Parameter(torch.zeros(64, 32))   # qkv's shape, plain
+    choices = P.plan(model, measure=measure)
+    assert ((64, 32), RopeShape(4, 2, 8)) in seen and ((64, 32), None) in seen
+    rows = {(c.n, c.k, c.rope): c.row() for c in choices}
+    assert rows[(64, 32, RopeShape(4, 2, 8))]["epilogue"] == "rope"
+    assert rows[(64, 32, None)]["epilogue"] is None and rows[(64, 32, None)]["sites"] == 1
+    assert model.model.layers[0].self_attn.gemv == {"qkv": FAST}
+
+
+def test_measure_with_rope_times_cublas_then_rope_against_the_fused_launches(monkeypatch):
+    """On a stand-in device (graph_us runs each arm's pass once): the cuBLAS arm runs the
+    GEMM then rope_qkv_cache, each fused arm the qkv_rope kernel at a launch that fits."""
+    from mtplab.kernels import qkv_rope as QR
+    ran = []
+    monkeypatch.setattr(P, "rope_qkv_cache", lambda qkv, *a: ran.append("rope") or
+                        QR.rope_qkv_cache_ref(qkv, *a))
+    monkeypatch.setattr(P, "_qkv_rope_triton", lambda x, w, c, *a: ran.append(c) or
+                        QR.qkv_rope_ref(x, w, c, *a))
+    monkeypatch.setattr(P, "graph_us", lambda fn, reps, replays: fn() and 4.0)
+    monkeypatch.setattr(P, "ROTATE_MAX", 1)
+    rope = QR.RopeShape(nq=2, nkv=1, head_dim=64)
+    us = P.measure([torch.zeros(4 * 64, 16)], rope)
+    fitting = [c for c in P.CANDIDATES if QR.fits(c, rope)]
+    assert fitting and len(fitting) < len(P.CANDIDATES)
+    assert set(us) == {None, *fitting}
+    assert ran.count("rope") == len(P.PLAN_ROWS) and set(ran) - {"rope"} == set(fitting)

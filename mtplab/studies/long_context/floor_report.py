@@ -372,7 +372,7 @@ def _plan_lines(doc: dict) -> list[str]:
     for model, plan in plans.items():
         lines += ["", f"{model}'s plan:", "", R.md_table(
             ["model", "N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],
-            [[p["model"], f"{p['n']} x {p['k']}", str(p["sites"]), R.num(p["cublas_us"], ".1f"),
+            [[p["model"], R.plan_shape(p), str(p["sites"]), R.num(p["cublas_us"], ".1f"),
               R.num(p["triton_us"], ".1f"), p["launch"] or "cuBLAS"] for p in plan])]
     return lines
 

@@ -326,7 +326,7 @@ def _decode(doc: dict) -> list[str]:
                 "models/gemm_plan.py: µs summed over GEMMs of 1 and 8 rows; Triton kept where "
                 "it wins by 2%):", "",
                 R.md_table(["N x K", "sites", "cuBLAS µs", "fastest Triton µs", "kept"],
-                           [[f"{p['n']} x {p['k']}", str(p["sites"]),
+                           [[R.plan_shape(p), str(p["sites"]),
                              R.num(p["cublas_us"], ".1f"), R.num(p["triton_us"], ".1f"),
                              p["launch"] or "cuBLAS"] for p in plan])]
     return out

@@ -80,3 +80,57 @@ def test_qkv_rope_off_the_plan_runs_gemm_then_rope(monkeypatch):
     for launch in (None, G.GemvConfig(32, 32)):
         got = QR.qkv_rope(x, w, launch, pos, cos, sin, 2, 1, kc, vc, loc)
         assert torch.equal(got, want) and torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
+# Compiled in a fresh interpreter without TRITON_INTERPRET: this process's interpreter patches
+# triton.language in ways a compile of this kernel's 2-D index arithmetic trips over.
+_SM90 = """
+import json, sys, tempfile, os
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mtplab.kernels import qkv_rope as QR
+sig, const, warps = json.loads(sys.argv[1])
+k = QR._gemv_rope_kernel
+k = k.real() if hasattr(k, "real") else k
+with tempfile.TemporaryDirectory() as cache:
+    os.environ["TRITON_CACHE_DIR"] = cache
+    src = ASTSource(fn=k, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": warps}).asm["ptx"]
+print(json.dumps({"mma": "mma.sync" in ptx or "wgmma" in ptx, "local": ".local" in ptx}))
+"""
+
+
+@pytest.mark.parametrize("nq,nkv,half,block_h,block_k,warps", [
+    (16, 8, 128, 16, 256, 4),       # a Gemma-4 sliding layer at the 32x256 launch
+    (16, 2, 256, 32, 128, 4),       # a global layer at 64x128
+    (32, 8, 64, 32, 256, 8),        # llama3-8b at 64x256 w8
+])
+def test_kernel_compiles_for_sm90_with_tensor_core_dots(nq, nkv, half, block_h, block_k, warps):
+    """Compiled ahead of time for an H100 at decode shapes (bf16): both accumulators' dots
+    are tensor-core MMAs, and nothing spills to local memory."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from triton.backends import backends
+    if "nvidia" not in backends:
+        pytest.skip("this Triton install has no CUDA backend.")
+    ptrs = {n: "*bf16" for n in ("X", "W", "Q", "KC", "VC")}
+    sig = {**ptrs, "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "Loc": "*i64", "M": "i32",
+           "K": "i32", **{s: "i32" for s in ("stride_xm", "stride_wn", "stride_cos",
+                                              "stride_sin", "stride_qt", "stride_qh",
+                                              "stride_kn", "stride_kh", "stride_vn",
+                                              "stride_vh")}}
+    const = dict(NQ=nq, NKV=nkv, HALF=half, BLOCK_M=G.MAX_M, BLOCK_H=block_h, BLOCK_K=block_k,
+                 UPCAST=False)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _SM90, json.dumps([sig, const, warps])],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"mma": True, "local": False}

@@ -10,7 +10,9 @@ in its epilogue, a grouped down GEMM, and a weighted combine with the shared exp
                  Wgu[e, I + n]))  -- gate and up tiles of one program, one pass over x
     down         program (block b, column tile n): y[slot] = round(act[slot] @ Wd[e, n])
     combine      program (token t, column tile): out[t] = round(shared + sum_j w[t,j] *
-                 y[t*k + j])   (fp32, j in order 0..k-1, then the shared term)
+                 y[t*k + j])   (fp32, j in order 0..k-1, then the shared term); with
+                 `defer` (moe_ffn) the consumer's add_rmsnorm sums the rows instead, with
+                 the same arithmetic (fused_ops.PendingCombine): one launch fewer a layer
 
     sorted   | e0 e0 e0 -- | e3 -- -- -- | e7 e7 e7 e7 | e7 -- -- -- | (-1 blocks) | shared |
     block    |     0       |     1       |     2       |     3       |   4 ...     | NB ... |
@@ -42,14 +44,15 @@ expert weights, so on a GPU at large batch they move more bytes than the kernels
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from ..lazy_triton import tl, triton
 from . import batch_invariant
-from .fused_ops import dispatch
+from .fused_ops import PendingCombine, dispatch
 
 
 def block_m(device_type: str) -> int:
@@ -322,11 +325,12 @@ def _combine_kernel(Y, Wt, S, G, Out, N, H, stride_ys, stride_ot, stride_st,
 
 
 def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=None,
-            gate=None, shared_gate_up=None, shared_down=None,
-            shared_act=None) -> torch.Tensor:
+            gate=None, shared_gate_up=None, shared_down=None, shared_act=None,
+            defer=False) -> Union[torch.Tensor, PendingCombine]:
     """The three launches; `shared` (a [T, H] output, combine mode 1) or the shared expert's
     weights and gate (folded in, mode 2) or neither. Folded with `shared_act` (the routing
-    launch's shared rows): gate_up runs the routed blocks only, down reads shared_act."""
+    launch's shared rows): gate_up runs the routed blocks only, down reads shared_act.
+    `defer` (not with `shared`): the two GEMMs only, and their rows as a PendingCombine."""
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
     I, N = I2 // 2, T * k
@@ -360,6 +364,8 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
         act, w_down, y, sorted_ids, block_expert, N, I, H, act.stride(0), w_down.stride(0),
         w_down.stride(1), y.stride(0), T, nbr, sd, Is, sd.stride(-2), sact, sact.stride(0),
         SHARED=folded, BLOCK_M=bm, **dn)
+    if defer and shared is None:
+        return PendingCombine(y, weights, gate.contiguous() if folded else None)
     s = shared.contiguous() if shared is not None else x
     g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))
@@ -380,9 +386,11 @@ def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
 
 def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                    routing: Routing, shared_gate_up: Optional[torch.Tensor],
-                   shared_down: Optional[torch.Tensor]) -> torch.Tensor:
+                   shared_down: Optional[torch.Tensor],
+                   defer: bool = False) -> Union[torch.Tensor, PendingCombine]:
     """Triton version of `moe_ffn_ref`: the routing's alignment must have `block_m` rows a
-    block on x's device (kernels/moe_route.py makes it so); weights' last dims contiguous."""
+    block on x's device (kernels/moe_route.py makes it so); weights' last dims contiguous.
+    `defer`: the combine left to the consumer's add_rmsnorm (a PendingCombine)."""
     bm = block_m(x.device.type)
     if routing.sorted_ids.numel() != routing.block_expert.numel() * bm:
         raise ValueError(f"moe_ffn_triton: the routing's alignment has "
@@ -391,7 +399,8 @@ def moe_ffn_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
     return _launch(x, w_gate_up, w_down, routing.weights, routing.ids.shape[1],
                    routing.sorted_ids, routing.block_expert, gate=routing.gate,
                    shared_gate_up=shared_gate_up, shared_down=shared_down,
-                   shared_act=routing.shared_act if shared_gate_up is not None else None)
+                   shared_act=routing.shared_act if shared_gate_up is not None else None,
+                   defer=defer)
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -412,10 +421,14 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
 
 def moe_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing: Routing,
             shared_gate_up: Optional[torch.Tensor] = None,
-            shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
+            shared_down: Optional[torch.Tensor] = None,
+            defer: bool = False) -> Union[torch.Tensor, PendingCombine]:
     """The grouped FFN: the kernels in deterministic mode (any device) and on CUDA, the
-    reference elsewhere or inside `references()` (as `fused_moe`)."""
+    reference elsewhere or inside `references()` (as `fused_moe`). `defer`: where the
+    kernels run on CUDA, a PendingCombine for the consumer's add_rmsnorm to sum (fused_ops);
+    a tensor otherwise."""
     args = (x, w_gate_up, w_down, routing, shared_gate_up, shared_down)
+    kernels = functools.partial(moe_ffn_triton, defer=defer and x.is_cuda)
     if batch_invariant.is_active():
-        return moe_ffn_triton(*args)
-    return dispatch("moe_ffn", moe_ffn_triton, moe_ffn_ref, *args)
+        return kernels(*args)
+    return dispatch("moe_ffn", kernels, moe_ffn_ref, *args)

@@ -16,6 +16,9 @@ variant only where the capture says so (the reference then runs between stamp la
 Rounding follows the unfused path step by step, so bf16 results differ from it only by the
 order of the RMSNorm reduction and by fused multiply-adds:
     add_rmsnorm   r = round(x + res); y = round(w * round(r * rsqrt(mean(r^2) + eps)))
+                  res may be a `PendingCombine`: a grouped MoE FFN's expert rows not yet
+                  summed; the kernel sums them first, as the combine kernel would
+                  (kernels/fused_moe.py), and the combine's launch is saved
     rope          out = round(x * cos + rotate_half(x) * sin)   (cos/sin as stored, in fp32)
     silu_mul      out = round(round(silu(g)) * u)
 
@@ -26,7 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -93,18 +97,60 @@ def dispatch(name: str, kernel, ref, *args):
 
 
 # -- residual add + RMSNorm ---------------------------------------------------------------
+@dataclass(frozen=True)
+class PendingCombine:
+    """A grouped MoE FFN's output [T, H] before its weighted combine, for the add_rmsnorm
+    that consumes it to sum (kernels/fused_moe.py `combine`):
+
+        out[t] = round(sum_j weights[t, j] * y[t*k + j]     fp32, j = 0 .. k-1 in order
+                       + gate[t] * y[T*k + t])               only where gate is given
+
+    y [T*k (+ T), H] in the output's dtype; weights [T, k], gate [T] fp32 (contiguous)."""
+    y: torch.Tensor
+    weights: torch.Tensor
+    gate: Optional[torch.Tensor]
+
+    def materialize(self) -> torch.Tensor:
+        """`out` in torch (the reference path; the kernels sum it inside add_rmsnorm)."""
+        T, k = self.weights.shape
+        y = self.y.float()
+        acc = torch.zeros(T, y.shape[1], dtype=torch.float32, device=y.device)
+        for j in range(k):
+            acc = acc + self.weights[:, j, None].float() * y[j:T * k:k]
+        if self.gate is not None:
+            acc = acc + self.gate[:, None].float() * y[T * k:T * k + T]
+        return acc.to(self.y.dtype)
+
+
+Residual = Union[torch.Tensor, PendingCombine, None]
+
+
 @triton.jit
-def _add_rmsnorm_kernel(X, R, W, Y, RO, stride_x, stride_r, stride_y, stride_ro, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(X, R, W, Y, RO, Wt, G, stride_x, stride_r, stride_y, stride_ro, N, NK,
+                        eps, RES: tl.constexpr, TOPK: tl.constexpr, GATED: tl.constexpr,
+                        BLOCK: tl.constexpr):
     """One program per row; the row's sum of squares is one tl.sum over the row in a fixed
     order, so a row's result never depends on how many rows the batch has (batch-invariant
-    by construction)."""
+    by construction). RES 0: no residual; 1: R's row; 2: a PendingCombine of R = y, Wt =
+    weights, G = gate (GATED), NK = T*k, summed as the combine kernel sums it."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
     x = tl.load(X + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
-    if HAS_RES:
+    if RES == 1:
         r = tl.load(R + row * stride_r + cols, mask=m, other=0.0).to(tl.float32)
+    if RES == 2:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for j in tl.static_range(TOPK):
+            w = tl.load(Wt + row * TOPK + j).to(tl.float32)
+            y = tl.load(R + (row * TOPK + j) * stride_r + cols, mask=m, other=0.0)
+            acc += w * y.to(tl.float32)
+        if GATED:
+            g = tl.load(G + row)
+            acc += g * tl.load(R + (NK + row) * stride_r + cols, mask=m,
+                               other=0.0).to(tl.float32)
+        r = acc.to(RO.dtype.element_ty).to(tl.float32)
+    if RES > 0:
         s = (x + r).to(RO.dtype.element_ty)
         tl.store(RO + row * stride_ro + cols, s, mask=m)
         x = s.to(tl.float32)
@@ -115,38 +161,47 @@ def _add_rmsnorm_kernel(X, R, W, Y, RO, stride_x, stride_r, stride_y, stride_ro,
     tl.store(Y + row * stride_y + cols, (w * y).to(Y.dtype.element_ty), mask=m)
 
 
-def add_rmsnorm_ref(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+def add_rmsnorm_ref(x: torch.Tensor, residual: Residual, weight: torch.Tensor,
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual) * weight, x + residual); residual None -> (RMSNorm(x), x)."""
+    if isinstance(residual, PendingCombine):
+        residual = residual.materialize()
     s = x if residual is None else x + residual
     sf = s.float()
     sf = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * sf.to(s.dtype), s
 
 
-def add_rmsnorm_triton(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+def add_rmsnorm_triton(x: torch.Tensor, residual: Residual, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `add_rmsnorm_ref`: x/residual [T, N] (last dim contiguous)."""
     T, N = x.shape
     x, weight = x.contiguous(), weight.contiguous()
-    residual = residual.contiguous() if residual is not None else None
     y = torch.empty_like(x)
-    has_res = residual is not None
-    ro = torch.empty_like(x) if has_res else x
-    r = residual if has_res else x
+    if residual is None:
+        mode, r, ro, wt, g, nk, k = 0, x, x, x, x, 0, 1
+    elif isinstance(residual, PendingCombine):
+        r, wt = residual.y.contiguous(), residual.weights.contiguous()
+        k = wt.shape[1]
+        g = residual.gate if residual.gate is not None else wt
+        mode, ro, nk = 2, torch.empty_like(x), T * k
+    else:
+        mode, r, ro, wt, g, nk, k = 1, residual.contiguous(), torch.empty_like(x), x, x, 0, 1
     if T:
         block = triton.next_power_of_2(N)
-        _add_rmsnorm_kernel[(T,)](x, r, weight, y, ro, x.stride(0), r.stride(0), y.stride(0),
-                                  ro.stride(0), N, float(eps), HAS_RES=has_res, BLOCK=block,
-                                  num_warps=_warps(block))
+        _add_rmsnorm_kernel[(T,)](x, r, weight, y, ro, wt, g, x.stride(0), r.stride(0),
+                                  y.stride(0), ro.stride(0), N, nk, float(eps), RES=mode,
+                                  TOPK=k, GATED=mode == 2 and residual.gate is not None,
+                                  BLOCK=block, num_warps=_warps(block))
     return y, ro
 
 
-def add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+def add_rmsnorm(x: torch.Tensor, residual: Residual, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (normed, x + residual): the residual add and the RMSNorm in one kernel on CUDA."""
+    """-> (normed, x + residual): the residual add and the RMSNorm in one kernel on CUDA
+    (a PendingCombine residual summed in the same kernel)."""
     return dispatch("add_rmsnorm", add_rmsnorm_triton, add_rmsnorm_ref, x, residual, weight,
-                     eps)
+                    eps)
 
 
 # -- RoPE + KV-cache write ----------------------------------------------------------------

@@ -22,6 +22,8 @@ Two paths compute that same function (`set_fused`):
                              kernels/qkv_rope.py)
                         h, res = add_rmsnorm(res, o_proj(attn(q)))
                         delta = down(silu_mul(h @ Wgu^T))
+                            (an MoE FFN's grouped kernels: delta = its expert rows, summed
+                             inside the next add_rmsnorm: models/moe.py)
         hidden, h = add_rmsnorm(res, delta, final norm)  ; logits = lm_head(h[logits_idx])
 
 Concatenated weights keep the Hugging Face names: each of q/k/v_proj.weight (gate/up_proj)
@@ -171,14 +173,16 @@ class Block(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def forward_fused(self, res, delta, positions, rope, kv, meta, window, attn_fn):
+    def forward_fused(self, res, delta, positions, rope, kv, meta, window, attn_fn,
+                      defer: bool = False):
         """(residual stream, the last block's output not yet added (None before the first))
-        -> (residual stream, this block's MLP output not yet added)."""
+        -> (residual stream, this block's MLP output not yet added). `defer`: an MoE FFN's
+        output may come back as a PendingCombine, which only `add_rmsnorm` consumes."""
         eps = self.input_layernorm.eps
         h, res = add_rmsnorm(res, delta, self.input_layernorm.weight, eps)
         a = self.self_attn.forward_fused(h, positions, rope, kv, meta, window, attn_fn)
         h, res = add_rmsnorm(res, a, self.post_attention_layernorm.weight, eps)
-        return res, self.mlp.forward_fused(h)
+        return res, self.mlp.forward_fused(h, defer)
 
 
 class DecoderLayer(Block):
@@ -276,7 +280,7 @@ class LlamaForCausalLM(FusableModel):
         for i, layer in enumerate(self.model.layers):
             res, delta = layer.forward_fused(res, delta, positions, self.rope_of(i),
                                              KVView(kv_k[i], kv_v[i], out_loc), meta,
-                                             self.config.window_of(i), attn_fn)
+                                             self.config.window_of(i), attn_fn, defer=True)
         normed, hidden = add_rmsnorm(res, delta, self.model.norm.weight, self.model.norm.eps)
         h = normed if logits_idx is None else normed[logits_idx]
         return hidden, self.lm_head(h).float()

@@ -51,5 +51,6 @@ class MLP(GemmSites, nn.Module):
         w = getattr(self, "gate_up_weight", None)
         return {} if w is None else {"gate_up": w}
 
-    def forward_fused(self, h):
+    def forward_fused(self, h, defer: bool = False):
+        """The fused path's SwiGLU (a dense FFN has no combine to `defer`: MoEFFN's flag)."""
         return self.down_proj(silu_mul(linear(h, self.gate_up_weight, self.gemv.get("gate_up"))))

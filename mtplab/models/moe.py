@@ -19,7 +19,8 @@ The unfused path computes it with the torch reference (kernels/fused_moe.py
              programs compute the shared expert's silu(gate) * up rows meanwhile; one grouped
              gate/up GEMM over the touched experts' blocks and one grouped down GEMM over
              theirs and the shared expert's; the weighted combine (kernels/fused_moe.py
-             `moe_ffn`)
+             `moe_ffn`), which in the target's forward (`forward_fused(h, defer=True)`)
+             runs inside the next add_rmsnorm instead: 3 launches there
     split    the router GEMM, softmax / top-k and the alignment in torch ops, the shared
              expert's own GEMMs, then the three routed-expert kernels (`fused_moe`)
 
@@ -41,12 +42,13 @@ tensors, indexed by a device counter) and read once per generate:
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 from torch import nn
 
 from ..kernels.fused_moe import block_m, fused_moe, moe_ffn, route
+from ..kernels.fused_ops import PendingCombine
 from ..kernels.moe_route import counts_len, route_align
 from .mlp import MLP
 from .llama_config import LlamaConfig
@@ -141,7 +143,10 @@ class MoEFFN(nn.Module):
         if self.shared_expert is not None:
             self.shared_expert.fuse()
 
-    def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
+    def forward_fused(self, h: torch.Tensor,
+                      defer: bool = False) -> Union[torch.Tensor, PendingCombine]:
+        """`defer`: the grouped kernels leave their combine to the consumer's add_rmsnorm
+        (kernels/fused_moe.py); the split set and the reference return the tensor."""
         if self.kernels == "split":
             w, ids = self._route(h)
             shared = self._shared(h, None if self.shared_expert is None
@@ -157,7 +162,7 @@ class MoEFFN(nn.Module):
             self.recorder.add(self.index, r.ids)
         return moe_ffn(h, self.experts.gate_up_proj, self.experts.down_proj, r,
                        None if se is None else se.gate_up_weight,
-                       None if se is None else se.down_proj.weight)
+                       None if se is None else se.down_proj.weight, defer=defer)
 
     def route_counts(self, h: torch.Tensor) -> torch.Tensor:
         """The routing kernel's counters on h's device, enough for h's T (made on first use

@@ -11,7 +11,9 @@ import torch
 
 from mtplab import Engine, RunConfig
 from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import fused_ops as fo
 from mtplab.kernels import moe_route as mr
+from mtplab.models import moe as moe_model
 from tests.helpers import make_agreeable, random_prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -89,6 +91,44 @@ def test_grouped_ffn_matches_the_reference_at_gemma_widths(T):
     r = route(x, wr, wg, T)
     torch.testing.assert_close(fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd),
                                fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("T", [1, 8, 33])
+def test_the_deferred_combine_gives_the_combines_bits_at_gemma_widths(T):
+    x, wr, wg, wgu, wd, sgu, sd = grouped_case(T, seed=T + 2)
+    r = route(x, wr, wg, T)
+    res = torch.randn(T, x.shape[1], device="cuda").to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
+    pending = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd, defer=True)
+    got = fo.add_rmsnorm_triton(res, pending, w, 1e-6)
+    want = fo.add_rmsnorm_triton(res, fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd), w, 1e-6)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_engine_defers_the_combine_and_keeps_its_tokens(monkeypatch):
+    """The Gemma MoE preset (2 layers, bf16, CUDA graphs, Frozen-KV MTP): the target's
+    grouped FFNs hand their rows to the next add_rmsnorm; the tokens equal those of the
+    same engine with the combine kernel run (defer off)."""
+    seen, real = [], fo.add_rmsnorm_triton
+    monkeypatch.setattr(fo, "add_rmsnorm_triton",
+                        lambda x, r, *a: seen.append(type(r).__name__) or real(x, r, *a))
+    prompts = random_prompts(4, [16, 32], 262144, seed=2)
+
+    def run():
+        with Engine(RunConfig(model="gemma4-26b-a4b-like", layers=2, device="cuda",
+                              draft="frozen_kv_mtp", simulate_accept_len=2.5,
+                              max_running_requests=4, context_len=512, overlap=True,
+                              zero_bubble=True)) as eng:
+            out = eng.generate(prompts, 16, ignore_eos=True)
+            eng.check_invariants()
+        return out
+
+    deferred = run()
+    assert "PendingCombine" in seen
+    real_ffn = moe_model.moe_ffn
+    monkeypatch.setattr(moe_model, "moe_ffn", lambda *a, defer: real_ffn(*a))
+    seen.clear()
+    assert run() == deferred and "PendingCombine" not in seen
 
 
 def test_grouped_set_is_batch_invariant_and_capturable():

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from mtplab import Engine, RunConfig
 from mtplab.config import ConfigError
 from mtplab.kernels import fused_moe as fm
+from mtplab.kernels import fused_ops as fo
 from mtplab.kernels import moe_route as mr
 from mtplab.models import zoo
 from mtplab.models.floor import expected_experts, layer_weight_params, step_bytes
@@ -162,6 +163,39 @@ def test_the_routing_launchs_shared_rows_give_gate_ups_bits(dtype, T, E, k, H, I
     got = fm.moe_ffn_triton(x, wgu, wd, r, sgu, sd)
     assert torch.equal(got, fm.moe_ffn_triton(x, wgu, wd, plain, sgu, sd))
     torch.testing.assert_close(got, fm.moe_ffn_ref(x, wgu, wd, r, sgu, sd), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,E,k,H,Im,Is", GROUPED)
+def test_the_deferred_combine_gives_the_combines_bits(dtype, T, E, k, H, Im, Is):
+    """moe_ffn_triton(defer=True) leaves its expert rows to add_rmsnorm: the norm and the
+    residual stream equal, bit for bit, add_rmsnorm over the combine kernel's output; the
+    torch path (the PendingCombine's materialize) agrees with both."""
+    args = grouped_case(T, E, k, H, Im, Is, dtype=dtype, seed=T + 9)
+    g = torch.Generator().manual_seed(T)
+    res = torch.randn(T, H, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(dtype)
+    pending = fm.moe_ffn_triton(*args, defer=True)
+    assert isinstance(pending, fo.PendingCombine) and (pending.gate is None) == (Is == 0)
+    combined = fm.moe_ffn_triton(*args)
+    want = fo.add_rmsnorm_triton(res, combined, w, 1e-6)
+    got = fo.add_rmsnorm_triton(res, pending, w, 1e-6)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(pending.materialize(), combined, **TOL[dtype])
+    for a, b in zip(fo.add_rmsnorm_ref(res, pending, w, 1e-6), want):
+        torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+def test_moe_ffn_defers_only_where_the_kernels_run_on_cuda():
+    """On CPU the dispatcher runs the reference: a tensor, deferred or not; so does the
+    split kernel set, whose combine adds a precomputed shared output."""
+    args = grouped_case(3, 8, 2, 32, 16, 16, seed=4)
+    out = fm.moe_ffn(*args, defer=True)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, fm.moe_ffn(*args))
+    x, wgu, wd, w, ids, shared = case(3, 8, 2, 32, 16, seed=4)
+    sorted_ids, block_expert = fm.align(ids, 8, 4)
+    assert isinstance(fm._launch(x, wgu, wd, w, 2, sorted_ids, block_expert, shared=shared,
+                                 defer=True), torch.Tensor)
 
 
 def test_grouped_kernels_refuse_another_block_size():

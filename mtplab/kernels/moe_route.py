@@ -13,9 +13,8 @@ One launch, grid (token blocks of BT, column blocks of BE over the E router rows
 shared gate's row, KS splits of H + XS shared-expert slices):
 
     ks >= KS           (with `shared_gate_up`) a shared-expert program: the act rows of its
-                       token block for column tile (ks - KS) * NEB + eb (SHARED_BLOCK_N
-                       wide), silu(gate) * up as fused_moe's gate_up kernel computes them
-                       (its K tile and order);
+                       token block for column tile (ks - KS) * NEB + eb, silu(gate) * up as
+                       fused_moe's gate_up kernel computes them (its tiles, its K order);
                        no arrival. They stream the shared weights while the routing's
                        arrival chain runs, so gate_up reads only the routed experts.
 
@@ -75,9 +74,6 @@ from .fused_ops import dispatch
 from .topk import _SENT, _index, _key, _value
 
 ALIGN_MAX_SLOTS = 4096     # T*k above this: the slots are aligned by `align` after the kernel
-SHARED_BLOCK_N = 16        # act columns a shared-expert program: Is / 16 programs stream the
-                           # shared weights (132 at gemma4-26b-a4b's Is 2112, the H100/H200
-                           # SM count; gate_up's 32-column tile would leave half the SMs idle)
 
 
 def _block_t(device_type: str) -> int:
@@ -336,7 +332,7 @@ def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[t
     chunk and the token blocks per counting trip (tests), `num_warps` the CUDA warps per
     program (bench_moe_floor times several side by side). With `shared_gate_up` ([2Is, H],
     gate rows first) the same launch computes the shared expert's act rows (Routing
-    shared_act, as the grouped gate_up kernel would: its K tile and order)."""
+    shared_act, as the grouped gate_up kernel would: its tiles and K order)."""
     T, H = x.shape
     E = w_router.shape[0]
     dev = x.device
@@ -372,7 +368,7 @@ def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[t
     part = torch.empty(cfg["KS"], T, EW, dtype=torch.float32, device=dev)
     neb = triton.cdiv(EW, cfg["BE"])
     tiles = _tiles(x.dtype, dev.type, "gate_up")
-    xs = triton.cdiv(triton.cdiv(Is, SHARED_BLOCK_N), neb) if sg is not None else 0
+    xs = triton.cdiv(triton.cdiv(Is, tiles["BLOCK_N"]), neb) if sg is not None else 0
     grid = (triton.cdiv(T, cfg["BT"]), neb, cfg["KS"] + xs)
     # the blocks' counts per expert [NTB, E], then each token's rank per chosen expert [T, E]
     scratch = torch.empty((grid[0] + T) * E if do_align else 1, dtype=torch.int32, device=dev)
@@ -385,7 +381,7 @@ def route_align_triton(x: torch.Tensor, w_router: torch.Tensor, bias: Optional[t
         sact if sg is not None else x, Is, sg.stride(0) if sg is not None else 0,
         sact.stride(0) if sg is not None else 0, E=E, EW=EW, TOPK=top_k,
         TOPK_P2=triton.next_power_of_2(top_k), NORM=bool(norm), HAS_BIAS=bias is not None,
-        HAS_GATE=has_gate, ALIGN=do_align, BM=bm, SG_BN=SHARED_BLOCK_N,
+        HAS_GATE=has_gate, ALIGN=do_align, BM=bm, SG_BN=tiles["BLOCK_N"],
         SG_BK=tiles["BLOCK_K"], SG_PREC=tiles["DOT_PREC"], **cfg)
     if not do_align:
         sorted_ids, block_expert = align(ids, E, bm)

@@ -364,9 +364,9 @@ def test_deterministic_spec_equals_target_only_on_the_moe_target():
     real = fm.fused_moe_triton, mr.route_align_triton, fm.moe_ffn_triton
 
     def counted(name, fn):
-        def wrapped(*a):
+        def wrapped(*a, **kw):
             calls[name] += 1
-            return fn(*a)
+            return fn(*a, **kw)
         return wrapped
 
     def run(ps, **kw):

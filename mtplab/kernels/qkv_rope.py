@@ -154,7 +154,7 @@ def qkv_rope(x: torch.Tensor, w: torch.Tensor, launch: Optional[GemvConfig],
              out_loc: Optional[torch.Tensor]) -> torch.Tensor:
     """rope_qkv_cache(x @ w^T, ...) -> q [M, nq, d]: the fused kernel where the plan's launch
     applies to x and fits the heads, the GEMM then the RoPE op otherwise (module doc)."""
-    if (launch is not None and planned(x, launch) and x.dtype == w.dtype
+    if (planned(x, launch) and x.dtype == w.dtype
             and fits(launch, RopeShape(nq, nkv, cos.shape[-1]))):
         return dispatch("qkv_rope", _qkv_rope_triton, qkv_rope_ref, x, w, launch, positions,
                         cos, sin, nq, nkv, k_cache, v_cache, out_loc)

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from ..lazy_triton import tl, triton
 from . import batch_invariant
-from .fused_ops import PendingCombine, dispatch
+from .fused_ops import PendingCombine, combine_rows, dispatch
 
 
 def block_m(device_type: str) -> int:
@@ -311,16 +311,9 @@ def _combine_kernel(Y, Wt, S, G, Out, N, H, stride_ys, stride_ot, stride_st,
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < H
-    acc = tl.zeros([BLOCK], tl.float32)
-    for j in tl.static_range(TOPK):
-        w = tl.load(Wt + t * TOPK + j).to(tl.float32)
-        y = tl.load(Y + (t * TOPK + j) * stride_ys + cols, mask=m, other=0.0).to(tl.float32)
-        acc += w * y
+    acc = combine_rows(Y, Wt, G, t, cols, m, N, stride_ys, TOPK, SHARED == 2, BLOCK)
     if SHARED == 1:
         acc += tl.load(S + t * stride_st + cols, mask=m, other=0.0).to(tl.float32)
-    if SHARED == 2:
-        g = tl.load(G + t)
-        acc += g * tl.load(Y + (N + t) * stride_ys + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(Out + t * stride_ot + cols, acc.to(Out.dtype.element_ty), mask=m)
 
 
@@ -334,9 +327,8 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
     I, N = I2 // 2, T * k
-    out = torch.empty_like(x)
     if T == 0:
-        return out
+        return torch.empty_like(x)
     dev = x.device.type
     bm = block_m(dev)
     gu, dn = _tiles(x.dtype, dev, "gate_up"), _tiles(x.dtype, dev, "down")
@@ -366,6 +358,7 @@ def _launch(x, w_gate_up, w_down, weights, k, sorted_ids, block_expert, shared=N
         SHARED=folded, BLOCK_M=bm, **dn)
     if defer and shared is None:
         return PendingCombine(y, weights, gate.contiguous() if folded else None)
+    out = torch.empty_like(x)
     s = shared.contiguous() if shared is not None else x
     g = gate if folded else weights
     block = min(1024, triton.next_power_of_2(H))

@@ -126,6 +126,22 @@ Residual = Union[torch.Tensor, PendingCombine, None]
 
 
 @triton.jit
+def combine_rows(Y, Wt, G, t, cols, m, NK, stride_y, TOPK: tl.constexpr, GATED: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Token t's combine over `cols` in fp32, unrounded: sum_j Wt[t, j] * Y[t*TOPK + j]
+    (j in order), then + G[t] * Y[NK + t] where GATED. The one sum of the combine kernel
+    (fused_moe.py) and of add_rmsnorm over a PendingCombine."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOPK):
+        w = tl.load(Wt + t * TOPK + j).to(tl.float32)
+        acc += w * tl.load(Y + (t * TOPK + j) * stride_y + cols, mask=m, other=0.0).to(tl.float32)
+    if GATED:
+        g = tl.load(G + t)
+        acc += g * tl.load(Y + (NK + t) * stride_y + cols, mask=m, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _add_rmsnorm_kernel(X, R, W, Y, RO, Wt, G, stride_x, stride_r, stride_y, stride_ro, N, NK,
                         eps, RES: tl.constexpr, TOPK: tl.constexpr, GATED: tl.constexpr,
                         BLOCK: tl.constexpr):
@@ -140,16 +156,8 @@ def _add_rmsnorm_kernel(X, R, W, Y, RO, Wt, G, stride_x, stride_r, stride_y, str
     if RES == 1:
         r = tl.load(R + row * stride_r + cols, mask=m, other=0.0).to(tl.float32)
     if RES == 2:
-        acc = tl.zeros([BLOCK], tl.float32)
-        for j in tl.static_range(TOPK):
-            w = tl.load(Wt + row * TOPK + j).to(tl.float32)
-            y = tl.load(R + (row * TOPK + j) * stride_r + cols, mask=m, other=0.0)
-            acc += w * y.to(tl.float32)
-        if GATED:
-            g = tl.load(G + row)
-            acc += g * tl.load(R + (NK + row) * stride_r + cols, mask=m,
-                               other=0.0).to(tl.float32)
-        r = acc.to(RO.dtype.element_ty).to(tl.float32)
+        r = combine_rows(R, Wt, G, row, cols, m, NK, stride_r, TOPK, GATED, BLOCK)
+        r = r.to(RO.dtype.element_ty).to(tl.float32)
     if RES > 0:
         s = (x + r).to(RO.dtype.element_ty)
         tl.store(RO + row * stride_ro + cols, s, mask=m)

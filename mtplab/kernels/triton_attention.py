@@ -19,12 +19,20 @@ into parts so that bs 1 with 8 KV heads still fills the GPU:
     MODE 0 (decode, kv_shared): p_lin = kv_len, no tail.  lo = max(min pos - window + 1, 0):
     a sliding layer reads only its window.
     part p -> Part[t, h, p, :] (unnormalised fp32), ML[t, h, p] = (running max, sum)
-    reduce, grid (B, max_q, Hq): out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the
-    parts in index order (no atomics: the same bits on every run)
+    combine: out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the parts in a fixed order
+    (the same bits on every run, whichever part finishes last), by
+      PARTS <= FUSED_MAX_PARTS  the split kernel itself: each program stores its part, then
+                                arrives (acq_rel atomic after a CTA barrier) on its tile's
+                                counter (AttnMeta.counters: one int32 per lane and KV head);
+                                the last arrival sets it back to 0 and combines the tile's
+                                rows from L2. No reduce launch.
+      more parts                a reduce launch, grid (B, max_q, Hq), one program per query
+                                head (the combine of many parts in one program would run its
+                                loads one group after another)
 ns = split_count(B x Hkv, split_kv, SMs, launch): about launch.per_sm programs per SM, never
 chunks under launch.min_chunk entries of the longest row (the launch of the lanes' shape
-class, LAUNCHES); ns == 1 (large batches) writes the output directly, with
-no partials and no reduce launch. ns depends only on static ints (B, Hkv, meta.split_kv: the
+class, LAUNCHES); ns == 1 (large batches, short rows) writes the output directly, with no
+partials. ns depends only on static ints (B, Hkv, meta.split_kv: the
 row width W in eager and captured steps alike), so a CUDA graph captures one plan and an eager
 step of the same lanes makes the same one; the chunk size is computed on the device from kv_len.
 
@@ -93,6 +101,7 @@ _NO_WINDOW = tl.constexpr(1 << 30)  # the kernels' `window` when there is none (
 SPLIT_MAX_ROWS = 128   # lanes of up to this many (query, head) rows per KV head: split kernel
 MIN_CHUNK = 256        # fewest row entries per split worth a program of their own
 PROGRAMS_PER_SM = 4    # split plan (decode class): about this many split programs per SM in all
+FUSED_MAX_PARTS = 8    # parts of a row up to this: the split kernel reduces them, no reduce launch
 _SMS: dict = {}
 
 
@@ -185,16 +194,18 @@ def _online_softmax_step(s, m_i, l_i, acc, V, slot, j_ok, kvh, d, stride_vn, str
 
 
 @triton.jit
-def _split_kernel(Q, K, V, O, Part, ML, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
+def _split_kernel(Q, K, V, O, Part, ML, Counts, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
                   stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                   stride_ot, stride_oh, stride_tr, stride_mb, stride_mi,
                   stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ls,
                   qk_scale, window, num_splits,
                   GROUP: tl.constexpr, MAX_Q: tl.constexpr, HEAD_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-                  DIRECT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Split-KV, grid (splits, Hkv, B): program (s, kvh, b) holds all q_len queries x GROUP
-    heads of lane b (one tile) and reduces its part of the row; see paged_attention_triton."""
+                  DIRECT: tl.constexpr, FUSED: tl.constexpr, PARTS: tl.constexpr,
+                  PARTS_P2: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Split-KV, grid (PARTS, Hkv, B): program (s, kvh, b) holds all q_len queries x GROUP
+    heads of lane b (one tile) and reduces its part of the row; FUSED: the last of a tile's
+    PARTS programs to arrive combines them (module doc); see paged_attention_triton."""
     s_id = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -285,6 +296,41 @@ def _split_kernel(Q, K, V, O, Part, ML, Table, Rows, KvLens, QLens, CuQ, Pos, Tr
         ml = ML + tok * stride_lt + h * stride_lh + s_id * stride_ls
         tl.store(ml, m_i, mask=i_ok)
         tl.store(ml + 1, l_i, mask=i_ok)
+        if FUSED:
+            tl.debug_barrier()
+            count = Counts + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(count, 1, sem="acq_rel") == PARTS - 1:
+                tl.atomic_xchg(count, 0, sem="relaxed")
+                tl.debug_barrier()
+                _combine_parts(Part, ML, O, tok, h, i_ok, d, stride_pt, stride_ph, stride_ps,
+                               stride_lt, stride_lh, stride_ls, stride_ot, stride_oh,
+                               BLOCK_M, HEAD_D, PARTS, PARTS_P2)
+
+
+@triton.jit
+def _combine_parts(Part, ML, O, tok, h, i_ok, d, stride_pt, stride_ph, stride_ps,
+                   stride_lt, stride_lh, stride_ls, stride_ot, stride_oh,
+                   BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, PARTS: tl.constexpr,
+                   PARTS_P2: tl.constexpr):
+    """A tile's rows from its PARTS partials (the fused reduce): out = sum_p acc_p 2^(m_p - M)
+    / sum_p l_p 2^(m_p - M), parts added in index order (the same bits on every run). The
+    loads bypass L1: the other programs' partials reach this one through L2 only."""
+    sp = tl.arange(0, PARTS_P2)
+    s_ok = i_ok[:, None] & (sp < PARTS)[None, :]
+    ml = ML + tok[:, None] * stride_lt + h[:, None] * stride_lh + sp[None, :] * stride_ls
+    m = tl.load(ml, mask=s_ok, other=_NEG_INIT, cache_modifier=".cg")
+    l = tl.load(ml + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
+    w = tl.exp2(m - tl.max(m, 1)[:, None])                                  # [BLOCK_M, P2]
+    den = tl.sum(l * w, 1)
+    out = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    for p in tl.static_range(PARTS):        # unrolled: the PARTS loads in flight together
+        wp = tl.sum(tl.where(sp[None, :] == p, w, 0.0), 1)
+        a = tl.load(Part + tok[:, None] * stride_pt + h[:, None] * stride_ph + p * stride_ps
+                    + d[None, :], mask=i_ok[:, None], other=0.0, cache_modifier=".cg")
+        out += a * wp[:, None]
+    out = out / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(O + tok[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
+             out.to(O.dtype.element_ty), mask=i_ok[:, None])
 
 
 @triton.jit
@@ -546,7 +592,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, win: int,
                      group: int, dot_prec: str, num_splits: Optional[int]) -> torch.Tensor:
-    """The split-KV kernel (+ the reduce pass when a lane's row is split in several parts)."""
+    """The split-KV kernel (+ the reduce launch when a row has more than FUSED_MAX_PARTS parts)."""
     T, Hq, d = q.shape
     Hkv = k_cache.shape[1]
     B = meta.batch_size
@@ -561,6 +607,7 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
     ns = num_splits or planned
     direct = ns == 1
     parts = ns + (0 if mode == 0 or direct else 1)     # MODE 1/2: the tail is one more part
+    fused = 1 < parts <= FUSED_MAX_PARTS
     if direct:
         part = ml = out                                # not written
         pstr = lstr = (0, 0, 0)
@@ -568,17 +615,19 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         part = torch.empty(T, Hq, parts, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(T, Hq, parts, 2, dtype=torch.float32, device=q.device)
         pstr, lstr = part.stride()[:3], ml.stride()[:3]
+    counts = meta.counters(B * Hkv) if fused else meta.rows    # unread unless fused
     block_n, warps, stages = launch.block_n, launch.warps, launch.stages
     _split_kernel[(parts, Hkv, B)](
-        q, k_cache, v_cache, out, part, ml, meta.table, meta.rows, meta.kv_lens, meta.q_lens,
-        meta.cu_q, meta.positions, tree,
+        q, k_cache, v_cache, out, part, ml, counts, meta.table, meta.rows, meta.kv_lens,
+        meta.q_lens, meta.cu_q, meta.positions, tree,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
         meta.table.stride(0), *tree_strides, *pstr, *lstr, qk_scale, win, ns,
         GROUP=group, MAX_Q=meta.max_q, HEAD_D=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        MODE=mode, DIRECT=direct, HAS_WINDOW=win != _NO_WINDOW.value, DOT_PREC=dot_prec,
-        num_warps=warps, num_stages=stages)
-    if not direct:
+        MODE=mode, DIRECT=direct, FUSED=fused, PARTS=parts,
+        PARTS_P2=triton.next_power_of_2(parts), HAS_WINDOW=win != _NO_WINDOW.value,
+        DOT_PREC=dot_prec, num_warps=warps, num_stages=stages)
+    if not (direct or fused):
         _split_reduce_kernel[(B, meta.max_q, Hq)](
             part, ml, out, meta.q_lens, meta.cu_q, parts, *pstr, *lstr,
             out.stride(0), out.stride(1),

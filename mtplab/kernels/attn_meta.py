@@ -27,7 +27,7 @@ decode-side caller whether it runs eagerly (max_kv = the host's tighter bound) o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -47,21 +47,10 @@ class AttnMeta:
     kv_shared: bool = False                    # queries share [0, kv_len), own no entry
     split_kv: int = 0                          # split plan's row bound (0: max_kv)
     full_lanes: bool = False                   # every q_len == max_q, T == B x max_q
-    _counters: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
         return int(self.rows.shape[0])
-
-    def counters(self, n: int) -> torch.Tensor:
-        """n int32 zeros on the lanes' device, shared by the kernels of this forward's layers
-        (one after the other on a stream): a kernel that counts arrivals in them sets them
-        back to 0 before it ends. Made once per forward (a CUDA graph captures them with
-        it); a larger n makes a new buffer, and every buffer lives as long as this meta,
-        so a captured kernel's buffer is never freed under it."""
-        if not self._counters or self._counters[-1].numel() < n:
-            self._counters.append(torch.zeros(n, dtype=torch.int32, device=self.rows.device))
-        return self._counters[-1][:n]
 
 
 class AttnBoundError(AssertionError):

@@ -23,7 +23,7 @@ into parts so that bs 1 with 8 KV heads still fills the GPU:
     (the same bits on every run, whichever part finishes last), by
       PARTS <= FUSED_MAX_PARTS  the split kernel itself: each program stores its part, then
                                 arrives (acq_rel atomic after a CTA barrier) on its tile's
-                                counter (AttnMeta.counters: one int32 per lane and KV head);
+                                counter (ArrivalCounters: one int32 per lane and KV head);
                                 the last arrival sets it back to 0 and combines the tile's
                                 rows from L2. No reduce launch.
       more parts                a reduce launch, grid (B, max_q, Hq), one program per query
@@ -114,6 +114,25 @@ def num_sms(device: torch.device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+class ArrivalCounters:
+    """The int32 zeros the split kernel counts its parts' arrivals in, one per lane and KV
+    head; the last arrival sets its counter back to 0, so they stay zeros between calls and
+    no call fills them. One owner's calls must run one after the other on a stream (an
+    engine's forwards do). A call over more lanes x heads than the buffer holds makes a
+    larger one; every buffer lives as long as this object, so a CUDA graph that captured a
+    smaller one keeps valid memory."""
+
+    def __init__(self) -> None:
+        self._bufs: list[torch.Tensor] = []
+
+    def get(self, n: int, device: torch.device) -> torch.Tensor:
+        last = self._bufs[-1] if self._bufs else None
+        if last is None or last.numel() < n or last.device != device:
+            size = max(n, 256, 2 * last.numel() if last is not None else 0)
+            self._bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
+        return self._bufs[-1][:n]
 
 
 @dataclass(frozen=True)
@@ -521,14 +540,17 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Non
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            meta: AttnMeta, sm_scale: float, window: int = 0,
                            deterministic: bool = False,
-                           num_splits: Optional[int] = None) -> torch.Tensor:
+                           num_splits: Optional[int] = None,
+                           counters: Optional[ArrivalCounters] = None) -> torch.Tensor:
     """q [T,Hq,d], k_cache/v_cache [N,Hkv,d] -> out [T,Hq,d] (dtype of q); see attn_meta.py.
 
     The split-KV kernel when a lane's queries x GQA group fit one tile (max_q x group <=
     SPLIT_MAX_ROWS: decode, tree verify, draft steps, short extends), the extend kernel
     otherwise (prefill); deterministic=True: the per-query kernel for every shape (module
     docstring). num_splits: splits per (lane, KV head) of the split kernel (default
-    `split_count`; 1 = no reduce pass).
+    `split_count`; 1 = no reduce pass). counters: where the split kernel counts arrivals
+    (one per caller whose calls run in stream order, e.g. an engine); None: zeros made for
+    this call (a fill).
     """
     _check(q, k_cache, v_cache)
     T, Hq, d = q.shape
@@ -565,7 +587,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     if meta.max_q * group <= SPLIT_MAX_ROWS:
         return _split_attention(q, k_cache, v_cache, out, meta, qk_scale, win, group,
-                                dot_prec, num_splits)
+                                dot_prec, num_splits, counters)
     if meta.kv_shared:
         raise ValueError(f"kv_shared lanes need max_q x GQA group <= {SPLIT_MAX_ROWS} "
                          f"(got {meta.max_q} x {group})")
@@ -591,7 +613,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, win: int,
-                     group: int, dot_prec: str, num_splits: Optional[int]) -> torch.Tensor:
+                     group: int, dot_prec: str, num_splits: Optional[int],
+                     counters: Optional[ArrivalCounters]) -> torch.Tensor:
     """The split-KV kernel (+ the reduce launch when a row has more than FUSED_MAX_PARTS parts)."""
     T, Hq, d = q.shape
     Hkv = k_cache.shape[1]
@@ -615,7 +638,12 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         part = torch.empty(T, Hq, parts, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(T, Hq, parts, 2, dtype=torch.float32, device=q.device)
         pstr, lstr = part.stride()[:3], ml.stride()[:3]
-    counts = meta.counters(B * Hkv) if fused else meta.rows    # unread unless fused
+    if not fused:
+        counts = meta.rows                             # not read
+    elif counters is None:
+        counts = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
+    else:
+        counts = counters.get(B * Hkv, q.device)
     block_n, warps, stages = launch.block_n, launch.warps, launch.stages
     _split_kernel[(parts, Hkv, B)](
         q, k_cache, v_cache, out, part, ml, counts, meta.table, meta.rows, meta.kv_lens,

@@ -82,13 +82,11 @@ logger = logging.getLogger("mtplab")
 
 
 def attention_fn(backend: str, deterministic: bool = False, check: bool = False):
-    """The attention kernel of `backend` (Triton: with one ArrivalCounters for the engine's
-    forwards, which run in order on its forward stream); with `check`, each call first checks
-    its lanes' lengths against the forward's static bounds (attn_meta.check_bounds)."""
+    """The attention kernel of `backend`; with `check`, each call first checks its lanes'
+    lengths against the forward's static bounds (attn_meta.check_bounds)."""
     if backend == "triton":
-        from .kernels.triton_attention import ArrivalCounters, paged_attention_triton
-        fn = functools.partial(paged_attention_triton, deterministic=deterministic,
-                               counters=ArrivalCounters())
+        from .kernels.triton_attention import paged_attention_triton
+        fn = functools.partial(paged_attention_triton, deterministic=deterministic)
     else:
         fn = paged_attention_ref
     return functools.partial(_bounds_checked, fn) if check else fn

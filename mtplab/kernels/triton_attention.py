@@ -19,20 +19,12 @@ into parts so that bs 1 with 8 KV heads still fills the GPU:
     MODE 0 (decode, kv_shared): p_lin = kv_len, no tail.  lo = max(min pos - window + 1, 0):
     a sliding layer reads only its window.
     part p -> Part[t, h, p, :] (unnormalised fp32), ML[t, h, p] = (running max, sum)
-    combine: out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the parts in a fixed order
-    (the same bits on every run, whichever part finishes last), by
-      PARTS <= FUSED_MAX_PARTS  the split kernel itself: each program stores its part, then
-                                arrives (acq_rel atomic after a CTA barrier) on its tile's
-                                counter (ArrivalCounters: one int32 per lane and KV head);
-                                the last arrival sets it back to 0 and combines the tile's
-                                rows from L2. No reduce launch.
-      more parts                a reduce launch, grid (B, max_q, Hq), one program per query
-                                head (the combine of many parts in one program would run its
-                                loads one group after another)
+    reduce, grid (B, max_q, Hq): out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M), the
+    parts in index order (no atomics: the same bits on every run)
 ns = split_count(B x Hkv, split_kv, SMs, launch): about launch.per_sm programs per SM, never
 chunks under launch.min_chunk entries of the longest row (the launch of the lanes' shape
-class, LAUNCHES); ns == 1 (large batches, short rows) writes the output directly, with no
-partials. ns depends only on static ints (B, Hkv, meta.split_kv: the
+class, LAUNCHES); ns == 1 (large batches) writes the output directly, with
+no partials and no reduce launch. ns depends only on static ints (B, Hkv, meta.split_kv: the
 row width W in eager and captured steps alike), so a CUDA graph captures one plan and an eager
 step of the same lanes makes the same one; the chunk size is computed on the device from kv_len.
 
@@ -101,7 +93,6 @@ _NO_WINDOW = tl.constexpr(1 << 30)  # the kernels' `window` when there is none (
 SPLIT_MAX_ROWS = 128   # lanes of up to this many (query, head) rows per KV head: split kernel
 MIN_CHUNK = 256        # fewest row entries per split worth a program of their own
 PROGRAMS_PER_SM = 4    # split plan (decode class): about this many split programs per SM in all
-FUSED_MAX_PARTS = 8    # parts of a row up to this: the split kernel reduces them, no reduce launch
 _SMS: dict = {}
 
 
@@ -114,25 +105,6 @@ def num_sms(device: torch.device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
-
-
-class ArrivalCounters:
-    """The int32 zeros the split kernel counts its parts' arrivals in, one per lane and KV
-    head; the last arrival sets its counter back to 0, so they stay zeros between calls and
-    no call fills them. One owner's calls must run one after the other on a stream (an
-    engine's forwards do). A call over more lanes x heads than the buffer holds makes a
-    larger one; every buffer lives as long as this object, so a CUDA graph that captured a
-    smaller one keeps valid memory."""
-
-    def __init__(self) -> None:
-        self._bufs: list[torch.Tensor] = []
-
-    def get(self, n: int, device: torch.device) -> torch.Tensor:
-        last = self._bufs[-1] if self._bufs else None
-        if last is None or last.numel() < n or last.device != device:
-            size = max(n, 256, 2 * last.numel() if last is not None else 0)
-            self._bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
-        return self._bufs[-1][:n]
 
 
 @dataclass(frozen=True)
@@ -213,18 +185,16 @@ def _online_softmax_step(s, m_i, l_i, acc, V, slot, j_ok, kvh, d, stride_vn, str
 
 
 @triton.jit
-def _split_kernel(Q, K, V, O, Part, ML, Counts, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
+def _split_kernel(Q, K, V, O, Part, ML, Table, Rows, KvLens, QLens, CuQ, Pos, Tree,
                   stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                   stride_ot, stride_oh, stride_tr, stride_mb, stride_mi,
                   stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ls,
                   qk_scale, window, num_splits,
                   GROUP: tl.constexpr, MAX_Q: tl.constexpr, HEAD_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-                  DIRECT: tl.constexpr, FUSED: tl.constexpr, PARTS: tl.constexpr,
-                  PARTS_P2: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Split-KV, grid (PARTS, Hkv, B): program (s, kvh, b) holds all q_len queries x GROUP
-    heads of lane b (one tile) and reduces its part of the row; FUSED: the last of a tile's
-    PARTS programs to arrive combines them (module doc); see paged_attention_triton."""
+                  DIRECT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Split-KV, grid (splits, Hkv, B): program (s, kvh, b) holds all q_len queries x GROUP
+    heads of lane b (one tile) and reduces its part of the row; see paged_attention_triton."""
     s_id = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -315,41 +285,6 @@ def _split_kernel(Q, K, V, O, Part, ML, Counts, Table, Rows, KvLens, QLens, CuQ,
         ml = ML + tok * stride_lt + h * stride_lh + s_id * stride_ls
         tl.store(ml, m_i, mask=i_ok)
         tl.store(ml + 1, l_i, mask=i_ok)
-        if FUSED:
-            tl.debug_barrier()
-            count = Counts + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(count, 1, sem="acq_rel") == PARTS - 1:
-                tl.atomic_xchg(count, 0, sem="relaxed")
-                tl.debug_barrier()
-                _combine_parts(Part, ML, O, tok, h, i_ok, d, stride_pt, stride_ph, stride_ps,
-                               stride_lt, stride_lh, stride_ls, stride_ot, stride_oh,
-                               BLOCK_M, HEAD_D, PARTS, PARTS_P2)
-
-
-@triton.jit
-def _combine_parts(Part, ML, O, tok, h, i_ok, d, stride_pt, stride_ph, stride_ps,
-                   stride_lt, stride_lh, stride_ls, stride_ot, stride_oh,
-                   BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, PARTS: tl.constexpr,
-                   PARTS_P2: tl.constexpr):
-    """A tile's rows from its PARTS partials (the fused reduce): out = sum_p acc_p 2^(m_p - M)
-    / sum_p l_p 2^(m_p - M), parts added in index order (the same bits on every run). The
-    loads bypass L1: the other programs' partials reach this one through L2 only."""
-    sp = tl.arange(0, PARTS_P2)
-    s_ok = i_ok[:, None] & (sp < PARTS)[None, :]
-    ml = ML + tok[:, None] * stride_lt + h[:, None] * stride_lh + sp[None, :] * stride_ls
-    m = tl.load(ml, mask=s_ok, other=_NEG_INIT, cache_modifier=".cg")
-    l = tl.load(ml + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-    w = tl.exp2(m - tl.max(m, 1)[:, None])                                  # [BLOCK_M, P2]
-    den = tl.sum(l * w, 1)
-    out = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    for p in tl.static_range(PARTS):        # unrolled: the PARTS loads in flight together
-        wp = tl.sum(tl.where(sp[None, :] == p, w, 0.0), 1)
-        a = tl.load(Part + tok[:, None] * stride_pt + h[:, None] * stride_ph + p * stride_ps
-                    + d[None, :], mask=i_ok[:, None], other=0.0, cache_modifier=".cg")
-        out += a * wp[:, None]
-    out = out / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(O + tok[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
-             out.to(O.dtype.element_ty), mask=i_ok[:, None])
 
 
 @triton.jit
@@ -540,17 +475,14 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Non
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            meta: AttnMeta, sm_scale: float, window: int = 0,
                            deterministic: bool = False,
-                           num_splits: Optional[int] = None,
-                           counters: Optional[ArrivalCounters] = None) -> torch.Tensor:
+                           num_splits: Optional[int] = None) -> torch.Tensor:
     """q [T,Hq,d], k_cache/v_cache [N,Hkv,d] -> out [T,Hq,d] (dtype of q); see attn_meta.py.
 
     The split-KV kernel when a lane's queries x GQA group fit one tile (max_q x group <=
     SPLIT_MAX_ROWS: decode, tree verify, draft steps, short extends), the extend kernel
     otherwise (prefill); deterministic=True: the per-query kernel for every shape (module
     docstring). num_splits: splits per (lane, KV head) of the split kernel (default
-    `split_count`; 1 = no reduce pass). counters: where the split kernel counts arrivals
-    (one per caller whose calls run in stream order, e.g. an engine); None: zeros made for
-    this call (a fill).
+    `split_count`; 1 = no reduce pass).
     """
     _check(q, k_cache, v_cache)
     T, Hq, d = q.shape
@@ -587,7 +519,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     if meta.max_q * group <= SPLIT_MAX_ROWS:
         return _split_attention(q, k_cache, v_cache, out, meta, qk_scale, win, group,
-                                dot_prec, num_splits, counters)
+                                dot_prec, num_splits)
     if meta.kv_shared:
         raise ValueError(f"kv_shared lanes need max_q x GQA group <= {SPLIT_MAX_ROWS} "
                          f"(got {meta.max_q} x {group})")
@@ -613,9 +545,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, win: int,
-                     group: int, dot_prec: str, num_splits: Optional[int],
-                     counters: Optional[ArrivalCounters]) -> torch.Tensor:
-    """The split-KV kernel (+ the reduce launch when a row has more than FUSED_MAX_PARTS parts)."""
+                     group: int, dot_prec: str, num_splits: Optional[int]) -> torch.Tensor:
+    """The split-KV kernel (+ the reduce pass when a lane's row is split in several parts)."""
     T, Hq, d = q.shape
     Hkv = k_cache.shape[1]
     B = meta.batch_size
@@ -630,7 +561,6 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
     ns = num_splits or planned
     direct = ns == 1
     parts = ns + (0 if mode == 0 or direct else 1)     # MODE 1/2: the tail is one more part
-    fused = 1 < parts <= FUSED_MAX_PARTS
     if direct:
         part = ml = out                                # not written
         pstr = lstr = (0, 0, 0)
@@ -638,24 +568,17 @@ def _split_attention(q, k_cache, v_cache, out, meta: AttnMeta, qk_scale: float, 
         part = torch.empty(T, Hq, parts, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(T, Hq, parts, 2, dtype=torch.float32, device=q.device)
         pstr, lstr = part.stride()[:3], ml.stride()[:3]
-    if not fused:
-        counts = meta.rows                             # not read
-    elif counters is None:
-        counts = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
-    else:
-        counts = counters.get(B * Hkv, q.device)
     block_n, warps, stages = launch.block_n, launch.warps, launch.stages
     _split_kernel[(parts, Hkv, B)](
-        q, k_cache, v_cache, out, part, ml, counts, meta.table, meta.rows, meta.kv_lens,
-        meta.q_lens, meta.cu_q, meta.positions, tree,
+        q, k_cache, v_cache, out, part, ml, meta.table, meta.rows, meta.kv_lens, meta.q_lens,
+        meta.cu_q, meta.positions, tree,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
         meta.table.stride(0), *tree_strides, *pstr, *lstr, qk_scale, win, ns,
         GROUP=group, MAX_Q=meta.max_q, HEAD_D=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        MODE=mode, DIRECT=direct, FUSED=fused, PARTS=parts,
-        PARTS_P2=triton.next_power_of_2(parts), HAS_WINDOW=win != _NO_WINDOW.value,
-        DOT_PREC=dot_prec, num_warps=warps, num_stages=stages)
-    if not (direct or fused):
+        MODE=mode, DIRECT=direct, HAS_WINDOW=win != _NO_WINDOW.value, DOT_PREC=dot_prec,
+        num_warps=warps, num_stages=stages)
+    if not direct:
         _split_reduce_kernel[(B, meta.max_q, Hq)](
             part, ml, out, meta.q_lens, meta.cu_q, parts, *pstr, *lstr,
             out.stride(0), out.stride(1),

@@ -125,34 +125,6 @@ def test_sliding_window_reads_only_the_window_at_long_context(kind):
         torch.testing.assert_close(out, ref, atol=TOL[torch.bfloat16], rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["decode", "tree", "shared"])
-def test_the_fused_combine_gives_the_same_bits_on_every_run(kind):
-    """Up to FUSED_MAX_PARTS parts the last program of a tile to arrive combines them: on a
-    GPU the arrival order changes from run to run, the output must not. 64 lanes x 8 KV
-    heads of up to 8 parts each, 50 runs captured in one CUDA graph (back to back, one
-    counter buffer), each equal bit for bit to an eager run and close to the reference."""
-    from mtplab.kernels import triton_attention as ta
-    rng = random.Random(3)
-    Q = {"decode": 1, "tree": 4, "shared": 4}[kind]
-    q, k, v, meta = make_case([Q] * 64, [rng.randint(Q, 3000) for _ in range(64)], Hq=32,
-                              Hkv=8, d=128, page=16, tree=kind == "tree",
-                              kv_shared=kind == "shared", dtype=torch.bfloat16, device="cuda")
-    scale, ns = 128 ** -0.5, ta.FUSED_MAX_PARTS - (kind == "tree")
-    counters = ta.ArrivalCounters()
-    want = paged_attention_triton(q, k, v, meta, scale, num_splits=ns, counters=counters)
-    outs = []
-    graph = torch.cuda.CUDAGraph()
-    with gc_paused(), torch.cuda.graph(graph):
-        for _ in range(50):
-            outs.append(paged_attention_triton(q, k, v, meta, scale, num_splits=ns,
-                                               counters=counters))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert all(torch.equal(o, want) for o in outs)
-    assert not counters.get(64 * 8, q.device).any()
-    check((q, k, v, meta), 0, atol=TOL[torch.bfloat16], splits=(ns,))
-
-
 @pytest.mark.parametrize("max_q", [1, 8])
 def test_split_plan_is_captured_and_replays(max_q):
     """bs 1 over a 33k-entry row splits in many parts; a captured call replays with new

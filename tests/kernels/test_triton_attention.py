@@ -149,54 +149,6 @@ def test_an_eager_step_splits_its_rows_as_its_graph_does():
     torch.testing.assert_close(unplanned, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tree", [False, True])
-def test_the_split_kernel_combines_up_to_eight_parts_itself(tree, monkeypatch):
-    """Up to FUSED_MAX_PARTS parts a row (a tree's tail is one of them) the split kernel's
-    last arrival per lane and KV head combines them, with no reduce launch; more parts take
-    the reduce launch. Both match the reference, and the counters end at zero, so the next
-    call (the next layer) counts from zero again."""
-    from mtplab.kernels import triton_attention as ta
-    launches = []
-    real = ta._split_reduce_kernel
-
-    class Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-    monkeypatch.setattr(ta, "_split_reduce_kernel", Counting())
-    Q = 4 if tree else 1
-    q, k, v, meta = make_case([Q] * 3, [300, 97, 260], Hq=4, Hkv=2, tree=tree, seed=5)
-    scale = q.shape[-1] ** -0.5
-    ref = paged_attention_ref(q, k, v, meta, scale)
-    counters = ta.ArrivalCounters()
-    tail = 1 if tree else 0
-    for ns, reduces in ((ta.FUSED_MAX_PARTS - tail, 0), (ta.FUSED_MAX_PARTS + 1 - tail, 1),
-                        (3, 0)):
-        launches.clear()
-        for _ in range(2):                       # two layers of one forward
-            out = paged_attention_triton(q, k, v, meta, scale, num_splits=ns,
-                                         counters=counters)
-            torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4,
-                                       msg=lambda m, ns=ns: f"{ns} splits: {m}")
-        assert len(launches) == 2 * reduces, ns
-        assert not counters.get(3 * 2, q.device).any(), ns
-    without = paged_attention_triton(q, k, v, meta, scale, num_splits=3)   # zeros of its own
-    assert torch.equal(without, out)
-
-
-def test_arrival_counters_are_zeros_that_outlive_a_larger_request():
-    """One buffer while it is large enough; a larger request makes a new one, and the old one
-    stays alive with the object (a captured kernel may hold its address)."""
-    from mtplab.kernels.triton_attention import ArrivalCounters
-    c = ArrivalCounters()
-    a = c.get(4, torch.device("cpu"))
-    assert a.dtype == torch.int32 and a.numel() == 4 and not a.any()
-    assert c.get(200, torch.device("cpu")).data_ptr() == a.data_ptr()
-    b = c.get(1000, torch.device("cpu"))
-    assert b.numel() == 1000 and b.data_ptr() != a.data_ptr()
-    assert [x.numel() for x in c._bufs] == [256, 1000]
-
-
 @pytest.mark.parametrize("Q,kv_lens,window,splits", [
     (4, [200, 9], 0, (1, 3)),
     (8, [150, 40, 8], 30, (2, 6)),             # the window hides prefix entries, not nodes

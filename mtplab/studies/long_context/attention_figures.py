@@ -104,9 +104,7 @@ def run_shape(name: str, bw: float, gen) -> list[str]:
     scale = d ** -0.5
     floor = kv_bytes(B, kv_len, Hkv, d, window) / bw * 1e6
     ns = splits(q, Hkv, meta)
-    counters = ta.ArrivalCounters()       # as an engine's: no fill per call
-    split = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window,
-                                                      counters=counters))
+    split = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window))
     unsplit = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window,
                                                         num_splits=1))
     row = [name, str(ns), f"{floor:.1f}", f"{split:.1f}", f"{floor / split:.2f}",
@@ -122,15 +120,13 @@ def launches(name: str, gen) -> list[dict]:
     q, k, v, meta = make(kind, B, kv_len, Hq, Hkv, d, gen)
     scale = d ** -0.5
     cls = "decode" if kind.startswith(("decode", "shared")) else "verify"
-    counters = ta.ArrivalCounters()
     saved = {c: dict(t) for c, t in ta.LAUNCHES.items()}
     out = []
     try:
         for bn, w, st, per_sm in itertools.product(*SWEEP.values()):
             ta.LAUNCHES[cls][d] = ta.SplitLaunch(bn, w, st, per_sm, ta.MIN_CHUNK)
             try:
-                us = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window,
-                                                               counters=counters))
+                us = time_us(lambda: ta.paged_attention_triton(q, k, v, meta, scale, window))
             except Exception as e:          # out of shared memory: not a candidate
                 print(f"  {name} {bn}/{w}/{st}/{per_sm}: {type(e).__name__}", flush=True)
                 continue

@@ -61,6 +61,9 @@ class RunConfig(ZeroBubbleKnobs):
     draft_vocab: str = knob("full", "the draft head's vocabulary: full | hot:<N> (the N most "
                             "frequent tokens, FR-Spec) | centroids:<C>/<k> (k of C token "
                             "clusters per row); models/draft_vocab.py")
+    draft_kv_window: int = knob(0, "KV entries of the target's cache a draft reading it "
+                                "(frozen_kv_mtp, gemma4_assistant) attends: the last N of "
+                                "the context, as MagicDec's draft; 0: all the layer reads")
     num_steps: int = knob(3, "S: draft steps per iteration")
     topk: int = knob(1, "K: branches per draft step")
     num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "
@@ -295,6 +298,7 @@ class RunConfig(ZeroBubbleKnobs):
             except ValueError as e:
                 raise ConfigError(f"draft={self.draft!r}: {e}.") from None
         self._check_draft_vocab(mcfg.vocab_size)
+        self._check_draft_kv_window()
         need = DRAFT_KINDS[self.draft].min_target_layers if self.speculative else 1
         if mcfg.num_hidden_layers < need:
             raise ConfigError(f"draft={self.draft!r} reads {need} target layers and "
@@ -333,6 +337,16 @@ class RunConfig(ZeroBubbleKnobs):
                 raise ConfigError(
                     f"draft_vocab={self.draft_vocab!r}: C must be a power of two dividing the "
                     f"vocabulary ({V}), k <= C, and k*V/C >= topk={self.topk}.")
+
+    def _check_draft_kv_window(self) -> None:
+        n = self.draft_kv_window
+        if n < 0:
+            raise ConfigError(f"draft_kv_window={n} must be >= 0 (0: the draft attends all "
+                              "the context its layer reads).")
+        if n and (not self.speculative or DRAFT_KINDS[self.draft].owns_kv):
+            raise ConfigError(f"draft_kv_window={n} bounds a draft that reads the target's KV "
+                              f"(frozen_kv_mtp, gemma4_assistant), and draft={self.draft!r}; "
+                              "choose such a draft or leave draft_kv_window=0.")
 
     def _check_moe_routing(self, mcfg) -> None:
         from .models.llama_config import routing_skew

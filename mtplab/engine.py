@@ -236,6 +236,8 @@ class Engine:
         kind = DRAFT_KINDS[cfg.draft]        # draft_kinds.py: only this kind is built
         model = set_draft_vocab(kind.build(self.model, cfg.seed),
                                 parse_draft_vocab(cfg.draft_vocab), token_counts(self.model))
+        if cfg.draft_kv_window:                  # config: only a draft reading the target's KV
+            model.set_kv_window(cfg.draft_kv_window)
         draft = kind.worker.create(
             model, self.kv_cache, self.pool.table, attn,
             num_slots=num_slots, num_steps=cfg.num_steps, topk=cfg.topk,

@@ -125,7 +125,7 @@ def make_agreeable(engine, eps: float = 0.05, draft_attention: float = 0.0) -> N
             d.post_projection.weight.copy_(eye[:, :Ha])
             d.embed_tokens.weight.copy_(t.lm_head.weight[:, :Ha])
             for layer in d.layers:
-                layer.self_attn.o_proj.weight.zero_()
+                layer.self_attn.o_proj.weight.mul_(draft_attention)
                 layer.mlp.down_proj.weight.zero_()
             d.norm.weight.copy_(t.model.norm.weight[:Ha])
             return

@@ -136,6 +136,18 @@ class FrozenKVAssistant(DraftHead):
         # Shared with the target (not registered as this module's parameters).
         self._target = [target]
         self.embed_scale = math.sqrt(H)
+        self.kv_window = 0              # RunConfig.draft_kv_window (set_kv_window)
+
+    def set_kv_window(self, n: int) -> "FrozenKVAssistant":
+        """Attend only the last n entries of the target's KV (0: all its layer reads)."""
+        self.kv_window = int(n)
+        return self
+
+    def window_of(self, li: int) -> int:
+        """The window a query reads target layer li's KV through: the layer's own (0: none),
+        at most kv_window."""
+        w, cap = self.tcfg.window_of(li), self.kv_window
+        return min(w, cap) if w and cap else w or cap
 
     @property
     def target(self) -> LlamaForCausalLM:
@@ -153,11 +165,11 @@ class FrozenKVAssistant(DraftHead):
             for layer, li in zip(self.layers, self.acfg.kv_layers):
                 x, delta = layer.forward_fused(x, delta, positions, t.rope_of(li),
                                                KVView(kv_k[li], kv_v[li], None), meta,
-                                               self.tcfg.window_of(li), attn_fn)
+                                               self.window_of(li), attn_fn)
             return self.output_fused(x, delta)
         for layer, li in zip(self.layers, self.acfg.kv_layers):
             x = layer(x, positions, t.rope_of(li), KVView(kv_k[li], kv_v[li], None), meta,
-                      self.tcfg.window_of(li), attn_fn)
+                      self.window_of(li), attn_fn)
         return self.output(x)
 
     def output(self, x: torch.Tensor):

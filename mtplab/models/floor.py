@@ -20,7 +20,8 @@ draft; S = draft forwards per iteration; per-token-layer KV = Hkv x d x 2 (K and
                      + S x bs*K embedding rows
     draft KV         a draft reading the target's KV (frozen_kv_mtp; owns_kv False in
                      draft_kinds.py): S x per assistant layer a, bs x min(c, window of the
-                     target layer it reads) -- one read per request for all K branches
+                     target layer it reads, draft_kv_window) -- one read per request for all
+                     K branches
                      a draft owning KV (eagle): S x bs x min(c, window of the last layer) of
                      its one-layer pool
 The bytes are counted once per step whatever the kernels do: a kernel that reads a KV page
@@ -97,7 +98,8 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
                num_draft_tokens: int = 1, draft_param_bytes: int = 0,
                draft_kv_layers: Sequence[int] = (),
                experts_touched: Optional[float] = None,
-               draft_head_bytes: Optional[int] = None) -> StepBytes:
+               draft_head_bytes: Optional[int] = None,
+               draft_kv_window: int = 0) -> StepBytes:
     """Bytes one decode iteration of `bs` requests at committed context `context` reads.
 
     draft_param_bytes: the draft's own parameters in bytes (not the target's embedding and
@@ -105,7 +107,9 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
     experts_touched: for an MoE target, the distinct experts per layer its forward over the
     bs*D tokens touched (measured; None: `expected_experts` under uniform routing);
     draft_head_bytes: the LM-head rows one draft forward reads (None: the target's whole LM
-    head; a hot or centroid vocabulary reads fewer, a kind with its own head reads its own).
+    head; a hot or centroid vocabulary reads fewer, a kind with its own head reads its own);
+    draft_kv_window: the last entries of the target's KV a draft reading it attends (0: all
+    its layer reads; RunConfig.draft_kv_window).
     """
     spec = draft != "none"
     D = num_draft_tokens if spec else 1
@@ -128,7 +132,8 @@ def step_bytes(c: LlamaConfig, *, dtype_bytes: int, bs: int, context: float,
     if draft_kind(draft).owns_kv:       # its own one-layer pool, the target's last layer's shape
         d_kv = S * bs * visible_entries(c, c.num_hidden_layers - 1, context) * entry[-1]
     else:                               # the target layers it reads
-        d_kv = S * sum(bs * visible_entries(c, li, context) * entry[li]
+        seen = min(context, draft_kv_window) if draft_kv_window else context
+        d_kv = S * sum(bs * visible_entries(c, li, seen) * entry[li]
                        for li in draft_kv_layers)
     return StepBytes(int(weights), int(kv), int(d_weights), int(d_kv))
 
@@ -161,7 +166,7 @@ def engine_step_bytes(eng, bs: int, context: float,
         eng.model.config, dtype_bytes=dtype_bytes, bs=bs, context=context, draft=cfg.draft,
         num_steps=cfg.num_steps, topk=cfg.topk, num_draft_tokens=cfg.num_draft_tokens,
         draft_param_bytes=params, draft_kv_layers=kv_layers, draft_head_bytes=head,
-        experts_touched=experts_touched)
+        experts_touched=experts_touched, draft_kv_window=cfg.draft_kv_window)
 
 
 def draft_head_split(draft_model, vocab_size: int) -> tuple[int, int]:

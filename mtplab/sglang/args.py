@@ -24,12 +24,12 @@
                                    ids, models.write_token_map), where the kind's SGLang worker
                                    takes one (draft_kinds.py sglang_token_map: EAGLE in 0.5.17)
 
-Knobs SGLang has no equivalent for (spec_schedule, zero_bubble, ...) are refused (ConfigError,
-one sentence), and so are the FROZEN_KV_MTP combinations SGLang's own argument checks let
-through but its worker cannot run. `check_model_dirs` checks the model directories before
-anything starts: a target and a draft holding config.json, the draft of a FROZEN_KV_MTP kind a
-Frozen-KV assistant (the architectures SGLang's Frozen-KV worker runs) and the draft of any
-other kind not one (SGLang would run it as FROZEN_KV_MTP).
+Knobs SGLang has no equivalent for (spec_schedule, zero_bubble, draft_kv_window, ...) are
+refused (ConfigError, one sentence), and so are the FROZEN_KV_MTP combinations SGLang's own
+argument checks let through but its worker cannot run. `check_model_dirs` checks the model
+directories before anything starts: a target and a draft holding config.json, the draft of a
+FROZEN_KV_MTP kind a Frozen-KV assistant (the architectures SGLang's Frozen-KV worker runs) and
+the draft of any other kind not one (SGLang would run it as FROZEN_KV_MTP).
 """
 from __future__ import annotations
 
@@ -142,6 +142,9 @@ def refuse_unsupported(cfg: RunConfig, spec: ServerSpec) -> None:
                               "for an SGLang run.")
         if getattr(cfg, name, None) and name not in SGLANG_ZB:
             raise ConfigError(f"SGLang has no {name} mode; set {name}=False for an SGLang run.")
+    if cfg.draft_kv_window:
+        raise ConfigError("SGLang's draft attends the whole context; leave draft_kv_window=0 "
+                          "for an SGLang run.")
     if cfg.simulate_accept_rates is not None:
         raise ConfigError("SGLang simulates only a mean accept length (SGLANG_SIMULATE_ACC_LEN);"
                           " use simulate_accept_len instead of simulate_accept_rates.")

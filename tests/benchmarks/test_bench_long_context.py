@@ -82,10 +82,29 @@ def test_the_hot_vocabulary_arm_is_named_in_its_cell_and_in_the_answer(monkeypat
     doc["steps"] = [dict(base, arm="target", ms=[4.0] * 3, draft_tokens=None),
                     dict(base, arm="frozen_kv_mtp topk 1", ms=[5.6] * 3, draft_tokens=4),
                     dict(base, arm="frozen_kv_mtp topk 1 hot:64", ms=[4.8] * 3,
-                         draft_tokens=4, draft_vocab="hot:64")]
+                         draft_tokens=4, draft_vocab="hot:64"),
+                    dict(base, arm="frozen_kv_mtp topk 1 kv window 4096", ms=[5.2] * 3,
+                         draft_tokens=4, draft_kv_window=4096)]
     ans = F.answer(doc)
     assert "1.400 ±2.0% MISS (<= 1.25) for topk 1 bs 1" in ans
     assert "1.200 ±2.0% PASS (<= 1.25) for topk 1 hot:64 bs 1" in ans
+    assert "1.300 ±2.0% MISS (<= 1.25) for topk 1 kv window 4096 bs 1" in ans
+
+
+def test_the_kv_window_arm_records_its_window_and_a_floor_at_it(monkeypatch):
+    r = _run()
+    monkeypatch.setattr(run, "NEW", 6)
+    eng = Engine(RunConfig(model="random-tiny", max_running_requests=2, context_len=256,
+                           page_size=16, overlap=True, zero_bubble=True, draft_kv_window=8,
+                           **run.FROZEN))
+    row = r.cell(eng, "window", "random-tiny", "frozen_kv_mtp topk 1 kv window 8", 24, 2)
+    eng.close()
+    wide = Engine(RunConfig(model="random-tiny", max_running_requests=2, context_len=256,
+                            page_size=16, overlap=True, zero_bubble=True, **run.FROZEN))
+    full = r.cell(wide, "frozen", "random-tiny", "frozen_kv_mtp topk 1", 24, 2)
+    wide.close()
+    assert row["draft_kv_window"] == 8 and "draft_kv_window" not in full
+    assert row["kv_bytes"] < full["kv_bytes"]         # the draft reads 8 entries, not ~30
 
 
 def test_the_gemm_figure_measures_at_the_runs_bandwidth(monkeypatch):

@@ -285,7 +285,9 @@ def answer(doc: dict) -> str:
     if sr:
         parts.append("spec step / target step at 32k " + ", ".join(
             f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
-            f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''} bs {r['bs']}"
+            f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''}"
+            f"{' kv window ' + str(r['draft_kv_window']) if r.get('draft_kv_window') else ''}"
+            f" bs {r['bs']}"
             for r in sr))
     pr = plan_rows(doc)
     if pr:

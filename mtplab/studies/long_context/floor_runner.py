@@ -6,7 +6,7 @@ Markdown rendered from it) into the results folder --out-dir:
     DIR/long_context/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     python -m benchmarks.bench_long_context [--out-dir DIR] [--out table.md]
-        [--only short llama frozen hot gemma gemm attn] [--no-kernel-table] [--windows 3]
+        [--only short llama frozen hot window gemma gemm attn] [--no-kernel-table] [--windows 3]
         [--budget-s 500]
 
 The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
@@ -31,6 +31,9 @@ draft serves every context and batch size of a figure.
             (draft_vocab hot:32768, FR-Spec): the option that cuts the draft's three LM-head
             reads to a quarter; a random preset ranks its ids in order, so this is timing only
             (simulated acceptance does not move)
+  window    the frozen topk-1 arm with the draft attending only the last WINDOW entries of the
+            target's KV (draft_kv_window 4096, MagicDec's bounded draft): the option that cuts
+            the draft's three reads of the context's KV; timing only, as hot
   gemma     gemma4-31b-like@12 target-only, 8k and 32k prompts (as long as its 32,768
             positions hold with the cell's new tokens: 32,288 at 3 windows), bs 1 and 8
   gemm      the decode GEMMs at M = 1 and 8 (llama3-8b-like's fused QKV, o_proj, fused gate/up,
@@ -71,7 +74,7 @@ from mtplab.studies.gpu_figures import free
 from mtplab.studies.run_cells import TimeBox
 from mtplab.studies.long_context import floor_report as study
 
-FIGURES = ("short", "llama", "frozen", "hot", "gemma", "gemm", "attn")
+FIGURES = ("short", "llama", "frozen", "hot", "window", "gemma", "gemm", "attn")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table
@@ -79,6 +82,7 @@ GEMMA_POSITIONS = 32768           # gemma4-31b-like's positions: its longest pro
 BASE = dict(page_size=16, overlap=True, zero_bubble=True, dtype="bfloat16")
 FROZEN = dict(draft="frozen_kv_mtp", fold_seed=True, num_steps=3, simulate_accept_len=3.0)
 HOT = "hot:32768"                  # the hot figure's draft vocabulary
+WINDOW = 4096                      # the window figure's draft_kv_window
 
 
 def engine(model: str, bs: int, ctx: int, tokens: int, **kw) -> Engine:
@@ -151,6 +155,8 @@ class Run(TimeBox):
                "draft_tokens": eng.cfg.num_draft_tokens if arm != "target" else None}
         if eng.cfg.draft_vocab != "full":
             row["draft_vocab"] = eng.cfg.draft_vocab
+        if eng.cfg.draft_kv_window:
+            row["draft_kv_window"] = eng.cfg.draft_kv_window
         self.doc["steps"].append(row)
         fl = 1e3 * b.total / study.bandwidth(self.doc)
         print(f"{model} {arm} ctx {ctx} bs {bs}: step p50 per window "
@@ -272,6 +278,17 @@ def fig_hot(run: Run) -> None:
     free()
 
 
+def fig_window(run: Run) -> None:
+    model = "llama3.1-8b-like@32"
+    eng = engine(model, 8, 32768, new_tokens_max(run), topk=1, draft_kv_window=WINDOW,
+                 **FROZEN)
+    for ctx in (8192, 32768):
+        for bs in (1, 8):
+            run.cell(eng, "window", model, f"frozen_kv_mtp topk 1 kv window {WINDOW}", ctx, bs)
+    del eng
+    free()
+
+
 def fig_gemm(run: Run) -> None:
     from mtplab.studies.decode_floor.gemv_figures import measure
     got = measure([1, 8], with_configs=True, repeats=run.windows, bw=study.bandwidth(run.doc))
@@ -329,7 +346,7 @@ def main(argv=None) -> int:
     run.doc["bandwidth"] = [float(copy_bandwidth()) for _ in range(3)]
     print(f"copy bandwidth {study.bandwidth(run.doc) / 1e12:.3f} TB/s", flush=True)
     figs = {"short": fig_short, "llama": fig_llama, "frozen": fig_frozen, "hot": fig_hot,
-            "gemma": fig_gemma, "gemm": fig_gemm, "attn": fig_attn}
+            "window": fig_window, "gemma": fig_gemma, "gemm": fig_gemm, "attn": fig_attn}
     for name in FIGURES:
         if name in a.only:
             run.figure(name, figs[name], reserve_s=90 if name == "frozen" else 40)

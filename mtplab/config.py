@@ -63,7 +63,8 @@ class RunConfig(ZeroBubbleKnobs):
                             "clusters per row); models/draft_vocab.py")
     draft_kv_window: int = knob(0, "KV entries of the target's cache a draft reading it "
                                 "(frozen_kv_mtp, gemma4_assistant) attends: the last N of "
-                                "the context, as MagicDec's draft; 0: all the layer reads")
+                                "the context (a sliding window; MagicDec's draft also keeps "
+                                "sink tokens); 0: all the layer reads")
     num_steps: int = knob(3, "S: draft steps per iteration")
     topk: int = knob(1, "K: branches per draft step")
     num_draft_tokens: Optional[int] = knob(None, "D: tree nodes incl. the root "

@@ -6,7 +6,7 @@ Markdown rendered from it) into the results folder --out-dir:
     DIR/long_context/<YYYY-MM-DD>_<device>_<commit>.{json,md}      (DIR default docs/results)
 
     python -m benchmarks.bench_long_context [--out-dir DIR] [--out table.md]
-        [--only short llama frozen hot window gemma gemm attn] [--no-kernel-table] [--windows 3]
+        [--only short llama frozen hot gemma window gemm attn] [--no-kernel-table] [--windows 3]
         [--budget-s 500]
 
 The commit is MTP_GIT_COMMIT where set, else this checkout's HEAD; a tree with uncommitted
@@ -31,11 +31,11 @@ draft serves every context and batch size of a figure.
             (draft_vocab hot:32768, FR-Spec): the option that cuts the draft's three LM-head
             reads to a quarter; a random preset ranks its ids in order, so this is timing only
             (simulated acceptance does not move)
-  window    the frozen topk-1 arm with the draft attending only the last WINDOW entries of the
-            target's KV (draft_kv_window 4096, MagicDec's bounded draft): the option that cuts
-            the draft's three reads of the context's KV; timing only, as hot
   gemma     gemma4-31b-like@12 target-only, 8k and 32k prompts (as long as its 32,768
             positions hold with the cell's new tokens: 32,288 at 3 windows), bs 1 and 8
+  window    the frozen topk-1 arm with the draft attending only the last WINDOW entries of
+            the target's KV (draft_kv_window 4096, a draft KV bounded as in MagicDec): the
+            option that cuts the draft's three reads of the context's KV; timing only, as hot
   gemm      the decode GEMMs at M = 1 and 8 (llama3-8b-like's fused QKV, o_proj, fused gate/up,
             down, LM head) on cuBLAS beside the skinny Triton GEMM (kernels/gemv.py) at each
             launch shape of gemv_figures.launch_shapes(), each against its bytes floor
@@ -74,7 +74,7 @@ from mtplab.studies.gpu_figures import free
 from mtplab.studies.run_cells import TimeBox
 from mtplab.studies.long_context import floor_report as study
 
-FIGURES = ("short", "llama", "frozen", "hot", "window", "gemma", "gemm", "attn")
+FIGURES = ("short", "llama", "frozen", "hot", "gemma", "window", "gemm", "attn")
 NEW = 48                           # decode steps per window
 WARMUP = 4                         # decode steps dropped before the first window
 PROFILED = 3                       # decode steps of a kernel table

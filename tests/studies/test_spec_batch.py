@@ -171,3 +171,16 @@ def test_each_batch_that_does_not_fit_gets_its_own_reason(monkeypatch):
                              "float32", "cpu", free=25e9)
     assert B == 2 and sorted(why) == [4, 8]
     assert why[8].startswith("bs 8 x 40 tokens needs 80 GB") and "bs 4 x 40" in why[4]
+
+
+def test_the_window_arm_runs_its_draft_at_the_window(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_GIT_COMMIT", "abc1234")
+    args = ["--out-dir", str(tmp_path), "--model", "random-tiny", "--batches", "1",
+            "--steps-per-level", "10", "--dtype", "float32", "--device", "cpu",
+            "--reserve-s", "0", "--contexts", "32", "--arms", "target", "frozen-window"]
+    assert run.main(args) == 0
+    path = next((tmp_path / "long_context_spec").glob("*.md"))
+    doc = R.load(path)
+    assert [c["status"] for c in doc["cells"]] == ["ok", "ok"]
+    assert doc["arm_settings"]["frozen-window"]["draft_kv_window"] == 4096
+    assert "draft_kv_window 4096" in path.read_text()

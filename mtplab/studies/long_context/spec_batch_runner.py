@@ -5,7 +5,8 @@ the bs from which it stops paying. Writes the dated report of question `long_con
     DIR/long_context_spec/<YYYY-MM-DD>_<device>_<commit>.{json,md}   (DIR default docs/results)
 
     python -m benchmarks.bench_spec_batch [--out-dir DIR] [--contexts 8192 32768]
-        [--batches 1 2 4 8 16 32 64] [--arms target frozen eagle frozen-rates eagle-rates]
+        [--batches 1 2 4 8 16 32 64]
+        [--arms target frozen eagle frozen-rates eagle-rates frozen-window]
         [--model llama3.1-8b-like@32] [--steps-per-level 36] [--windows 3] [--budget-s 520]
 
 A run at a stamp (date, device, commit) that already has a report adds its cells to it (one
@@ -24,7 +25,9 @@ One engine per (context, arm), overlap + zero_bubble, CUDA graphs, page 16, fuse
     GPU-bound) beside the running count and the tokens out; an iteration counts for bs b when
     b requests ran in it and in the two before and after, with no prefill among them.
 Arms: target-only; frozen_kv_mtp (fold_seed) and eagle, topk 1, 3 steps, at simulated
-acceptance 3.0 ("frozen", "eagle") and at per-position rates RATES ("-rates").
+acceptance 3.0 ("frozen", "eagle") and at per-position rates RATES ("-rates"); and
+"frozen-window", the frozen arm with its draft attending only the last WINDOW entries of the
+context (draft_kv_window: a draft KV bounded as in MagicDec), measured last.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ ARMS = {                             # in the order a run measures them
     "eagle": dict(draft="eagle", simulate_accept_len=3.0),
     "frozen-rates": dict(draft="frozen_kv_mtp", fold_seed=True, simulate_accept_rates=RATES),
     "eagle-rates": dict(draft="eagle", simulate_accept_rates=RATES),
+    "frozen-window": dict(draft="frozen_kv_mtp", fold_seed=True, simulate_accept_len=3.0,
+                          draft_kv_window=4096),
 }
 SPEC = dict(num_steps=3, topk=1)
 BASE = dict(page_size=16, overlap=True, zero_bubble=True)

@@ -1,7 +1,8 @@
 """Long context on CUDA: greedy spec == target-only token for token with prompts of 12k and
 20k tokens (the split-KV kernel's many-part plans for decode, tree verify and the draft's
-kv_shared steps, CUDA graphs captured at a 20k-entry row), in fp32 and in bf16 with
-deterministic mode; chunked prefill changes no token (the others prefill whole prompts).
+kv_shared steps, also through a 4096-entry draft_kv_window, CUDA graphs captured at a
+20k-entry row), in fp32 and in bf16 with deterministic mode; chunked prefill changes no
+token (the others prefill whole prompts).
 
 llama3.1-8b-like@1 (random weights, Llama 3.1 RoPE scaling) made agreeable
 (tests/helpers.make_agreeable: the drafts agree with the target often, so multi-node trees are
@@ -39,12 +40,14 @@ def target(request):
     return request.param, gen(request.param)[1]
 
 
-@pytest.mark.parametrize("draft,topk,D", [("frozen_kv_mtp", 1, None), ("frozen_kv_mtp", 4, 8),
-                                          ("eagle", 1, None)])
-def test_greedy_spec_equals_target_only_at_long_context(target, draft, topk, D):
+@pytest.mark.parametrize("draft,topk,D,window", [("frozen_kv_mtp", 1, None, 0),
+                                                 ("frozen_kv_mtp", 4, 8, 0),
+                                                 ("frozen_kv_mtp", 4, 8, 4096),
+                                                 ("eagle", 1, None, 0)])
+def test_greedy_spec_equals_target_only_at_long_context(target, draft, topk, D, window):
     numerics, want = target
     eng, got = gen(numerics, draft=draft, topk=topk, num_draft_tokens=D,
-                   fold_seed=draft == "frozen_kv_mtp")
+                   fold_seed=draft == "frozen_kv_mtp", draft_kv_window=window)
     assert got == want
     assert eng.stats()["accept_len"] > 1.2          # trees were verified, not only roots
 

@@ -98,6 +98,20 @@ class EngineWatch:
 ENGINES = EngineWatch()       # installed for the whole run by tests/conftest.py
 
 
+def record_drafts(engine) -> list:
+    """Wrap the engine's draft worker so every drafted token (each step's candidates, in
+    order) is appended to the list returned."""
+    drafted = []
+    real = engine.worker.draft_worker.steps
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        drafted.extend(t for c in out for t in c.tokens.flatten().tolist())
+        return out
+    engine.worker.draft_worker.steps = spy
+    return drafted
+
+
 def make_agreeable(engine, eps: float = 0.05, draft_attention: float = 0.0) -> None:
     """Turn the engine's target into a near-bigram model (attention and MLP outputs scaled by
     `eps`) and its draft into the exact bigram lm_head(norm(embed(token))), so drafts agree

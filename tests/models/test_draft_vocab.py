@@ -11,7 +11,7 @@ from mtplab import Engine, RunConfig
 from mtplab.config import ConfigError
 from mtplab.draft_kinds import DRAFT_KINDS, DraftVocab, parse_draft_vocab
 from mtplab.models.draft_vocab import VocabHead, cluster_tokens, escape_share, hot_ids
-from tests.helpers import make_agreeable, random_prompts
+from tests.helpers import make_agreeable, random_prompts, record_drafts
 
 
 def test_forms_and_validation():
@@ -77,14 +77,7 @@ def test_spec_with_a_reduced_head_equals_target_only(draft, vocab):
     if vocab.startswith("hot"):
         ids = eng.draft_model.vocab_ids
         assert ids.numel() == 160
-        drafted = []
-        real = eng.worker.draft_worker.steps
-
-        def spy(*a, **k):
-            out = real(*a, **k)
-            drafted.extend(t for c in out for t in c.tokens.flatten().tolist())
-            return out
-        eng.worker.draft_worker.steps = spy
+        drafted = record_drafts(eng)
         eng.generate(prompts[:2], 6, ignore_eos=True)
         assert drafted and set(drafted) <= set(ids.tolist())
 

@@ -10,7 +10,7 @@ from mtplab import Engine, RunConfig
 from mtplab.config import ConfigError
 from mtplab.models.floor import engine_step_bytes, kv_entry_bytes, step_bytes
 from mtplab.models.zoo import model_config
-from tests.helpers import make_agreeable, random_prompts
+from tests.helpers import make_agreeable, random_prompts, record_drafts
 
 KINDS = [("frozen_kv_mtp", "random-tiny"), ("gemma4_assistant", "random-tiny-swa")]
 
@@ -47,13 +47,7 @@ def _run(model: str, prompts, **kw):
     drafted = []
     if kw.get("draft"):
         make_agreeable(eng, draft_attention=1.0)
-        real = eng.worker.draft_worker.steps
-
-        def spy(*a, **k):
-            out = real(*a, **k)
-            drafted.extend(t for c in out for t in c.tokens.flatten().tolist())
-            return out
-        eng.worker.draft_worker.steps = spy
+        drafted = record_drafts(eng)
     else:
         make_agreeable(eng)
     out = eng.generate(prompts, 10, ignore_eos=True)

@@ -345,9 +345,10 @@ class RunConfig(ZeroBubbleKnobs):
             raise ConfigError(f"draft_kv_window={n} must be >= 0 (0: the draft attends all "
                               "the context its layer reads).")
         if n and (not self.speculative or DRAFT_KINDS[self.draft].owns_kv):
+            kinds = ", ".join(kinds_where(owns_kv=False))
             raise ConfigError(f"draft_kv_window={n} bounds a draft that reads the target's KV "
-                              f"(frozen_kv_mtp, gemma4_assistant), and draft={self.draft!r}; "
-                              "choose such a draft or leave draft_kv_window=0.")
+                              f"({kinds}), and draft={self.draft!r}; choose such a draft or "
+                              "leave draft_kv_window=0.")
 
     def _check_moe_routing(self, mcfg) -> None:
         from .models.llama_config import routing_skew

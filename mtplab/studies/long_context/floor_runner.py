@@ -268,25 +268,23 @@ def fig_frozen(run: Run) -> None:
         free()
 
 
-def fig_hot(run: Run) -> None:
+def frozen_option(run: Run, figure: str, option: str, **kw) -> None:
+    """The frozen topk-1 arm with one draft option (kw) at 8k and 32k, bs 1 and 8."""
     model = "llama3.1-8b-like@32"
-    eng = engine(model, 8, 32768, new_tokens_max(run), topk=1, draft_vocab=HOT, **FROZEN)
+    eng = engine(model, 8, 32768, new_tokens_max(run), topk=1, **kw, **FROZEN)
     for ctx in (8192, 32768):
         for bs in (1, 8):
-            run.cell(eng, "hot", model, f"frozen_kv_mtp topk 1 {HOT}", ctx, bs)
+            run.cell(eng, figure, model, f"frozen_kv_mtp topk 1 {option}", ctx, bs)
     del eng
     free()
+
+
+def fig_hot(run: Run) -> None:
+    frozen_option(run, "hot", HOT, draft_vocab=HOT)
 
 
 def fig_window(run: Run) -> None:
-    model = "llama3.1-8b-like@32"
-    eng = engine(model, 8, 32768, new_tokens_max(run), topk=1, draft_kv_window=WINDOW,
-                 **FROZEN)
-    for ctx in (8192, 32768):
-        for bs in (1, 8):
-            run.cell(eng, "window", model, f"frozen_kv_mtp topk 1 kv window {WINDOW}", ctx, bs)
-    del eng
-    free()
+    frozen_option(run, "window", f"kv window {WINDOW}", draft_kv_window=WINDOW)
 
 
 def fig_gemm(run: Run) -> None:

@@ -85,10 +85,12 @@ def _block_t(device_type: str) -> int:
 def _config(H: int, E: int, dtype: torch.dtype, device_type: str) -> dict:
     """Tiles and the K split, fixed by H, E, dtype and device (never by T). The interpreter
     widens bf16 operands to fp32 first, as fused_moe's tiles, and runs small chunks (so that
-    the tests cover several trips of every loop). On CUDA 8 warps: a finishing program's
-    [BT, E_P2] tiles hold half as many elements a thread as at 4, so its code (run once per
-    launch, from a cold instruction cache) is about 3.4k SASS instructions instead of 5.0k
-    (gemma4-26b-a4b's router, sm_90), in 128 registers, unspilled."""
+    the tests cover several trips of every loop). On CUDA 4 warps, the warps of gate_up's
+    tiles: most of a decode launch's programs stream the shared expert's weights with those
+    tiles. The finishing program's code is larger at 4 warps than at 8 (about 5.0k SASS
+    instructions against 3.4k at gemma4-26b-a4b's router, sm_90); bench_moe_floor's ffn
+    phase times the launch at 4, 8 and 16 warps side by side, and 4 is the fastest there at
+    T = 1, 8 and 32."""
     gpu = device_type == "cuda"
     bk = 64 if gpu else 32
     steps = triton.cdiv(H, bk)
@@ -98,7 +100,7 @@ def _config(H: int, E: int, dtype: torch.dtype, device_type: str) -> dict:
                 KS=triton.cdiv(steps, per), E_P2=e_p2, CHUNK=512 if gpu else 8,
                 TBC=max(1, min(32, 4096 // e_p2)) if gpu else 2,
                 DOT_PREC="ieee" if dtype == torch.float32 or not gpu else "tf32",
-                UPCAST=not gpu, **(dict(num_warps=8) if gpu else {}))
+                UPCAST=not gpu, **(dict(num_warps=4) if gpu else {}))
 
 
 def serial_work(T: int, H: int, E: int, top_k: int, bm: int, dtype: torch.dtype,

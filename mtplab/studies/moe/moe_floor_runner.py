@@ -26,8 +26,8 @@ measured:
              call (the call captured 20x in a CUDA graph, median of replays; 3 captures per
              arm, their spread the noise) and kernels per call (one captured call,
              torch.profiler); the grouped arm's routing kernel alone (with the shared
-             expert's act rows, as the engine launches it), the same way, at 4,
-             8 (its default) and 16 warps a program, with its serial work
+             expert's act rows, as the engine launches it), the same way, at 4
+             (its default), 8 and 16 warps a program, with its serial work
              (kernels/moe_route.py serial_work)
   library    the routed experts of one MoE layer at T = 1 / 8 / 32, mtplab's grouped kernels
              beside SGLang's fused MoE (moe_library.py), both from the layer's input: device

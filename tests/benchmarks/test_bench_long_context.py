@@ -86,9 +86,9 @@ def test_the_hot_vocabulary_arm_is_named_in_its_cell_and_in_the_answer(monkeypat
                     dict(base, arm="frozen_kv_mtp topk 1 kv window 4096", ms=[5.2] * 3,
                          draft_tokens=4, draft_kv_window=4096)]
     ans = F.answer(doc)
-    assert "1.400 ±2.0% MISS (<= 1.25) for topk 1 bs 1" in ans
-    assert "1.200 ±2.0% PASS (<= 1.25) for topk 1 hot:64 bs 1" in ans
-    assert "1.300 ±2.0% MISS (<= 1.25) for topk 1 kv window 4096 bs 1" in ans
+    assert "1.400 ±2.0% MISS (<= 1.25; floors 1.000) for topk 1 bs 1" in ans
+    assert "1.200 ±2.0% PASS (<= 1.25; floors 1.000) for topk 1 hot:64 bs 1" in ans
+    assert "1.300 ±2.0% MISS (<= 1.25; floors 1.000) for topk 1 kv window 4096 bs 1" in ans
 
 
 def test_the_kv_window_arm_records_its_window_and_a_floor_at_it(monkeypatch):

@@ -145,7 +145,8 @@ def _target_step(doc: dict, s: dict) -> Optional[dict]:
 
 def spec_rows(doc: dict) -> list[dict]:
     """Per speculative cell with a target-only step at its model, ctx and bs: spec step /
-    target step (medians), its noise, the target at SPEC_CTX."""
+    target step (medians), its noise, the target at SPEC_CTX, and `floors`: the spec floor /
+    the target's (the ratio if both steps ran at their floors)."""
     out = []
     for s in doc["steps"]:
         t = (_target_step(doc, s) if s["arm"] not in ("target", CUBLAS_ARM) and _ms(s)
@@ -158,7 +159,8 @@ def spec_rows(doc: dict) -> list[dict]:
         out.append({**s, "spec_ms": a, "target_ms": b, "ratio": r, "n": len(_ms(s)),
                     "n_base": len(_ms(t)), "noise": noise(spread(_ms(s)), spread(_ms(t))),
                     "target": target, "ok": None if target is None else r <= target,
-                    "floor_ms": floor_ms(doc, s)})
+                    "floor_ms": floor_ms(doc, s), "target_floor_ms": floor_ms(doc, t),
+                    "floors": floor_ms(doc, s) / floor_ms(doc, t)})
     return out
 
 
@@ -270,6 +272,15 @@ def _ratio(r: dict) -> str:
     return f"{r['ratio']:.3f} ±{r['noise']:.1%}"
 
 
+def _floors_text(r: dict) -> str:
+    """A spec row's floors beside its steps: how much of its miss the bytes alone make."""
+    return (f"At their floors the spec step takes {r['floor_ms']:.3f} ms and the target step "
+            f"{r['target_floor_ms']:.3f} ms: {r['floors']:.3f}x from the bytes alone, against "
+            f"the target <= {r['target']}. The spec step runs at "
+            f"{r['floor_ms'] / r['spec_ms']:.3f} of its floor, the target step at "
+            f"{r['target_floor_ms'] / r['target_ms']:.3f} of its.")
+
+
 def _where(doc: dict, r: dict) -> Optional[dict]:
     return next((k for k in doc["kernels"] if _key(k) == _key(r)), None)
 
@@ -284,7 +295,8 @@ def answer(doc: dict) -> str:
     sr = [r for r in spec_rows(doc) if r["target"] is not None]
     if sr:
         parts.append("spec step / target step at 32k " + ", ".join(
-            f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}) for topk "
+            f"{_ratio(r)} {verdict(r).split(' ')[0]} (<= {r['target']}; floors "
+            f"{r['floors']:.3f}) for topk "
             f"{r['topk']}{' ' + r['draft_vocab'] if r.get('draft_vocab') else ''}"
             f"{' kv window ' + str(r['draft_kv_window']) if r.get('draft_kv_window') else ''}"
             f" bs {r['bs']}"
@@ -461,11 +473,11 @@ def render(doc: dict) -> str:
     parts += ["", "## Spec step / target step", ""]
     parts += [R.md_table(
         ["model", "arm", "ctx", "bs", "spec ms", "target ms", "spec / target", "spec floor / "
-         "spec step", "target", "verdict"],
+         "target floor", "spec floor / spec step", "target", "verdict"],
         [[r["model"], r["arm"] + (f", D {r['draft_tokens']}" if r["draft_tokens"] else ""),
           str(r["ctx"]),
           str(r["bs"]), f"{r['spec_ms']:.3f}", f"{r['target_ms']:.3f}", _ratio(r),
-          f"{r['floor_ms'] / r['spec_ms']:.3f}",
+          f"{r['floors']:.3f}", f"{r['floor_ms'] / r['spec_ms']:.3f}",
           "-" if r["target"] is None else f"<= {r['target']}", verdict(r)] for r in sr])
               if sr else "- no speculative cell beside a target-only one"]
     parts += ["", "## Where the time goes", ""]
@@ -476,12 +488,14 @@ def render(doc: dict) -> str:
             parts.append(f"- {what}: PASS ({_ratio(r)})")
             continue
         k = _where(doc, r)
+        floors = _floors_text(r) if "floors" in r else ""
         if k is None:
             parts.append(f"- {what}: MISS ({_ratio(r)}); no kernel table was measured for "
-                         "this cell")
+                         f"this cell{'. ' + floors if floors else ''}")
             continue
-        parts += ["", f"### {what}: MISS ({_ratio(r)})", "", *breakdown_lines(doc, k), "",
-                  "Its busiest kernels:", "", *top_kernels(k), ""]
+        parts += ["", f"### {what}: MISS ({_ratio(r)})", "", *([floors, ""] if floors else []),
+                  *breakdown_lines(doc, k), "", "Its busiest kernels:", "", *top_kernels(k),
+                  ""]
     parts += _plan_lines(doc)
     parts += _gemm_lines(doc)
     parts += _attn_lines(doc)

@@ -102,8 +102,9 @@ def test_full_lanes_with_a_short_lane_is_refused_by_the_bounds_check():
 
 @pytest.mark.parametrize("draft", [
     dict(draft="frozen_kv_mtp", fold_seed=True, num_steps=3, topk=1),
-    dict(draft="frozen_kv_mtp", num_steps=2, topk=2, num_draft_tokens=4),
-    dict(draft="eagle", num_steps=2, topk=1),
+    pytest.param(dict(draft="frozen_kv_mtp", num_steps=2, topk=2, num_draft_tokens=4),
+                 marks=pytest.mark.slow),
+    pytest.param(dict(draft="eagle", num_steps=2, topk=1), marks=pytest.mark.slow),
 ])
 def test_greedy_spec_over_unzeroed_attention_equals_target_only(draft):
     """The verify, Frozen-KV and EAGLE draft steps run the split kernel over lanes it writes

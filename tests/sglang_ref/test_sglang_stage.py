@@ -128,6 +128,7 @@ def arm_lines(tmp_path) -> dict:
     return arms
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_arms(tmp_path):
     arms = arm_lines(tmp_path)
     assert sorted(arms) == ["off", "on", "warm"]
@@ -206,6 +207,7 @@ def device_env(tmp_path, server_python, port) -> dict:
             "MTP_PROBE_MORE": str(more), "MTP_PROBE_ONLY_MORE": "1"}
 
 
+@pytest.mark.slow
 def test_pair_runs_both_arms_against_a_fake_server(tmp_path, monkeypatch):
     from tests.sglang_ref.test_sglang_adapter import fake_python, free_port, sglang_steps_trace
     monkeypatch.setenv("FAKE_TRACE", str(sglang_steps_trace(tmp_path / "t.trace.json.gz")))
@@ -261,6 +263,7 @@ def test_warm_stops_a_server_that_never_answers(tmp_path):
     assert_all_gone(pids)
 
 
+@pytest.mark.slow
 def test_a_terminated_warm_stops_its_server(tmp_path):
     """TERM to the script (the device call's timeout) stops the running arm's process group
     before the script exits: no server is left behind."""

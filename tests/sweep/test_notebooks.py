@@ -113,8 +113,8 @@ def test_out_dir_is_resolved_from_the_repo_root(path):
 
 
 # The default (fast) set runs the quick notebooks; the long ablations run with `-m slow`.
-SLOW_NOTEBOOKS = ("01_overlap", "03_page_topk", "04_zero_bubble", "06_sweep_report",
-                  "07_long_context", "08_regime_map")
+SLOW_NOTEBOOKS = ("01_overlap", "02_seed_folding", "03_page_topk", "04_zero_bubble",
+                  "06_sweep_report", "07_long_context", "08_regime_map")
 # fewer interleaved rounds than the defaults (3), for CPU time: one round shows the
 # no-verdict path, two the verdict against the rounds' spread
 REPEATS = {"01_overlap": 2, "02_seed_folding": 1, "04_zero_bubble": 2}

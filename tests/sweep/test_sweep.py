@@ -157,6 +157,7 @@ def test_timeout_marks_the_cell_failed(tmp_path):
     assert df["status"].tolist() == ["failed"] and "timed out" in df["error"].iloc[0]
 
 
+@pytest.mark.slow
 def test_notebook_sweep_isolates_a_failing_notebook(tmp_path):
     pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")

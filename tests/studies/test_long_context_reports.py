@@ -103,7 +103,6 @@ def test_a_missed_target_shows_its_breakdown_and_a_met_one_its_pass(tmp_path):
     assert "| fills / copies | 3 | 4.0 |" in miss
     busy = sum(us for _, us in _kernels())
     assert f"| gaps (step - kernels busy) | - | {400 - busy:.1f} |" in miss
-    # the spec row missed with no kernel table: said so, not hidden
     # the spec row missed with no kernel table: said so, not hidden, with its floors:
     # 0.60 ms against 0.44 ms of bytes, 1.364x before any kernel runs
     assert "frozen_kv_mtp topk 1 ctx 32768 bs 1: MISS (1.360 ±2.0%); no kernel table was " \

@@ -154,13 +154,13 @@ def spec_rows(doc: dict) -> list[dict]:
         if t is None:
             continue
         a, b = statistics.median(_ms(s)), statistics.median(_ms(t))
+        fa, fb = floor_ms(doc, s), floor_ms(doc, t)
         r = a / b
         target = SPEC_TARGETS.get(s.get("topk")) if s["ctx"] == SPEC_CTX else None
         out.append({**s, "spec_ms": a, "target_ms": b, "ratio": r, "n": len(_ms(s)),
                     "n_base": len(_ms(t)), "noise": noise(spread(_ms(s)), spread(_ms(t))),
                     "target": target, "ok": None if target is None else r <= target,
-                    "floor_ms": floor_ms(doc, s), "target_floor_ms": floor_ms(doc, t),
-                    "floors": floor_ms(doc, s) / floor_ms(doc, t)})
+                    "floor_ms": fa, "target_floor_ms": fb, "floors": fa / fb})
     return out
 
 
